@@ -1,0 +1,280 @@
+//! Log entries (what is proposed) and their responses (what apply answers).
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::QueueOptions;
+use crate::names::{GroupName, PartitionName, QueueName};
+use crate::time::Stamp;
+
+/// One entry of the replicated log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The proposer's wall clock, microseconds since the epoch. The state machine stamps the
+    /// entry `max(previous + 1, proposed_at)`.
+    pub proposed_at: u64,
+    /// What to do.
+    pub command: Command,
+}
+
+impl Entry {
+    /// Encode for the log.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode(self)
+    }
+
+    /// Decode from the log.
+    ///
+    /// # Errors
+    /// When the bytes are not an entry this build reads.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// How a named group starts when it first pops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Subscription {
+    /// The broker default (all).
+    Default,
+    /// From the oldest retained message.
+    All,
+    /// From the pop's own stamp.
+    New,
+    /// From this time.
+    From(Stamp),
+}
+
+/// One item of a push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushItem {
+    /// Target queue (created with defaults when unknown).
+    pub queue: QueueName,
+    /// Target partition (created on first push).
+    pub partition: PartitionName,
+    /// Idempotency key (minted by the receiving node when the client sent none).
+    pub transaction_id: String,
+    /// Message id minted by the receiving node (UUIDv7 bytes).
+    pub message_id: [u8; 16],
+    /// Payload as JSON text.
+    pub payload: Vec<u8>,
+    /// Optional trace id.
+    pub trace_id: Option<String>,
+}
+
+/// A pop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PopCommand {
+    /// The queue.
+    pub queue: QueueName,
+    /// Only this partition, when named.
+    pub partition: Option<PartitionName>,
+    /// The group (`__QUEUE_MODE__` for queue mode).
+    pub group: GroupName,
+    /// Message budget across claimed partitions (at least 1).
+    pub batch: u32,
+    /// Most partitions to claim (at least 1).
+    pub max_partitions: u32,
+    /// The lease id to use, minted by the proposer.
+    pub lease_id: String,
+    /// Commit at delivery: move the cursor at once, take no lease.
+    pub auto_ack: bool,
+    /// The subscription start for a group's first pop.
+    pub subscription: Subscription,
+}
+
+/// One acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckItem {
+    /// The message's transactionId.
+    pub transaction_id: String,
+    /// The message's partition id as sent (decimal text).
+    pub partition_id: String,
+    /// `completed`, `failed`, `dlq` or `retry`.
+    pub status: String,
+    /// The consumer's error text.
+    pub error: Option<String>,
+    /// The lease the ack is fenced by.
+    pub lease_id: Option<String>,
+}
+
+/// Every command of the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Moves time; runs bounded retention, lease and deletion housekeeping.
+    Tick,
+    /// Push items.
+    Push(Vec<PushItem>),
+    /// Claim messages.
+    Pop(PopCommand),
+    /// Acknowledge messages in one group.
+    Ack {
+        /// The group.
+        group: GroupName,
+        /// The items, answered in order.
+        items: Vec<AckItem>,
+    },
+    /// Prolong a lease by the queue's lease time.
+    ExtendLease {
+        /// Which lease.
+        lease_id: String,
+    },
+    /// Create or replace a queue's configuration.
+    Configure {
+        /// The queue.
+        queue: QueueName,
+        /// Namespace tag.
+        namespace: Option<String>,
+        /// Task tag.
+        task: Option<String>,
+        /// Full option set (replace, not patch).
+        options: QueueOptions,
+    },
+    /// Delete a queue and everything in it.
+    DeleteQueue {
+        /// The queue.
+        queue: QueueName,
+    },
+}
+
+/// The outcome of one push item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PushStatus {
+    /// Stored at `offset`.
+    Queued,
+    /// Already stored; the original's id and offset are given.
+    Duplicate,
+    /// Refused, with the reason.
+    Failed(String),
+}
+
+/// One push item's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushOutcome {
+    /// What happened.
+    pub status: PushStatus,
+    /// The message id (the original's on a duplicate).
+    pub message_id: [u8; 16],
+    /// The offset (the original's on a duplicate).
+    pub offset: u64,
+    /// The partition id.
+    pub partition_id: u64,
+    /// The transactionId.
+    pub transaction_id: String,
+    /// The queue.
+    pub queue: String,
+}
+
+/// A delivered message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivered {
+    /// Offset in its partition.
+    pub offset: u64,
+    /// The stored message.
+    pub transaction_id: String,
+    /// Its id.
+    pub id: [u8; 16],
+    /// Its trace id.
+    pub trace_id: Option<String>,
+    /// Payload JSON text.
+    pub payload: Vec<u8>,
+    /// Push stamp.
+    pub created: Stamp,
+    /// 1 for a first delivery; failed deliveries raise it (expired leases do not).
+    pub attempt: u32,
+}
+
+/// The messages claimed from one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// Partition id.
+    pub pid: u64,
+    /// Partition name.
+    pub partition: String,
+    /// The messages, in offset order.
+    pub messages: Vec<Delivered>,
+}
+
+/// A pop's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PopOutcome {
+    /// The lease covering every claim ("" when none was taken).
+    pub lease_id: String,
+    /// When the lease expires.
+    pub lease_expires: Stamp,
+    /// The claims, in claim order.
+    pub claims: Vec<Claim>,
+}
+
+impl PopOutcome {
+    /// Whether anything was delivered.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+}
+
+/// One ack item's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckOutcome {
+    /// Echo of the item's transactionId.
+    pub transaction_id: String,
+    /// The verdict.
+    pub verdict: crate::model::AckVerdict,
+}
+
+/// What apply answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Tick applied.
+    Tick,
+    /// Push answers, in item order.
+    Push(Vec<PushOutcome>),
+    /// Pop answer.
+    Pop(PopOutcome),
+    /// Ack answers, in item order.
+    Ack(Vec<AckOutcome>),
+    /// Lease extension.
+    Extend {
+        /// Whether the lease was live and is prolonged.
+        success: bool,
+        /// Partitions renewed.
+        renewed: u32,
+        /// New expiry.
+        expires: Option<Stamp>,
+    },
+    /// Configure answer: the effective options.
+    Configured(QueueOptions),
+    /// Queue deletion.
+    Deleted {
+        /// Whether it existed.
+        existed: bool,
+    },
+    /// The entry could not be decoded by this build (nothing applied).
+    Rejected(String),
+}
+
+/// A response with the stamp its entry was given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// The entry's stamp.
+    pub stamp: Stamp,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Response {
+    /// Encode for the raft port.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode(self)
+    }
+
+    /// Decode from the raft port.
+    ///
+    /// # Errors
+    /// When the bytes are not a response.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    }
+}

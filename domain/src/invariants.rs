@@ -1,0 +1,70 @@
+//! Named invariants of the broker state, checked by property tests (and usable by cluster
+//! tests on every node's state).
+
+use crate::keys;
+use crate::machine::scan_recs;
+use crate::model::{CursorRec, DedupRec, MessageRec, PartitionRec, QueueRec};
+use crate::store::StateRead;
+
+/// "Each partition stores exactly the offsets `log_start..next_offset`, every stored message
+/// is found through its dedup row, no cursor or lease points past the high watermark, and a
+/// queue's message count equals what its partitions store."
+///
+/// # Errors
+/// The first violation, described.
+pub fn check(s: &dyn StateRead) -> Result<(), String> {
+    let err = |e: crate::store::StoreError| e.to_string();
+    let parts: Vec<(Vec<u8>, PartitionRec)> = scan_recs(
+        s,
+        &keys::table_start(keys::table::PARTITION),
+        &keys::table_end(keys::table::PARTITION),
+        usize::MAX,
+    )
+    .map_err(err)?;
+    let queues: Vec<(Vec<u8>, QueueRec)> = scan_recs(
+        s,
+        &keys::table_start(keys::table::QUEUE),
+        &keys::table_end(keys::table::QUEUE),
+        usize::MAX,
+    )
+    .map_err(err)?;
+    let live: std::collections::BTreeSet<u64> = queues.iter().map(|(_, q)| q.qid).collect();
+    let mut per_queue: std::collections::BTreeMap<u64, u64> = Default::default();
+    for (_, p) in parts.iter().filter(|(_, p)| live.contains(&p.qid)) {
+        let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
+            s,
+            &keys::pid_prefix(keys::table::MESSAGE, p.pid),
+            &keys::prefix_end(&keys::pid_prefix(keys::table::MESSAGE, p.pid)),
+            usize::MAX,
+        )
+        .map_err(err)?;
+        let offsets: Vec<u64> = msgs.iter().filter_map(|(k, _)| keys::offset_of_message_key(k)).collect();
+        let expected: Vec<u64> = (p.log_start..p.next_offset).collect();
+        if offsets != expected {
+            return Err(format!("partition {} stores {offsets:?}, expected {expected:?}", p.pid));
+        }
+        for (k, m) in &msgs {
+            let d: Option<DedupRec> =
+                crate::machine::get_rec(s, &keys::dedup(p.pid, &m.transaction_id)).map_err(err)?;
+            if d.map(|d| d.offset) != keys::offset_of_message_key(k) {
+                return Err(format!("message {} of partition {} has no dedup row", m.transaction_id, p.pid));
+            }
+        }
+        let prefix = keys::pid_prefix(keys::table::CURSOR, p.pid);
+        let cursors: Vec<(Vec<u8>, CursorRec)> =
+            scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX).map_err(err)?;
+        for (_, c) in cursors {
+            if c.next > p.next_offset || c.lease.as_ref().is_some_and(|l| l.end > p.next_offset) {
+                return Err(format!("a cursor of partition {} points past its end", p.pid));
+            }
+        }
+        *per_queue.entry(p.qid).or_default() += p.next_offset - p.log_start;
+    }
+    for (_, q) in queues {
+        let stored = per_queue.get(&q.qid).copied().unwrap_or(0);
+        if stored != q.messages {
+            return Err(format!("queue {} counts {} messages, stores {stored}", q.name, q.messages));
+        }
+    }
+    Ok(())
+}

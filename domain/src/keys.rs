@@ -1,0 +1,212 @@
+//! The key layout of the state store. One ordered key space, a table byte first, integers
+//! big-endian so that byte order is numeric order. Names never contain a NUL byte, so NUL
+//! separates a name from what follows.
+
+/// Table bytes.
+pub mod table {
+    /// Node-wide counters and the last stamp.
+    pub const META: u8 = 0x01;
+    /// Queue records by name.
+    pub const QUEUE: u8 = 0x02;
+    /// Partition id by (queue id, partition name).
+    pub const PARTITION_NAME: u8 = 0x03;
+    /// Partition record by id.
+    pub const PARTITION: u8 = 0x04;
+    /// Messages by (partition id, offset).
+    pub const MESSAGE: u8 = 0x05;
+    /// Dedup index by (partition id, transactionId).
+    pub const DEDUP: u8 = 0x06;
+    /// Consumer cursors by (partition id, group).
+    pub const CURSOR: u8 = 0x07;
+    /// Leases by id.
+    pub const LEASE: u8 = 0x08;
+    /// Lease expiry index by (expiry, lease id).
+    pub const LEASE_EXPIRY: u8 = 0x09;
+    /// Consumer group records by (queue id, group).
+    pub const GROUP: u8 = 0x0A;
+    /// Dead letters by (queue id, sequence).
+    pub const DLQ: u8 = 0x0B;
+    /// Partitions and queues of deleted queues, to collect in bounded steps.
+    pub const GRAVE: u8 = 0x0C;
+    /// Partitions of a queue in creation order by (queue id, partition id).
+    pub const QUEUE_PARTITION: u8 = 0x0D;
+}
+
+/// A meta key.
+#[must_use]
+pub fn meta(name: &str) -> Vec<u8> {
+    let mut k = vec![table::META];
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// The last applied stamp.
+#[must_use]
+pub fn meta_stamp() -> Vec<u8> {
+    meta("stamp")
+}
+
+/// `[table]`: the start of a table.
+#[must_use]
+pub fn table_start(t: u8) -> Vec<u8> {
+    vec![t]
+}
+
+/// The first key after a whole table.
+#[must_use]
+pub fn table_end(t: u8) -> Vec<u8> {
+    vec![t + 1]
+}
+
+/// A queue's record.
+#[must_use]
+pub fn queue(name: &str) -> Vec<u8> {
+    let mut k = vec![table::QUEUE];
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// A partition's id by name.
+#[must_use]
+pub fn partition_name(qid: u64, name: &str) -> Vec<u8> {
+    let mut k = vec![table::PARTITION_NAME];
+    k.extend_from_slice(&qid.to_be_bytes());
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// A partition's record.
+#[must_use]
+pub fn partition(pid: u64) -> Vec<u8> {
+    let mut k = vec![table::PARTITION];
+    k.extend_from_slice(&pid.to_be_bytes());
+    k
+}
+
+/// The pid encoded in a `partition` key.
+#[must_use]
+pub fn pid_of_partition_key(key: &[u8]) -> Option<u64> {
+    key.get(1..9).map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+}
+
+/// One partition's message.
+#[must_use]
+pub fn message(pid: u64, offset: u64) -> Vec<u8> {
+    let mut k = vec![table::MESSAGE];
+    k.extend_from_slice(&pid.to_be_bytes());
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// The offset encoded in a `message` key.
+#[must_use]
+pub fn offset_of_message_key(key: &[u8]) -> Option<u64> {
+    key.get(9..17).map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+}
+
+/// A per-partition key prefix of `t`.
+#[must_use]
+pub fn pid_prefix(t: u8, pid: u64) -> Vec<u8> {
+    let mut k = vec![t];
+    k.extend_from_slice(&pid.to_be_bytes());
+    k
+}
+
+/// The first key after every key that starts with `prefix`.
+#[must_use]
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0xFF; prefix.len() + 1]
+}
+
+/// A dedup index key.
+#[must_use]
+pub fn dedup(pid: u64, transaction_id: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::DEDUP, pid);
+    k.extend_from_slice(transaction_id.as_bytes());
+    k
+}
+
+/// A cursor key.
+#[must_use]
+pub fn cursor(pid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::CURSOR, pid);
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// A lease key.
+#[must_use]
+pub fn lease(id: &str) -> Vec<u8> {
+    let mut k = vec![table::LEASE];
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// A lease expiry index key.
+#[must_use]
+pub fn lease_expiry(expires: u64, id: &str) -> Vec<u8> {
+    let mut k = vec![table::LEASE_EXPIRY];
+    k.extend_from_slice(&expires.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// A consumer group record.
+#[must_use]
+pub fn group(qid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::GROUP, qid);
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// A dead letter.
+#[must_use]
+pub fn dlq(qid: u64, seq: u64) -> Vec<u8> {
+    let mut k = pid_prefix(table::DLQ, qid);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// A grave entry: kind 0 = partition, 1 = queue-level rows.
+#[must_use]
+pub fn grave(kind: u8, id: u64) -> Vec<u8> {
+    let mut k = vec![table::GRAVE, kind];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// A queue's partition in creation order.
+#[must_use]
+pub fn queue_partition(qid: u64, pid: u64) -> Vec<u8> {
+    let mut k = pid_prefix(table::QUEUE_PARTITION, qid);
+    k.extend_from_slice(&pid.to_be_bytes());
+    k
+}
+
+/// Read a big-endian u64 at `at`.
+#[must_use]
+pub fn u64_at(key: &[u8], at: usize) -> Option<u64> {
+    key.get(at..at + 8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_order_is_byte_order() {
+        assert!(message(1, 255) < message(1, 256));
+        assert!(message(1, u64::MAX) < message(2, 0));
+        assert_eq!(offset_of_message_key(&message(7, 42)), Some(42));
+        assert_eq!(prefix_end(&[1, 0xFF]), vec![2]);
+    }
+}

@@ -1,0 +1,214 @@
+//! Ack, nack, dead letters and lease extension.
+
+use crate::command::{AckItem, AckOutcome, Outcome};
+use crate::keys;
+use crate::model::{AckVerdict, CursorRec, DedupRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec};
+use crate::names::GroupName;
+use crate::store::{StoreError, Txn};
+use crate::time::Stamp;
+
+use super::{get_rec, next_counter, put_rec};
+
+fn refused(error: impl Into<String>) -> AckVerdict {
+    AckVerdict { success: false, error: Some(error.into()), ..AckVerdict::default() }
+}
+
+/// Apply acknowledgements in order; each is answered on its own.
+pub(crate) fn ack(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    group: &GroupName,
+    items: &[AckItem],
+) -> Result<Vec<AckOutcome>, StoreError> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let verdict = ack_one(txn, stamp, group.as_str(), item)?;
+        out.push(AckOutcome { transaction_id: item.transaction_id.clone(), verdict });
+    }
+    Ok(out)
+}
+
+fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem) -> Result<AckVerdict, StoreError> {
+    let status = item.status.as_str();
+    if !matches!(status, "completed" | "success" | "failed" | "dlq" | "retry") {
+        return Ok(refused(format!("unknown status '{status}'")));
+    }
+    let Ok(pid) = item.partition_id.trim().parse::<u64>() else {
+        return Ok(refused(format!("unknown partitionId '{}'", item.partition_id)));
+    };
+    let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
+        return Ok(refused(format!("unknown partitionId '{pid}'")));
+    };
+    let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid) else {
+        return Ok(refused(format!("unknown partitionId '{pid}'")));
+    };
+    let Some(d) = get_rec::<DedupRec>(txn, &keys::dedup(pid, &item.transaction_id))? else {
+        return Ok(refused(format!("no message '{}' in partition {pid}", item.transaction_id)));
+    };
+    let offset = d.offset;
+    let cursor_key = keys::cursor(pid, group);
+    let mut c = get_rec::<CursorRec>(txn, &cursor_key)?.unwrap_or_default();
+
+    // A repeat of the last ack is answered as the first one was.
+    if let Some(last) = &c.last_ack {
+        if last.offset == offset && last.status == status && last.lease_id == item.lease_id {
+            let mut v = last.outcome.clone();
+            v.noop = true;
+            return Ok(v);
+        }
+    }
+    let live = c.live_lease(stamp).cloned();
+    let completes = matches!(status, "completed" | "success");
+    if offset < c.next {
+        // Already behind the cursor: acknowledged before (or redelivered past).
+        if completes {
+            return Ok(AckVerdict { success: true, noop: true, ..AckVerdict::default() });
+        }
+        return Ok(refused("message was already acknowledged"));
+    }
+    match (&item.lease_id, &live) {
+        (Some(id), Some(l)) if *id == l.id && offset < l.end => {}
+        (Some(_), _) => return Ok(refused("lease expired or not held for this message")),
+        (None, Some(l)) if offset < l.end => {}
+        (None, Some(_)) => return Ok(refused("message is not under the partition's lease")),
+        (None, None) if completes => {}
+        (None, None) => return Ok(refused("no live lease covers this message")),
+    }
+
+    let mut v = AckVerdict { success: true, ..AckVerdict::default() };
+    let release;
+    match status {
+        "completed" | "success" => {
+            c.next = offset + 1;
+            c.last_consumed = stamp;
+            release = live.as_ref().is_some_and(|l| c.next >= l.end);
+        }
+        "retry" => {
+            release = true;
+        }
+        _ => {
+            let dead = if status == "dlq" {
+                true
+            } else {
+                c.retries = if c.retry_offset == offset { c.retries + 1 } else { 1 };
+                c.retry_offset = offset;
+                c.retries > q.options.retry_limit
+            };
+            if dead {
+                if q.options.dlq_after_max_retries || status == "dlq" {
+                    dead_letter(txn, stamp, &mut q, &p, group, offset, item, c.retries)?;
+                    v.dlq = true;
+                }
+                c.next = offset + 1;
+                c.retries = 0;
+                c.last_consumed = stamp;
+                release = live.as_ref().is_some_and(|l| c.next >= l.end) || status != "dlq";
+            } else {
+                release = true;
+            }
+        }
+    }
+    if release {
+        if let Some(l) = &live {
+            release_partition(txn, &l.id, pid)?;
+            v.lease_released = true;
+        }
+        c.lease = None;
+    }
+    if c.retry_offset < c.next {
+        c.retries = 0;
+    }
+    c.last_ack = Some(LastAck {
+        offset,
+        status: status.to_owned(),
+        lease_id: item.lease_id.clone(),
+        outcome: v.clone(),
+    });
+    put_rec(txn, cursor_key, &c);
+    Ok(v)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dead_letter(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    q: &mut QueueRec,
+    p: &PartitionRec,
+    group: &str,
+    offset: u64,
+    item: &AckItem,
+    retries: u32,
+) -> Result<(), StoreError> {
+    let Some(m) = get_rec::<MessageRec>(txn, &keys::message(p.pid, offset))? else {
+        return Ok(());
+    };
+    let seq = next_counter(txn, "dlq_seq")?;
+    put_rec(
+        txn,
+        keys::dlq(q.qid, seq),
+        &DlqRec {
+            pid: p.pid,
+            partition: p.name.clone(),
+            group: group.to_owned(),
+            offset,
+            transaction_id: m.transaction_id,
+            id: m.id,
+            error: item.error.clone(),
+            retries,
+            payload: m.payload,
+            created: m.stamp,
+            failed: stamp,
+        },
+    );
+    q.dead_lettered += 1;
+    put_rec(txn, keys::queue(&q.name), q);
+    Ok(())
+}
+
+/// Drop one partition from a lease; the lease record goes when none is left.
+fn release_partition(txn: &mut Txn<'_>, lease_id: &str, pid: u64) -> Result<(), StoreError> {
+    let key = keys::lease(lease_id);
+    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else { return Ok(()) };
+    l.parts.retain(|p| *p != pid);
+    if l.parts.is_empty() {
+        txn.delete(key);
+        txn.delete(keys::lease_expiry(l.expires.0, lease_id));
+    } else {
+        put_rec(txn, key, &l);
+    }
+    Ok(())
+}
+
+/// Prolong a live lease to `max(current expiry, now + leaseTime)`; an expired lease is never
+/// revived.
+pub(crate) fn extend(txn: &mut Txn<'_>, stamp: Stamp, lease_id: &str) -> Result<Outcome, StoreError> {
+    let fail = Outcome::Extend { success: false, renewed: 0, expires: None };
+    let key = keys::lease(lease_id);
+    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else { return Ok(fail) };
+    if l.expires <= stamp {
+        return Ok(fail);
+    }
+    let lease_time = l
+        .parts
+        .first()
+        .and_then(|pid| get_rec::<PartitionRec>(txn, &keys::partition(*pid)).ok().flatten())
+        .and_then(|p| get_rec::<QueueRec>(txn, &keys::queue(&p.queue)).ok().flatten())
+        .map_or(300, |q| q.options.lease_time);
+    let expires = l.expires.max(stamp.plus_seconds(lease_time));
+    let mut renewed = 0;
+    for pid in &l.parts {
+        let ck = keys::cursor(*pid, &l.group);
+        if let Some(mut c) = get_rec::<CursorRec>(txn, &ck)? {
+            if let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id) {
+                cl.expires = expires;
+                renewed += 1;
+                put_rec(txn, ck, &c);
+            }
+        }
+    }
+    txn.delete(keys::lease_expiry(l.expires.0, lease_id));
+    l.expires = expires;
+    put_rec(txn, keys::lease_expiry(expires.0, lease_id), &());
+    put_rec(txn, key, &l);
+    Ok(Outcome::Extend { success: true, renewed, expires: Some(expires) })
+}

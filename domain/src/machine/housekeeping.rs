@@ -1,0 +1,167 @@
+//! Housekeeping run by tick entries, in bounded steps: expired lease records, rows of deleted
+//! queues, and retention. Every step is decided by the entry's stamp and the state alone, so
+//! every replica deletes the same rows; the bounds keep one entry's write set small.
+
+use std::collections::BTreeMap;
+
+use crate::keys;
+use crate::model::{CursorRec, LeaseRec, MessageRec, PartitionRec, QueueRec};
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+use super::{get_rec, put_rec, scan_recs};
+
+/// How much one tick may do.
+#[derive(Debug, Clone, Copy)]
+pub struct HousekeepingBudget {
+    /// Most rows deleted.
+    pub deletes: usize,
+    /// Most partitions inspected for retention.
+    pub partitions: usize,
+}
+
+impl Default for HousekeepingBudget {
+    fn default() -> Self {
+        Self { deletes: 4096, partitions: 256 }
+    }
+}
+
+pub(crate) fn run(txn: &mut Txn<'_>, stamp: Stamp, budget: HousekeepingBudget) -> Result<(), StoreError> {
+    let mut deletes = budget.deletes;
+    expire_leases(txn, stamp, &mut deletes)?;
+    collect_graves(txn, &mut deletes)?;
+    retention(txn, stamp, &mut deletes, budget.partitions)?;
+    Ok(())
+}
+
+fn expire_leases(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize) -> Result<(), StoreError> {
+    let start = keys::table_start(keys::table::LEASE_EXPIRY);
+    let end = keys::lease_expiry(stamp.0, "");
+    let due: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &end, (*deletes / 2).max(1))?;
+    for (k, ()) in due {
+        let id = String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned();
+        let lk = keys::lease(&id);
+        if let Some(l) = get_rec::<LeaseRec>(txn, &lk)? {
+            if l.expires <= stamp {
+                txn.delete(lk);
+            }
+        }
+        txn.delete(k);
+        *deletes = deletes.saturating_sub(2);
+    }
+    Ok(())
+}
+
+fn delete_range(txn: &mut Txn<'_>, prefix: &[u8], deletes: &mut usize) -> Result<bool, StoreError> {
+    let mut doomed = Vec::new();
+    StateRead::scan(&*txn, prefix, &keys::prefix_end(prefix), &mut |k, _| {
+        doomed.push(k.to_vec());
+        doomed.len() < *deletes
+    })?;
+    let done = doomed.len() < *deletes;
+    *deletes -= doomed.len();
+    for k in doomed {
+        txn.delete(k);
+    }
+    Ok(done)
+}
+
+fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreError> {
+    let start = keys::table_start(keys::table::GRAVE);
+    let graves: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &keys::table_end(keys::table::GRAVE), 64)?;
+    for (k, ()) in graves {
+        if *deletes == 0 {
+            break;
+        }
+        let (Some(kind), Some(id)) = (k.get(1).copied(), keys::u64_at(&k, 2)) else {
+            txn.delete(k);
+            continue;
+        };
+        let tables: &[u8] = if kind == 0 {
+            &[keys::table::MESSAGE, keys::table::DEDUP, keys::table::CURSOR]
+        } else {
+            &[keys::table::GROUP, keys::table::DLQ]
+        };
+        let mut all_done = true;
+        for t in tables {
+            if !delete_range(txn, &keys::pid_prefix(*t, id), deletes)? {
+                all_done = false;
+                break;
+            }
+        }
+        if all_done {
+            if kind == 0 {
+                txn.delete(keys::partition(id));
+            }
+            txn.delete(k);
+        }
+    }
+    Ok(())
+}
+
+fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: usize) -> Result<(), StoreError> {
+    let cursor_key = keys::meta("retention_cursor");
+    let from = get_rec::<u64>(txn, &cursor_key)?.unwrap_or(0);
+    let parts: Vec<(Vec<u8>, PartitionRec)> = scan_recs(
+        txn,
+        &keys::partition(from),
+        &keys::table_end(keys::table::PARTITION),
+        max_parts,
+    )?;
+    let wrapped = parts.len() < max_parts;
+    let mut queues: BTreeMap<String, Option<QueueRec>> = BTreeMap::new();
+    let mut last = from;
+    for (_, mut p) in parts {
+        last = p.pid + 1;
+        if *deletes == 0 {
+            last = p.pid;
+            break;
+        }
+        if !queues.contains_key(&p.queue) {
+            let q = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid);
+            queues.insert(p.queue.clone(), q);
+        }
+        let Some(Some(q)) = queues.get_mut(&p.queue) else { continue };
+        let o = q.options.clone();
+        if !o.has_retention() || p.log_start >= p.next_offset {
+            continue;
+        }
+        let min_cursor = if o.completed_retention_seconds > 0 {
+            let prefix = keys::pid_prefix(keys::table::CURSOR, p.pid);
+            let cursors: Vec<(Vec<u8>, CursorRec)> =
+                scan_recs(txn, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
+            cursors.iter().map(|(_, c)| c.next).min()
+        } else {
+            None
+        };
+        let budget = (*deletes / 2).max(1);
+        let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
+            txn,
+            &keys::message(p.pid, p.log_start),
+            &keys::message(p.pid, p.next_offset),
+            budget,
+        )?;
+        let before = p.log_start;
+        for (k, m) in msgs {
+            let offset = keys::offset_of_message_key(&k).unwrap_or(p.log_start);
+            let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
+            let expired = aged(o.retention_seconds)
+                || aged(o.max_wait_time_seconds)
+                || (min_cursor.is_some_and(|mc| offset < mc) && aged(o.completed_retention_seconds));
+            if !expired {
+                break;
+            }
+            txn.delete(k);
+            txn.delete(keys::dedup(p.pid, &m.transaction_id));
+            *deletes = deletes.saturating_sub(2);
+            p.log_start = offset + 1;
+            q.messages = q.messages.saturating_sub(1);
+        }
+        if p.log_start != before {
+            put_rec(txn, keys::partition(p.pid), &p);
+            put_rec(txn, keys::queue(&q.name), &*q);
+        }
+    }
+    put_rec(txn, cursor_key, &if wrapped { 0 } else { last });
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! `apply(state, entry) -> outcome`: the deterministic state machine of the broker.
+//!
+//! Each entry is stamped `max(previous stamp + 1, proposed_at)` and every rule that depends on
+//! time compares stamps, never a clock, so every replica computes the same state.
+
+mod ack;
+mod housekeeping;
+mod pop;
+mod push;
+mod queue;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec::{decode, encode};
+use crate::command::{Command, Entry, Outcome, Response};
+use crate::keys;
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+pub use housekeeping::HousekeepingBudget;
+pub(crate) use pop::pop;
+
+/// Apply one entry on top of `txn`. The entry's effects are staged in `txn`; the caller commits
+/// them atomically (with whatever else it batches).
+///
+/// # Errors
+/// Only store failures; every rule violation is an outcome, never an error.
+pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry) -> Result<Response, StoreError> {
+    let stamp = next_stamp(txn, entry.proposed_at)?;
+    let outcome = match &entry.command {
+        Command::Tick => {
+            housekeeping::run(txn, stamp, HousekeepingBudget::default())?;
+            Outcome::Tick
+        }
+        Command::Push(items) => Outcome::Push(push::push(txn, stamp, items)?),
+        Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd)?),
+        Command::Ack { group, items } => Outcome::Ack(ack::ack(txn, stamp, group, items)?),
+        Command::ExtendLease { lease_id } => ack::extend(txn, stamp, lease_id)?,
+        Command::Configure { queue, namespace, task, options } => {
+            Outcome::Configured(queue::configure(txn, stamp, queue, namespace, task, options)?)
+        }
+        Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
+    };
+    Ok(Response { stamp, outcome })
+}
+
+/// Apply an encoded entry; an entry this build cannot decode is answered `Rejected` and changes
+/// nothing (every replica of the same build decides the same).
+///
+/// # Errors
+/// Store failures.
+pub fn apply_encoded(txn: &mut Txn<'_>, bytes: &[u8]) -> Result<Response, StoreError> {
+    match Entry::decode(bytes) {
+        Ok(entry) => apply_entry(txn, &entry),
+        Err(e) => Ok(Response {
+            stamp: last_stamp(txn)?,
+            outcome: Outcome::Rejected(format!("undecodable entry: {e}")),
+        }),
+    }
+}
+
+/// The greatest applied stamp (`safeTime`).
+///
+/// # Errors
+/// Store failures.
+pub fn last_stamp(s: &dyn StateRead) -> Result<Stamp, StoreError> {
+    Ok(get_rec::<Stamp>(s, &keys::meta_stamp())?.unwrap_or_default())
+}
+
+fn next_stamp(txn: &mut Txn<'_>, proposed: u64) -> Result<Stamp, StoreError> {
+    let prev = last_stamp(txn)?;
+    let stamp = Stamp(proposed.max(prev.0.saturating_add(1)));
+    put_rec(txn, keys::meta_stamp(), &stamp);
+    Ok(stamp)
+}
+
+pub(crate) fn get_rec<T: DeserializeOwned>(
+    s: &dyn StateRead,
+    key: &[u8],
+) -> Result<Option<T>, StoreError> {
+    match s.get(key)? {
+        Some(bytes) => decode(key, &bytes).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn put_rec<T: Serialize>(txn: &mut Txn<'_>, key: Vec<u8>, value: &T) {
+    txn.put(key, encode(value));
+}
+
+/// Take the next value of a named counter (starting at 1).
+pub(crate) fn next_counter(txn: &mut Txn<'_>, name: &str) -> Result<u64, StoreError> {
+    let key = keys::meta(name);
+    let next = get_rec::<u64>(txn, &key)?.unwrap_or(0) + 1;
+    put_rec(txn, key, &next);
+    Ok(next)
+}
+
+/// Collect the keys and decoded values of a range, at most `limit`.
+pub(crate) fn scan_recs<T: DeserializeOwned>(
+    s: &dyn StateRead,
+    start: &[u8],
+    end: &[u8],
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, T)>, StoreError> {
+    let mut raw = Vec::new();
+    s.scan(start, end, &mut |k, v| {
+        raw.push((k.to_vec(), v.to_vec()));
+        raw.len() < limit
+    })?;
+    raw.into_iter()
+        .map(|(k, v)| decode(&k, &v).map(|t| (k, t)))
+        .collect()
+}
+
+/// The partitions of a queue in creation order.
+///
+/// # Errors
+/// Store failures.
+pub fn partition_ids_pub(s: &dyn StateRead, qid: u64) -> Result<Vec<u64>, StoreError> {
+    queue::partition_ids(s, qid)
+}

@@ -1,0 +1,141 @@
+//! Pop: claim deliverable messages for a group under one lease.
+
+use crate::command::{Claim, Delivered, PopCommand, PopOutcome, Subscription};
+use crate::keys;
+use crate::model::{CursorLease, CursorRec, GroupRec, LeaseRec, MessageRec, PartitionRec, QueueRec, SubscriptionStart};
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+use super::queue::partition_ids;
+use super::{get_rec, put_rec, scan_recs};
+
+/// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
+/// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
+/// without counting a retry).
+pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<PopOutcome, StoreError> {
+    let mut out = PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() };
+    let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(cmd.queue.as_str()))? else {
+        return Ok(out);
+    };
+    let group = cmd.group.as_str();
+    let group_key = keys::group(q.qid, group);
+    let mut g = match get_rec::<GroupRec>(txn, &group_key)? {
+        Some(g) => g,
+        None => GroupRec {
+            start: if cmd.group.is_queue_mode() {
+                SubscriptionStart::All
+            } else {
+                match cmd.subscription {
+                    Subscription::Default | Subscription::All => SubscriptionStart::All,
+                    Subscription::New => SubscriptionStart::From(stamp),
+                    Subscription::From(s) => SubscriptionStart::From(s),
+                }
+            },
+            created: stamp,
+            last_pid: 0,
+        },
+    };
+    let candidates: Vec<u64> = match &cmd.partition {
+        Some(name) => get_rec::<u64>(txn, &keys::partition_name(q.qid, name.as_str()))?
+            .into_iter()
+            .collect(),
+        None => {
+            let mut all = partition_ids(txn, q.qid)?;
+            // Start after the partition this group claimed last, so competing consumers
+            // spread over the partitions.
+            let split = all.partition_point(|pid| *pid <= g.last_pid);
+            all.rotate_left(split);
+            all
+        }
+    };
+    let lease_expires = stamp.plus_seconds(q.options.lease_time);
+    let delay = q.options.delayed_processing;
+    let mut budget = cmd.batch.max(1) as usize;
+    let max_parts = cmd.max_partitions.max(1) as usize;
+    for pid in candidates {
+        if budget == 0 || out.claims.len() >= max_parts {
+            break;
+        }
+        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else { continue };
+        let cursor_key = keys::cursor(pid, group);
+        let mut c = match get_rec::<CursorRec>(txn, &cursor_key)? {
+            Some(c) => c,
+            None => CursorRec { next: start_offset(txn, &p, g.start)?, ..CursorRec::default() },
+        };
+        if c.live_lease(stamp).is_some() {
+            continue;
+        }
+        let from = c.next.max(p.log_start);
+        if from >= p.next_offset {
+            continue;
+        }
+        let until = p.next_offset.min(from.saturating_add(budget as u64));
+        let msgs: Vec<(Vec<u8>, MessageRec)> =
+            scan_recs(txn, &keys::message(pid, from), &keys::message(pid, until), budget)?;
+        let mut delivered = Vec::with_capacity(msgs.len());
+        for (k, m) in msgs {
+            if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
+                break;
+            }
+            let offset = keys::offset_of_message_key(&k).unwrap_or(from);
+            let attempt = if offset == c.retry_offset && c.retries > 0 { c.retries + 1 } else { 1 };
+            delivered.push(Delivered {
+                offset,
+                transaction_id: m.transaction_id,
+                id: m.id,
+                trace_id: m.trace_id,
+                payload: m.payload,
+                created: m.stamp,
+                attempt,
+            });
+        }
+        let Some(last) = delivered.last().map(|d| d.offset) else { continue };
+        budget -= delivered.len();
+        c.next = from;
+        if cmd.auto_ack {
+            c.next = last + 1;
+            c.lease = None;
+            c.last_consumed = stamp;
+        } else {
+            c.lease = Some(CursorLease { id: cmd.lease_id.clone(), expires: lease_expires, end: last + 1 });
+        }
+        put_rec(txn, cursor_key, &c);
+        g.last_pid = pid;
+        out.claims.push(Claim { pid, partition: p.name.clone(), messages: delivered });
+    }
+    put_rec(txn, group_key, &g);
+    if !out.claims.is_empty() && !cmd.auto_ack {
+        out.lease_id = cmd.lease_id.clone();
+        out.lease_expires = lease_expires;
+        put_rec(
+            txn,
+            keys::lease(&cmd.lease_id),
+            &LeaseRec {
+                qid: q.qid,
+                group: group.to_owned(),
+                parts: out.claims.iter().map(|c| c.pid).collect(),
+                expires: lease_expires,
+            },
+        );
+        put_rec(txn, keys::lease_expiry(lease_expires.0, &cmd.lease_id), &());
+    }
+    Ok(out)
+}
+
+/// Where a group starts in a partition it has not touched: the oldest retained offset, or the
+/// first offset stamped at or after its subscription time (stamps rise with offsets, so a
+/// binary search over point reads finds it).
+fn start_offset(s: &dyn StateRead, p: &PartitionRec, start: SubscriptionStart) -> Result<u64, StoreError> {
+    let SubscriptionStart::From(t) = start else { return Ok(p.log_start) };
+    let (mut lo, mut hi) = (p.log_start, p.next_offset);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match get_rec::<MessageRec>(s, &keys::message(p.pid, mid))? {
+            Some(m) if m.stamp < t => lo = mid + 1,
+            Some(_) => hi = mid,
+            // A hole can only be below log_start (deleted by retention): move up.
+            None => lo = mid + 1,
+        }
+    }
+    Ok(lo)
+}

@@ -1,0 +1,417 @@
+//! Stored records and queue options.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::Stamp;
+
+/// A queue's options: the whole option table of the wire contract, with its defaults.
+/// Durations are seconds; `max_size` is a message count; 0 means "off" or "forever".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueOptions {
+    /// How long a pop's lease lives.
+    pub lease_time: u64,
+    /// How many failed deliveries are retried before the message is dead-lettered.
+    pub retry_limit: u32,
+    /// Stored and echoed; ordering between queues is not affected (one queue per pop).
+    pub priority: i64,
+    /// A message becomes deliverable this many seconds after it was pushed.
+    pub delayed_processing: u64,
+    /// Stored and echoed (batching hint of the original broker).
+    pub window_buffer: u64,
+    /// The most messages the queue may hold; a push beyond it fails per item. 0 = unlimited.
+    pub max_size: u64,
+    /// Delete messages older than this. 0 = keep.
+    pub retention_seconds: u64,
+    /// Delete messages every group has consumed once they are older than this. 0 = keep.
+    pub completed_retention_seconds: u64,
+    /// Stored and echoed: payload encryption arrives with the key management issue.
+    pub encryption_enabled: bool,
+    /// Whether a message past `retry_limit` goes to the dead letters (else it is dropped).
+    pub dlq_after_max_retries: bool,
+    /// Master switch for the three retention settings.
+    pub retention_enabled: bool,
+    /// Delete messages still waiting after this long, consumed or not. 0 = off.
+    pub max_wait_time_seconds: u64,
+    /// Stored and echoed.
+    pub retry_delay: u64,
+    /// Stored and echoed.
+    pub ttl: u64,
+    /// The S3 sink that must have mirrored a message before retention may delete it.
+    pub retention_sink_hold: Option<String>,
+    /// The longest the sink hold may keep a message.
+    pub retention_sink_hold_max_seconds: u64,
+    /// Options this broker does not interpret, kept as JSON text and echoed.
+    pub extra: BTreeMap<String, String>,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        Self {
+            lease_time: 300,
+            retry_limit: 3,
+            priority: 0,
+            delayed_processing: 0,
+            window_buffer: 0,
+            max_size: 0,
+            retention_seconds: 0,
+            completed_retention_seconds: 0,
+            encryption_enabled: false,
+            dlq_after_max_retries: true,
+            retention_enabled: true,
+            max_wait_time_seconds: 0,
+            retry_delay: 0,
+            ttl: 0,
+            retention_sink_hold: None,
+            retention_sink_hold_max_seconds: 604_800,
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+/// An option with a value of the wrong type or range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("options.{field} {problem}")]
+pub struct OptionError {
+    /// The option's wire name.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+fn uint(field: &str, v: &serde_json::Value) -> Result<u64, OptionError> {
+    if v.is_null() {
+        return Ok(0);
+    }
+    v.as_u64().ok_or_else(|| OptionError {
+        field: field.to_owned(),
+        problem: "must be a non-negative integer".to_owned(),
+    })
+}
+
+fn boolean(field: &str, v: &serde_json::Value) -> Result<bool, OptionError> {
+    v.as_bool().ok_or_else(|| OptionError {
+        field: field.to_owned(),
+        problem: "must be true or false".to_owned(),
+    })
+}
+
+impl QueueOptions {
+    /// Read options from the `options` object of a configure request: known keys are type
+    /// checked, unknown keys are kept as they are, absent keys take their defaults.
+    ///
+    /// # Errors
+    /// The first option with a wrong type, named.
+    pub fn from_json(obj: &serde_json::Map<String, serde_json::Value>) -> Result<Self, OptionError> {
+        let mut o = Self::default();
+        for (key, v) in obj {
+            if v.is_null() {
+                continue;
+            }
+            match key.as_str() {
+                "leaseTime" => {
+                    o.lease_time = uint(key, v)?;
+                    if o.lease_time == 0 {
+                        return Err(OptionError {
+                            field: key.clone(),
+                            problem: "must be at least 1".to_owned(),
+                        });
+                    }
+                }
+                "retryLimit" => {
+                    o.retry_limit = u32::try_from(uint(key, v)?).map_err(|_| OptionError {
+                        field: key.clone(),
+                        problem: "is too large".to_owned(),
+                    })?;
+                }
+                "priority" => {
+                    o.priority = v.as_i64().ok_or_else(|| OptionError {
+                        field: key.clone(),
+                        problem: "must be an integer".to_owned(),
+                    })?;
+                }
+                "delayedProcessing" => o.delayed_processing = uint(key, v)?,
+                "windowBuffer" => o.window_buffer = uint(key, v)?,
+                "maxSize" => o.max_size = uint(key, v)?,
+                "retentionSeconds" => o.retention_seconds = uint(key, v)?,
+                "completedRetentionSeconds" => o.completed_retention_seconds = uint(key, v)?,
+                "encryptionEnabled" => o.encryption_enabled = boolean(key, v)?,
+                "dlqAfterMaxRetries" => o.dlq_after_max_retries = boolean(key, v)?,
+                "retentionEnabled" => o.retention_enabled = boolean(key, v)?,
+                "maxWaitTimeSeconds" => o.max_wait_time_seconds = uint(key, v)?,
+                "retryDelay" => o.retry_delay = uint(key, v)?,
+                "ttl" => o.ttl = uint(key, v)?,
+                "retentionSinkHold" => {
+                    o.retention_sink_hold = Some(
+                        v.as_str()
+                            .ok_or_else(|| OptionError {
+                                field: key.clone(),
+                                problem: "must be a string".to_owned(),
+                            })?
+                            .to_owned(),
+                    );
+                }
+                "retentionSinkHoldMaxSeconds" => o.retention_sink_hold_max_seconds = uint(key, v)?,
+                _ => {
+                    o.extra.insert(key.clone(), v.to_string());
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// The options as the wire shows them.
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (k, v) in &self.extra {
+            if let Ok(v) = serde_json::from_str(v) {
+                m.insert(k.clone(), v);
+            }
+        }
+        let known = serde_json::json!({
+            "leaseTime": self.lease_time,
+            "retryLimit": self.retry_limit,
+            "priority": self.priority,
+            "delayedProcessing": self.delayed_processing,
+            "windowBuffer": self.window_buffer,
+            "maxSize": self.max_size,
+            "retentionSeconds": self.retention_seconds,
+            "completedRetentionSeconds": self.completed_retention_seconds,
+            "encryptionEnabled": self.encryption_enabled,
+            "dlqAfterMaxRetries": self.dlq_after_max_retries,
+            "retentionEnabled": self.retention_enabled,
+            "maxWaitTimeSeconds": self.max_wait_time_seconds,
+            "retryDelay": self.retry_delay,
+            "ttl": self.ttl,
+            "retentionSinkHold": self.retention_sink_hold,
+            "retentionSinkHoldMaxSeconds": self.retention_sink_hold_max_seconds,
+        });
+        if let serde_json::Value::Object(k) = known {
+            m.extend(k);
+        }
+        serde_json::Value::Object(m)
+    }
+
+    /// Whether any retention rule can delete messages of this queue.
+    #[must_use]
+    pub fn has_retention(&self) -> bool {
+        self.retention_enabled
+            && (self.retention_seconds > 0
+                || self.completed_retention_seconds > 0
+                || self.max_wait_time_seconds > 0)
+    }
+}
+
+/// A queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRec {
+    /// Internal id; a queue deleted and created again gets a new one.
+    pub qid: u64,
+    /// The queue's name.
+    pub name: String,
+    /// Optional namespace tag (pop by namespace/task).
+    pub namespace: Option<String>,
+    /// Optional task tag.
+    pub task: Option<String>,
+    /// The effective options.
+    pub options: QueueOptions,
+    /// When the queue came into being.
+    pub created: Stamp,
+    /// Messages stored now (pushed minus deleted by retention).
+    pub messages: u64,
+    /// Partitions created.
+    pub partitions: u64,
+    /// Messages moved to the dead letters, ever.
+    pub dead_lettered: u64,
+}
+
+/// A partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRec {
+    /// Global id (rendered as a decimal string on the wire).
+    pub pid: u64,
+    /// Owning queue id.
+    pub qid: u64,
+    /// Owning queue name.
+    pub queue: String,
+    /// The partition's name.
+    pub name: String,
+    /// The offset the next push gets (the high watermark).
+    pub next_offset: u64,
+    /// The oldest offset still stored.
+    pub log_start: u64,
+    /// When it was created.
+    pub created: Stamp,
+    /// Stamp of the last push into it.
+    pub last_write: Stamp,
+}
+
+/// A stored message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageRec {
+    /// The producer's idempotency key.
+    pub transaction_id: String,
+    /// UUIDv7 bytes minted by the proposing node.
+    pub id: [u8; 16],
+    /// Optional trace id.
+    pub trace_id: Option<String>,
+    /// The push's stamp.
+    pub stamp: Stamp,
+    /// The payload as JSON text, verbatim.
+    pub payload: Vec<u8>,
+}
+
+/// A dedup index row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupRec {
+    /// Offset of the original.
+    pub offset: u64,
+    /// Message id of the original.
+    pub id: [u8; 16],
+}
+
+/// The live claim of a group on one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorLease {
+    /// The lease id.
+    pub id: String,
+    /// It is dead at and after this stamp.
+    pub expires: Stamp,
+    /// First offset after the claimed range (the range starts at the cursor).
+    pub end: u64,
+}
+
+/// The answer given to an ack, kept so that a repeat is answered the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastAck {
+    /// Which message.
+    pub offset: u64,
+    /// With which status.
+    pub status: String,
+    /// Under which lease.
+    pub lease_id: Option<String>,
+    /// What was answered.
+    pub outcome: AckVerdict,
+}
+
+/// The verdict of one ack item.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AckVerdict {
+    /// Whether the ack took effect.
+    pub success: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Whether the partition's lease ended with it.
+    pub lease_released: bool,
+    /// Whether the message went to the dead letters.
+    pub dlq: bool,
+    /// Whether it changed nothing (a repeat).
+    pub noop: bool,
+}
+
+/// A group's position in one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CursorRec {
+    /// Every offset below this is done for the group.
+    pub next: u64,
+    /// The claim in flight, if any (judged live by its expiry).
+    pub lease: Option<CursorLease>,
+    /// The offset whose failures are being counted.
+    pub retry_offset: u64,
+    /// Failed deliveries of `retry_offset` so far.
+    pub retries: u32,
+    /// The last ack's answer.
+    pub last_ack: Option<LastAck>,
+    /// Stamp of the last completed ack.
+    pub last_consumed: Stamp,
+}
+
+impl CursorRec {
+    /// The live lease at `now`.
+    #[must_use]
+    pub fn live_lease(&self, now: Stamp) -> Option<&CursorLease> {
+        self.lease.as_ref().filter(|l| l.expires > now)
+    }
+}
+
+/// A lease spanning the partitions one pop claimed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRec {
+    /// The queue id.
+    pub qid: u64,
+    /// The group.
+    pub group: String,
+    /// Partitions still held.
+    pub parts: Vec<u64>,
+    /// Expiry.
+    pub expires: Stamp,
+}
+
+/// Where a named group starts in a partition it touches for the first time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SubscriptionStart {
+    /// From the oldest retained message.
+    All,
+    /// From the first message stamped at or after this.
+    From(Stamp),
+}
+
+/// A consumer group on one queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRec {
+    /// The recorded start (sticky).
+    pub start: SubscriptionStart,
+    /// When the group first popped.
+    pub created: Stamp,
+    /// The partition claimed last, so the next pop starts after it (fairness).
+    pub last_pid: u64,
+}
+
+/// A dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlqRec {
+    /// Partition id.
+    pub pid: u64,
+    /// Partition name.
+    pub partition: String,
+    /// Group it failed in.
+    pub group: String,
+    /// Its offset.
+    pub offset: u64,
+    /// Its transactionId.
+    pub transaction_id: String,
+    /// Its id.
+    pub id: [u8; 16],
+    /// The last error text.
+    pub error: Option<String>,
+    /// Failed deliveries.
+    pub retries: u32,
+    /// The payload, verbatim.
+    pub payload: Vec<u8>,
+    /// When it was pushed.
+    pub created: Stamp,
+    /// When it was dead-lettered.
+    pub failed: Stamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_known_keep_unknown_and_name_bad_fields() {
+        let v = serde_json::json!({"leaseTime": 10, "retryLimit": 1, "custom": {"a": 1}, "namespace": null});
+        let o = QueueOptions::from_json(v.as_object().unwrap()).unwrap();
+        assert_eq!(o.lease_time, 10);
+        assert_eq!(o.retry_limit, 1);
+        assert_eq!(o.extra.get("custom").map(String::as_str), Some("{\"a\":1}"));
+        assert_eq!(o.to_json()["custom"]["a"], 1);
+        let bad = serde_json::json!({"leaseTime": "ten"});
+        let e = QueueOptions::from_json(bad.as_object().unwrap()).unwrap_err();
+        assert_eq!(e.field, "leaseTime");
+        let zero = serde_json::json!({"leaseTime": 0});
+        assert!(QueueOptions::from_json(zero.as_object().unwrap()).is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! Read-only queries of the applied state: what status pages, dead-letter listings and the
+//! long-poll pre-check need. Nothing here writes.
+
+use crate::command::{PopCommand, PopOutcome};
+use crate::keys;
+use crate::machine::{get_rec, pop, scan_recs};
+use crate::model::{CursorRec, DlqRec, PartitionRec, QueueRec};
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+pub use crate::machine::last_stamp as safe_time;
+
+/// One queue with its partitions.
+#[derive(Debug, Clone)]
+pub struct QueueView {
+    /// The queue.
+    pub queue: QueueRec,
+    /// Its partitions in creation order.
+    pub partitions: Vec<PartitionRec>,
+}
+
+/// A queue by name.
+///
+/// # Errors
+/// Store failures.
+pub fn queue(s: &dyn StateRead, name: &str) -> Result<Option<QueueRec>, StoreError> {
+    get_rec(s, &keys::queue(name))
+}
+
+/// Every queue, in name order, at most `limit`.
+///
+/// # Errors
+/// Store failures.
+pub fn queues(s: &dyn StateRead, limit: usize) -> Result<Vec<QueueRec>, StoreError> {
+    Ok(scan_recs::<QueueRec>(
+        s,
+        &keys::table_start(keys::table::QUEUE),
+        &keys::table_end(keys::table::QUEUE),
+        limit,
+    )?
+    .into_iter()
+    .map(|(_, q)| q)
+    .collect())
+}
+
+/// A queue and its partitions.
+///
+/// # Errors
+/// Store failures.
+pub fn queue_view(s: &dyn StateRead, name: &str) -> Result<Option<QueueView>, StoreError> {
+    let Some(q) = queue(s, name)? else { return Ok(None) };
+    let mut partitions = Vec::new();
+    for pid in crate::machine::partition_ids_pub(s, q.qid)? {
+        if let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(pid))? {
+            partitions.push(p);
+        }
+    }
+    Ok(Some(QueueView { queue: q, partitions }))
+}
+
+/// A group's cursor on a partition.
+///
+/// # Errors
+/// Store failures.
+pub fn cursor(s: &dyn StateRead, pid: u64, group: &str) -> Result<Option<CursorRec>, StoreError> {
+    get_rec(s, &keys::cursor(pid, group))
+}
+
+/// The cursors of every group on a partition, as (group, cursor).
+///
+/// # Errors
+/// Store failures.
+pub fn cursors(s: &dyn StateRead, pid: u64) -> Result<Vec<(String, CursorRec)>, StoreError> {
+    let prefix = keys::pid_prefix(keys::table::CURSOR, pid);
+    Ok(scan_recs::<CursorRec>(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?
+        .into_iter()
+        .map(|(k, c)| (String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(), c))
+        .collect())
+}
+
+/// A page of a queue's dead letters, filtered, with the filtered total.
+///
+/// # Errors
+/// Store failures.
+pub fn dead_letters(
+    s: &dyn StateRead,
+    qid: u64,
+    filter: &dyn Fn(&DlqRec) -> bool,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<DlqRec>, usize), StoreError> {
+    let prefix = keys::pid_prefix(keys::table::DLQ, qid);
+    let all: Vec<(Vec<u8>, DlqRec)> = scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
+    let matching: Vec<DlqRec> = all.into_iter().map(|(_, d)| d).filter(|d| filter(d)).collect();
+    let total = matching.len();
+    Ok((matching.into_iter().skip(offset).take(limit).collect(), total))
+}
+
+/// What a pop would deliver at `now` on the current state, without writing anything: the
+/// long-poll pre-check, so that an empty pop never reaches the log.
+///
+/// # Errors
+/// Store failures.
+pub fn would_pop(s: &dyn StateRead, now: Stamp, cmd: &PopCommand) -> Result<PopOutcome, StoreError> {
+    let mut scratch = Txn::new(s);
+    let now = now.max(Stamp(safe_time(s)?.0 + 1));
+    pop(&mut scratch, now, cmd)
+}

@@ -1,0 +1,268 @@
+//! The state store as the domain sees it: ordered bytes-to-bytes, read through `StateRead`,
+//! written through a `Txn` overlay that the caller commits atomically.
+//!
+//! The node backs `StateRead` with its on-disk engine; tests use `MemStore`. A `Txn` can sit on
+//! another `Txn`, which is how one entry's effects are rolled back without touching its batch.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+/// A failure of the underlying store. Fatal for apply: replicas must not skip effects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The engine failed to read.
+    #[error("state store read failed: {0}")]
+    Read(String),
+    /// A stored value could not be decoded (corruption or a format this build does not read).
+    #[error("stored value under {key} is malformed: {detail}")]
+    Corrupt {
+        /// The key, escaped for display.
+        key: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Read access to ordered state.
+pub trait StateRead {
+    /// The value under `key`.
+    ///
+    /// # Errors
+    /// Engine failures.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Visit every pair with `start <= key < end` in ascending key order until `visit` returns
+    /// `false`.
+    ///
+    /// # Errors
+    /// Engine failures.
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError>;
+}
+
+/// Pending writes: `Some(value)` puts, `None` deletes.
+pub type WriteSet = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// A write overlay on top of a readable state: reads see the overlay's own writes first.
+pub struct Txn<'a> {
+    base: &'a dyn StateRead,
+    writes: WriteSet,
+}
+
+impl<'a> Txn<'a> {
+    /// An empty overlay on `base`.
+    pub fn new(base: &'a dyn StateRead) -> Self {
+        Self { base, writes: WriteSet::new() }
+    }
+
+    /// Stage a put.
+    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert(key, Some(value));
+    }
+
+    /// Stage a delete.
+    pub fn delete(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    /// The staged writes, to commit atomically.
+    #[must_use]
+    pub fn into_writes(self) -> WriteSet {
+        self.writes
+    }
+
+    /// Merge a child's writes into this overlay (the child committed).
+    pub fn absorb(&mut self, writes: WriteSet) {
+        self.writes.extend(writes);
+    }
+
+    /// How many writes are staged.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// Whether nothing is staged.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+}
+
+impl StateRead for Txn<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.writes.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.base.get(key),
+        }
+    }
+
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        if start >= end {
+            return Ok(());
+        }
+        let mut overlay = self
+            .writes
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .peekable();
+        let mut stopped = false;
+        self.base.scan(start, end, &mut |k, v| {
+            // Emit overlay entries that sort before this base key.
+            while let Some((ok, ov)) = overlay.peek() {
+                if ok.as_slice() >= k {
+                    break;
+                }
+                if let Some(ov) = ov {
+                    if !visit(ok, ov) {
+                        stopped = true;
+                        return false;
+                    }
+                }
+                overlay.next();
+            }
+            if let Some((ok, ov)) = overlay.peek() {
+                if ok.as_slice() == k {
+                    let keep = match ov {
+                        Some(ov) => visit(k, ov),
+                        None => true,
+                    };
+                    overlay.next();
+                    if !keep {
+                        stopped = true;
+                    }
+                    return keep;
+                }
+            }
+            if !visit(k, v) {
+                stopped = true;
+                return false;
+            }
+            true
+        })?;
+        if !stopped {
+            for (ok, ov) in overlay {
+                if let Some(ov) = ov {
+                    if !visit(ok, ov) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An in-memory ordered store: the reference implementation, used by tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MemStore {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MemStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply committed writes.
+    pub fn commit(&mut self, writes: WriteSet) {
+        for (k, v) in writes {
+            match v {
+                Some(v) => {
+                    self.map.insert(k, v);
+                }
+                None => {
+                    self.map.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Number of keys stored.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether nothing is stored.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl StateRead for MemStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.map.get(key).cloned())
+    }
+
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        if start >= end {
+            return Ok(());
+        }
+        for (k, v) in self
+            .map
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+        {
+            if !visit(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn collect(s: &dyn StateRead, a: &[u8], b: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        s.scan(a, b, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            out.len() < limit
+        })
+        .unwrap();
+        out
+    }
+
+    proptest! {
+        // Invariant: a scan through an overlay equals a scan of the store after the commit.
+        #[test]
+        fn overlay_scan_equals_committed_scan(
+            base in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..3), any::<u8>(), 0..20),
+            ops in proptest::collection::vec((proptest::collection::vec(0u8..4, 1..3), proptest::option::of(any::<u8>())), 0..20),
+            lo in proptest::collection::vec(0u8..4, 0..2),
+            hi in proptest::collection::vec(0u8..5, 1..3),
+            limit in 1usize..30,
+        ) {
+            let mut store = MemStore::new();
+            store.commit(base.into_iter().map(|(k, v)| (k, Some(vec![v]))).collect());
+            let mut txn = Txn::new(&store);
+            for (k, v) in ops {
+                match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
+            }
+            let via_overlay = collect(&txn, &lo, &hi, limit);
+            let writes = txn.into_writes();
+            let mut after = store.clone();
+            after.commit(writes);
+            prop_assert_eq!(via_overlay, collect(&after, &lo, &hi, limit));
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Broker time: stamps in microseconds since the Unix epoch (UTC), and their text forms.
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// A broker stamp: microseconds since the Unix epoch, UTC. Assigned by the state machine as
+/// `max(previous + 1, proposed)`, so stamps of applied entries strictly rise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct Stamp(pub u64);
+
+impl Stamp {
+    /// The stamp `seconds` later, saturating.
+    #[must_use]
+    pub fn plus_seconds(self, seconds: u64) -> Stamp {
+        Stamp(self.0.saturating_add(seconds.saturating_mul(1_000_000)))
+    }
+
+    /// The stamp `seconds` earlier, saturating at zero.
+    #[must_use]
+    pub fn minus_seconds(self, seconds: u64) -> Stamp {
+        Stamp(self.0.saturating_sub(seconds.saturating_mul(1_000_000)))
+    }
+
+    fn datetime(self) -> OffsetDateTime {
+        let nanos = i128::from(self.0) * 1000;
+        OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ`, the form messages and leases are shown in.
+    #[must_use]
+    pub fn iso_millis(self) -> String {
+        let d = self.datetime();
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+            d.year(),
+            u8::from(d.month()),
+            d.day(),
+            d.hour(),
+            d.minute(),
+            d.second(),
+            d.millisecond()
+        )
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.ffffffZ`: fixed width, so clients may compare it as a string.
+    #[must_use]
+    pub fn iso_micros(self) -> String {
+        let d = self.datetime();
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+            d.year(),
+            u8::from(d.month()),
+            d.day(),
+            d.hour(),
+            d.minute(),
+            d.second(),
+            d.microsecond()
+        )
+    }
+
+    /// Parse an ISO-8601 time with `Z` or an offset; a time without offset is read as UTC.
+    ///
+    /// # Errors
+    /// When the text is not such a time, or lies before the epoch.
+    pub fn parse_iso(text: &str) -> Result<Stamp, String> {
+        let t = text.trim();
+        let parsed = OffsetDateTime::parse(t, &Rfc3339)
+            .or_else(|_| OffsetDateTime::parse(&format!("{t}Z"), &Rfc3339))
+            .map_err(|_| format!("'{t}' is not an ISO-8601 time"))?;
+        let micros = parsed.unix_timestamp_nanos() / 1000;
+        u64::try_from(micros)
+            .map(Stamp)
+            .map_err(|_| format!("'{t}' lies before 1970"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_are_fixed_width_and_round_trip() {
+        let s = Stamp(1_785_000_000_123_456);
+        assert_eq!(s.iso_micros().len(), 27);
+        assert_eq!(Stamp::parse_iso(&s.iso_micros()), Ok(s));
+        assert!(s.iso_millis().ends_with(".123Z"));
+        assert_eq!(Stamp(0).iso_micros(), "1970-01-01T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn parses_offsets_and_bare_times() {
+        let a = Stamp::parse_iso("2026-01-01T01:00:00+01:00").unwrap();
+        let b = Stamp::parse_iso("2026-01-01T00:00:00").unwrap();
+        assert_eq!(a, b);
+        assert!(Stamp::parse_iso("yesterday").is_err());
+    }
+}

@@ -1,0 +1,355 @@
+//! The broker's rules, driven through entries on an in-memory store.
+
+use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, PushStatus, Subscription};
+use queen_domain::model::QueueOptions;
+use queen_domain::names::{GroupName, PartitionName, QueueName};
+use queen_domain::{MemStore, Txn, apply_entry, invariants, reads};
+
+/// A single replica: applies entries one by one, with a clock the test moves.
+struct Sim {
+    store: MemStore,
+    now: u64,
+    seq: u64,
+}
+
+impl Sim {
+    fn new() -> Self {
+        Self { store: MemStore::new(), now: 1_700_000_000_000_000, seq: 0 }
+    }
+
+    fn apply(&mut self, command: Command) -> Outcome {
+        let entry = Entry { proposed_at: self.now, command };
+        let mut txn = Txn::new(&self.store);
+        let r = apply_entry(&mut txn, &entry).expect("apply");
+        let w = txn.into_writes();
+        self.store.commit(w);
+        invariants::check(&self.store).expect("invariants hold after every entry");
+        r.outcome
+    }
+
+    fn advance_secs(&mut self, s: u64) {
+        self.now += s * 1_000_000;
+    }
+
+    fn push(&mut self, queue: &str, partition: &str, txn: &str) -> PushOutcome {
+        self.seq += 1;
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&self.seq.to_be_bytes());
+        match self.apply(Command::Push(vec![PushItem {
+            queue: QueueName::new(queue).unwrap(),
+            partition: PartitionName::new(partition).unwrap(),
+            transaction_id: txn.to_owned(),
+            message_id: id,
+            payload: format!("{{\"n\":\"{txn}\"}}").into_bytes(),
+            trace_id: None,
+        }])) {
+            Outcome::Push(mut v) => v.remove(0),
+            o => panic!("{o:?}"),
+        }
+    }
+
+    fn pop(&mut self, queue: &str, group: Option<&str>, batch: u32) -> PopOutcome {
+        self.pop_with(queue, None, group, batch, 1, Subscription::Default)
+    }
+
+    fn pop_with(&mut self, queue: &str, partition: Option<&str>, group: Option<&str>, batch: u32, parts: u32, sub: Subscription) -> PopOutcome {
+        self.seq += 1;
+        match self.apply(Command::Pop(PopCommand {
+            queue: QueueName::new(queue).unwrap(),
+            partition: partition.map(|p| PartitionName::new(p).unwrap()),
+            group: GroupName::or_queue_mode(group).unwrap(),
+            batch,
+            max_partitions: parts,
+            lease_id: format!("lease-{}", self.seq),
+            auto_ack: false,
+            subscription: sub,
+        })) {
+            Outcome::Pop(p) => p,
+            o => panic!("{o:?}"),
+        }
+    }
+
+    fn ack(&mut self, group: Option<&str>, pop: &PopOutcome, idx: usize, status: &str) -> queen_domain::model::AckVerdict {
+        let claim = &pop.claims[0];
+        let m = &claim.messages[idx];
+        match self.apply(Command::Ack {
+            group: GroupName::or_queue_mode(group).unwrap(),
+            items: vec![AckItem {
+                transaction_id: m.transaction_id.clone(),
+                partition_id: claim.pid.to_string(),
+                status: status.to_owned(),
+                error: Some("boom".to_owned()),
+                lease_id: Some(pop.lease_id.clone()),
+            }],
+        }) {
+            Outcome::Ack(mut v) => v.remove(0).verdict,
+            o => panic!("{o:?}"),
+        }
+    }
+
+    fn configure(&mut self, queue: &str, o: QueueOptions) {
+        self.apply(Command::Configure { queue: QueueName::new(queue).unwrap(), namespace: None, task: None, options: o });
+    }
+}
+
+fn txns(p: &PopOutcome) -> Vec<String> {
+    p.claims.iter().flat_map(|c| c.messages.iter().map(|m| m.transaction_id.clone())).collect()
+}
+
+#[test]
+fn push_assigns_offsets_from_zero_and_dedups() {
+    let mut s = Sim::new();
+    assert_eq!(s.push("q", "a", "t1").offset, 0);
+    assert_eq!(s.push("q", "a", "t2").offset, 1);
+    assert_eq!(s.push("q", "b", "t1").offset, 0, "dedup is per partition");
+    let dup = s.push("q", "a", "t1");
+    assert_eq!(dup.status, PushStatus::Duplicate);
+    assert_eq!(dup.offset, 0);
+    assert_eq!(s.pop("q", None, 10).claims[0].messages.len(), 2);
+}
+
+#[test]
+fn repeats_inside_one_push_keep_the_first() {
+    let mut s = Sim::new();
+    let item = |t: &str, n: u8| PushItem {
+        queue: QueueName::new("q").unwrap(),
+        partition: PartitionName::default_partition(),
+        transaction_id: t.to_owned(),
+        message_id: [n; 16],
+        payload: b"1".to_vec(),
+        trace_id: None,
+    };
+    let Outcome::Push(v) = s.apply(Command::Push(vec![item("x", 1), item("x", 2), item("y", 3)])) else { panic!() };
+    assert_eq!(v[0].status, PushStatus::Queued);
+    assert_eq!(v[1].status, PushStatus::Duplicate);
+    assert_eq!(v[1].message_id, [1; 16]);
+    assert_eq!(v[2].offset, 1);
+}
+
+#[test]
+fn stamps_rise_even_when_the_clock_goes_back() {
+    let mut s = Sim::new();
+    let a = s.push("q", "p", "a");
+    let _ = a;
+    s.now -= 10_000_000;
+    let before = reads::safe_time(&s.store).unwrap();
+    s.push("q", "p", "b");
+    assert!(reads::safe_time(&s.store).unwrap() > before);
+}
+
+#[test]
+fn a_leased_partition_is_skipped_until_acked() {
+    let mut s = Sim::new();
+    for i in 0..3 {
+        s.push("q", "p", &format!("t{i}"));
+    }
+    let p1 = s.pop("q", None, 2);
+    assert_eq!(txns(&p1), ["t0", "t1"]);
+    assert!(s.pop("q", None, 2).is_empty(), "one live lease per partition and group");
+    assert!(s.ack(None, &p1, 0, "completed").success);
+    let v = s.ack(None, &p1, 1, "completed");
+    assert!(v.success && v.lease_released);
+    assert_eq!(txns(&s.pop("q", None, 2)), ["t2"]);
+}
+
+#[test]
+fn an_expired_lease_redelivers_without_counting_a_retry() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { lease_time: 5, ..QueueOptions::default() });
+    s.push("q", "Default", "t0");
+    let first = s.pop("q", None, 1);
+    s.advance_secs(6);
+    let again = s.pop("q", None, 1);
+    assert_eq!(txns(&again), ["t0"]);
+    assert_eq!(again.claims[0].messages[0].attempt, 1);
+    let stale = s.ack(None, &first, 0, "completed");
+    assert!(!stale.success, "an ack under the expired lease is refused");
+    assert!(s.ack(None, &again, 0, "completed").success);
+}
+
+#[test]
+fn failures_retry_up_to_the_limit_then_dead_letter() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { retry_limit: 2, ..QueueOptions::default() });
+    s.push("q", "Default", "bad");
+    s.push("q", "Default", "good");
+    for attempt in 1..=3 {
+        let p = s.pop("q", None, 1);
+        assert_eq!(txns(&p), ["bad"]);
+        assert_eq!(p.claims[0].messages[0].attempt, attempt);
+        let v = s.ack(None, &p, 0, "failed");
+        assert!(v.success && v.lease_released);
+        assert_eq!(v.dlq, attempt == 3);
+    }
+    assert_eq!(txns(&s.pop("q", None, 1)), ["good"]);
+    let q = reads::queue(&s.store, "q").unwrap().unwrap();
+    let (dlq, total) = reads::dead_letters(&s.store, q.qid, &|_| true, 0, 10).unwrap();
+    assert_eq!(total, 1);
+    assert_eq!(dlq[0].transaction_id, "bad");
+    assert_eq!(dlq[0].error.as_deref(), Some("boom"));
+}
+
+#[test]
+fn a_nack_rewinds_the_partition_and_refuses_the_rest_of_the_batch() {
+    let mut s = Sim::new();
+    for i in 0..3 {
+        s.push("q", "p", &format!("t{i}"));
+    }
+    let p = s.pop("q", None, 3);
+    assert!(s.ack(None, &p, 0, "completed").success);
+    assert!(s.ack(None, &p, 1, "failed").success);
+    assert!(!s.ack(None, &p, 2, "completed").success, "the lease was released by the nack");
+    assert_eq!(txns(&s.pop("q", None, 3)), ["t1", "t2"]);
+}
+
+#[test]
+fn a_repeated_ack_is_answered_as_the_first() {
+    let mut s = Sim::new();
+    s.push("q", "p", "t0");
+    s.push("q", "p", "t1");
+    let p = s.pop("q", None, 2);
+    let first = s.ack(None, &p, 0, "completed");
+    let again = s.ack(None, &p, 0, "completed");
+    assert_eq!((first.success, first.lease_released), (again.success, again.lease_released));
+    assert!(again.noop && !first.noop);
+}
+
+#[test]
+fn each_group_sees_every_message_and_new_starts_now() {
+    let mut s = Sim::new();
+    s.push("q", "p", "old");
+    let a = s.pop("q", Some("a"), 10);
+    let b = s.pop("q", Some("b"), 10);
+    assert_eq!(txns(&a), ["old"]);
+    assert_eq!(txns(&b), ["old"]);
+    assert!(s.pop_with("q", None, Some("late"), 10, 1, Subscription::New).is_empty());
+    s.advance_secs(1);
+    s.push("q", "p", "fresh");
+    let late = s.pop_with("q", None, Some("late"), 10, 1, Subscription::All);
+    assert_eq!(txns(&late), ["fresh"], "the first choice sticks");
+    assert!(s.pop("q", None, 10).claims[0].messages.len() == 2, "queue mode starts at the oldest");
+}
+
+#[test]
+fn one_pop_claims_several_partitions_under_one_lease() {
+    let mut s = Sim::new();
+    for p in ["a", "b", "c"] {
+        s.push("q", p, &format!("{p}0"));
+    }
+    let pop = s.pop_with("q", None, None, 10, 2, Subscription::Default);
+    assert_eq!(pop.claims.len(), 2);
+    let Outcome::Extend { success, renewed, .. } = s.apply(Command::ExtendLease { lease_id: pop.lease_id.clone() }) else { panic!() };
+    assert!(success);
+    assert_eq!(renewed, 2);
+    assert_eq!(txns(&s.pop_with("q", None, None, 10, 5, Subscription::Default)), ["c0"]);
+}
+
+#[test]
+fn extending_an_expired_lease_fails() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { lease_time: 1, ..QueueOptions::default() });
+    s.push("q", "Default", "t");
+    let p = s.pop("q", None, 1);
+    s.advance_secs(2);
+    let Outcome::Extend { success, .. } = s.apply(Command::ExtendLease { lease_id: p.lease_id }) else { panic!() };
+    assert!(!success);
+}
+
+#[test]
+fn retention_deletes_old_messages_through_ticks_and_frees_their_dedup() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { retention_seconds: 10, ..QueueOptions::default() });
+    s.push("q", "p", "t0");
+    s.advance_secs(5);
+    s.push("q", "p", "t1");
+    s.advance_secs(6);
+    s.apply(Command::Tick);
+    let v = reads::queue_view(&s.store, "q").unwrap().unwrap();
+    let p = v.partitions.iter().find(|p| p.name == "p").unwrap();
+    assert_eq!((p.log_start, p.next_offset), (1, 2));
+    assert_eq!(v.queue.messages, 1);
+    assert_eq!(s.push("q", "p", "t0").status, PushStatus::Queued, "dedup lasts as long as the original");
+    assert_eq!(s.push("q", "p", "t1").status, PushStatus::Duplicate);
+}
+
+#[test]
+fn completed_retention_waits_for_every_group() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { completed_retention_seconds: 1, ..QueueOptions::default() });
+    s.push("q", "p", "t0");
+    let a = s.pop("q", Some("a"), 1);
+    let _b = s.pop("q", Some("b"), 1);
+    s.ack(Some("a"), &a, 0, "completed");
+    s.advance_secs(2);
+    s.apply(Command::Tick);
+    assert_eq!(reads::queue(&s.store, "q").unwrap().unwrap().messages, 1, "group b has not consumed it");
+}
+
+#[test]
+fn deleting_a_queue_removes_everything_in_bounded_ticks() {
+    let mut s = Sim::new();
+    for i in 0..50 {
+        s.push("q", &format!("p{}", i % 3), &format!("t{i}"));
+    }
+    let Outcome::Deleted { existed } = s.apply(Command::DeleteQueue { queue: QueueName::new("q").unwrap() }) else { panic!() };
+    assert!(existed);
+    assert!(s.pop("q", None, 10).is_empty());
+    for _ in 0..3 {
+        s.apply(Command::Tick);
+    }
+    // Only meta keys and the lease expiry-free tables remain.
+    assert!(s.store.len() < 8, "rows left: {}", s.store.len());
+    assert_eq!(s.push("q", "p0", "t0").status, PushStatus::Queued, "a new queue of the same name starts empty");
+}
+
+#[test]
+fn delayed_processing_hides_messages_until_due() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { delayed_processing: 10, ..QueueOptions::default() });
+    s.push("q", "Default", "t");
+    assert!(s.pop("q", None, 1).is_empty());
+    s.advance_secs(11);
+    assert_eq!(txns(&s.pop("q", None, 1)), ["t"]);
+}
+
+#[test]
+fn max_size_refuses_per_item() {
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { max_size: 1, ..QueueOptions::default() });
+    assert_eq!(s.push("q", "Default", "a").status, PushStatus::Queued);
+    assert!(matches!(s.push("q", "Default", "b").status, PushStatus::Failed(_)));
+}
+
+#[test]
+fn unknown_ack_targets_are_refused_not_errors() {
+    let mut s = Sim::new();
+    s.push("q", "p", "t");
+    let Outcome::Ack(v) = s.apply(Command::Ack {
+        group: GroupName::queue_mode(),
+        items: vec![
+            AckItem { transaction_id: "t".into(), partition_id: "999".into(), status: "completed".into(), error: None, lease_id: None },
+            AckItem { transaction_id: "t".into(), partition_id: "nope".into(), status: "completed".into(), error: None, lease_id: None },
+            AckItem { transaction_id: "t".into(), partition_id: "1".into(), status: "weird".into(), error: None, lease_id: None },
+        ],
+    }) else { panic!() };
+    assert!(v.iter().all(|o| !o.verdict.success && o.verdict.error.is_some()));
+}
+
+#[test]
+fn would_pop_writes_nothing() {
+    let mut s = Sim::new();
+    s.push("q", "p", "t");
+    let before = s.store.clone();
+    let cmd = PopCommand {
+        queue: QueueName::new("q").unwrap(),
+        partition: None,
+        group: GroupName::new("g").unwrap(),
+        batch: 1,
+        max_partitions: 1,
+        lease_id: "x".into(),
+        auto_ack: false,
+        subscription: Subscription::Default,
+    };
+    assert!(!reads::would_pop(&s.store, queen_domain::time::Stamp(s.now), &cmd).unwrap().is_empty());
+    assert_eq!(before, s.store);
+}

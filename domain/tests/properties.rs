@@ -1,0 +1,180 @@
+//! Property tests: random command sequences keep the invariants, batching does not change the
+//! outcome (determinism), and a group never holds two live deliveries of one message.
+
+use proptest::prelude::*;
+use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
+use queen_domain::model::QueueOptions;
+use queen_domain::names::{GroupName, PartitionName, QueueName};
+use queen_domain::{MemStore, Txn, apply_entry, invariants};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Push { part: u8, txn: u8 },
+    Pop { group: u8, batch: u8, parts: u8 },
+    AckLast { status: u8, idx: u8 },
+    Extend,
+    Tick,
+    Wait { secs: u8 },
+    Configure { retention: u8, retry: u8, lease: u8 },
+    Delete,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..3, 0u8..12).prop_map(|(part, txn)| Op::Push { part, txn }),
+        3 => (0u8..3, 1u8..4, 1u8..3).prop_map(|(group, batch, parts)| Op::Pop { group, batch, parts }),
+        3 => (0u8..4, 0u8..4).prop_map(|(status, idx)| Op::AckLast { status, idx }),
+        1 => Just(Op::Extend),
+        1 => Just(Op::Tick),
+        1 => (0u8..8).prop_map(|secs| Op::Wait { secs }),
+        1 => (0u8..6, 0u8..3, 1u8..5).prop_map(|(retention, retry, lease)| Op::Configure { retention, retry, lease }),
+        1 => Just(Op::Delete),
+    ]
+}
+
+/// Turn ops into concrete entries; ack and extend entries refer to the last pop's answer, so
+/// the entries are built while a reference replica runs.
+fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore, Vec<(u64, String, u64, u64)>) {
+    let mut store = MemStore::new();
+    let mut now = 1_000_000_000_000u64;
+    let mut entries = Vec::new();
+    let mut last_pop: Option<(String, queen_domain::command::PopOutcome)> = None;
+    // (group, pid, offset, lease expiry) of deliveries whose lease is live: checks exclusivity.
+    let mut deliveries: Vec<(u64, String, u64, u64)> = Vec::new();
+    let q = QueueName::new("q").unwrap();
+    for (i, op) in ops.iter().enumerate() {
+        let command = match op {
+            Op::Push { part, txn } => Command::Push(vec![PushItem {
+                queue: q.clone(),
+                partition: PartitionName::new(format!("p{part}")).unwrap(),
+                transaction_id: format!("t{txn}"),
+                message_id: [i as u8; 16],
+                payload: b"{}".to_vec(),
+                trace_id: None,
+            }]),
+            Op::Pop { group, batch, parts } => Command::Pop(PopCommand {
+                queue: q.clone(),
+                partition: None,
+                group: if *group == 0 { GroupName::queue_mode() } else { GroupName::new(format!("g{group}")).unwrap() },
+                batch: u32::from(*batch),
+                max_partitions: u32::from(*parts),
+                lease_id: format!("L{i}"),
+                auto_ack: false,
+                subscription: Subscription::Default,
+            }),
+            Op::AckLast { status, idx } => {
+                let Some((group, pop)) = &last_pop else { continue };
+                let msgs: Vec<_> = pop.claims.iter().flat_map(|c| c.messages.iter().map(move |m| (c.pid, m))).collect();
+                let Some((pid, m)) = msgs.get(*idx as usize % msgs.len().max(1)) else { continue };
+                Command::Ack {
+                    group: GroupName::or_queue_mode(Some(group)).unwrap(),
+                    items: vec![AckItem {
+                        transaction_id: m.transaction_id.clone(),
+                        partition_id: pid.to_string(),
+                        status: ["completed", "failed", "dlq", "retry"][*status as usize].to_owned(),
+                        error: None,
+                        lease_id: Some(pop.lease_id.clone()),
+                    }],
+                }
+            }
+            Op::Extend => {
+                let Some((_, pop)) = &last_pop else { continue };
+                Command::ExtendLease { lease_id: pop.lease_id.clone() }
+            }
+            Op::Tick => Command::Tick,
+            Op::Wait { secs } => {
+                now += u64::from(*secs) * 1_000_000;
+                continue;
+            }
+            Op::Configure { retention, retry, lease } => Command::Configure {
+                queue: q.clone(),
+                namespace: None,
+                task: None,
+                options: QueueOptions {
+                    retention_seconds: u64::from(*retention),
+                    retry_limit: u32::from(*retry),
+                    lease_time: u64::from(*lease),
+                    ..QueueOptions::default()
+                },
+            },
+            Op::Delete => Command::DeleteQueue { queue: q.clone() },
+        };
+        let entry = Entry { proposed_at: now, command };
+        let mut txn = Txn::new(&store);
+        let r = apply_entry(&mut txn, &entry).unwrap();
+        let w = txn.into_writes();
+        store.commit(w);
+        if let Op::Delete = op {
+            deliveries.clear();
+        }
+        if let Outcome::Pop(p) = &r.outcome {
+            let group = match &entry.command { Command::Pop(c) => c.group.as_str().to_owned(), _ => unreachable!() };
+            if !p.is_empty() {
+                for c in &p.claims {
+                    for m in &c.messages {
+                        deliveries.push((c.pid, group.clone(), m.offset, p.lease_expires.0));
+                    }
+                }
+                last_pop = Some((group, p.clone()));
+            }
+        }
+        entries.push(entry);
+    }
+    (entries, store, deliveries)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_and_batching_changes_nothing(ops in proptest::collection::vec(op(), 1..60), cut in 1usize..8) {
+        let (entries, one_by_one, _) = build_entries(&ops);
+        prop_assert!(invariants::check(&one_by_one).is_ok(), "{:?}", invariants::check(&one_by_one));
+        // The same entries applied in batches of `cut` (one overlay per batch, as the node does).
+        let mut batched = MemStore::new();
+        for chunk in entries.chunks(cut) {
+            let mut txn = Txn::new(&batched);
+            for e in chunk {
+                let mut inner = Txn::new(&txn);
+                apply_entry(&mut inner, e).unwrap();
+                let w = inner.into_writes();
+                txn.absorb(w);
+            }
+            let w = txn.into_writes();
+            batched.commit(w);
+        }
+        prop_assert_eq!(one_by_one, batched);
+    }
+
+    #[test]
+    fn a_message_is_never_delivered_twice_to_a_group_under_a_live_lease(ops in proptest::collection::vec(op(), 1..80)) {
+        let (entries, _, _) = build_entries(&ops);
+        // Replay and track, per (pid, group, offset), the expiry of the live delivery.
+        let mut store = MemStore::new();
+        let mut live: std::collections::HashMap<(u64, String, u64), u64> = Default::default();
+        for e in &entries {
+            let mut txn = Txn::new(&store);
+            let r = apply_entry(&mut txn, e).unwrap();
+            let w = txn.into_writes();
+            store.commit(w);
+            match (&e.command, &r.outcome) {
+                (Command::Pop(c), Outcome::Pop(p)) => {
+                    for cl in &p.claims {
+                        for m in &cl.messages {
+                            let key = (cl.pid, c.group.as_str().to_owned(), m.offset);
+                            if let Some(exp) = live.get(&key) {
+                                prop_assert!(*exp <= r.stamp.0, "delivered again while a lease lives: {key:?}");
+                            }
+                            live.insert(key, p.lease_expires.0);
+                        }
+                    }
+                }
+                (Command::Ack { .. } | Command::DeleteQueue { .. } | Command::ExtendLease { .. }, _) => {
+                    // Acks and nacks may end a lease early; extension moves expiries: be conservative.
+                    live.clear();
+                }
+                _ => {}
+            }
+        }
+    }
+}

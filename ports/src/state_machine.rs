@@ -1,0 +1,86 @@
+//! What the replicated log needs from the state machine it drives.
+//!
+//! The raft adapter hands committed entries to a `StateMachineBackend` in log order. Commands and
+//! responses are opaque bytes here: the application encodes them, the domain decides them.
+
+/// One committed log entry to apply.
+#[derive(Debug, Clone)]
+pub struct ApplyEntry {
+    /// The entry's log index (rises by one per entry, never reissued).
+    pub index: u64,
+    /// The application command, or `None` for entries that carry no command (blank entries
+    /// written by a new leader, membership changes). Those must still advance last-applied.
+    pub command: Option<Vec<u8>>,
+}
+
+/// An error of the state machine's storage. Any error here is fatal for the node: the raft
+/// adapter stops applying and reports it, because skipping an entry would make replicas diverge.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The storage engine failed (disk full, I/O error, corrupt data).
+    #[error("state store failed: {0}")]
+    Storage(String),
+    /// A snapshot being installed was malformed.
+    #[error("snapshot is malformed: {0}")]
+    BadSnapshot(String),
+}
+
+/// A consistent, pinned view of the state taken at one applied point, read as framed chunks.
+pub trait SnapshotChunks: Send {
+    /// The metadata bytes that were stored with the view's last applied batch.
+    fn meta(&self) -> Vec<u8>;
+    /// The next chunk of the state (a few MiB at most), or `None` at the end.
+    ///
+    /// # Errors
+    /// A storage failure while reading the pinned view.
+    fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError>;
+}
+
+/// The state machine as the replicated log sees it.
+///
+/// Contract:
+/// - `apply` is called with entries in log order, each exactly once per state (after a restart
+///   the adapter resumes from the index recorded in the stored meta plus one).
+/// - All effects of one `apply` call and the `meta` bytes are written in ONE atomic batch, so a
+///   crash leaves either all of them or none. The write need not be fsynced (the log is durable),
+///   but it must survive the process being killed (reach the OS).
+/// - `apply` is deterministic: the same entries on the same state give the same state and
+///   responses on every node.
+pub trait StateMachineBackend: Send + Sync + 'static {
+    /// Apply `entries` and store `meta` atomically with their effects. Returns one response per
+    /// entry, in order (an empty vector for an entry without command).
+    ///
+    /// # Errors
+    /// Storage failures (fatal: nothing of the batch was applied).
+    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError>;
+
+    /// The meta bytes stored by the last successful `apply` or `install_snapshot`.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn load_meta(&self) -> Result<Option<Vec<u8>>, BackendError>;
+
+    /// Make everything applied so far durable (fsync). Called before a snapshot is reported built,
+    /// so the log may be purged up to it.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn persist(&self) -> Result<(), BackendError>;
+
+    /// Pin a consistent view of the current state (including its meta) for a snapshot.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn snapshot(&self) -> Result<Box<dyn SnapshotChunks>, BackendError>;
+
+    /// Replace the whole state with the chunks of a snapshot and store `meta` with it, atomically
+    /// as seen by readers and durably (fsynced) before returning.
+    ///
+    /// # Errors
+    /// A malformed snapshot or a storage failure; the old state stays in place.
+    fn install_snapshot(
+        &self,
+        chunks: &mut dyn Iterator<Item = Vec<u8>>,
+        meta: Vec<u8>,
+    ) -> Result<(), BackendError>;
+}
