@@ -1,1 +1,14 @@
-//! queen-store
+//! queen-store: the on-disk state store, on fjall (a pure-Rust LSM engine).
+//!
+//! Owns: the `state` keyspace that the domain reads and writes through `StateRead`, the
+//! `raft` keyspace holding the replicated log's metadata, and the `StateMachineBackend` that
+//! applies committed entries through the domain with their metadata in one atomic batch.
+//! Snapshots are pinned MVCC views streamed in chunks.
+//! Must never depend on: openraft, hyper, tokio. Memory is bounded by the engine's cache and
+//! write-buffer settings, never by the backlog.
+
+mod backend;
+mod snapshot;
+mod store;
+
+pub use store::{FjallStore, StoreConfig, StoreOpenError};

@@ -1,0 +1,161 @@
+//! Opening the engine and reading state.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use queen_domain::{StateRead, StoreError};
+
+/// Engine settings that bound memory.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Where the engine keeps its files.
+    pub dir: PathBuf,
+    /// Block cache in bytes.
+    pub cache_bytes: u64,
+    /// One memtable of the state keyspace, in bytes (sealed ones are flushed in the background).
+    pub memtable_bytes: u64,
+    /// Journal size cap on disk (also bounds replay after a crash).
+    pub journal_bytes: u64,
+}
+
+impl StoreConfig {
+    /// Defaults sized for a broker node: 64 MiB cache, 16 MiB memtables, 256 MiB journal.
+    #[must_use]
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir, cache_bytes: 64 << 20, memtable_bytes: 16 << 20, journal_bytes: 256 << 20 }
+    }
+}
+
+/// The store could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreOpenError {
+    /// The engine refused to open (permissions, corruption, a newer format).
+    #[error("cannot open the state store at {dir}: {source}")]
+    Engine {
+        /// Where.
+        dir: String,
+        /// Why.
+        source: fjall::Error,
+    },
+}
+
+/// Key under which the raft adapter's metadata lives in the `raft` keyspace.
+pub(crate) const META_KEY: &[u8] = b"meta";
+/// Marker written while a snapshot is being installed: found at open, the state is discarded.
+pub(crate) const INSTALLING_KEY: &[u8] = b"installing";
+
+/// The node's state store.
+#[derive(Clone)]
+pub struct FjallStore {
+    pub(crate) db: Database,
+    pub(crate) state: Keyspace,
+    pub(crate) raft: Keyspace,
+    /// Rows written by apply, for metrics.
+    pub(crate) rows_written: Arc<AtomicU64>,
+}
+
+pub(crate) fn read_err(e: fjall::Error) -> StoreError {
+    StoreError::Read(e.to_string())
+}
+
+impl FjallStore {
+    /// Open (or create) the store.
+    ///
+    /// # Errors
+    /// When the engine cannot open its directory.
+    pub fn open(cfg: &StoreConfig) -> Result<Self, StoreOpenError> {
+        let err = |source| StoreOpenError::Engine { dir: cfg.dir.display().to_string(), source };
+        let db = Database::builder(&cfg.dir)
+            .cache_size(cfg.cache_bytes)
+            .max_journaling_size(cfg.journal_bytes)
+            .open()
+            .map_err(err)?;
+        let state = db
+            .keyspace("state", || KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes))
+            .map_err(err)?;
+        let raft = db.keyspace("raft", KeyspaceCreateOptions::default).map_err(err)?;
+        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)) };
+        if store.raft.get(INSTALLING_KEY).map_err(err)?.is_some() {
+            tracing::warn!(target: "queen-store", "a snapshot install was interrupted: discarding the partial state");
+            store.state.clear().map_err(err)?;
+            store.raft.remove(META_KEY).map_err(err)?;
+            store.raft.remove(INSTALLING_KEY).map_err(err)?;
+            store.db.persist(PersistMode::SyncAll).map_err(err)?;
+        }
+        Ok(store)
+    }
+
+    /// Bytes the engine uses on disk.
+    #[must_use]
+    pub fn disk_bytes(&self) -> u64 {
+        self.db.disk_space().unwrap_or(0)
+    }
+
+    /// Rows written by apply since start.
+    #[must_use]
+    pub fn rows_written(&self) -> u64 {
+        self.rows_written.load(Ordering::Relaxed)
+    }
+
+    /// A consistent read view of the current state (for multi-read queries).
+    #[must_use]
+    pub fn view(&self) -> StateView {
+        StateView { snap: self.db.snapshot(), state: self.state.clone() }
+    }
+}
+
+fn scan_with<R: Readable>(
+    r: &R,
+    ks: &Keyspace,
+    start: &[u8],
+    end: &[u8],
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+) -> Result<(), StoreError> {
+    if start >= end {
+        return Ok(());
+    }
+    for guard in r.range(ks, start..end) {
+        let (k, v) = guard.into_inner().map_err(read_err)?;
+        if !visit(&k, &v) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+impl StateRead for FjallStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
+        if start >= end {
+            return Ok(());
+        }
+        for guard in self.state.range(start..end) {
+            let (k, v) = guard.into_inner().map_err(read_err)?;
+            if !visit(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pinned, consistent view of the state.
+pub struct StateView {
+    pub(crate) snap: fjall::Snapshot,
+    pub(crate) state: Keyspace,
+}
+
+impl StateRead for StateView {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.snap.get(&self.state, key).map_err(read_err)?.map(|v| v.to_vec()))
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
+        scan_with(&self.snap, &self.state, start, end, visit)
+    }
+}
