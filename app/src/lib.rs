@@ -1,1 +1,19 @@
-//! queen-app
+//! queen-app: configuration, node assembly, the broker's use cases and the shutdown
+//! choreography.
+//!
+//! Owns: reading the environment once into a validated `Config` (a bad value names its
+//! variable), wiring the state store, the replicated log, telemetry and the HTTP listener into a
+//! node, proposing commands with a deadline, long polls woken by commits, the tick that moves
+//! broker time and runs housekeeping, and SIGTERM handling (stop accepting, finish requests in
+//! flight, stop raft).
+//! Must never depend on: anything the adapters should hide (openraft or fjall types do not
+//! appear in this crate's logic; only `node.rs` names the adapters to assemble them).
+
+mod broker;
+mod config;
+mod node;
+mod waiters;
+
+pub use broker::Broker;
+pub use config::{Config, ConfigError, Peer, RawConfig};
+pub use node::{AppError, run};

@@ -1,1 +1,19 @@
-//! queen-http
+//! queen-http: the client API on port 6632 over hyper + tower.
+//!
+//! Owns: routing (every path segment percent-decoded, `+` read as a space in queries), the JSON
+//! wire shapes of the contract (`shared/spec/API.md`), input validation that names the bad
+//! field, body size limits (413), the error envelope `{"error", "code"}`, and minting of ids a
+//! request left out (transactionId, message id) before anything is proposed.
+//! Must never depend on: openraft or the storage engine. It calls the application through the
+//! `Api` trait, so it can be tested with any implementation.
+
+mod api;
+mod error;
+mod json;
+mod pop_query;
+mod render;
+mod router;
+mod server;
+
+pub use api::{Api, ApiError, HealthView, PopRequest};
+pub use server::{ServeConfig, serve};

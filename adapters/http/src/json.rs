@@ -1,0 +1,190 @@
+//! Request bodies to domain commands. Every refusal names the field (`items[2].queue`).
+
+use queen_domain::command::{AckItem, PushItem};
+use queen_domain::model::QueueOptions;
+use queen_domain::names::{GroupName, PartitionName, QueueName};
+use serde_json::{Map, Value};
+
+use crate::api::ApiError;
+
+/// Most items one push may carry.
+pub(crate) const MAX_PUSH_ITEMS: usize = 10_000;
+/// Most acknowledgements one batch may carry.
+pub(crate) const MAX_ACK_ITEMS: usize = 10_000;
+/// Longest transactionId, in bytes.
+const MAX_TXN_BYTES: usize = 512;
+
+/// Parse a body as a JSON object; an empty body is an empty object when `empty_ok`.
+pub(crate) fn object(body: &[u8], empty_ok: bool) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        if empty_ok {
+            return Ok(Map::new());
+        }
+        return Err(ApiError::bad_request("body", "must be a JSON object, got nothing"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("body", "must be a JSON object")),
+        Err(e) => Err(ApiError::new(400, "bad_json", format!("body is not valid JSON: {e}"))),
+    }
+}
+
+/// A field as an optional string (`null` = absent).
+pub(crate) fn opt_str(m: &Map<String, Value>, key: &str, field: &str) -> Result<Option<String>, ApiError> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(field, "must be a string")),
+    }
+}
+
+fn req_str(m: &Map<String, Value>, key: &str, field: &str) -> Result<String, ApiError> {
+    opt_str(m, key, field)?.ok_or_else(|| ApiError::bad_request(field, "is required"))
+}
+
+/// A name through its validating constructor.
+pub(crate) fn name<T>(
+    value: String,
+    field: &str,
+    make: fn(String) -> Result<T, queen_domain::names::NameError>,
+) -> Result<T, ApiError> {
+    make(value).map_err(|e| ApiError::bad_request(field, &e.to_string()))
+}
+
+/// A list field.
+fn list<'a>(m: &'a Map<String, Value>, key: &str, max: usize) -> Result<&'a Vec<Value>, ApiError> {
+    match m.get(key) {
+        Some(Value::Array(a)) if a.len() <= max => Ok(a),
+        Some(Value::Array(_)) => Err(ApiError::bad_request(key, &format!("must have at most {max} entries"))),
+        None | Some(Value::Null) => Err(ApiError::bad_request(key, "is required")),
+        Some(_) => Err(ApiError::bad_request(key, "must be a list")),
+    }
+}
+
+/// Mint a UUIDv7.
+pub(crate) fn uuid_v7() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
+}
+
+/// `{"items": [...]}` to push items; a missing transactionId gets a UUIDv7.
+pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
+    let m = object(body, false)?;
+    let items = list(&m, "items", MAX_PUSH_ITEMS)?;
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let f = |k: &str| format!("items[{i}].{k}");
+        let Value::Object(it) = item else {
+            return Err(ApiError::bad_request(&format!("items[{i}]"), "must be an object"));
+        };
+        let queue = name(req_str(it, "queue", &f("queue"))?, &f("queue"), QueueName::new)?;
+        let partition = match opt_str(it, "partition", &f("partition"))? {
+            Some(p) => name(p, &f("partition"), PartitionName::new)?,
+            None => PartitionName::default_partition(),
+        };
+        let id = uuid_v7();
+        let transaction_id = match it.get("transactionId") {
+            None | Some(Value::Null) => id.to_string(),
+            Some(Value::String(s)) if s.is_empty() => {
+                return Err(ApiError::bad_request(&f("transactionId"), "must not be empty"));
+            }
+            Some(Value::String(s)) if s.len() > MAX_TXN_BYTES => {
+                return Err(ApiError::bad_request(&f("transactionId"), &format!("must be at most {MAX_TXN_BYTES} bytes")));
+            }
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(ApiError::bad_request(&f("transactionId"), "must be a string")),
+        };
+        let payload = match it.get("payload").or_else(|| it.get("data")) {
+            Some(v) => serde_json::to_vec(v).unwrap_or_default(),
+            None => b"null".to_vec(),
+        };
+        let trace_id = opt_str(it, "traceId", &f("traceId"))?;
+        out.push(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id });
+    }
+    Ok(out)
+}
+
+fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckItem, ApiError> {
+    let transaction_id = req_str(it, "transactionId", &f("transactionId"))?;
+    let partition_id = match it.get("partitionId") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        None | Some(Value::Null) => return Err(ApiError::bad_request(&f("partitionId"), "is required")),
+        Some(_) => return Err(ApiError::bad_request(&f("partitionId"), "must be a non-empty string")),
+    };
+    let status = opt_str(it, "status", &f("status"))?.unwrap_or_else(|| "completed".to_owned());
+    let error = opt_str(it, "error", &f("error"))?;
+    let lease_id = opt_str(it, "leaseId", &f("leaseId"))?.filter(|l| !l.is_empty());
+    Ok(AckItem { transaction_id, partition_id, status, error, lease_id })
+}
+
+fn group_of(m: &Map<String, Value>) -> Result<GroupName, ApiError> {
+    let g = opt_str(m, "consumerGroup", "consumerGroup")?;
+    GroupName::or_queue_mode(g.as_deref()).map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))
+}
+
+/// One ack.
+pub(crate) fn ack_single(body: &[u8]) -> Result<(GroupName, AckItem), ApiError> {
+    let m = object(body, false)?;
+    Ok((group_of(&m)?, ack_item(&m, &|k| k.to_owned())?))
+}
+
+/// A batch of acks in one group.
+pub(crate) fn ack_batch(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiError> {
+    let m = object(body, false)?;
+    let group = group_of(&m)?;
+    let acks = list(&m, "acknowledgments", MAX_ACK_ITEMS)?;
+    let mut out = Vec::with_capacity(acks.len());
+    for (i, a) in acks.iter().enumerate() {
+        let Value::Object(it) = a else {
+            return Err(ApiError::bad_request(&format!("acknowledgments[{i}]"), "must be an object"));
+        };
+        out.push(ack_item(it, &|k| format!("acknowledgments[{i}].{k}"))?);
+    }
+    Ok((group, out))
+}
+
+/// A configure request.
+pub(crate) fn configure(body: &[u8]) -> Result<(QueueName, Option<String>, Option<String>, QueueOptions), ApiError> {
+    let m = object(body, false)?;
+    let queue = name(req_str(&m, "queue", "queue")?, "queue", QueueName::new)?;
+    let namespace = opt_str(&m, "namespace", "namespace")?;
+    let task = opt_str(&m, "task", "task")?;
+    let options = match m.get("options") {
+        None | Some(Value::Null) => QueueOptions::default(),
+        Some(Value::Object(o)) => QueueOptions::from_json(o).map_err(|e| ApiError::bad_request(&format!("options.{}", e.field), &e.problem))?,
+        Some(_) => return Err(ApiError::bad_request("options", "must be an object")),
+    };
+    Ok((queue, namespace, task, options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_names_the_bad_field() {
+        let e = push_items(br#"{"items":[{"queue":"q"},{"queue":5}]}"#).unwrap_err();
+        assert_eq!(e.message, "items[1].queue must be a string");
+        let e = push_items(br#"{"items":[{"queue":"a/b"}]}"#).unwrap_err();
+        assert!(e.message.starts_with("items[0].queue"));
+        assert_eq!(push_items(b"{").unwrap_err().code, "bad_json");
+        assert_eq!(push_items(br#"{"items":[]}"#).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn push_mints_missing_ids_and_keeps_payload_verbatim() {
+        let v = push_items(br#"{"items":[{"queue":"q","payload":{"a":[1,2]}}]}"#).unwrap();
+        assert_eq!(v[0].transaction_id.len(), 36);
+        assert_eq!(v[0].payload, br#"{"a":[1,2]}"#);
+        assert_eq!(v[0].partition.as_str(), "Default");
+    }
+
+    #[test]
+    fn acks_accept_nulls_and_numbers() {
+        let (g, a) = ack_single(br#"{"transactionId":"t","partitionId":7,"consumerGroup":null,"error":null}"#).unwrap();
+        assert!(g.is_queue_mode());
+        assert_eq!(a.partition_id, "7");
+        assert_eq!(a.status, "completed");
+        assert!(ack_single(br#"{"transactionId":"t"}"#).unwrap_err().message.contains("partitionId"));
+    }
+}

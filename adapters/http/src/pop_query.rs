@@ -1,0 +1,108 @@
+//! Query strings of pops.
+
+use std::time::Duration;
+
+use queen_domain::command::{PopCommand, Subscription};
+use queen_domain::names::{GroupName, PartitionName, QueueName};
+use queen_domain::time::Stamp;
+
+use crate::api::{ApiError, PopRequest};
+
+/// The batch autopilot picks when the client left it to the broker.
+pub(crate) const AUTOPILOT_BATCH: u32 = 200;
+/// Longest long poll we hold.
+const MAX_WAIT_MS: u64 = 60_000;
+/// Largest batch one pop may ask for.
+const MAX_BATCH: u32 = 10_000;
+
+/// Decode `a=b&c=d` with `+` as space.
+pub(crate) fn parse_query(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let s = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&s).decode_utf8_lossy().into_owned()
+}
+
+fn get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn flag(q: &[(String, String)], key: &str) -> Result<Option<bool>, ApiError> {
+    match get(q, key) {
+        None => Ok(None),
+        Some("true" | "1") => Ok(Some(true)),
+        Some("false" | "0" | "") => Ok(Some(false)),
+        Some(_) => Err(ApiError::bad_request(key, "must be true or false")),
+    }
+}
+
+fn number(q: &[(String, String)], key: &str) -> Result<Option<u64>, ApiError> {
+    get(q, key)
+        .map(|v| v.parse::<u64>().map_err(|_| ApiError::bad_request(key, "must be a non-negative integer")))
+        .transpose()
+}
+
+/// A pop request from its path parts and query.
+pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> Result<(PopRequest, bool), ApiError> {
+    let q = parse_query(query);
+    let queue = QueueName::new(queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+    let partition = partition
+        .map(|p| PartitionName::new(p).map_err(|e| ApiError::bad_request("partition", &e.to_string())))
+        .transpose()?;
+    let group = GroupName::or_queue_mode(get(&q, "consumerGroup")).map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?;
+    let autopilot = flag(&q, "autopilot")?.unwrap_or(false);
+    let batch = match number(&q, "batch")? {
+        Some(0) => return Err(ApiError::bad_request("batch", "must be at least 1")),
+        Some(b) => u32::try_from(b).unwrap_or(MAX_BATCH).min(MAX_BATCH),
+        None if autopilot => AUTOPILOT_BATCH,
+        None => 1,
+    };
+    let max_partitions = match number(&q, "partitions")? {
+        Some(0) => return Err(ApiError::bad_request("partitions", "must be at least 1")),
+        Some(p) => u32::try_from(p).unwrap_or(1024).min(1024),
+        None => 1,
+    };
+    let wait = flag(&q, "wait")?.unwrap_or(false);
+    let timeout = Duration::from_millis(number(&q, "timeout")?.unwrap_or(30_000).min(MAX_WAIT_MS));
+    let auto_ack = flag(&q, "autoAck")?.unwrap_or(false);
+    if auto_ack && flag(&q, "conflation")? == Some(true) {
+        return Err(ApiError::bad_request("autoAck", "cannot be combined with conflation"));
+    }
+    let subscription = match (get(&q, "subscriptionFrom"), get(&q, "subscriptionMode")) {
+        (Some("now"), _) => Subscription::New,
+        (Some(t), _) if !t.is_empty() => Subscription::From(Stamp::parse_iso(t).map_err(|e| ApiError::bad_request("subscriptionFrom", &e))?),
+        (_, Some("new")) => Subscription::New,
+        (_, Some("all" | "")) | (_, None) => Subscription::Default,
+        (_, Some(other)) => {
+            return Err(ApiError::bad_request("subscriptionMode", &format!("must be all or new, not '{other}'")));
+        }
+    };
+    let command = PopCommand { queue, partition, group, batch, max_partitions, lease_id: String::new(), auto_ack, subscription };
+    Ok((PopRequest { command, wait, timeout }, autopilot && get(&q, "batch").is_none()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_default_client_query() {
+        let (r, echo) = pop_request("orders", None, "autopilot=true&wait=true&timeout=30000&consumerGroup=g+w").unwrap();
+        assert_eq!(r.command.batch, AUTOPILOT_BATCH);
+        assert!(echo && r.wait);
+        assert_eq!(r.command.group.as_str(), "g w");
+        assert_eq!(r.timeout, Duration::from_secs(30));
+        let (r, _) = pop_request("orders", Some("p 1"), "batch=5&wait=false").unwrap();
+        assert_eq!((r.command.batch, r.wait), (5, false));
+        assert!(pop_request("orders", None, "batch=x").unwrap_err().message.starts_with("batch"));
+        assert!(pop_request("orders", None, "subscriptionFrom=2026-01-01T00%3A00%3A00Z").is_ok());
+    }
+}

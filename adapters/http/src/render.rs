@@ -1,0 +1,103 @@
+//! Domain outcomes to the contract's JSON shapes.
+
+use queen_domain::command::{AckOutcome, PopOutcome, PushOutcome, PushStatus};
+use serde_json::{Value, json};
+
+fn uuid_text(b: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*b).to_string()
+}
+
+/// The push answer: one object per item, in order.
+pub(crate) fn push(outcomes: &[PushOutcome]) -> Value {
+    Value::Array(
+        outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let (status, error) = match &o.status {
+                    PushStatus::Queued => ("queued", None),
+                    PushStatus::Duplicate => ("duplicate", None),
+                    PushStatus::Failed(e) => ("failed", Some(e.clone())),
+                };
+                let mut v = json!({
+                    "index": i,
+                    "message_id": uuid_text(&o.message_id),
+                    "transaction_id": o.transaction_id,
+                    "queueName": o.queue,
+                    "partitionId": o.partition_id.to_string(),
+                    "status": status,
+                    "offset": o.offset,
+                });
+                if let Some(e) = error {
+                    v["error"] = Value::String(e);
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+/// Ack answers: one object per item, in order.
+pub(crate) fn acks(outcomes: &[AckOutcome]) -> Value {
+    Value::Array(
+        outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                json!({
+                    "index": i,
+                    "transactionId": o.transaction_id,
+                    "success": o.verdict.success,
+                    "error": o.verdict.error,
+                    "leaseReleased": o.verdict.lease_released,
+                    "dlq": o.verdict.dlq,
+                    "noop": o.verdict.noop,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// A pop with messages.
+pub(crate) fn pop(queue: &str, group: &str, p: &PopOutcome, autopilot: Option<(u32, u32)>) -> Value {
+    let group_out = if group == queen_domain::names::QUEUE_MODE_GROUP { "__QUEUE_MODE__" } else { group };
+    let mut messages = Vec::new();
+    for c in &p.claims {
+        let pid = c.pid.to_string();
+        for m in &c.messages {
+            let data: Value = serde_json::from_slice(&m.payload).unwrap_or(Value::Null);
+            messages.push(json!({
+                "id": uuid_text(&m.id),
+                "transactionId": m.transaction_id,
+                "traceId": m.trace_id,
+                "data": data,
+                "producerSub": null,
+                "createdAt": m.created.iso_millis(),
+                "queue": queue,
+                "partitionId": pid,
+                "partition": c.partition,
+                "leaseId": p.lease_id,
+                "consumerGroup": group_out,
+                "offset": m.offset,
+                "deliveryAttempt": m.attempt,
+                "retryCount": m.attempt.saturating_sub(1),
+            }));
+        }
+    }
+    let first = p.claims.first();
+    let mut v = json!({
+        "success": true,
+        "queue": queue,
+        "partition": first.map(|c| c.partition.clone()),
+        "partitionId": first.map(|c| c.pid.to_string()),
+        "leaseId": p.lease_id,
+        "leaseExpiresAt": if p.lease_id.is_empty() { Value::Null } else { Value::String(p.lease_expires.iso_millis()) },
+        "consumerGroup": group_out,
+        "messages": messages,
+        "partitionsClaimed": p.claims.len(),
+    });
+    if let Some((batch, partitions)) = autopilot {
+        v["autopilot"] = json!({"batch": batch, "partitions": partitions, "waitMs": 0});
+    }
+    v
+}

@@ -1,0 +1,152 @@
+//! Routing: method and percent-decoded path segments to handlers.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Response};
+use queen_domain::command::Outcome;
+use queen_domain::names::QueueName;
+use serde_json::json;
+
+use crate::api::{Api, ApiError};
+use crate::error::{error_response, json_response, no_content, text_response};
+use crate::{json, pop_query, render};
+
+/// Decode every path segment; empty segments (doubled slashes) are dropped.
+pub(crate) fn segments(path: &str) -> Vec<String> {
+    path.split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
+        .collect()
+}
+
+/// The route a request matched, as a metrics label.
+pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
+    match (method.as_str(), segs) {
+        ("POST", ["api", "v1", "push"]) => "push",
+        ("GET", ["api", "v1", "pop", "queue", _]) | ("GET", ["api", "v1", "pop", "queue", _, "partition", _]) => "pop",
+        ("POST", ["api", "v1", "ack"]) => "ack",
+        ("POST", ["api", "v1", "ack", "batch"]) => "ack_batch",
+        ("POST", ["api", "v1", "lease", _, "extend"]) => "lease_extend",
+        ("POST", ["api", "v1", "configure"]) => "configure",
+        ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
+        ("GET", ["health"]) => "health",
+        ("GET", ["status"]) => "status",
+        ("GET", ["metrics", "prometheus"]) => "metrics",
+        _ => "other",
+    }
+}
+
+/// Whether the route takes a body (others refuse nothing; their body is ignored).
+pub(crate) async fn handle<A: Api>(
+    api: &Arc<A>,
+    method: &Method,
+    segs: &[&str],
+    query: &str,
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    match (method.as_str(), segs) {
+        ("POST", ["api", "v1", "push"]) => {
+            let items = json::push_items(body)?;
+            if items.is_empty() {
+                return Ok(json_response(200, &json!([])));
+            }
+            let out = api.push(items).await?;
+            Ok(json_response(200, &render::push(&out)))
+        }
+        ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
+        ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
+            pop(api, queue, Some(partition), query).await
+        }
+        ("POST", ["api", "v1", "ack"]) => {
+            let (group, item) = json::ack_single(body)?;
+            let out = api.ack(group, vec![item]).await?;
+            Ok(json_response(200, &render::acks(&out)))
+        }
+        ("POST", ["api", "v1", "ack", "batch"]) => {
+            let (group, items) = json::ack_batch(body)?;
+            if items.is_empty() {
+                return Ok(json_response(200, &json!([])));
+            }
+            let out = api.ack(group, items).await?;
+            Ok(json_response(200, &render::acks(&out)))
+        }
+        ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
+            let out = api.extend((*lease_id).to_owned()).await?;
+            let Outcome::Extend { success, renewed, expires } = out else {
+                return Err(ApiError::new(500, "internal", "unexpected outcome"));
+            };
+            let mut v = json!({
+                "leaseId": lease_id,
+                "success": success,
+                "renewed": renewed,
+                "newExpiresAt": expires.map(|e| e.iso_millis()),
+            });
+            if !success {
+                v["error"] = json!("lease expired, released or unknown");
+            }
+            Ok(json_response(200, &v))
+        }
+        ("POST", ["api", "v1", "configure"]) => {
+            let (queue, namespace, task, options) = json::configure(body)?;
+            let name = queue.as_str().to_owned();
+            let eff = api.configure(queue, namespace.clone(), task.clone(), options).await?;
+            Ok(json_response(
+                200,
+                &json!({"success": true, "queue": name, "namespace": namespace, "task": task, "options": eff.to_json()}),
+            ))
+        }
+        ("DELETE", ["api", "v1", "resources", "queues", queue]) => {
+            let q = QueueName::new(*queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let existed = api.delete_queue(q).await?;
+            Ok(json_response(200, &json!({"deleted": true, "queue": queue, "existed": existed})))
+        }
+        ("GET", ["health"]) => {
+            let h = api.health();
+            let p = &h.progress;
+            let v = json!({
+                "status": if h.ready { "healthy" } else { h.reason.unwrap_or("settling") },
+                "raft": {
+                    "nodeId": p.node_id,
+                    "role": p.role,
+                    "leader": p.leader.is_some(),
+                    "leaderId": p.leader,
+                    "term": p.term,
+                    "applied": p.applied,
+                    "commit": p.commit,
+                    "lag": p.commit.saturating_sub(p.applied),
+                    "storageReady": p.storage_ready,
+                    "clusterVersion": h.cluster_version,
+                    "kinds": h.kinds,
+                    "apply": {"failure": h.apply_failure, "skipped": []},
+                }
+            });
+            Ok(json_response(if h.ready { 200 } else { 503 }, &v))
+        }
+        ("GET", ["status"]) => Ok(json_response(200, &api.status().await?)),
+        ("GET", ["metrics", "prometheus"]) => {
+            Ok(text_response(200, "text/plain; version=0.0.4; charset=utf-8", api.metrics_text()))
+        }
+        (_, ["api", "v1", "push" | "ack" | "configure"]) | (_, ["api", "v1", "ack", "batch"]) => {
+            Err(ApiError::new(405, "method_not_allowed", format!("{method} is not served on this route")))
+        }
+        _ => Err(ApiError::new(404, "no_such_route", format!("no route for {method} /{}", segs.join("/")))),
+    }
+}
+
+async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
+    let (req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    let group = req.command.group.as_str().to_owned();
+    let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
+    let out = api.pop(req).await?;
+    if out.is_empty() {
+        return Ok(no_content());
+    }
+    Ok(json_response(200, &render::pop(queue, &group, &out, echo)))
+}
+
+/// Turn a handler result into a response.
+pub(crate) fn finish(r: Result<Response<Full<Bytes>>, ApiError>) -> Response<Full<Bytes>> {
+    r.unwrap_or_else(|e| error_response(&e))
+}

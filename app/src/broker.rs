@@ -1,0 +1,299 @@
+//! The broker's use cases behind the HTTP adapter: propose with a deadline, long-poll pops,
+//! readiness, status and metrics.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use queen_domain::command::{AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response};
+use queen_domain::model::QueueOptions;
+use queen_domain::names::{GroupName, QueueName};
+use queen_domain::reads;
+use queen_domain::time::Stamp;
+use queen_http::{Api, ApiError, HealthView, PopRequest};
+use queen_ports::{Clock, ProposeError, RaftRole, ReplicatedLog};
+use queen_store::FjallStore;
+use queen_telemetry::Telemetry;
+use serde_json::json;
+
+use crate::waiters::Waiters;
+
+/// The highest log format this build reads (entries are versioned by their command set).
+pub(crate) const LOG_KINDS: u32 = 1;
+/// A node is ready within this many entries of the commit index.
+const READY_LAG_ENTRIES: u64 = 1000;
+/// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
+/// signalled by a commit).
+const RECHECK: Duration = Duration::from_millis(250);
+
+/// The broker: what every route of the client API does.
+pub struct Broker {
+    log: Arc<dyn ReplicatedLog>,
+    store: FjallStore,
+    clock: Arc<dyn Clock>,
+    telemetry: Telemetry,
+    waiters: Waiters,
+    request_timeout: Duration,
+    fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
+    started: Instant,
+}
+
+fn not_committed(e: &ProposeError) -> ApiError {
+    match e {
+        ProposeError::NotLeader { leader } => {
+            let mut err = ApiError::new(503, "not_leader", format!("this node does not lead (leader: {leader:?})"));
+            err.retry_after = Some(1);
+            err
+        }
+        ProposeError::OutcomeUnknown => {
+            let mut err = ApiError::new(503, "outcome_unknown", "leadership changed while the request was in flight; it may or may not have applied");
+            err.retry_after = Some(1);
+            err
+        }
+        ProposeError::Unavailable(m) => {
+            let mut err = ApiError::new(503, "unavailable", format!("the replicated log is unavailable: {m}"));
+            err.retry_after = Some(1);
+            err
+        }
+        ProposeError::Fatal(_) => ApiError::new(500, "internal", "the node's storage failed; see its log"),
+    }
+}
+
+fn kind(c: &Command) -> &'static str {
+    match c {
+        Command::Tick => "tick",
+        Command::Push(_) => "push",
+        Command::Pop(_) => "pop",
+        Command::Ack { .. } => "ack",
+        Command::ExtendLease { .. } => "extend",
+        Command::Configure { .. } => "configure",
+        Command::DeleteQueue { .. } => "delete_queue",
+    }
+}
+
+impl Broker {
+    /// Assemble the use cases over a log, the local state and a clock.
+    pub fn new(
+        log: Arc<dyn ReplicatedLog>,
+        store: FjallStore,
+        clock: Arc<dyn Clock>,
+        telemetry: Telemetry,
+        request_timeout: Duration,
+        fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Self {
+        Self { log, store, clock, telemetry, waiters: Waiters::default(), request_timeout, fsyncs, started: Instant::now() }
+    }
+
+    /// Propose a command and wait for its outcome, up to the request deadline. While no leader
+    /// is known the proposal is held and retried (nothing was appended), not failed at once.
+    pub async fn propose(&self, command: Command) -> Result<Response, ApiError> {
+        let kind = kind(&command);
+        let started = Instant::now();
+        let deadline = started + self.request_timeout;
+        let entry = Entry { proposed_at: self.clock.now_micros(), command };
+        let bytes = entry.encode();
+        let result = loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, self.log.propose(bytes.clone())).await {
+                Err(_) => break Err(ApiError::timeout()),
+                Ok(Ok(resp)) => {
+                    break Response::decode(&resp).map_err(|e| {
+                        tracing::error!(target: "queen-app", error = %e, "undecodable state machine response");
+                        ApiError::new(500, "internal", "the state machine answered in an unknown format")
+                    });
+                }
+                Ok(Err(ProposeError::NotLeader { leader: None } | ProposeError::Unavailable(_)))
+                    if Instant::now() + Duration::from_millis(50) < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Err(e)) => break Err(not_committed(&e)),
+            }
+        };
+        self.telemetry.metrics().proposal(kind, result.is_ok(), started.elapsed().as_secs_f64());
+        let response = result?;
+        if let Outcome::Rejected(why) = &response.outcome {
+            tracing::error!(target: "queen-app", why, "the state machine rejected an entry");
+            return Err(ApiError::new(500, "internal", "the state machine could not read the entry"));
+        }
+        Ok(response)
+    }
+
+    /// Propose a tick (the leader's clock moves broker time; housekeeping runs).
+    pub async fn tick(&self) {
+        if self.log.progress().role != RaftRole::Leader {
+            return;
+        }
+        if let Err(e) = self.propose(Command::Tick).await {
+            tracing::debug!(target: "queen-app", error = %e, "tick not committed");
+        }
+    }
+
+    fn now(&self) -> Stamp {
+        Stamp(self.clock.now_micros())
+    }
+
+    fn progress_gauges(&self) {
+        let p = self.log.progress();
+        let m = self.telemetry.metrics();
+        m.set_raft(p.term, p.applied, p.commit, p.role == RaftRole::Leader);
+        m.set_log_fsyncs((self.fsyncs)());
+        m.set_store_disk_bytes(self.store.disk_bytes());
+        m.set_waiting_pops(self.waiters.parked());
+    }
+
+    fn read_error(e: &queen_domain::StoreError) -> ApiError {
+        tracing::error!(target: "queen-app", error = %e, "state read failed");
+        ApiError::new(500, "internal", "reading the node's state failed; see its log")
+    }
+}
+
+impl Api for Broker {
+    async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, ApiError> {
+        let r = self.propose(Command::Push(items)).await?;
+        let Outcome::Push(out) = r.outcome else {
+            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+        };
+        let queued = out.iter().filter(|o| o.status == PushStatus::Queued).count() as u64;
+        let dup = out.iter().filter(|o| o.status == PushStatus::Duplicate).count() as u64;
+        self.telemetry.metrics().messages_pushed(queued);
+        self.telemetry.metrics().messages_duplicate(dup);
+        let mut woken: Vec<&str> = Vec::new();
+        for o in &out {
+            if o.status == PushStatus::Queued && !woken.contains(&o.queue.as_str()) {
+                woken.push(&o.queue);
+                self.waiters.wake(&o.queue);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn pop(&self, req: PopRequest) -> Result<PopOutcome, ApiError> {
+        let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+        let notify = self.waiters.of(req.command.queue.as_str());
+        let mut cmd = req.command;
+        let mut parked = false;
+        let result = loop {
+            // Register for a wake-up before looking, so a commit between the look and the wait
+            // is not missed.
+            let mut notified = pin!(notify.notified());
+            notified.as_mut().enable();
+            let would = reads::would_pop(&self.store, self.now(), &cmd).map_err(|e| Self::read_error(&e))?;
+            if !would.is_empty() {
+                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                let r = self.propose(Command::Pop(cmd.clone())).await?;
+                if let Outcome::Pop(p) = r.outcome {
+                    if !p.is_empty() {
+                        break Ok(p);
+                    }
+                }
+                // Another consumer won the race: wait like an empty look.
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break Ok(PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() });
+            }
+            if !parked {
+                parked = true;
+                self.waiters.parked.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tokio::time::timeout(remaining.min(RECHECK), notified).await;
+        };
+        if parked {
+            self.waiters.parked.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Ok(p) = &result {
+            let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
+            self.telemetry.metrics().messages_delivered(n as u64);
+        }
+        result
+    }
+
+    async fn ack(&self, group: GroupName, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, ApiError> {
+        let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
+        let r = self.propose(Command::Ack { group, items }).await?;
+        let Outcome::Ack(out) = r.outcome else {
+            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+        };
+        let m = self.telemetry.metrics();
+        for (o, s) in out.iter().zip(&statuses) {
+            m.acks(if o.verdict.success { s } else { "refused" }, 1);
+        }
+        if out.iter().any(|o| o.verdict.lease_released) {
+            self.waiters.wake_all();
+        }
+        Ok(out)
+    }
+
+    async fn extend(&self, lease_id: String) -> Result<Outcome, ApiError> {
+        Ok(self.propose(Command::ExtendLease { lease_id }).await?.outcome)
+    }
+
+    async fn configure(&self, queue: QueueName, namespace: Option<String>, task: Option<String>, options: QueueOptions) -> Result<QueueOptions, ApiError> {
+        let name = queue.as_str().to_owned();
+        let r = self.propose(Command::Configure { queue, namespace, task, options }).await?;
+        self.waiters.wake(&name);
+        match r.outcome {
+            Outcome::Configured(o) => Ok(o),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
+    }
+
+    async fn delete_queue(&self, queue: QueueName) -> Result<bool, ApiError> {
+        let name = queue.as_str().to_owned();
+        let r = self.propose(Command::DeleteQueue { queue }).await?;
+        self.waiters.forget(&name);
+        match r.outcome {
+            Outcome::Deleted { existed } => Ok(existed),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
+    }
+
+    fn health(&self) -> HealthView {
+        let p = self.log.progress();
+        let lag = p.commit.saturating_sub(p.applied);
+        let reason = if !p.storage_ready {
+            Some("settling")
+        } else if p.leader.is_none() {
+            Some("no_quorum")
+        } else if lag > READY_LAG_ENTRIES {
+            Some("settling")
+        } else {
+            None
+        };
+        HealthView { ready: reason.is_none(), reason, progress: p, kinds: LOG_KINDS, cluster_version: LOG_KINDS, apply_failure: None }
+    }
+
+    async fn status(&self) -> Result<serde_json::Value, ApiError> {
+        let view = self.store.view();
+        let queues = reads::queues(&view, 1000).map_err(|e| Self::read_error(&e))?;
+        let safe = reads::safe_time(&view).map_err(|e| Self::read_error(&e))?;
+        let p = self.log.progress();
+        let total: u64 = queues.iter().map(|q| q.messages).sum();
+        Ok(json!({
+            "node": {"id": p.node_id, "uptimeSeconds": self.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")},
+            "raft": p,
+            "safeTime": safe.iso_micros(),
+            "storage": {"diskBytes": self.store.disk_bytes(), "logFsyncs": (self.fsyncs)()},
+            "queues": {
+                "count": queues.len(),
+                "messages": total,
+                "items": queues.iter().map(|q| json!({
+                    "name": q.name, "messages": q.messages, "partitions": q.partitions,
+                    "deadLettered": q.dead_lettered, "namespace": q.namespace, "task": q.task,
+                })).collect::<Vec<_>>(),
+            },
+            "pops": {"waiting": self.waiters.parked()},
+        }))
+    }
+
+    fn metrics_text(&self) -> String {
+        self.progress_gauges();
+        self.telemetry.render_prometheus()
+    }
+
+    fn observe_request(&self, route: &'static str, status: u16, seconds: f64) {
+        self.telemetry.metrics().http_request(route, status, seconds);
+    }
+}

@@ -1,0 +1,223 @@
+//! Configuration: the raw values as read (environment or flags), validated once into a typed
+//! `Config`. Every refusal names the variable.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Values as given, before validation (blank counts as unset).
+#[derive(Debug, Clone, Default)]
+pub struct RawConfig {
+    /// `PORT`
+    pub port: Option<String>,
+    /// `HOST`
+    pub host: Option<String>,
+    /// `QUEEN_RAFT_DIR`
+    pub raft_dir: Option<String>,
+    /// `QUEEN_RAFT_NODE_ID`
+    pub node_id: Option<String>,
+    /// `QUEEN_RAFT_PEERS`
+    pub peers: Option<String>,
+    /// `QUEEN_RAFT_TOKEN` (never logged)
+    pub token: Option<String>,
+    /// `QUEEN_RAFT_REPLICATOR`
+    pub replicator: Option<String>,
+    /// `QUEEN_MAX_BODY_BYTES`
+    pub max_body_bytes: Option<String>,
+    /// `QUEEN_REQUEST_TIMEOUT_MS`
+    pub request_timeout_ms: Option<String>,
+    /// The machine's hostname, for `QUEEN_RAFT_NODE_ID=ordinal`.
+    pub hostname: Option<String>,
+}
+
+/// A peer of the raft group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Node id.
+    pub id: u64,
+    /// Raft address `host:port`.
+    pub raft: String,
+    /// Client address `host:port`.
+    pub http: String,
+}
+
+/// The validated configuration.
+#[derive(Clone)]
+pub struct Config {
+    /// Client port.
+    pub port: u16,
+    /// Address to bind.
+    pub host: IpAddr,
+    /// Data directory.
+    pub raft_dir: PathBuf,
+    /// This node's id.
+    pub node_id: u64,
+    /// The voters (empty: this node alone).
+    pub peers: Vec<Peer>,
+    /// Shared raft secret.
+    pub token: Option<String>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Deadline of a request that has to commit.
+    pub request_timeout: Duration,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("port", &self.port)
+            .field("host", &self.host)
+            .field("raft_dir", &self.raft_dir)
+            .field("node_id", &self.node_id)
+            .field("peers", &self.peers)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+/// A value that stops the boot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}: {problem}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub variable: &'static str,
+    /// What is wrong (never echoes a secret).
+    pub problem: String,
+}
+
+fn bad(variable: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError { variable, problem: problem.into() }
+}
+
+fn set(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn number<T: std::str::FromStr>(v: &Option<String>, var: &'static str, default: T, what: &str) -> Result<T, ConfigError> {
+    match set(v) {
+        None => Ok(default),
+        Some(s) => s.parse().map_err(|_| bad(var, format!("'{s}' is not {what}"))),
+    }
+}
+
+/// Parse `id=raft_host:port/http_host:port,...`.
+///
+/// # Errors
+/// The first malformed peer, named.
+pub fn parse_peers(s: &str) -> Result<Vec<Peer>, ConfigError> {
+    let mut out: Vec<Peer> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let shape = || bad("QUEEN_RAFT_PEERS", format!("'{part}' is not id=raft_host:port/http_host:port"));
+        let (id, addrs) = part.split_once('=').ok_or_else(shape)?;
+        let id: u64 = id.trim().parse().map_err(|_| shape())?;
+        let (raft, http) = addrs.split_once('/').ok_or_else(shape)?;
+        for a in [raft, http] {
+            let (h, p) = a.rsplit_once(':').ok_or_else(shape)?;
+            if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(shape());
+            }
+        }
+        if out.iter().any(|p| p.id == id) {
+            return Err(bad("QUEEN_RAFT_PEERS", format!("node id {id} appears twice")));
+        }
+        out.push(Peer { id, raft: raft.to_owned(), http: http.to_owned() });
+    }
+    Ok(out)
+}
+
+impl RawConfig {
+    /// Validate.
+    ///
+    /// # Errors
+    /// The first bad value, naming its variable.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let port: u16 = number(&self.port, "PORT", 6632, "a port number (1-65535)")?;
+        if port == 0 {
+            return Err(bad("PORT", "'0' is not a port number (1-65535)"));
+        }
+        let host: IpAddr = number(&self.host, "HOST", IpAddr::from([0, 0, 0, 0]), "an IP address")?;
+        let raft_dir = PathBuf::from(set(&self.raft_dir).unwrap_or("./queen-data"));
+        let node_id = match set(&self.node_id) {
+            None => 1,
+            Some(s) if s.eq_ignore_ascii_case("ordinal") => {
+                let host = set(&self.hostname).unwrap_or("");
+                let n = host
+                    .rsplit_once('-')
+                    .and_then(|(_, n)| n.parse::<u64>().ok())
+                    .ok_or_else(|| bad("QUEEN_RAFT_NODE_ID", format!("'ordinal' needs a hostname ending in -N, got '{host}'")))?;
+                n + 1
+            }
+            Some(s) => match s.parse::<u64>() {
+                Ok(0) | Err(_) => return Err(bad("QUEEN_RAFT_NODE_ID", format!("'{s}' is not a node id (a number from 1, or ordinal)"))),
+                Ok(n) => n,
+            },
+        };
+        if let Some(r) = set(&self.replicator) {
+            if !r.eq_ignore_ascii_case("openraft") {
+                return Err(bad("QUEEN_RAFT_REPLICATOR", format!("'{r}' is not a replicator (openraft)")));
+            }
+        }
+        let peers = match set(&self.peers) {
+            None => Vec::new(),
+            Some(s) => parse_peers(s)?,
+        };
+        if !peers.is_empty() && !peers.iter().any(|p| p.id == node_id) {
+            return Err(bad("QUEEN_RAFT_PEERS", format!("does not list this node's id {node_id}")));
+        }
+        let token = set(&self.token).map(str::to_owned);
+        if peers.len() > 1 && token.is_none() {
+            return Err(bad("QUEEN_RAFT_TOKEN", "is required with more than one voter"));
+        }
+        let max_body_bytes: usize = number(&self.max_body_bytes, "QUEEN_MAX_BODY_BYTES", 64 << 20, "a byte count")?;
+        if !(1024..=1 << 30).contains(&max_body_bytes) {
+            return Err(bad("QUEEN_MAX_BODY_BYTES", format!("{max_body_bytes} is outside 1024..=1073741824")));
+        }
+        let timeout_ms: u64 = number(&self.request_timeout_ms, "QUEEN_REQUEST_TIMEOUT_MS", 30_000, "milliseconds")?;
+        if !(100..=600_000).contains(&timeout_ms) {
+            return Err(bad("QUEEN_REQUEST_TIMEOUT_MS", format!("{timeout_ms} is outside 100..=600000")));
+        }
+        Ok(Config {
+            port,
+            host,
+            raft_dir,
+            node_id,
+            peers,
+            token,
+            max_body_bytes,
+            request_timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_named_refusals() {
+        let c = RawConfig::default().validate().unwrap();
+        assert_eq!((c.port, c.node_id), (6632, 1));
+        let e = RawConfig { port: Some("abc".into()), ..RawConfig::default() }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "PORT: 'abc' is not a port number (1-65535)");
+        let e = RawConfig { node_id: Some("0".into()), ..RawConfig::default() }.validate().unwrap_err();
+        assert_eq!(e.variable, "QUEEN_RAFT_NODE_ID");
+        let c = RawConfig { node_id: Some("ordinal".into()), hostname: Some("queen-2".into()), ..RawConfig::default() }
+            .validate()
+            .unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(RawConfig { port: Some("  ".into()), ..RawConfig::default() }.validate().unwrap().port, 6632);
+    }
+
+    #[test]
+    fn peers_and_token_rules() {
+        let p = parse_peers("1=a:7400/a:6632, 2=b:7400/b:6632").unwrap();
+        assert_eq!(p[1], Peer { id: 2, raft: "b:7400".into(), http: "b:6632".into() });
+        assert!(parse_peers("1=a/a:1").is_err());
+        let e = RawConfig { peers: Some("1=a:1/a:2,2=b:1/b:2".into()), ..RawConfig::default() }.validate().unwrap_err();
+        assert_eq!(e.variable, "QUEEN_RAFT_TOKEN");
+        let c = RawConfig { token: Some("s3cret".into()), ..RawConfig::default() }.validate().unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"), "the token never reaches a log line");
+    }
+}
