@@ -1,0 +1,156 @@
+//! The raft node's configuration: what the app sets, its defaults, its validation, and how it
+//! maps onto openraft's `Config`.
+
+use std::path::PathBuf;
+
+use crate::error::RaftConfigError;
+
+/// Default heartbeat interval (ms): well below half the minimum election timeout.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 100;
+/// Default minimum election timeout (ms): at least ten times a slow fsync.
+pub const DEFAULT_ELECTION_MIN_MS: u64 = 1000;
+/// Default maximum election timeout (ms).
+pub const DEFAULT_ELECTION_MAX_MS: u64 = 2000;
+/// Default number of entries between two snapshots.
+pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
+
+/// Entries kept in the log below a snapshot, so briefly lagging followers catch up from the log
+/// instead of a snapshot (and so a purge during a snapshot transfer does not strand them).
+const MAX_IN_SNAPSHOT_LOG_TO_KEEP: u64 = 10_000;
+/// Purge in large steps, so purges are rare and delete whole segments.
+const PURGE_BATCH_SIZE: u64 = 1024;
+/// Entries per AppendEntries RPC.
+const MAX_PAYLOAD_ENTRIES: u64 = 1024;
+
+/// A member of the raft group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The member's raft node id.
+    pub id: u64,
+    /// Where its raft port listens (`host:port`), for raft RPCs.
+    pub raft_addr: String,
+    /// Where its client HTTP API listens, so clients can be pointed at the leader.
+    pub http_addr: String,
+}
+
+/// Configuration of one raft node.
+#[derive(Debug, Clone)]
+pub struct RaftNodeConfig {
+    /// This node's id; unique within the group and never reused.
+    pub node_id: u64,
+    /// The node's raft directory (`QUEEN_RAFT_DIR`); the log lives in `dir/log`.
+    pub dir: PathBuf,
+    /// The voters of the group; empty or one entry means a single voter (this node).
+    pub peers: Vec<Peer>,
+    /// Shared secret of the raft port (used once the multi-node transport exists).
+    pub token: Option<String>,
+    /// Leader heartbeat interval in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomized election timeout in milliseconds.
+    pub election_min_ms: u64,
+    /// Upper bound of the randomized election timeout in milliseconds.
+    pub election_max_ms: u64,
+    /// Build a snapshot (and allow purging the log) every this many applied entries.
+    pub snapshot_every_entries: u64,
+}
+
+impl RaftNodeConfig {
+    /// A single-voter node with the default timings.
+    pub fn single(node_id: u64, dir: PathBuf) -> Self {
+        Self {
+            node_id,
+            dir,
+            peers: Vec::new(),
+            token: None,
+            heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+            election_min_ms: DEFAULT_ELECTION_MIN_MS,
+            election_max_ms: DEFAULT_ELECTION_MAX_MS,
+            snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+        }
+    }
+
+    /// The directory of the raft log.
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+
+    /// Check every value; names the first bad one.
+    ///
+    /// # Errors
+    /// `RaftConfigError::Invalid` naming the field.
+    pub fn validate(&self) -> Result<(), RaftConfigError> {
+        let bad =
+            |field: &'static str, reason: String| Err(RaftConfigError::Invalid { field, reason });
+        if self.dir.as_os_str().is_empty() {
+            return bad("dir", "must not be empty".into());
+        }
+        if self.heartbeat_ms == 0 {
+            return bad("heartbeat_ms", "must be above 0".into());
+        }
+        if self.election_min_ms <= self.heartbeat_ms.saturating_mul(2) {
+            return bad(
+                "election_min_ms",
+                format!(
+                    "{} must be more than twice heartbeat_ms ({})",
+                    self.election_min_ms, self.heartbeat_ms
+                ),
+            );
+        }
+        if self.election_max_ms <= self.election_min_ms {
+            return bad(
+                "election_max_ms",
+                format!(
+                    "{} must be above election_min_ms ({})",
+                    self.election_max_ms, self.election_min_ms
+                ),
+            );
+        }
+        if self.snapshot_every_entries == 0 {
+            return bad("snapshot_every_entries", "must be above 0".into());
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for p in &self.peers {
+            if !ids.insert(p.id) {
+                return bad("peers", format!("node id {} is listed twice", p.id));
+            }
+        }
+        if !self.peers.is_empty() && !ids.contains(&self.node_id) {
+            return bad(
+                "peers",
+                format!("this node's id {} is not among the peers", self.node_id),
+            );
+        }
+        if self.token.as_deref().is_some_and(str::is_empty) {
+            return bad("token", "must not be empty when set".into());
+        }
+        Ok(())
+    }
+
+    /// Whether this node is the only voter.
+    pub fn is_single_voter(&self) -> bool {
+        self.peers.len() <= 1
+    }
+
+    /// The openraft configuration for these values.
+    pub(crate) fn openraft_config(&self) -> Result<openraft::Config, RaftConfigError> {
+        let config = openraft::Config {
+            cluster_name: "queen".to_string(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_min_ms,
+            election_timeout_max: self.election_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: MAX_IN_SNAPSHOT_LOG_TO_KEEP,
+            purge_batch_size: PURGE_BATCH_SIZE,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            // Keep followers on the log (not a snapshot) unless they lag past one snapshot span.
+            replication_lag_threshold: self
+                .snapshot_every_entries
+                .saturating_add(MAX_IN_SNAPSHOT_LOG_TO_KEEP),
+            ..Default::default()
+        };
+        config.validate().map_err(|e| RaftConfigError::Invalid {
+            field: "raft",
+            reason: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,51 @@
+//! Errors of this crate's own API (start, config, shutdown). Proposal errors use the port's
+//! `ProposeError`.
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftConfigError {
+    /// A field has a value outside its allowed range.
+    #[error("invalid raft config {field}: {reason}")]
+    Invalid {
+        /// The field's name.
+        field: &'static str,
+        /// Why the value cannot work.
+        reason: String,
+    },
+}
+
+/// Why a raft node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftStartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] RaftConfigError),
+    /// The raft log could not be opened or recovered (I/O error, corruption, directory in use).
+    #[error("raft log at {path} failed to open: {source}")]
+    LogStore {
+        /// The log directory.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The state machine backend could not be read.
+    #[error("state machine failed to open: {0}")]
+    StateMachine(std::io::Error),
+    /// The raft core refused to start or to initialize.
+    #[error("raft core failed to start: {0}")]
+    Raft(String),
+    /// The configuration asks for something this build cannot do yet.
+    #[error("unsupported raft setup: {0}")]
+    Unsupported(String),
+}
+
+/// Why a shutdown did not complete cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftShutdownError {
+    /// The raft core task ended abnormally.
+    #[error("raft core did not stop cleanly: {0}")]
+    Core(String),
+    /// The log store was still held after the core stopped, so the directory stays locked.
+    #[error("raft log was not released within {0:?}")]
+    LogNotReleased(std::time::Duration),
+}

@@ -1,0 +1,34 @@
+//! queen-raft: the replicated log of queen, built on openraft 0.10 (pinned alpha).
+//!
+//! Owns: openraft's type configuration, the raft log store (a segmented append-only log with
+//! group commit under `dir/log`), the state machine adapter that drives a
+//! `queen_ports::StateMachineBackend`, snapshots, the raft network, and `RaftNode`, which
+//! implements `queen_ports::ReplicatedLog`.
+//! Must never leak: any openraft type. The public API is `RaftNode`, its config and errors;
+//! everything else crosses through the port types.
+//! Must never depend on: the HTTP adapter, the state store engine, or the app.
+
+mod config;
+mod error;
+mod log_store;
+mod network;
+mod node;
+mod state_machine;
+mod type_config;
+
+#[cfg(test)]
+mod conformance;
+#[cfg(test)]
+#[path = "../tests/common/mem_backend.rs"]
+mod mem_backend;
+
+pub use config::DEFAULT_ELECTION_MAX_MS;
+pub use config::DEFAULT_ELECTION_MIN_MS;
+pub use config::DEFAULT_HEARTBEAT_MS;
+pub use config::DEFAULT_SNAPSHOT_EVERY_ENTRIES;
+pub use config::Peer;
+pub use config::RaftNodeConfig;
+pub use error::RaftConfigError;
+pub use error::RaftShutdownError;
+pub use error::RaftStartError;
+pub use node::RaftNode;

@@ -1,0 +1,309 @@
+//! Crash and reopen tests of the segmented raft log: torn tails, purge across restarts, vote,
+//! committed and truncation durability, corruption detection, and group commit.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use openraft::RaftLogReader;
+use openraft::entry::RaftEntry;
+use openraft::storage::RaftLogStorage;
+use openraft::storage::RaftLogStorageExt;
+use openraft::testing::log_id;
+use openraft::type_config::TypeConfigExt;
+
+use super::LogStore;
+use super::LogStoreOptions;
+use crate::type_config::Command;
+use crate::type_config::Entry;
+use crate::type_config::TypeConfig;
+use crate::type_config::Vote;
+
+fn entry(term: u64, index: u64) -> Entry {
+    Entry::new_normal(
+        log_id::<TypeConfig>(term, 1, index),
+        Command(format!("cmd-{index}").into_bytes()),
+    )
+}
+
+fn open(dir: &Path, segment_max_bytes: u64) -> LogStore {
+    LogStore::open(
+        dir,
+        LogStoreOptions {
+            segment_max_bytes,
+            flush_batch_max: 4096,
+        },
+    )
+    .expect("open log store")
+}
+
+async fn append_range(store: &mut LogStore, term: u64, from: u64, to_inclusive: u64) {
+    let entries: Vec<Entry> = (from..=to_inclusive).map(|i| entry(term, i)).collect();
+    store.blocking_append(entries).await.expect("append");
+}
+
+async fn indexes(store: &mut LogStore) -> Vec<u64> {
+    store
+        .try_get_log_entries(0..u64::MAX)
+        .await
+        .expect("read")
+        .iter()
+        .map(|e| e.index())
+        .collect()
+}
+
+fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|d| d.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn reopen_keeps_entries_vote_and_committed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 1 << 20);
+        append_range(&mut s, 1, 1, 100).await;
+        s.save_vote(&Vote::new_committed(3, 1)).await.expect("vote");
+        s.save_committed(Some(log_id::<TypeConfig>(1, 1, 90)))
+            .await
+            .expect("committed");
+        // committed is not synced by itself: a later append's flush covers it.
+        append_range(&mut s, 3, 101, 101).await;
+    }
+    let mut s = open(&dir, 1 << 20);
+    assert_eq!(indexes(&mut s).await, (1..=101).collect::<Vec<_>>());
+    assert_eq!(
+        s.read_vote().await.expect("vote"),
+        Some(Vote::new_committed(3, 1))
+    );
+    assert_eq!(
+        s.read_committed().await.expect("committed"),
+        Some(log_id::<TypeConfig>(1, 1, 90))
+    );
+    let e = s.try_get_log_entries(50..51).await.expect("read");
+    assert_eq!(e, vec![entry(1, 50)]);
+}
+
+#[tokio::test]
+async fn torn_tail_is_cut_and_earlier_entries_survive() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let last_segment;
+    {
+        let mut s = open(&dir, 1 << 20);
+        append_range(&mut s, 1, 1, 10).await;
+        last_segment = segments(&dir).pop().expect("a segment");
+    }
+    // Cut the last record in half.
+    let len = std::fs::metadata(&last_segment).expect("meta").len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last_segment)
+        .expect("open");
+    f.set_len(len - 5).expect("truncate");
+    drop(f);
+
+    let mut s = open(&dir, 1 << 20);
+    assert_eq!(indexes(&mut s).await, (1..=9).collect::<Vec<_>>());
+    let state = s.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(1, 1, 9)));
+    // The log continues at the cut.
+    append_range(&mut s, 1, 10, 12).await;
+    drop(s);
+    let mut s = open(&dir, 1 << 20);
+    assert_eq!(indexes(&mut s).await, (1..=12).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn garbage_tail_with_bad_checksum_is_cut() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 1 << 20);
+        append_range(&mut s, 1, 1, 5).await;
+    }
+    let last = segments(&dir).pop().expect("segment");
+    let mut bytes = std::fs::read(&last).expect("read");
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff; // flip a bit inside the last record body
+    std::fs::write(&last, &bytes).expect("write");
+    let mut s = open(&dir, 1 << 20);
+    assert_eq!(indexes(&mut s).await, vec![1, 2, 3, 4]);
+}
+
+#[tokio::test]
+async fn corruption_before_the_last_segment_is_an_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 64);
+        for i in 1..=20 {
+            append_range(&mut s, 1, i, i).await;
+        }
+    }
+    let segs = segments(&dir);
+    let sizes: Vec<_> = segs
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .collect();
+    assert!(segs.len() > 3, "expected several segments, got {sizes:?}");
+    let victim = &segs[1];
+    let mut bytes = std::fs::read(victim).expect("read");
+    let n = bytes.len();
+    bytes[n - 2] ^= 0xff;
+    std::fs::write(victim, &bytes).expect("write");
+    let err = LogStore::open(&dir, LogStoreOptions::default())
+        .err()
+        .expect("corruption must fail the open");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+}
+
+#[tokio::test]
+async fn purge_survives_reopen_even_with_no_entries_left() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 256);
+        for i in 1..=30 {
+            append_range(&mut s, 1, i, i).await;
+        }
+        let before = segments(&dir).len();
+        s.purge(log_id::<TypeConfig>(1, 1, 20))
+            .await
+            .expect("purge");
+        let after = segments(&dir).len();
+        assert!(
+            after < before,
+            "purge must delete whole segments ({before} -> {after})"
+        );
+        assert_eq!(indexes(&mut s).await, (21..=30).collect::<Vec<_>>());
+    }
+    {
+        let mut s = open(&dir, 256);
+        let st = s.get_log_state().await.expect("state");
+        assert_eq!(st.last_purged_log_id, Some(log_id::<TypeConfig>(1, 1, 20)));
+        assert_eq!(st.last_log_id, Some(log_id::<TypeConfig>(1, 1, 30)));
+        assert_eq!(indexes(&mut s).await, (21..=30).collect::<Vec<_>>());
+        // Purge past the last entry (as after installing a snapshot).
+        s.purge(log_id::<TypeConfig>(2, 1, 40))
+            .await
+            .expect("purge all");
+    }
+    let mut s = open(&dir, 256);
+    let st = s.get_log_state().await.expect("state");
+    assert_eq!(st.last_purged_log_id, Some(log_id::<TypeConfig>(2, 1, 40)));
+    assert_eq!(st.last_log_id, Some(log_id::<TypeConfig>(2, 1, 40)));
+    assert!(indexes(&mut s).await.is_empty());
+    // The next entry continues after the purge point.
+    append_range(&mut s, 2, 41, 42).await;
+    assert!(
+        s.blocking_append(vec![entry(2, 44)]).await.is_err(),
+        "a hole must be refused"
+    );
+    drop(s);
+    let mut s = open(&dir, 256);
+    assert_eq!(indexes(&mut s).await, vec![41, 42]);
+}
+
+#[tokio::test]
+async fn truncate_after_survives_reopen_and_is_overwritten() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 512);
+        append_range(&mut s, 1, 1, 20).await;
+        s.truncate_after(Some(log_id::<TypeConfig>(1, 1, 12)))
+            .await
+            .expect("truncate");
+        assert_eq!(indexes(&mut s).await, (1..=12).collect::<Vec<_>>());
+        append_range(&mut s, 2, 13, 15).await;
+    }
+    let mut s = open(&dir, 512);
+    let entries = s.try_get_log_entries(10..100).await.expect("read");
+    let ids: Vec<_> = entries.iter().map(|e| e.log_id).collect();
+    assert_eq!(
+        ids,
+        vec![
+            log_id::<TypeConfig>(1, 1, 10),
+            log_id::<TypeConfig>(1, 1, 11),
+            log_id::<TypeConfig>(1, 1, 12),
+            log_id::<TypeConfig>(2, 1, 13),
+            log_id::<TypeConfig>(2, 1, 14),
+            log_id::<TypeConfig>(2, 1, 15),
+        ]
+    );
+    s.truncate_after(None).await.expect("truncate all");
+    assert!(indexes(&mut s).await.is_empty());
+}
+
+#[tokio::test]
+async fn headerless_new_segment_is_dropped_on_open() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 1 << 20);
+        append_range(&mut s, 1, 1, 3).await;
+        s.save_vote(&Vote::new_committed(2, 1)).await.expect("vote");
+    }
+    // A crash right after creating a segment file, before its header reached the disk.
+    let next = segments(&dir).len() as u64 + 1;
+    std::fs::write(dir.join(format!("{next:020}.seg")), [1u8, 2, 3]).expect("write");
+    let mut s = open(&dir, 1 << 20);
+    assert_eq!(indexes(&mut s).await, vec![1, 2, 3]);
+    assert_eq!(
+        s.read_vote().await.expect("vote"),
+        Some(Vote::new_committed(2, 1))
+    );
+}
+
+#[tokio::test]
+async fn second_open_of_the_same_dir_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let _s = open(&dir, 1 << 20);
+    let err = LogStore::open(&dir, LogStoreOptions::default())
+        .err()
+        .expect("second open must fail");
+    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_complete_in_order_with_few_fsyncs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let mut s = open(&dir, 1 << 30);
+    let fsyncs = s.fsync_counter();
+    let before = fsyncs.load(Ordering::Relaxed);
+
+    // Submit 500 single-entry appends without waiting, as openraft 0.10 does.
+    let mut receivers = Vec::new();
+    for i in 1..=500u64 {
+        let (tx, rx) = TypeConfig::oneshot();
+        s.append(vec![entry(1, i)], crate::type_config::IOFlushed::signal(tx))
+            .await
+            .expect("append");
+        receivers.push((i, rx));
+    }
+    // Completions are in submission order: once the newest is flushed, every older one must
+    // already have been completed.
+    let (_, last) = receivers.pop().expect("receivers");
+    last.await.expect("callback").expect("flushed");
+    for (i, mut rx) in receivers {
+        match rx.try_recv() {
+            Ok(r) => r.expect("flushed"),
+            Err(e) => panic!("append {i} not completed before a newer one: {e}"),
+        }
+    }
+    let syncs = fsyncs.load(Ordering::Relaxed) - before;
+    assert!(syncs >= 1, "appends must be synced");
+    assert!(
+        syncs < 500,
+        "group commit expected, got {syncs} fsyncs for 500 appends"
+    );
+    assert_eq!(indexes(&mut s).await.len(), 500);
+}
