@@ -1,0 +1,223 @@
+//! Every instrument the node records, created once from one meter.
+//!
+//! Instrument names are the Prometheus names themselves (with `_total` on counters and no unit
+//! suffix added by the exporter), so `/metrics/prometheus` and OTLP carry the same names.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, ObservableCounter};
+
+/// Bucket bounds (seconds) for request and proposal latencies: 1 ms to the 30 s request deadline.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The ack statuses kept as label values; anything else is counted as `other` so a caller
+/// cannot grow the label set without bound.
+const ACK_STATUSES: [&str; 5] = ["completed", "failed", "dlq", "retry", "refused"];
+
+/// All metric instruments of a node. Recording is lock-free and cheap; clone the owning
+/// [`crate::Telemetry`] rather than this.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `queen_http_requests_total{route,status}`.
+    http_requests: Counter<u64>,
+    /// `queen_http_request_duration_seconds{route}`.
+    http_request_duration: Histogram<f64>,
+    /// `queen_raft_proposals_total{kind,result}`.
+    raft_proposals: Counter<u64>,
+    /// `queen_raft_proposal_duration_seconds{kind}`.
+    raft_proposal_duration: Histogram<f64>,
+    /// `queen_messages_pushed_total`.
+    messages_pushed: Counter<u64>,
+    /// `queen_messages_duplicate_total`.
+    messages_duplicate: Counter<u64>,
+    /// `queen_messages_delivered_total`.
+    messages_delivered: Counter<u64>,
+    /// `queen_acks_total{status}`.
+    acks: Counter<u64>,
+    /// `queen_raft_term`.
+    raft_term: Gauge<u64>,
+    /// `queen_raft_applied_index`.
+    raft_applied_index: Gauge<u64>,
+    /// `queen_raft_commit_index`.
+    raft_commit_index: Gauge<u64>,
+    /// `queen_raft_is_leader` (0 or 1).
+    raft_is_leader: Gauge<u64>,
+    /// The running fsync total the caller last reported; read by the observable counter below.
+    log_fsyncs: Arc<AtomicU64>,
+    /// `queen_raft_log_fsyncs_total`: an observable counter, because the caller owns the count.
+    _log_fsyncs_counter: ObservableCounter<u64>,
+    /// `queen_store_disk_bytes`.
+    store_disk_bytes: Gauge<u64>,
+    /// `queen_pop_waiting`.
+    pop_waiting: Gauge<u64>,
+}
+
+impl Metrics {
+    /// Creates every instrument on `meter`. Series without labels start at 0 so they are
+    /// exported from the first scrape.
+    pub(crate) fn new(meter: &Meter) -> Self {
+        let counter = |name: &'static str, help: &'static str| {
+            meter.u64_counter(name).with_description(help).build()
+        };
+        let gauge = |name: &'static str, help: &'static str| {
+            meter.u64_gauge(name).with_description(help).build()
+        };
+        let latency = |name: &'static str, help: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_description(help)
+                .with_unit("s")
+                .with_boundaries(LATENCY_BUCKETS.to_vec())
+                .build()
+        };
+        let log_fsyncs = Arc::new(AtomicU64::new(0));
+        let observed = Arc::clone(&log_fsyncs);
+        let metrics = Self {
+            http_requests: counter(
+                "queen_http_requests_total",
+                "Client HTTP requests answered, by route and status code.",
+            ),
+            http_request_duration: latency(
+                "queen_http_request_duration_seconds",
+                "Time to answer a client HTTP request, by route.",
+            ),
+            raft_proposals: counter(
+                "queen_raft_proposals_total",
+                "Commands proposed to the replicated log, by kind and result.",
+            ),
+            raft_proposal_duration: latency(
+                "queen_raft_proposal_duration_seconds",
+                "Time from proposing a command to its outcome on this node, by kind.",
+            ),
+            messages_pushed: counter(
+                "queen_messages_pushed_total",
+                "Messages accepted into a queue.",
+            ),
+            messages_duplicate: counter(
+                "queen_messages_duplicate_total",
+                "Pushed messages dropped as duplicates of an earlier transaction id.",
+            ),
+            messages_delivered: counter(
+                "queen_messages_delivered_total",
+                "Messages handed to consumers by pop.",
+            ),
+            acks: counter("queen_acks_total", "Acknowledgements, by status."),
+            raft_term: gauge("queen_raft_term", "Current raft term seen by this node."),
+            raft_applied_index: gauge(
+                "queen_raft_applied_index",
+                "Index of the last log entry applied on this node.",
+            ),
+            raft_commit_index: gauge(
+                "queen_raft_commit_index",
+                "Index of the last log entry known committed on this node.",
+            ),
+            raft_is_leader: gauge(
+                "queen_raft_is_leader",
+                "1 while this node is the raft leader, else 0.",
+            ),
+            _log_fsyncs_counter: meter
+                .u64_observable_counter("queen_raft_log_fsyncs_total")
+                .with_description("Fsyncs of the raft log since this process started.")
+                .with_callback(move |observer| {
+                    observer.observe(observed.load(Ordering::Relaxed), &[]);
+                })
+                .build(),
+            log_fsyncs,
+            store_disk_bytes: gauge(
+                "queen_store_disk_bytes",
+                "Bytes the state store occupies on disk.",
+            ),
+            pop_waiting: gauge("queen_pop_waiting", "Pop requests waiting for messages."),
+        };
+        metrics.messages_pushed.add(0, &[]);
+        metrics.messages_duplicate.add(0, &[]);
+        metrics.messages_delivered.add(0, &[]);
+        metrics.set_raft(0, 0, 0, false);
+        metrics.set_store_disk_bytes(0);
+        metrics.set_waiting_pops(0);
+        metrics
+    }
+
+    /// Records one answered client request: `queen_http_requests_total{route,status}` and
+    /// `queen_http_request_duration_seconds{route}`. `route` is the route pattern, never the
+    /// raw path, so the label set stays bounded.
+    pub fn http_request(&self, route: &'static str, status: u16, seconds: f64) {
+        self.http_requests.add(
+            1,
+            &[
+                KeyValue::new("route", route),
+                KeyValue::new("status", i64::from(status)),
+            ],
+        );
+        self.http_request_duration
+            .record(seconds, &[KeyValue::new("route", route)]);
+    }
+
+    /// Records one proposal to the replicated log: `queen_raft_proposals_total{kind,result}`
+    /// (`result` is `ok` or `error`) and `queen_raft_proposal_duration_seconds{kind}`.
+    pub fn proposal(&self, kind: &'static str, ok: bool, seconds: f64) {
+        let result = if ok { "ok" } else { "error" };
+        self.raft_proposals.add(
+            1,
+            &[KeyValue::new("kind", kind), KeyValue::new("result", result)],
+        );
+        self.raft_proposal_duration
+            .record(seconds, &[KeyValue::new("kind", kind)]);
+    }
+
+    /// Adds `n` to `queen_messages_pushed_total`.
+    pub fn messages_pushed(&self, n: u64) {
+        self.messages_pushed.add(n, &[]);
+    }
+
+    /// Adds `n` to `queen_messages_duplicate_total`.
+    pub fn messages_duplicate(&self, n: u64) {
+        self.messages_duplicate.add(n, &[]);
+    }
+
+    /// Adds `n` to `queen_messages_delivered_total`.
+    pub fn messages_delivered(&self, n: u64) {
+        self.messages_delivered.add(n, &[]);
+    }
+
+    /// Adds `n` to `queen_acks_total{status}`; a status other than `completed`, `failed`, `dlq`,
+    /// `retry` or `refused` is counted as `other`.
+    pub fn acks(&self, status: &str, n: u64) {
+        let status = ACK_STATUSES
+            .iter()
+            .copied()
+            .find(|known| *known == status)
+            .unwrap_or("other");
+        self.acks.add(n, &[KeyValue::new("status", status)]);
+    }
+
+    /// Sets the raft gauges `queen_raft_term`, `queen_raft_applied_index`,
+    /// `queen_raft_commit_index` and `queen_raft_is_leader`.
+    pub fn set_raft(&self, term: u64, applied: u64, commit: u64, is_leader: bool) {
+        self.raft_term.record(term, &[]);
+        self.raft_applied_index.record(applied, &[]);
+        self.raft_commit_index.record(commit, &[]);
+        self.raft_is_leader.record(u64::from(is_leader), &[]);
+    }
+
+    /// Reports the running total of raft log fsyncs, exported as the counter
+    /// `queen_raft_log_fsyncs_total`. A total lower than one already reported is ignored, so the
+    /// counter never goes backwards.
+    pub fn set_log_fsyncs(&self, total: u64) {
+        self.log_fsyncs.fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// Sets `queen_store_disk_bytes`.
+    pub fn set_store_disk_bytes(&self, bytes: u64) {
+        self.store_disk_bytes.record(bytes, &[]);
+    }
+
+    /// Sets `queen_pop_waiting`, the number of pops parked waiting for messages.
+    pub fn set_waiting_pops(&self, n: u64) {
+        self.pop_waiting.record(n, &[]);
+    }
+}
