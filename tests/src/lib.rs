@@ -1,1 +1,258 @@
-//! black-box tests
+//! queen-tests: a harness for black-box tests. It starts the real `queen` binary on a free
+//! loopback port with its own data directory, waits for `/health`, talks HTTP/JSON to it, and
+//! stops it by SIGTERM or SIGKILL (by PID). Every wait is bounded.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A free loopback port (bound, then released).
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// An HTTP answer: status, parsed JSON (Null when the body was empty or not JSON), headers we
+/// look at, and the raw text.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Status code.
+    pub status: u16,
+    /// Parsed body.
+    pub json: Value,
+    /// Raw body.
+    pub text: String,
+    /// `retry-after`, when present.
+    pub retry_after: Option<String>,
+}
+
+/// A running node.
+pub struct Node {
+    bin: PathBuf,
+    /// Data directory (kept across restarts).
+    pub dir: PathBuf,
+    /// Client port.
+    pub port: u16,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    agent: ureq::Agent,
+    log: PathBuf,
+}
+
+impl Node {
+    /// Start a node with `env` on a fresh port in `dir`, and wait until it is healthy.
+    ///
+    /// # Panics
+    /// When it does not become healthy within 30 s.
+    pub fn start(bin: &Path, dir: &Path, env: &[(&str, &str)]) -> Node {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(90)))
+            .build()
+            .into();
+        let mut node = Node {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            child: None,
+            agent,
+            log: dir.with_extension("log"),
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
+        let mut cmd = Command::new(&self.bin);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PORT", self.port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("QUEEN_RAFT_DIR", &self.dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn queen"));
+        self.wait_healthy(Duration::from_secs(30));
+    }
+
+    /// Wait until `/health` answers 200.
+    ///
+    /// # Panics
+    /// On timeout, with the node's log.
+    pub fn wait_healthy(&mut self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("queen exited early with {status}:\n{}", self.log_text());
+                }
+            }
+            if let Ok(a) = self.try_request("GET", "/health", None) {
+                if a.status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("queen did not become healthy within {limit:?}:\n{}", self.log_text());
+    }
+
+    /// The node's log so far.
+    #[must_use]
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// PID of the running process.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// One request; transport errors are returned.
+    ///
+    /// # Errors
+    /// Connection failures.
+    pub fn try_request(&self, method: &str, path: &str, body: Option<&str>) -> Result<Answer, String> {
+        let url = self.url(path);
+        let resp = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            ("POST", Some(b)) => self.agent.post(&url).header("content-type", "application/json").send(b),
+            ("POST", None) => self.agent.post(&url).send_empty(),
+            ("PUT", Some(b)) => self.agent.put(&url).header("content-type", "application/json").send(b),
+            _ => return Err(format!("unsupported {method}")),
+        };
+        let mut resp = resp.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let mut text = String::new();
+        resp.body_mut().as_reader().read_to_string(&mut text).map_err(|e| e.to_string())?;
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Answer { status, json, text, retry_after })
+    }
+
+    /// A request that must reach the node.
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        self.try_request(method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// GET.
+    pub fn get(&self, path: &str) -> Answer {
+        self.request("GET", path, None)
+    }
+
+    /// POST JSON.
+    pub fn post(&self, path: &str, body: &Value) -> Answer {
+        self.request("POST", path, Some(&body.to_string()))
+    }
+
+    /// POST raw text.
+    pub fn post_raw(&self, path: &str, body: &str) -> Answer {
+        self.request("POST", path, Some(body))
+    }
+
+    /// Send SIGKILL and wait for the process to go.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Send SIGTERM and wait (bounded) for the exit status.
+    ///
+    /// # Panics
+    /// When the process does not exit within `limit`.
+    pub fn sigterm(&mut self, limit: Duration) -> ExitStatus {
+        let mut c = self.child.take().expect("a running node");
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let until = Instant::now() + limit;
+        loop {
+            if let Ok(Some(s)) = c.try_wait() {
+                return s;
+            }
+            if Instant::now() > until {
+                let _ = c.kill();
+                panic!("queen did not exit within {limit:?} of SIGTERM:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Start again on the same directory and port, and wait until healthy.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the node first");
+        self.spawn();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Wait until `check` is true, polling; false after `limit`.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    check()
+}
+
+/// A one-off GET on its own connection (for requests made from other threads).
+///
+/// # Panics
+/// On a transport error.
+#[must_use]
+pub fn get_url(url: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(90)))
+        .build()
+        .into();
+    let mut r = agent.get(url).call().expect("request");
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_to_string().unwrap_or_default())
+}
+
+/// A one-off POST of JSON text on its own connection.
+///
+/// # Errors
+/// Transport errors, as text.
+pub fn post_url(url: &str, body: &str) -> Result<(u16, String), String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut r = agent.post(url).header("content-type", "application/json").send(body).map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    Ok((status, r.body_mut().read_to_string().unwrap_or_default()))
+}
