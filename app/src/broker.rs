@@ -183,11 +183,10 @@ impl Api for Broker {
             if !would.is_empty() {
                 cmd.lease_id = uuid::Uuid::now_v7().to_string();
                 let r = self.propose(Command::Pop(cmd.clone())).await?;
-                if let Outcome::Pop(p) = r.outcome {
-                    if !p.is_empty() {
+                if let Outcome::Pop(p) = r.outcome
+                    && !p.is_empty() {
                         break Ok(p);
                     }
-                }
                 // Another consumer won the race: wait like an empty look.
             }
             let remaining = deadline.saturating_duration_since(Instant::now());

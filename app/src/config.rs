@@ -154,11 +154,10 @@ impl RawConfig {
                 Ok(n) => n,
             },
         };
-        if let Some(r) = set(&self.replicator) {
-            if !r.eq_ignore_ascii_case("openraft") {
+        if let Some(r) = set(&self.replicator)
+            && !r.eq_ignore_ascii_case("openraft") {
                 return Err(bad("QUEEN_RAFT_REPLICATOR", format!("'{r}' is not a replicator (openraft)")));
             }
-        }
         let peers = match set(&self.peers) {
             None => Vec::new(),
             Some(s) => parse_peers(s)?,

@@ -242,9 +242,10 @@ async fn main() {
     let until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < until {
         if let Ok(Some(_)) = child.try_wait() {
-            return;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = child.kill();
+    let _ = child.wait();
 }

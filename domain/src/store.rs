@@ -121,16 +121,15 @@ impl StateRead for Txn<'_> {
                 if ok.as_slice() >= k {
                     break;
                 }
-                if let Some(ov) = ov {
-                    if !visit(ok, ov) {
+                if let Some(ov) = ov
+                    && !visit(ok, ov) {
                         stopped = true;
                         return false;
                     }
-                }
                 overlay.next();
             }
-            if let Some((ok, ov)) = overlay.peek() {
-                if ok.as_slice() == k {
+            if let Some((ok, ov)) = overlay.peek()
+                && ok.as_slice() == k {
                     let keep = match ov {
                         Some(ov) => visit(k, ov),
                         None => true,
@@ -141,7 +140,6 @@ impl StateRead for Txn<'_> {
                     }
                     return keep;
                 }
-            }
             if !visit(k, v) {
                 stopped = true;
                 return false;
@@ -150,11 +148,10 @@ impl StateRead for Txn<'_> {
         })?;
         if !stopped {
             for (ok, ov) in overlay {
-                if let Some(ov) = ov {
-                    if !visit(ok, ov) {
+                if let Some(ov) = ov
+                    && !visit(ok, ov) {
                         break;
                     }
-                }
             }
         }
         Ok(())

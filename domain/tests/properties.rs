@@ -34,13 +34,11 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Turn ops into concrete entries; ack and extend entries refer to the last pop's answer, so
 /// the entries are built while a reference replica runs.
-fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore, Vec<(u64, String, u64, u64)>) {
+fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
     let mut store = MemStore::new();
     let mut now = 1_000_000_000_000u64;
     let mut entries = Vec::new();
     let mut last_pop: Option<(String, queen_domain::command::PopOutcome)> = None;
-    // (group, pid, offset, lease expiry) of deliveries whose lease is live: checks exclusivity.
-    let mut deliveries: Vec<(u64, String, u64, u64)> = Vec::new();
     let q = QueueName::new("q").unwrap();
     for (i, op) in ops.iter().enumerate() {
         let command = match op {
@@ -104,23 +102,15 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore, Vec<(u64, String, u64, u6
         let r = apply_entry(&mut txn, &entry).unwrap();
         let w = txn.into_writes();
         store.commit(w);
-        if let Op::Delete = op {
-            deliveries.clear();
-        }
         if let Outcome::Pop(p) = &r.outcome {
             let group = match &entry.command { Command::Pop(c) => c.group.as_str().to_owned(), _ => unreachable!() };
             if !p.is_empty() {
-                for c in &p.claims {
-                    for m in &c.messages {
-                        deliveries.push((c.pid, group.clone(), m.offset, p.lease_expires.0));
-                    }
-                }
                 last_pop = Some((group, p.clone()));
             }
         }
         entries.push(entry);
     }
-    (entries, store, deliveries)
+    (entries, store)
 }
 
 proptest! {
@@ -128,7 +118,7 @@ proptest! {
 
     #[test]
     fn invariants_hold_and_batching_changes_nothing(ops in proptest::collection::vec(op(), 1..60), cut in 1usize..8) {
-        let (entries, one_by_one, _) = build_entries(&ops);
+        let (entries, one_by_one) = build_entries(&ops);
         prop_assert!(invariants::check(&one_by_one).is_ok(), "{:?}", invariants::check(&one_by_one));
         // The same entries applied in batches of `cut` (one overlay per batch, as the node does).
         let mut batched = MemStore::new();
@@ -148,7 +138,7 @@ proptest! {
 
     #[test]
     fn a_message_is_never_delivered_twice_to_a_group_under_a_live_lease(ops in proptest::collection::vec(op(), 1..80)) {
-        let (entries, _, _) = build_entries(&ops);
+        let (entries, _) = build_entries(&ops);
         // Replay and track, per (pid, group, offset), the expiry of the live delivery.
         let mut store = MemStore::new();
         let mut live: std::collections::HashMap<(u64, String, u64), u64> = Default::default();

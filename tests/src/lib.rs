@@ -96,16 +96,14 @@ impl Node {
     pub fn wait_healthy(&mut self, limit: Duration) {
         let until = Instant::now() + limit;
         while Instant::now() < until {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait() {
                     panic!("queen exited early with {status}:\n{}", self.log_text());
                 }
-            }
-            if let Ok(a) = self.try_request("GET", "/health", None) {
-                if a.status == 200 {
+            if let Ok(a) = self.try_request("GET", "/health", None)
+                && a.status == 200 {
                     return;
                 }
-            }
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("queen did not become healthy within {limit:?}:\n{}", self.log_text());

@@ -50,13 +50,12 @@ fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem) -> Resu
     let mut c = get_rec::<CursorRec>(txn, &cursor_key)?.unwrap_or_default();
 
     // A repeat of the last ack is answered as the first one was.
-    if let Some(last) = &c.last_ack {
-        if last.offset == offset && last.status == status && last.lease_id == item.lease_id {
+    if let Some(last) = &c.last_ack
+        && last.offset == offset && last.status == status && last.lease_id == item.lease_id {
             let mut v = last.outcome.clone();
             v.noop = true;
             return Ok(v);
         }
-    }
     let live = c.live_lease(stamp).cloned();
     let completes = matches!(status, "completed" | "success");
     if offset < c.next {
@@ -198,13 +197,12 @@ pub(crate) fn extend(txn: &mut Txn<'_>, stamp: Stamp, lease_id: &str) -> Result<
     let mut renewed = 0;
     for pid in &l.parts {
         let ck = keys::cursor(*pid, &l.group);
-        if let Some(mut c) = get_rec::<CursorRec>(txn, &ck)? {
-            if let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id) {
+        if let Some(mut c) = get_rec::<CursorRec>(txn, &ck)?
+            && let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id) {
                 cl.expires = expires;
                 renewed += 1;
                 put_rec(txn, ck, &c);
             }
-        }
     }
     txn.delete(keys::lease_expiry(l.expires.0, lease_id));
     l.expires = expires;

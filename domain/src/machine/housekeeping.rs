@@ -41,11 +41,10 @@ fn expire_leases(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize) -> Result
     for (k, ()) in due {
         let id = String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned();
         let lk = keys::lease(&id);
-        if let Some(l) = get_rec::<LeaseRec>(txn, &lk)? {
-            if l.expires <= stamp {
+        if let Some(l) = get_rec::<LeaseRec>(txn, &lk)?
+            && l.expires <= stamp {
                 txn.delete(lk);
             }
-        }
         txn.delete(k);
         *deletes = deletes.saturating_sub(2);
     }

@@ -40,11 +40,10 @@ pub(crate) fn ensure_partition(
     stamp: Stamp,
 ) -> Result<PartitionRec, StoreError> {
     let name_key = keys::partition_name(q.qid, name.as_str());
-    if let Some(pid) = get_rec::<u64>(txn, &name_key)? {
-        if let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
+    if let Some(pid) = get_rec::<u64>(txn, &name_key)?
+        && let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
             return Ok(p);
         }
-    }
     let pid = next_counter(txn, "next_pid")?;
     let p = PartitionRec {
         pid,
