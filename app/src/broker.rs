@@ -274,7 +274,14 @@ impl Api for Broker {
             "node": {"id": p.node_id, "uptimeSeconds": self.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")},
             "raft": p,
             "safeTime": safe.iso_micros(),
-            "storage": {"diskBytes": self.store.disk_bytes(), "logFsyncs": (self.fsyncs)()},
+            "storage": {
+                "diskBytes": self.store.disk_bytes(),
+                "logFsyncs": (self.fsyncs)(),
+                "memtableBytes": self.store.engine_stats().0,
+                "flushesQueued": self.store.engine_stats().1,
+                "sealedMemtables": self.store.engine_stats().2,
+                "level0Tables": self.store.engine_stats().3,
+            },
             "queues": {
                 "count": queues.len(),
                 "messages": total,

@@ -3,6 +3,9 @@
 
 use std::process::ExitCode;
 
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use clap::{Parser, Subcommand};
 use queen_app::RawConfig;
 use queen_telemetry::{LogFormat, Telemetry, TelemetryConfig};

@@ -93,6 +93,18 @@ impl FjallStore {
         self.db.disk_space().unwrap_or(0)
     }
 
+    /// Engine figures for status pages: (memtable bytes, flushes queued, sealed memtables of
+    /// the state keyspace, level-0 runs).
+    #[must_use]
+    pub fn engine_stats(&self) -> (u64, usize, usize, usize) {
+        (
+            self.db.write_buffer_size(),
+            self.db.outstanding_flushes(),
+            self.state.sealed_memtable_count(),
+            self.state.l0_table_count(),
+        )
+    }
+
     /// Rows written by apply since start.
     #[must_use]
     pub fn rows_written(&self) -> u64 {
