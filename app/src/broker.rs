@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use queen_domain::command::{AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response};
+use queen_domain::command::{AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response, TxnOp, TxnOutcome, TxnResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
 use queen_domain::reads;
@@ -69,6 +69,7 @@ fn kind(c: &Command) -> &'static str {
         Command::ExtendLease { .. } => "extend",
         Command::Configure { .. } => "configure",
         Command::DeleteQueue { .. } => "delete_queue",
+        Command::Transaction { .. } => "transaction",
     }
 }
 
@@ -223,6 +224,24 @@ impl Api for Broker {
             self.waiters.wake_all();
         }
         Ok(out)
+    }
+
+    async fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>) -> Result<TxnOutcome, ApiError> {
+        let r = self.propose(Command::Transaction { ops, required_leases }).await?;
+        let Outcome::Transaction(t) = r.outcome else {
+            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+        };
+        if t.success {
+            for res in &t.results {
+                if let TxnResult::Push(p) = res {
+                    if p.status == PushStatus::Queued {
+                        self.waiters.wake(&p.queue);
+                    }
+                }
+            }
+            self.waiters.wake_all();
+        }
+        Ok(t)
     }
 
     async fn extend(&self, lease_id: String) -> Result<Outcome, ApiError> {

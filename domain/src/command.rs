@@ -98,6 +98,40 @@ pub struct AckItem {
     pub lease_id: Option<String>,
 }
 
+/// One operation of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOp {
+    /// Acknowledge a message in a group.
+    Ack {
+        /// The group.
+        group: GroupName,
+        /// The acknowledgement.
+        item: AckItem,
+    },
+    /// Push one item.
+    Push(PushItem),
+}
+
+/// One result of a transaction, in operation order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnResult {
+    /// An ack's verdict.
+    Ack(AckOutcome),
+    /// A push item's answer.
+    Push(PushOutcome),
+}
+
+/// A transaction's answer: all applied, or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnOutcome {
+    /// Whether everything applied.
+    pub success: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Per operation results (empty when nothing applied).
+    pub results: Vec<TxnResult>,
+}
+
 /// Every command of the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
@@ -129,6 +163,13 @@ pub enum Command {
         task: Option<String>,
         /// Full option set (replace, not patch).
         options: QueueOptions,
+    },
+    /// Acks and pushes as one unit: every part applies or none does.
+    Transaction {
+        /// The operations, in the caller's order.
+        ops: Vec<TxnOp>,
+        /// Leases that must all be live when the entry applies.
+        required_leases: Vec<String>,
     },
     /// Delete a queue and everything in it.
     DeleteQueue {
@@ -245,6 +286,8 @@ pub enum Outcome {
     },
     /// Configure answer: the effective options.
     Configured(QueueOptions),
+    /// A transaction's answer.
+    Transaction(TxnOutcome),
     /// Queue deletion.
     Deleted {
         /// Whether it existed.

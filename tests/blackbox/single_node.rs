@@ -189,3 +189,36 @@ fn lease_extend_and_queue_delete() {
     assert!(pop(&n, "/api/v1/pop/queue/tmp?batch=1&wait=false").is_none());
 }
 
+
+#[test]
+fn a_transaction_acks_and_pushes_as_one_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    push(&n, "in", "Default", "m1", json!({"v": 1}));
+    let got = pop(&n, "/api/v1/pop/queue/in?batch=1&wait=false").unwrap();
+    let m = &got["messages"][0];
+    let body = json!({
+        "operations": [
+            {"type": "ack", "transactionId": m["transactionId"], "partitionId": m["partitionId"], "status": "completed"},
+            {"type": "push", "items": [{"queue": "out", "payload": {"v": 2}, "transactionId": "derived-1"}]}
+        ],
+        "requiredLeases": [got["leaseId"]]
+    });
+    let t = n.post("/api/v1/transaction", &body);
+    assert_eq!(t.status, 200, "{}", t.text);
+    assert_eq!(t.json["success"], true, "{}", t.text);
+    assert_eq!(t.json["results"][0]["type"], "ack");
+    assert_eq!(t.json["results"][1]["status"], "queued");
+    let out = pop(&n, "/api/v1/pop/queue/out?batch=5&wait=false").unwrap();
+    assert_eq!(out["messages"][0]["data"], json!({"v": 2}));
+    // The lease is gone now: the same bundle fails whole and pushes nothing.
+    let again = n.post("/api/v1/transaction", &body);
+    assert_eq!(again.json["success"], false);
+    assert!(again.json["error"].as_str().unwrap().contains("lease"));
+    // Malformed bundles are 400s naming the field.
+    let bad = n.post("/api/v1/transaction", &json!({"operations": [{"type": "bogus"}], "requiredLeases": []}));
+    assert_eq!(bad.status, 400);
+    assert!(bad.text.contains("operations[0].type"), "{}", bad.text);
+    let empty = n.post("/api/v1/transaction", &json!({"operations": [], "requiredLeases": []}));
+    assert_eq!(empty.status, 400);
+}

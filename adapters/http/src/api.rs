@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use queen_domain::command::{AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome};
+use queen_domain::command::{AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp, TxnOutcome};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
 use queen_ports::LogProgress;
@@ -85,6 +85,8 @@ pub trait Api: Send + Sync + 'static {
     fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, ApiError>> + Send;
     /// Acknowledge in one group.
     fn ack(&self, group: GroupName, items: Vec<AckItem>) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
+    /// Apply acks and pushes as one unit.
+    fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
     /// Extend a lease; answers `Outcome::Extend`.
     fn extend(&self, lease_id: String) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Configure a queue.

@@ -1,6 +1,6 @@
 //! Request bodies to domain commands. Every refusal names the field (`items[2].queue`).
 
-use queen_domain::command::{AckItem, PushItem};
+use queen_domain::command::{AckItem, PushItem, TxnOp};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use serde_json::{Map, Value};
@@ -13,6 +13,62 @@ pub(crate) const MAX_PUSH_ITEMS: usize = 10_000;
 pub(crate) const MAX_ACK_ITEMS: usize = 10_000;
 /// Longest transactionId, in bytes.
 const MAX_TXN_BYTES: usize = 512;
+
+/// Most operations one transaction may carry.
+pub(crate) const MAX_TXN_OPS: usize = 10_000;
+
+/// `{"operations": [...], "requiredLeases": [...]}` to transaction operations.
+pub(crate) fn transaction(body: &[u8]) -> Result<(Vec<TxnOp>, Vec<String>), ApiError> {
+    let m = object(body, false)?;
+    for rider in ["kv", "timers"] {
+        if matches!(m.get(rider), Some(Value::Array(a)) if !a.is_empty()) {
+            return Err(ApiError::new(
+                400,
+                "unsupported_rider",
+                format!("{rider} is not served yet: transactions carry acks and pushes"),
+            ));
+        }
+    }
+    let ops = list(&m, "operations", MAX_TXN_OPS)?;
+    if ops.is_empty() {
+        return Err(ApiError::bad_request("operations", "must not be empty"));
+    }
+    let mut out = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let f = |k: &str| format!("operations[{i}].{k}");
+        let Value::Object(o) = op else {
+            return Err(ApiError::bad_request(&format!("operations[{i}]"), "must be an object"));
+        };
+        match opt_str(o, "type", &f("type"))?.as_deref() {
+            Some("ack") => {
+                let group = GroupName::or_queue_mode(opt_str(o, "consumerGroup", &f("consumerGroup"))?.as_deref())
+                    .map_err(|e| ApiError::bad_request(&f("consumerGroup"), &e.to_string()))?;
+                out.push(TxnOp::Ack { group, item: ack_item(o, &f)? });
+            }
+            Some("push") => {
+                let items = serde_json::to_vec(&serde_json::json!({ "items": o.get("items").cloned().unwrap_or(Value::Null) }))
+                    .unwrap_or_default();
+                let parsed = push_items(&items).map_err(|e| ApiError::bad_request(&f(""), &e.message))?;
+                out.extend(parsed.into_iter().map(TxnOp::Push));
+            }
+            Some(other) => return Err(ApiError::bad_request(&f("type"), &format!("must be ack or push, not '{other}'"))),
+            None => return Err(ApiError::bad_request(&f("type"), "is required")),
+        }
+    }
+    let leases = match m.get("requiredLeases") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) if !s.is_empty() => Ok(s.clone()),
+                _ => Err(ApiError::bad_request(&format!("requiredLeases[{i}]"), "must be a non-empty string")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(ApiError::bad_request("requiredLeases", "must be a list")),
+    };
+    Ok((out, leases))
+}
 
 /// Parse a body as a JSON object; an empty body is an empty object when `empty_ok`.
 pub(crate) fn object(body: &[u8], empty_ok: bool) -> Result<Map<String, Value>, ApiError> {

@@ -1,6 +1,6 @@
 //! Domain outcomes to the contract's JSON shapes.
 
-use queen_domain::command::{AckOutcome, PopOutcome, PushOutcome, PushStatus};
+use queen_domain::command::{AckOutcome, PopOutcome, PushOutcome, PushStatus, TxnOutcome, TxnResult};
 use serde_json::{Value, json};
 
 fn uuid_text(b: &[u8; 16]) -> String {
@@ -100,4 +100,28 @@ pub(crate) fn pop(queue: &str, group: &str, p: &PopOutcome, autopilot: Option<(u
         v["autopilot"] = json!({"batch": batch, "partitions": partitions, "waitMs": 0});
     }
     v
+}
+
+/// A transaction's answer: always an object.
+pub(crate) fn transaction(t: &TxnOutcome, id: &str) -> Value {
+    if !t.success {
+        return json!({"success": false, "error": t.error, "transactionId": id});
+    }
+    let results: Vec<Value> = t
+        .results
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match r {
+            TxnResult::Ack(a) => json!({
+                "index": i, "type": "ack", "transactionId": a.transaction_id, "success": a.verdict.success,
+                "error": a.verdict.error, "leaseReleased": a.verdict.lease_released, "dlq": a.verdict.dlq,
+            }),
+            TxnResult::Push(p) => json!({
+                "index": i, "type": "push", "transactionId": p.transaction_id, "message_id": uuid_text(&p.message_id),
+                "status": match p.status { PushStatus::Queued => "queued", PushStatus::Duplicate => "duplicate", PushStatus::Failed(_) => "failed" },
+                "offset": p.offset, "queueName": p.queue, "partitionId": p.partition_id.to_string(),
+            }),
+        })
+        .collect();
+    json!({"success": true, "results": results, "transactionId": id})
 }

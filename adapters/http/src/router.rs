@@ -29,6 +29,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "ack"]) => "ack",
         ("POST", ["api", "v1", "ack", "batch"]) => "ack_batch",
         ("POST", ["api", "v1", "lease", _, "extend"]) => "lease_extend",
+        ("POST", ["api", "v1", "transaction"]) => "transaction",
         ("POST", ["api", "v1", "configure"]) => "configure",
         ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
         ("GET", ["health"]) => "health",
@@ -71,6 +72,12 @@ pub(crate) async fn handle<A: Api>(
             }
             let out = api.ack(group, items).await?;
             Ok(json_response(200, &render::acks(&out)))
+        }
+        ("POST", ["api", "v1", "transaction"]) => {
+            let (ops, leases) = json::transaction(body)?;
+            let id = json::uuid_v7().to_string();
+            let out = api.transaction(ops, leases).await?;
+            Ok(json_response(200, &render::transaction(&out, &id)))
         }
         ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
             let out = api.extend((*lease_id).to_owned()).await?;
@@ -128,7 +135,7 @@ pub(crate) async fn handle<A: Api>(
         ("GET", ["metrics", "prometheus"]) => {
             Ok(text_response(200, "text/plain; version=0.0.4; charset=utf-8", api.metrics_text()))
         }
-        (_, ["api", "v1", "push" | "ack" | "configure"]) | (_, ["api", "v1", "ack", "batch"]) => {
+        (_, ["api", "v1", "push" | "ack" | "configure" | "transaction"]) | (_, ["api", "v1", "ack", "batch"]) => {
             Err(ApiError::new(405, "method_not_allowed", format!("{method} is not served on this route")))
         }
         _ => Err(ApiError::new(404, "no_such_route", format!("no route for {method} /{}", segs.join("/")))),

@@ -28,7 +28,7 @@ pub(crate) fn ack(
     Ok(out)
 }
 
-fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem) -> Result<AckVerdict, StoreError> {
+pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem) -> Result<AckVerdict, StoreError> {
     let status = item.status.as_str();
     if !matches!(status, "completed" | "success" | "failed" | "dlq" | "retry") {
         return Ok(refused(format!("unknown status '{status}'")));

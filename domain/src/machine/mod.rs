@@ -8,6 +8,7 @@ mod housekeeping;
 mod pop;
 mod push;
 mod queue;
+mod transaction;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -41,6 +42,9 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry) -> Result<Response, StoreEr
             Outcome::Configured(queue::configure(txn, stamp, queue, namespace, task, options)?)
         }
         Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
+        Command::Transaction { ops, required_leases } => {
+            Outcome::Transaction(transaction::apply(txn, stamp, ops, required_leases)?)
+        }
     };
     Ok(Response { stamp, outcome })
 }

@@ -1,0 +1,70 @@
+//! Transactions: acks and pushes in one entry, all or nothing.
+//!
+//! The operations run on a child overlay; the child's writes reach the entry's overlay only when
+//! every lease in `required_leases` is live and every operation succeeded. A pushed item that
+//! is already stored answers `duplicate` and does not fail the bundle. A resend of a bundle that
+//! did commit fails on its required lease (the first attempt released it) and writes nothing.
+
+use crate::command::{TxnOp, TxnOutcome, TxnResult, AckOutcome, PushStatus};
+use crate::keys;
+use crate::model::LeaseRec;
+use crate::store::{StoreError, Txn};
+use crate::time::Stamp;
+
+use super::ack::ack_one;
+use super::get_rec;
+use super::push::push;
+
+fn failed(error: String) -> TxnOutcome {
+    TxnOutcome { success: false, error: Some(error), results: Vec::new() }
+}
+
+pub(crate) fn apply(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    ops: &[TxnOp],
+    required_leases: &[String],
+) -> Result<TxnOutcome, StoreError> {
+    for lease in required_leases {
+        let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > stamp);
+        if !live {
+            return Ok(failed(format!("lease {lease} is expired, released or unknown")));
+        }
+    }
+    // With exactly one required lease, an ack that names none is fenced by it.
+    let borrowed = match required_leases {
+        [only] => Some(only.clone()),
+        _ => None,
+    };
+    let (results, writes) = {
+        let mut child = Txn::new(&*txn);
+        let mut results = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                TxnOp::Ack { group, item } => {
+                    let mut item = item.clone();
+                    if item.lease_id.is_none() {
+                        item.lease_id.clone_from(&borrowed);
+                    }
+                    let verdict = ack_one(&mut child, stamp, group.as_str(), &item)?;
+                    if !verdict.success {
+                        let why = verdict.error.unwrap_or_default();
+                        return Ok(failed(format!("operation {i} (ack of {}): {why}", item.transaction_id)));
+                    }
+                    results.push(TxnResult::Ack(AckOutcome { transaction_id: item.transaction_id.clone(), verdict }));
+                }
+                TxnOp::Push(item) => {
+                    let mut out = push(&mut child, stamp, std::slice::from_ref(item))?;
+                    let Some(o) = out.pop() else { continue };
+                    if let PushStatus::Failed(why) = &o.status {
+                        return Ok(failed(format!("operation {i} (push of {}): {why}", item.transaction_id)));
+                    }
+                    results.push(TxnResult::Push(o));
+                }
+            }
+        }
+        (results, child.into_writes())
+    };
+    txn.absorb(writes);
+    Ok(TxnOutcome { success: true, error: None, results })
+}
