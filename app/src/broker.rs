@@ -233,10 +233,10 @@ impl Api for Broker {
         };
         if t.success {
             for res in &t.results {
-                if let TxnResult::Push(p) = res {
-                    if p.status == PushStatus::Queued {
-                        self.waiters.wake(&p.queue);
-                    }
+                if let TxnResult::Push(p) = res
+                    && p.status == PushStatus::Queued
+                {
+                    self.waiters.wake(&p.queue);
                 }
             }
             self.waiters.wake_all();
