@@ -171,6 +171,10 @@ pub enum Command {
         /// Leases that must all be live when the entry applies.
         required_leases: Vec<String>,
     },
+    /// KV operations in one call (all or nothing when a required precondition is lost).
+    Kv(Vec<crate::kv::KvOp>),
+    /// Lock operations (each independent).
+    Locks(Vec<crate::kv::LockOp>),
     /// Delete a queue and everything in it.
     DeleteQueue {
         /// The queue.
@@ -288,6 +292,10 @@ pub enum Outcome {
     Configured(QueueOptions),
     /// A transaction's answer.
     Transaction(TxnOutcome),
+    /// A KV call's answer.
+    Kv(crate::kv::KvOutcome),
+    /// Lock answers, in order.
+    Locks(Vec<crate::kv::LockResult>),
     /// Queue deletion.
     Deleted {
         /// Whether it existed.

@@ -30,6 +30,40 @@ pub mod table {
     pub const GRAVE: u8 = 0x0C;
     /// Partitions of a queue in creation order by (queue id, partition id).
     pub const QUEUE_PARTITION: u8 = 0x0D;
+    /// KV rows by (namespace, key).
+    pub const KV: u8 = 0x0E;
+    /// KV expiry index by (expiry, namespace, key).
+    pub const KV_EXPIRY: u8 = 0x0F;
+}
+
+/// A KV row.
+#[must_use]
+pub fn kv(ns: &str, key: &str) -> Vec<u8> {
+    let mut k = vec![table::KV];
+    k.extend_from_slice(ns.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The start of a namespace's KV rows.
+#[must_use]
+pub fn kv_ns(ns: &str) -> Vec<u8> {
+    let mut k = vec![table::KV];
+    k.extend_from_slice(ns.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A KV expiry index key.
+#[must_use]
+pub fn kv_expiry(expires: u64, ns: &str, key: &str) -> Vec<u8> {
+    let mut k = vec![table::KV_EXPIRY];
+    k.extend_from_slice(&expires.to_be_bytes());
+    k.extend_from_slice(ns.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
 }
 
 /// A meta key.

@@ -14,6 +14,7 @@ pub mod codec;
 pub mod command;
 pub mod invariants;
 pub mod keys;
+pub mod kv;
 pub mod machine;
 pub mod model;
 pub mod names;

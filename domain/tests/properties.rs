@@ -99,7 +99,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
         };
         let entry = Entry { proposed_at: now, command };
         let mut txn = Txn::new(&store);
-        let r = apply_entry(&mut txn, &entry).unwrap();
+        let r = apply_entry(&mut txn, &entry, entries.len() as u64 + 1).unwrap();
         let w = txn.into_writes();
         store.commit(w);
         if let Outcome::Pop(p) = &r.outcome {
@@ -122,11 +122,11 @@ proptest! {
         prop_assert!(invariants::check(&one_by_one).is_ok(), "{:?}", invariants::check(&one_by_one));
         // The same entries applied in batches of `cut` (one overlay per batch, as the node does).
         let mut batched = MemStore::new();
-        for chunk in entries.chunks(cut) {
+        for (c, chunk) in entries.chunks(cut).enumerate() {
             let mut txn = Txn::new(&batched);
-            for e in chunk {
+            for (j, e) in chunk.iter().enumerate() {
                 let mut inner = Txn::new(&txn);
-                apply_entry(&mut inner, e).unwrap();
+                apply_entry(&mut inner, e, (c * cut + j) as u64 + 1).unwrap();
                 let w = inner.into_writes();
                 txn.absorb(w);
             }
@@ -142,9 +142,9 @@ proptest! {
         // Replay and track, per (pid, group, offset), the expiry of the live delivery.
         let mut store = MemStore::new();
         let mut live: std::collections::HashMap<(u64, String, u64), u64> = Default::default();
-        for e in &entries {
+        for (i, e) in entries.iter().enumerate() {
             let mut txn = Txn::new(&store);
-            let r = apply_entry(&mut txn, e).unwrap();
+            let r = apply_entry(&mut txn, e, i as u64 + 1).unwrap();
             let w = txn.into_writes();
             store.commit(w);
             match (&e.command, &r.outcome) {

@@ -22,7 +22,7 @@ impl StateMachineBackend for FjallStore {
         for e in &entries {
             match &e.command {
                 Some(bytes) => {
-                    let r = apply_encoded(&mut txn, bytes).map_err(storage)?;
+                    let r = apply_encoded(&mut txn, bytes, e.index).map_err(storage)?;
                     responses.push(r.encode());
                 }
                 None => responses.push(Vec::new()),

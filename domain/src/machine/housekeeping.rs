@@ -29,6 +29,7 @@ impl Default for HousekeepingBudget {
 pub(crate) fn run(txn: &mut Txn<'_>, stamp: Stamp, budget: HousekeepingBudget) -> Result<(), StoreError> {
     let mut deletes = budget.deletes;
     expire_leases(txn, stamp, &mut deletes)?;
+    super::kv::sweep(txn, stamp, &mut deletes)?;
     collect_graves(txn, &mut deletes)?;
     retention(txn, stamp, &mut deletes, budget.partitions)?;
     Ok(())

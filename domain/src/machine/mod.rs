@@ -5,6 +5,8 @@
 
 mod ack;
 mod housekeeping;
+mod kv;
+mod locks;
 mod pop;
 mod push;
 mod queue;
@@ -23,11 +25,12 @@ pub use housekeeping::HousekeepingBudget;
 pub(crate) use pop::pop;
 
 /// Apply one entry on top of `txn`. The entry's effects are staged in `txn`; the caller commits
-/// them atomically (with whatever else it batches).
+/// them atomically (with whatever else it batches). `index` is the entry's log index: KV
+/// versions are the index of the write, so they rise and are never reissued.
 ///
 /// # Errors
 /// Only store failures; every rule violation is an outcome, never an error.
-pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry) -> Result<Response, StoreError> {
+pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Response, StoreError> {
     let stamp = next_stamp(txn, entry.proposed_at)?;
     let outcome = match &entry.command {
         Command::Tick => {
@@ -42,6 +45,8 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry) -> Result<Response, StoreEr
             Outcome::Configured(queue::configure(txn, stamp, queue, namespace, task, options)?)
         }
         Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
+        Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
+        Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
         Command::Transaction { ops, required_leases } => {
             Outcome::Transaction(transaction::apply(txn, stamp, ops, required_leases)?)
         }
@@ -54,9 +59,9 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry) -> Result<Response, StoreEr
 ///
 /// # Errors
 /// Store failures.
-pub fn apply_encoded(txn: &mut Txn<'_>, bytes: &[u8]) -> Result<Response, StoreError> {
+pub fn apply_encoded(txn: &mut Txn<'_>, bytes: &[u8], index: u64) -> Result<Response, StoreError> {
     match Entry::decode(bytes) {
-        Ok(entry) => apply_entry(txn, &entry),
+        Ok(entry) => apply_entry(txn, &entry, index),
         Err(e) => Ok(Response {
             stamp: last_stamp(txn)?,
             outcome: Outcome::Rejected(format!("undecodable entry: {e}")),
