@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response, TxnOp, TxnOutcome, TxnResult};
+use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
 use queen_domain::reads;
@@ -70,6 +71,8 @@ fn kind(c: &Command) -> &'static str {
         Command::Configure { .. } => "configure",
         Command::DeleteQueue { .. } => "delete_queue",
         Command::Transaction { .. } => "transaction",
+        Command::Kv(_) => "kv",
+        Command::Locks(_) => "locks",
     }
 }
 
@@ -226,8 +229,22 @@ impl Api for Broker {
         Ok(out)
     }
 
-    async fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>) -> Result<TxnOutcome, ApiError> {
-        let r = self.propose(Command::Transaction { ops, required_leases }).await?;
+    async fn kv(&self, ops: Vec<KvOp>) -> Result<KvOutcome, ApiError> {
+        match self.propose(Command::Kv(ops)).await?.outcome {
+            Outcome::Kv(o) => Ok(o),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
+    }
+
+    async fn locks(&self, ops: Vec<LockOp>) -> Result<Vec<LockResult>, ApiError> {
+        match self.propose(Command::Locks(ops)).await?.outcome {
+            Outcome::Locks(o) => Ok(o),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
+    }
+
+    async fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>, kv: Vec<KvOp>) -> Result<TxnOutcome, ApiError> {
+        let r = self.propose(Command::Transaction { ops, required_leases, kv }).await?;
         let Outcome::Transaction(t) = r.outcome else {
             return Err(ApiError::new(500, "internal", "unexpected outcome"));
         };

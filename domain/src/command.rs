@@ -130,6 +130,9 @@ pub struct TxnOutcome {
     pub error: Option<String>,
     /// Per operation results (empty when nothing applied).
     pub results: Vec<TxnResult>,
+    /// The KV rider's answer (when it lost a required precondition, `failed` is set and nothing
+    /// of the bundle applied).
+    pub kv: Option<crate::kv::KvOutcome>,
 }
 
 /// Every command of the log.
@@ -170,6 +173,8 @@ pub enum Command {
         ops: Vec<TxnOp>,
         /// Leases that must all be live when the entry applies.
         required_leases: Vec<String>,
+        /// KV operations riding with the bundle.
+        kv: Vec<crate::kv::KvOp>,
     },
     /// KV operations in one call (all or nothing when a required precondition is lost).
     Kv(Vec<crate::kv::KvOp>),

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use queen_domain::command::{AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp, TxnOutcome};
+use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
 use queen_ports::LogProgress;
@@ -85,8 +86,12 @@ pub trait Api: Send + Sync + 'static {
     fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, ApiError>> + Send;
     /// Acknowledge in one group.
     fn ack(&self, group: GroupName, items: Vec<AckItem>) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
-    /// Apply acks and pushes as one unit.
-    fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
+    /// Apply acks, pushes and a KV rider as one unit.
+    fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>, kv: Vec<KvOp>) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
+    /// Apply KV operations in one entry.
+    fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, ApiError>> + Send;
+    /// Apply lock operations in one entry.
+    fn locks(&self, ops: Vec<LockOp>) -> impl Future<Output = Result<Vec<LockResult>, ApiError>> + Send;
     /// Extend a lease; answers `Outcome::Extend`.
     fn extend(&self, lease_id: String) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Configure a queue.

@@ -17,17 +17,14 @@ const MAX_TXN_BYTES: usize = 512;
 /// Most operations one transaction may carry.
 pub(crate) const MAX_TXN_OPS: usize = 10_000;
 
-/// `{"operations": [...], "requiredLeases": [...]}` to transaction operations.
-pub(crate) fn transaction(body: &[u8]) -> Result<(Vec<TxnOp>, Vec<String>), ApiError> {
+/// A parsed transaction: operations, required leases, KV rider.
+pub(crate) type TxnRequest = (Vec<TxnOp>, Vec<String>, Vec<queen_domain::kv::KvOp>);
+
+/// `{"operations": [...], "requiredLeases": [...], "kv"?: [...]}` to a transaction.
+pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
     let m = object(body, false)?;
-    for rider in ["kv", "timers"] {
-        if matches!(m.get(rider), Some(Value::Array(a)) if !a.is_empty()) {
-            return Err(ApiError::new(
-                400,
-                "unsupported_rider",
-                format!("{rider} is not served yet: transactions carry acks and pushes"),
-            ));
-        }
+    if matches!(m.get("timers"), Some(Value::Array(a)) if !a.is_empty()) {
+        return Err(ApiError::new(400, "unsupported_rider", "timers are not served yet: transactions carry acks, pushes and kv"));
     }
     let ops = list(&m, "operations", MAX_TXN_OPS)?;
     if ops.is_empty() {
@@ -67,7 +64,13 @@ pub(crate) fn transaction(body: &[u8]) -> Result<(Vec<TxnOp>, Vec<String>), ApiE
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::bad_request("requiredLeases", "must be a list")),
     };
-    Ok((out, leases))
+    let kv = match m.get("kv") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.is_empty() => Vec::new(),
+        Some(Value::Array(a)) => crate::kv_json::kv_list(a, true, "kv")?,
+        Some(_) => return Err(ApiError::bad_request("kv", "must be a list")),
+    };
+    Ok((out, leases, kv))
 }
 
 /// Parse a body as a JSON object; an empty body is an empty object when `empty_ok`.

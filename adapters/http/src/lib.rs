@@ -10,6 +10,7 @@
 mod api;
 mod error;
 mod json;
+mod kv_json;
 mod pop_query;
 mod render;
 mod router;

@@ -103,8 +103,20 @@ pub(crate) fn pop(queue: &str, group: &str, p: &PopOutcome, autopilot: Option<(u
 }
 
 /// A transaction's answer: always an object.
-pub(crate) fn transaction(t: &TxnOutcome, id: &str) -> Value {
+pub(crate) fn transaction(t: &TxnOutcome, kv_ops: &[queen_domain::kv::KvOp], id: &str) -> Value {
     if !t.success {
+        if let Some(k) = &t.kv
+            && let Some(f) = k.failed
+        {
+            let r = crate::kv_json::result(f, &kv_ops[f], &k.results[f]);
+            return json!({
+                "success": false, "reason": "kv_precondition", "failedIndex": t.results.len() + f,
+                "kvReason": r.get("reason").cloned().unwrap_or(Value::Null),
+                "version": r.get("version").cloned().unwrap_or(Value::Null),
+                "value": r.get("value").cloned().unwrap_or(Value::Null),
+                "transactionId": id,
+            });
+        }
         return json!({"success": false, "error": t.error, "transactionId": id});
     }
     let results: Vec<Value> = t
@@ -122,6 +134,16 @@ pub(crate) fn transaction(t: &TxnOutcome, id: &str) -> Value {
                 "offset": p.offset, "queueName": p.queue, "partitionId": p.partition_id.to_string(),
             }),
         })
+        .chain(t.kv.iter().flat_map(|k| {
+            let base = t.results.len();
+            kv_ops.iter().zip(&k.results).enumerate().map(move |(i, (op, r))| {
+                let mut v = crate::kv_json::result(i, op, r);
+                v["opIndex"] = json!(i);
+                v["index"] = json!(base + i);
+                v["type"] = json!("kv");
+                v
+            })
+        }))
         .collect();
     json!({"success": true, "results": results, "transactionId": id})
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::api::{Api, ApiError};
 use crate::error::{error_response, json_response, no_content, text_response};
-use crate::{json, pop_query, render};
+use crate::{json, kv_json, pop_query, render};
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped.
 pub(crate) fn segments(path: &str) -> Vec<String> {
@@ -30,6 +30,8 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "ack", "batch"]) => "ack_batch",
         ("POST", ["api", "v1", "lease", _, "extend"]) => "lease_extend",
         ("POST", ["api", "v1", "transaction"]) => "transaction",
+        ("POST", ["api", "v1", "kv"]) | (_, ["api", "v1", "kv", _, ..]) => "kv",
+        ("POST", ["api", "v1", "locks"]) => "locks",
         ("POST", ["api", "v1", "configure"]) => "configure",
         ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
         ("GET", ["health"]) => "health",
@@ -74,10 +76,23 @@ pub(crate) async fn handle<A: Api>(
             Ok(json_response(200, &render::acks(&out)))
         }
         ("POST", ["api", "v1", "transaction"]) => {
-            let (ops, leases) = json::transaction(body)?;
+            let (ops, leases, kv) = json::transaction(body)?;
             let id = json::uuid_v7().to_string();
-            let out = api.transaction(ops, leases).await?;
-            Ok(json_response(200, &render::transaction(&out, &id)))
+            let out = api.transaction(ops, leases, kv.clone()).await?;
+            Ok(json_response(200, &render::transaction(&out, &kv, &id)))
+        }
+        ("POST", ["api", "v1", "kv"]) => {
+            let ops = kv_json::kv_ops(body, false)?;
+            let out = api.kv(ops.clone()).await?;
+            Ok(json_response(200, &kv_json::outcome(&ops, &out)))
+        }
+        ("POST", ["api", "v1", "locks"]) => {
+            let ops = kv_json::lock_ops(body, &|| format!("anon:{}", json::uuid_v7()))?;
+            let out = api.locks(ops.clone()).await?;
+            Ok(json_response(200, &kv_json::lock_results(&ops, &out)))
+        }
+        (method @ ("GET" | "PUT" | "DELETE"), ["api", "v1", "kv", ns, key @ ..]) if !key.is_empty() => {
+            kv_path(api, method, ns, &key.join("/"), body).await
         }
         ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
             let out = api.extend((*lease_id).to_owned()).await?;
@@ -140,6 +155,35 @@ pub(crate) async fn handle<A: Api>(
         }
         _ => Err(ApiError::new(404, "no_such_route", format!("no route for {method} /{}", segs.join("/")))),
     }
+}
+
+/// The path form of KV: `PUT|GET|DELETE /api/v1/kv/<ns>/<key>`.
+async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: &[u8]) -> Result<Response<Full<Bytes>>, ApiError> {
+    use queen_domain::kv::{KvOp, KvResult, check_key, check_ns};
+    check_ns(ns).map_err(|e| ApiError::bad_request("ns", &e.to_string()))?;
+    check_key(key).map_err(|e| ApiError::bad_request("key", &e.to_string()))?;
+    let (ns, key) = (ns.to_owned(), key.to_owned());
+    let op = match method {
+        "GET" => KvOp::Get { ns, key },
+        "DELETE" => KvOp::Delete { ns, key, expect: None, required: false },
+        _ => {
+            let m = json::object(body, false)?;
+            let value = m.get("value").map(|v| serde_json::to_vec(v).unwrap_or_default()).ok_or_else(|| ApiError::bad_request("value", "is required"))?;
+            let expect = match m.get("expect") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::bad_request("expect", "must be a non-negative integer"))?),
+            };
+            KvOp::Put { ns, key, value, expiry: kv_json::expiry(&m, "body")?, expect, required: false }
+        }
+    };
+    let out = api.kv(vec![op.clone()]).await?;
+    let Some(r) = out.results.first() else {
+        return Err(ApiError::new(500, "internal", "no result"));
+    };
+    if matches!(r, KvResult::Get(None)) {
+        return Err(ApiError::new(404, "not_found", "no such key"));
+    }
+    Ok(json_response(200, &kv_json::result(0, &op, r)))
 }
 
 async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {

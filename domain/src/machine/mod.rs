@@ -5,7 +5,7 @@
 
 mod ack;
 mod housekeeping;
-mod kv;
+pub(crate) mod kv;
 mod locks;
 mod pop;
 mod push;
@@ -47,8 +47,8 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
         Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
-        Command::Transaction { ops, required_leases } => {
-            Outcome::Transaction(transaction::apply(txn, stamp, ops, required_leases)?)
+        Command::Transaction { ops, required_leases, kv } => {
+            Outcome::Transaction(transaction::apply(txn, stamp, index, ops, required_leases, kv)?)
         }
     };
     Ok(Response { stamp, outcome })

@@ -16,14 +16,16 @@ use super::get_rec;
 use super::push::push;
 
 fn failed(error: String) -> TxnOutcome {
-    TxnOutcome { success: false, error: Some(error), results: Vec::new() }
+    TxnOutcome { success: false, error: Some(error), results: Vec::new(), kv: None }
 }
 
 pub(crate) fn apply(
     txn: &mut Txn<'_>,
     stamp: Stamp,
+    index: u64,
     ops: &[TxnOp],
     required_leases: &[String],
+    kv_ops: &[crate::kv::KvOp],
 ) -> Result<TxnOutcome, StoreError> {
     for lease in required_leases {
         let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > stamp);
@@ -36,7 +38,7 @@ pub(crate) fn apply(
         [only] => Some(only.clone()),
         _ => None,
     };
-    let (results, writes) = {
+    let (results, kv, writes) = {
         let mut child = Txn::new(&*txn);
         let mut results = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
@@ -63,8 +65,14 @@ pub(crate) fn apply(
                 }
             }
         }
-        (results, child.into_writes())
+        let kv = if kv_ops.is_empty() { None } else { Some(super::kv::apply(&mut child, stamp, index, kv_ops)?) };
+        if let Some(k) = &kv
+            && k.failed.is_some()
+        {
+            return Ok(TxnOutcome { success: false, error: Some("a required KV precondition was lost".to_owned()), results, kv });
+        }
+        (results, kv, child.into_writes())
     };
     txn.absorb(writes);
-    Ok(TxnOutcome { success: true, error: None, results })
+    Ok(TxnOutcome { success: true, error: None, results, kv })
 }

@@ -1,0 +1,408 @@
+"""The official Python client, queen-mq 2.6.0 from PyPI (installed unchanged), against a real
+queen node.
+
+Every test drives the broker through the client's own API and asserts on the real effect
+(a pop afterwards, a second client call), not only on the answer of the call under test.
+Plain HTTP (node.raw / node.describe) is used only to double-check "nothing to pop" (the
+client's pop() turns every error into [], which would make an emptiness check vacuous) and to
+put the broker's own answer into failure messages.
+
+Time discipline: each test body runs under asyncio.wait_for(TEST_LIMIT_S); every pop has a
+bounded long-poll timeout; every consume() has a limit, an idle timeout and its own
+wait_for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+from urllib.parse import urlencode
+
+import pytest
+
+from queen import Queen
+
+TEST_LIMIT_S = 120.0
+CLOSE_LIMIT_S = 40.0
+# leaseTime (s) for queues whose "nothing left" check must not be explained by a lease still
+# being held: the check waits past it.
+SHORT_LEASE_S = 2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def unique(prefix: str) -> str:
+    return f"ct-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def run(node, body: Callable[[Queen], Awaitable[Any]], limit: float = TEST_LIMIT_S) -> Any:
+    """Run one test body with a fresh client on a fresh event loop, bounded in time."""
+
+    async def main() -> Any:
+        client = Queen(node.url)
+        try:
+            return await asyncio.wait_for(body(client), limit)
+        finally:
+            await asyncio.wait_for(client.close(), CLOSE_LIMIT_S)
+
+    return asyncio.run(main())
+
+
+async def pop(
+    client: Queen,
+    queue: str,
+    *,
+    group: Optional[str] = None,
+    batch: int = 10,
+    timeout_ms: int = 5000,
+) -> List[Dict[str, Any]]:
+    """A bounded long-poll pop through the client."""
+    b = client.queue(queue).batch(batch).wait(True).timeout_millis(timeout_ms)
+    if group:
+        b = b.group(group)
+    return await b.pop()
+
+
+def assert_nothing_to_pop(node, queue: str, group: Optional[str] = None) -> None:
+    """Plain-HTTP check that a pop (wait=false) finds nothing and that the broker answered
+    successfully (the client's pop() would hide an error as [])."""
+    params = {"batch": "10", "wait": "false", "timeout": "0"}
+    if group:
+        params["consumerGroup"] = group
+    path = f"/api/v1/pop/queue/{queue}?{urlencode(params)}"
+    r = node.raw("GET", path)
+    assert r.status_code in (200, 204), f"GET {path} -> HTTP {r.status_code} {r.text[:300]}"
+    if r.status_code == 200 and r.content:
+        msgs = (r.json() or {}).get("messages") or []
+        assert msgs == [], f"expected nothing to pop from {queue} (group {group}), got {msgs}"
+
+
+def txn_ids(messages: List[Dict[str, Any]]) -> List[str]:
+    return [m.get("transactionId") for m in messages]
+
+
+async def consume_bounded(
+    client: Queen,
+    queue: str,
+    group: str,
+    expected: int,
+    *,
+    idle_ms: int = 4000,
+    limit_s: float = 45.0,
+) -> List[Dict[str, Any]]:
+    """consume() in a group with auto-ack, stopped by the client's own limit/idle options and
+    by an outer wait_for; returns every message the handler saw."""
+    seen: List[Dict[str, Any]] = []
+
+    async def handler(msg_or_msgs):
+        batch = msg_or_msgs if isinstance(msg_or_msgs, list) else [msg_or_msgs]
+        seen.extend(batch)
+
+    consumer = (
+        client.queue(queue)
+        .group(group)
+        .limit(expected)
+        .idle_millis(idle_ms)
+        .timeout_millis(1000)
+        .consume(handler)
+    )
+    await asyncio.wait_for(consumer, limit_s)
+    return seen
+
+
+# ----------------------------------------------------------------------------- 1. create, push, pop, ack
+
+
+def test_create_push_pop_ack_and_duplicate(node):
+    queue = unique("basic")
+    lease_s = SHORT_LEASE_S
+
+    async def body(client: Queen):
+        created = await client.queue(queue).config({"leaseTime": lease_s, "retryLimit": 2}).create()
+        assert isinstance(created, dict) and not created.get("error"), created
+        options = created.get("options") or {}
+        assert options.get("leaseTime") == lease_s and options.get("retryLimit") == 2, created
+
+        t1, t2 = unique("txn"), unique("txn")
+        pushed = await client.queue(queue).push(
+            [{"data": {"n": 1}, "transactionId": t1}, {"data": {"n": 2}, "transactionId": t2}]
+        )
+        assert [r.get("status") for r in pushed] == ["queued", "queued"], pushed
+
+        duplicates: List[Any] = []
+
+        async def on_dup(items, _err):
+            duplicates.extend(items)
+
+        again = await client.queue(queue).push([{"data": {"n": 1}, "transactionId": t1}]).on_duplicate(on_dup)
+        assert [r.get("status") for r in again] == ["duplicate"], again
+        assert [d["transactionId"] for d in duplicates] == [t1], "the client's on_duplicate callback did not fire"
+        assert again[0].get("message_id") == pushed[0].get("message_id"), (again, pushed)
+
+        msgs = await pop(client, queue)
+        assert txn_ids(msgs) == [t1, t2], msgs
+        assert [m.get("data") for m in msgs] == [{"n": 1}, {"n": 2}], msgs
+        for m in msgs:
+            assert m.get("partitionId") and m.get("leaseId"), m
+
+        for m in msgs:
+            res = await client.ack(m, True)
+            assert res.get("success") is True, res
+
+        # The acks took effect and the duplicate wrote nothing: nothing left, even once the
+        # lease would have run out (an unacked message would be redelivered by then).
+        await asyncio.sleep(lease_s + 1.5)
+        assert await pop(client, queue, timeout_ms=1000) == []
+
+    run(node, body)
+    assert_nothing_to_pop(node, queue)
+
+
+# ----------------------------------------------------------------------------- 2. consume with a group
+
+
+def test_consume_with_group_processes_and_acks(node):
+    queue = unique("consume")
+    group = unique("grp")
+
+    async def body(client: Queen):
+        await client.queue(queue).config({"leaseTime": SHORT_LEASE_S}).create()
+        sent = [unique("txn") for _ in range(5)]
+        res = await client.queue(queue).push([{"data": {"i": i}, "transactionId": t} for i, t in enumerate(sent)])
+        assert [r.get("status") for r in res] == ["queued"] * 5, res
+
+        seen = await consume_bounded(client, queue, group, expected=5)
+        assert sorted(txn_ids(seen)) == sorted(sent), seen
+        assert len(seen) == 5, f"a message was handled twice: {txn_ids(seen)}"
+
+        # consume() acked them in the group: the group has nothing left, even once an unacked
+        # batch's lease would have run out.
+        await asyncio.sleep(SHORT_LEASE_S + 1.5)
+        assert await pop(client, queue, group=group, timeout_ms=1000) == []
+
+    run(node, body)
+    assert_nothing_to_pop(node, queue, group=group)
+
+
+# ----------------------------------------------------------------------------- 3. two groups
+
+
+def test_two_groups_each_see_every_message(node):
+    queue = unique("fanout")
+    g1, g2 = unique("ga"), unique("gb")
+
+    async def body(client: Queen):
+        await client.queue(queue).config({"leaseTime": SHORT_LEASE_S}).create()
+        sent = [unique("txn") for _ in range(4)]
+        res = await client.queue(queue).push([{"data": {"i": i}, "transactionId": t} for i, t in enumerate(sent)])
+        assert [r.get("status") for r in res] == ["queued"] * 4, res
+
+        seen1, seen2 = await asyncio.gather(
+            consume_bounded(client, queue, g1, expected=4),
+            consume_bounded(client, queue, g2, expected=4),
+        )
+        assert sorted(txn_ids(seen1)) == sorted(sent), f"group {g1} saw {txn_ids(seen1)}"
+        assert sorted(txn_ids(seen2)) == sorted(sent), f"group {g2} saw {txn_ids(seen2)}"
+
+        # Each group acked its own copy; neither has anything left once leases would be over.
+        await asyncio.sleep(SHORT_LEASE_S + 1.5)
+        assert await pop(client, queue, group=g1, timeout_ms=1000) == []
+        assert await pop(client, queue, group=g2, timeout_ms=1000) == []
+
+    run(node, body)
+    assert_nothing_to_pop(node, queue, group=g1)
+    assert_nothing_to_pop(node, queue, group=g2)
+
+
+# ----------------------------------------------------------------------------- 4. transaction
+
+
+def test_transaction_ack_and_push(node):
+    src, dst = unique("tx-src"), unique("tx-dst")
+    lease_s = 3
+
+    async def body(client: Queen):
+        await client.queue(src).config({"leaseTime": lease_s}).create()
+        await client.queue(dst).create()
+        t_in, t_out = unique("txn"), unique("txn")
+        await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
+
+        msgs = await pop(client, src, batch=1)
+        assert txn_ids(msgs) == [t_in], msgs
+
+        result = await (
+            client.transaction()
+            .ack(msgs[0])
+            .queue(dst)
+            .push([{"data": {"derivedFrom": t_in}, "transactionId": t_out}])
+            .commit()
+        )
+        assert result.get("success") is True, result
+        assert isinstance(result.get("results"), list) and len(result["results"]) == 2, result
+
+        out = await pop(client, dst)
+        assert txn_ids(out) == [t_out], out
+        assert out[0].get("data") == {"derivedFrom": t_in}, out
+        assert (await client.ack(out[0], True)).get("success") is True
+
+        # The original must not come back, even after its lease would have run out.
+        await asyncio.sleep(lease_s + 1.5)
+        assert await pop(client, src, timeout_ms=1000) == []
+
+    run(node, body)
+    assert_nothing_to_pop(node, src)
+    assert_nothing_to_pop(node, dst)
+
+
+# ----------------------------------------------------------------------------- 5. lease renew
+
+
+def test_lease_renew_keeps_the_lease(node):
+    queue = unique("renew")
+    lease_s = 4
+
+    async def body(client: Queen):
+        await client.queue(queue).config({"leaseTime": lease_s}).create()
+        t = unique("txn")
+        await client.queue(queue).push([{"data": {"x": 1}, "transactionId": t}])
+
+        msgs = await pop(client, queue, batch=1)
+        popped_at = time.monotonic()  # the broker stamped the lease before this
+        assert txn_ids(msgs) == [t], msgs
+
+        # Renew half-way through the original lease: expiry becomes ~ now + leaseTime.
+        await asyncio.sleep(lease_s / 2)
+        renew_sent = time.monotonic()
+        renewed = await client.renew(msgs[0])
+        renewed_at = time.monotonic()
+        assert renewed.get("success") is True, renewed
+        assert renewed.get("newExpiresAt"), renewed
+        assert renewed_at - popped_at < lease_s - 0.5, "renew came too late to prove anything (machine too slow)"
+
+        # Past the original expiry (with margin), still inside the renewed one: nothing to pop.
+        await asyncio.sleep(max(0.0, popped_at + lease_s + 0.5 - time.monotonic()))
+        assert time.monotonic() < renew_sent + lease_s - 0.5, "check came too late to prove anything"
+        assert await client.queue(queue).batch(1).wait(False).pop() == []
+        assert_nothing_to_pop(node, queue)
+
+        # Control: once the renewed lease runs out, the message is delivered again, so the
+        # empty pop above was the lease at work.
+        await asyncio.sleep(max(0.0, renewed_at + lease_s + 0.5 - time.monotonic()))
+        again = await pop(client, queue, batch=1, timeout_ms=5000)
+        assert txn_ids(again) == [t], again
+        assert (await client.ack(again[0], True)).get("success") is True
+
+        # A lease that is gone is not renewed.
+        stale = await client.renew(msgs[0])
+        assert stale.get("success") is False, stale
+
+    run(node, body)
+
+
+# ----------------------------------------------------------------------------- 6. DLQ
+
+
+def test_failed_past_retry_limit_lands_in_dlq(node):
+    queue = unique("dlq")
+
+    async def body(client: Queen):
+        await client.queue(queue).config({"retryLimit": 1, "leaseTime": 30}).create()
+        t = unique("txn")
+        await client.queue(queue).push([{"data": {"poison": True}, "transactionId": t}])
+
+        for attempt in (1, 2):
+            msgs = await pop(client, queue, batch=1)
+            assert txn_ids(msgs) == [t], f"delivery {attempt}: {msgs}"
+            res = await client.ack(msgs[0], False, {"error": f"boom {attempt}"})
+            assert res.get("success") is True, f"nack {attempt}: {res}"
+
+        # Past its retry limit: not delivered again.
+        assert await pop(client, queue, batch=1, timeout_ms=1500) == []
+
+        dlq = await client.queue(queue).dlq().limit(10).get()
+        found = [m for m in dlq.get("messages") or [] if m.get("transactionId") == t]
+        assert found, (
+            f"message {t} not found through the client's dlq builder: {dlq}; broker says: "
+            + node.describe("GET", f"/api/v1/dlq?{urlencode({'queue': queue, 'limit': 10, 'offset': 0})}")
+        )
+        assert dlq.get("total", 0) >= 1, dlq
+
+    run(node, body)
+    assert_nothing_to_pop(node, queue)
+
+
+# ----------------------------------------------------------------------------- 7. KV
+
+
+def test_kv_put_get_put_if_absent(node):
+    ns = "client-suite"
+    key = unique("key")
+
+    async def body(client: Queen):
+        kv = client.kv
+        missing = await kv.get(ns, key)
+        assert missing.get("found") is False and not missing, missing
+
+        put = await kv.put(ns, key, {"v": 1}, forever=True)
+        assert put.get("applied") is True, put
+        assert isinstance(put.get("version"), int) and put["version"] >= 1, put
+
+        got = await kv.get(ns, key)
+        assert got.get("found") is True and got.get("value") == {"v": 1}, got
+        assert got.get("version") == put["version"], (got, put)
+
+        lost = await kv.put_if_absent(ns, key, {"v": 2}, ttl_seconds=60)
+        assert lost.get("applied") is False and not lost, lost
+        assert lost.get("reason") == "exists", lost
+        assert lost.get("value") == {"v": 1}, lost
+
+        still = await kv.get(ns, key)
+        assert still.get("value") == {"v": 1} and still.get("version") == put["version"], still
+
+        key2 = key + "-b"
+        won = await kv.put_if_absent(ns, key2, "first", ttl_seconds=60)
+        assert won.get("applied") is True, won
+        assert (await kv.get(ns, key2)).get("value") == "first"
+
+    run(node, body)
+
+
+# ----------------------------------------------------------------------------- 8. lock
+
+
+def test_lock_acquire_hold_contend_release(node):
+    name = unique("lock")
+
+    async def body(client: Queen):
+        lock = client.lock(name, ttl_seconds=20)
+        assert await lock.acquire() is True
+        assert lock.held and isinstance(lock.token, int) and lock.token > 0
+        guard = lock.guard()
+        assert guard.get("op") == "check" and guard.get("required") is True, guard
+
+        info = await client.locks.get(name)
+        assert info.get("held") is True, info
+        assert [h.get("owner") for h in info.get("holders") or []] == [lock.owner], info
+
+        other = await client.locks.acquire(name, ttl_seconds=20, owner="someone-else:1:abcdef")
+        assert other.get("acquired") is False, other
+        assert other.get("reason") in ("held", "contended"), other
+
+        rival = client.lock(name, ttl_seconds=20, auto_renew=False)
+        assert await rival.acquire() is False
+        assert not rival.held
+
+        assert await lock.release() is True
+        assert not lock.held
+        assert (await client.locks.get(name)).get("held") is False
+
+        # Free again: the other owner gets it now, and gives it back.
+        taken = await client.locks.acquire(name, ttl_seconds=20, owner="someone-else:1:abcdef")
+        assert taken.get("acquired") is True, taken
+        released = await client.locks.release(name, token=taken["token"], slot=taken.get("slot"))
+        assert released.get("released") is True, released
+
+    run(node, body)
