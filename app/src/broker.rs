@@ -72,6 +72,9 @@ fn kind(c: &Command) -> &'static str {
         Command::DeleteQueue { .. } => "delete_queue",
         Command::Transaction { .. } => "transaction",
         Command::Kv(_) => "kv",
+        Command::DeleteGroup { .. } => "delete_group",
+        Command::Seek { .. } => "seek",
+        Command::Resubscribe { .. } => "resubscribe",
         Command::Locks(_) => "locks",
     }
 }
@@ -134,10 +137,6 @@ impl Broker {
         }
     }
 
-    fn now(&self) -> Stamp {
-        Stamp(self.clock.now_micros())
-    }
-
     fn progress_gauges(&self) {
         let p = self.log.progress();
         let m = self.telemetry.metrics();
@@ -183,7 +182,7 @@ impl Api for Broker {
             // is not missed.
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
-            let would = reads::would_pop(&self.store, self.now(), &cmd).map_err(|e| Self::read_error(&e))?;
+            let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd).map_err(|e| Self::read_error(&e))?;
             if !would.is_empty() {
                 cmd.lease_id = uuid::Uuid::now_v7().to_string();
                 let r = self.propose(Command::Pop(cmd.clone())).await?;
@@ -283,6 +282,36 @@ impl Api for Broker {
             Outcome::Deleted { existed } => Ok(existed),
             _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
         }
+    }
+
+    async fn command(&self, command: Command) -> Result<Outcome, ApiError> {
+        let queue = match &command {
+            Command::Seek { queue, .. } => Some(queue.as_str().to_owned()),
+            _ => None,
+        };
+        let out = self.propose(command).await?.outcome;
+        match queue {
+            Some(q) => self.waiters.wake(&q),
+            None => self.waiters.wake_all(),
+        }
+        Ok(out)
+    }
+
+    async fn read_barrier(&self) -> Result<(), ApiError> {
+        let deadline = self.request_timeout;
+        match tokio::time::timeout(deadline, self.log.read_barrier()).await {
+            Err(_) => Err(ApiError::timeout()),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(not_committed(&e)),
+        }
+    }
+
+    fn state(&self) -> Box<dyn queen_domain::StateRead + Send + '_> {
+        Box::new(self.store.view())
+    }
+
+    fn now(&self) -> Stamp {
+        Stamp(self.clock.now_micros())
     }
 
     fn health(&self) -> HealthView {

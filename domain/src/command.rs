@@ -176,6 +176,31 @@ pub enum Command {
         /// KV operations riding with the bundle.
         kv: Vec<crate::kv::KvOp>,
     },
+    /// Drop a group's positions on one queue or all.
+    DeleteGroup {
+        /// The group.
+        group: GroupName,
+        /// Only this queue.
+        queue: Option<QueueName>,
+        /// Also drop its recorded subscription.
+        delete_metadata: bool,
+    },
+    /// Move a group's cursors on a queue to the end (`to` None) or just after a time.
+    Seek {
+        /// The group.
+        group: GroupName,
+        /// The queue.
+        queue: QueueName,
+        /// Where to.
+        to: Option<Stamp>,
+    },
+    /// Rewrite a group's subscription start.
+    Resubscribe {
+        /// The group.
+        group: GroupName,
+        /// The new start.
+        from: Stamp,
+    },
     /// KV operations in one call (all or nothing when a required precondition is lost).
     Kv(Vec<crate::kv::KvOp>),
     /// Lock operations (each independent).
@@ -299,6 +324,23 @@ pub enum Outcome {
     Transaction(TxnOutcome),
     /// A KV call's answer.
     Kv(crate::kv::KvOutcome),
+    /// Group positions dropped.
+    GroupDeleted {
+        /// Cursors dropped.
+        partitions: u64,
+        /// Subscription records dropped.
+        metadata: u64,
+    },
+    /// Cursors moved.
+    Seeked {
+        /// Partitions updated.
+        partitions: u64,
+    },
+    /// Subscription starts rewritten.
+    Resubscribed {
+        /// Records updated.
+        rows: u64,
+    },
     /// Lock answers, in order.
     Locks(Vec<crate::kv::LockResult>),
     /// Queue deletion.

@@ -106,3 +106,83 @@ pub fn would_pop(s: &dyn StateRead, now: Stamp, cmd: &PopCommand) -> Result<PopO
     let now = now.max(Stamp(safe_time(s)?.0 + 1));
     pop(&mut scratch, now, cmd)
 }
+
+/// A partition of a queue by name.
+///
+/// # Errors
+/// Store failures.
+pub fn partition_by_name(s: &dyn StateRead, queue: &str, name: &str) -> Result<Option<PartitionRec>, StoreError> {
+    let Some(q) = self::queue(s, queue)? else { return Ok(None) };
+    let Some(pid) = get_rec::<u64>(s, &keys::partition_name(q.qid, name))? else { return Ok(None) };
+    get_rec(s, &keys::partition(pid))
+}
+
+/// Messages of a partition from `from`, up to `max_bytes` of payload (always at least one when
+/// there is one, so a read cannot stall) and `max_count`.
+///
+/// # Errors
+/// Store failures.
+pub fn messages(s: &dyn StateRead, p: &PartitionRec, from: u64, max_bytes: usize, max_count: usize) -> Result<Vec<(u64, crate::model::MessageRec)>, StoreError> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    let mut failed = None;
+    s.scan(&keys::message(p.pid, from), &keys::message(p.pid, p.next_offset), &mut |k, v| {
+        match crate::codec::decode::<crate::model::MessageRec>(k, v) {
+            Ok(m) => {
+                let size = m.payload.len() + m.transaction_id.len() + 64;
+                if !out.is_empty() && bytes + size > max_bytes {
+                    return false;
+                }
+                bytes += size;
+                out.push((keys::offset_of_message_key(k).unwrap_or(from), m));
+                out.len() < max_count
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Every consumer group record as (queue, group, record).
+///
+/// # Errors
+/// Store failures.
+pub fn groups(s: &dyn StateRead) -> Result<Vec<(QueueRec, String, crate::model::GroupRec)>, StoreError> {
+    let by_qid: std::collections::BTreeMap<u64, QueueRec> = queues(s, usize::MAX)?.into_iter().map(|q| (q.qid, q)).collect();
+    let rows: Vec<(Vec<u8>, crate::model::GroupRec)> =
+        scan_recs(s, &keys::table_start(keys::table::GROUP), &keys::table_end(keys::table::GROUP), usize::MAX)?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(k, g)| {
+            let qid = keys::u64_at(&k, 1)?;
+            let q = by_qid.get(&qid)?.clone();
+            Some((q, String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(), g))
+        })
+        .collect())
+}
+
+/// A group's standing on one partition: (offset lag, stamp of the oldest unconsumed message,
+/// live lease).
+///
+/// # Errors
+/// Store failures.
+pub fn lag(s: &dyn StateRead, p: &PartitionRec, group: &str, start: crate::model::SubscriptionStart, now: Stamp) -> Result<(u64, Option<Stamp>, bool, Stamp), StoreError> {
+    let c = cursor(s, p.pid, group)?;
+    let next = match &c {
+        Some(c) => c.next.max(p.log_start),
+        None => match start {
+            crate::model::SubscriptionStart::All => p.log_start,
+            crate::model::SubscriptionStart::From(_) => crate::machine::start_offset_pub(s, p, start)?,
+        },
+    };
+    let lag = p.next_offset.saturating_sub(next);
+    let oldest = if lag > 0 { get_rec::<crate::model::MessageRec>(s, &keys::message(p.pid, next))?.map(|m| m.stamp) } else { None };
+    let leased = c.as_ref().is_some_and(|c| c.live_lease(now).is_some());
+    Ok((lag, oldest, leased, c.map_or(Stamp(0), |c| c.last_consumed)))
+}

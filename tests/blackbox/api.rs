@@ -95,3 +95,94 @@ fn locks_are_exclusive_and_their_guard_rides_a_transaction() {
     let rel = n.post("/api/v1/locks", &json!({"operations": [{"op": "release", "name": "leader", "token": renew.json["results"][0]["token"]}]}));
     assert_eq!(rel.json["results"][0]["released"], true);
 }
+
+#[test]
+fn offset_reads_partitions_changed_and_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    for i in 0..5 {
+        n.post("/api/v1/push", &json!({"items": [{"queue": "log", "partition": "a", "transactionId": format!("a{i}"), "payload": {"i": i}}]}));
+    }
+    n.post("/api/v1/push", &json!({"items": [{"queue": "log", "partition": "b", "transactionId": "b0", "payload": "x"}]}));
+    let f = n.post("/api/v1/fetch", &json!({"entries": [
+        {"queue": "log", "partition": "a", "offset": 2, "maxBytes": 1_000_000},
+        {"queue": "log", "partition": "a", "offset": 9},
+        {"queue": "log", "partition": "zzz", "offset": 0},
+        {"queue": "log", "partition": "a", "offset": 0, "maxBytes": 1}
+    ]}));
+    assert_eq!(f.status, 200, "{}", f.text);
+    let e = &f.json["entries"];
+    assert_eq!(e[0]["highWatermark"], 5);
+    assert_eq!(e[0]["records"].as_array().unwrap().iter().map(|r| r["offset"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(e[0]["records"][0]["payload"], json!({"i": 2}));
+    assert_eq!(e[1]["error"], "OFFSET_OUT_OF_RANGE");
+    assert_eq!(e[2]["error"], "UNKNOWN_TOPIC_OR_PARTITION");
+    assert_eq!(e[3]["records"].as_array().unwrap().len(), 1, "a tiny budget still returns one record");
+    // Fetch reads without a lease or cursor: a pop still gets the first message.
+    assert_eq!(n.get("/api/v1/pop/queue/log/partition/a?batch=1&wait=false").json["messages"][0]["offset"], 0);
+
+    let c = n.post("/api/v1/partitions/changed", &json!({"entries": [{"queue": "log", "limit": 1}]}));
+    assert_eq!(c.status, 200, "{}", c.text);
+    let safe = c.json["safeTime"].as_str().unwrap().to_owned();
+    assert_eq!(safe.len(), 27, "fixed width: {safe}");
+    assert_eq!(c.json["entries"][0]["partitions"][0]["name"], "a");
+    assert_eq!(c.json["entries"][0]["partitions"][0]["lastOffset"], 4);
+    let next = c.json["entries"][0]["next"].as_str().unwrap().to_owned();
+    let c2 = n.post("/api/v1/partitions/changed", &json!({"entries": [{"queue": "log", "limit": 1, "after": next}]}));
+    assert_eq!(c2.json["entries"][0]["partitions"][0]["name"], "b");
+    let later = n.post("/api/v1/partitions/changed", &json!({"entries": [{"queue": "log", "since": safe}]}));
+    assert_eq!(later.json["entries"][0]["partitions"].as_array().unwrap().len(), 0, "nothing written since");
+    let unknown = n.post("/api/v1/partitions/changed", &json!({"entries": [{"queue": "nope"}]}));
+    assert_eq!(unknown.json["entries"][0]["error"], "UNKNOWN_TOPIC_OR_PARTITION");
+
+    // A message failed past its retry limit is listed in the dead letters.
+    n.post("/api/v1/configure", &json!({"queue": "fragile", "options": {"retryLimit": 0}}));
+    n.post("/api/v1/push", &json!({"items": [{"queue": "fragile", "transactionId": "bad", "payload": {"p": 1}}]}));
+    let p = n.get("/api/v1/pop/queue/fragile?batch=1&wait=false&consumerGroup=workers");
+    let m = &p.json["messages"][0];
+    let a = n.post("/api/v1/ack", &json!({"transactionId": "bad", "partitionId": m["partitionId"], "leaseId": p.json["leaseId"], "status": "failed", "error": "kaput", "consumerGroup": "workers"}));
+    assert_eq!(a.json[0]["dlq"], true, "{}", a.text);
+    let d = n.get("/api/v1/dlq?queue=fragile&limit=10&consumerGroup=workers");
+    assert_eq!(d.json["total"], 1, "{}", d.text);
+    assert_eq!(d.json["messages"][0]["errorMessage"], "kaput");
+    assert_eq!(d.json["messages"][0]["data"], json!({"p": 1}));
+    assert_eq!(n.get("/api/v1/dlq?queue=fragile&consumerGroup=other").json["total"], 0);
+}
+
+#[test]
+fn consumer_group_admin_and_status_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    for i in 0..4 {
+        n.post("/api/v1/push", &json!({"items": [{"queue": "work", "partition": format!("p{}", i % 2), "transactionId": format!("w{i}"), "payload": i}]}));
+    }
+    let p = n.get("/api/v1/pop/queue/work?batch=1&wait=false&consumerGroup=reporting");
+    assert_eq!(p.status, 200);
+    let groups = n.get("/api/v1/consumer-groups");
+    let g = groups.json.as_array().unwrap().iter().find(|g| g["name"] == "reporting").cloned().expect("group listed");
+    assert_eq!(g["queueName"], "work");
+    assert_eq!(g["totalLag"], 4);
+    let one = n.get("/api/v1/consumer-groups/reporting");
+    assert_eq!(one.json["work"]["partitions"].as_array().unwrap().len(), 2);
+    assert_eq!(n.get("/api/v1/consumer-groups/lagging?minLagSeconds=0").json.as_array().unwrap().len(), 2);
+    // Seek to the end: nothing left to deliver, lease released.
+    let s = n.request("POST", "/api/v1/consumer-groups/reporting/queues/work/seek", Some(r#"{"toEnd": true}"#));
+    assert_eq!(s.json["partitionsUpdated"], 2, "{}", s.text);
+    assert_eq!(n.get("/api/v1/pop/queue/work?batch=10&partitions=2&wait=false&consumerGroup=reporting").status, 204);
+    assert_eq!(n.request("POST", "/api/v1/consumer-groups/reporting/queues/work/seek", None).status, 400);
+    // Delete the group: it starts over from the oldest message.
+    let d = n.request("DELETE", "/api/v1/consumer-groups/reporting?deleteMetadata=true", None);
+    assert_eq!(d.json["success"], true, "{}", d.text);
+    let again = n.get("/api/v1/pop/queue/work?batch=10&partitions=2&wait=false&consumerGroup=reporting");
+    assert_eq!(again.json["messages"].as_array().unwrap().len(), 4);
+    // Status and resources.
+    assert_eq!(n.get("/api/v1/status").json["queues"], 1);
+    assert_eq!(n.get("/api/v1/status/queues").json["queues"][0]["name"], "work");
+    assert_eq!(n.get("/api/v1/resources/queues/work").json["messages"]["total"], 4);
+    assert_eq!(n.get("/api/v1/resources/queues/nope").status, 404);
+    let depth = n.get("/api/v1/resources/queues/work/depth");
+    assert_eq!(depth.json["pending"], 4, "{}", depth.text);
+    assert_eq!(n.get("/api/v1/resources/partitions?queue=work").json["partitions"].as_array().unwrap().len(), 2);
+    assert!(n.get("/metrics").json.is_object());
+    assert_eq!(n.request("POST", "/api/v1/stats/refresh", None).status, 200);
+}

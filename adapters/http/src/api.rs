@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use queen_domain::command::{AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp, TxnOutcome};
+use queen_domain::StateRead;
+use queen_domain::time::Stamp;
+use queen_domain::command::{Command, AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp, TxnOutcome};
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
@@ -104,6 +106,14 @@ pub trait Api: Send + Sync + 'static {
     ) -> impl Future<Output = Result<QueueOptions, ApiError>> + Send;
     /// Delete a queue; answers whether it existed.
     fn delete_queue(&self, queue: QueueName) -> impl Future<Output = Result<bool, ApiError>> + Send;
+    /// Propose an administrative command and answer its outcome.
+    fn command(&self, command: Command) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
+    /// Wait until this node has applied everything committed when the read began.
+    fn read_barrier(&self) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// A consistent view of this node's applied state.
+    fn state(&self) -> Box<dyn StateRead + Send + '_>;
+    /// The wall clock, as a stamp (for ages shown on status pages only).
+    fn now(&self) -> Stamp;
     /// Readiness.
     fn health(&self) -> HealthView;
     /// The node's status document (`GET /status`).

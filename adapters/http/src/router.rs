@@ -7,11 +7,11 @@ use http_body_util::Full;
 use hyper::{Method, Response};
 use queen_domain::command::Outcome;
 use queen_domain::names::QueueName;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
 use crate::error::{error_response, json_response, no_content, text_response};
-use crate::{json, kv_json, pop_query, render};
+use crate::{json, kv_json, pop_query, reads, render};
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped.
 pub(crate) fn segments(path: &str) -> Vec<String> {
@@ -32,6 +32,11 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "transaction"]) => "transaction",
         ("POST", ["api", "v1", "kv"]) | (_, ["api", "v1", "kv", _, ..]) => "kv",
         ("POST", ["api", "v1", "locks"]) => "locks",
+        ("POST", ["api", "v1", "fetch"]) => "fetch",
+        ("POST", ["api", "v1", "partitions", "changed"]) => "partitions_changed",
+        ("GET", ["api", "v1", "dlq"]) => "dlq",
+        (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
+        ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
         ("POST", ["api", "v1", "configure"]) => "configure",
         ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
         ("GET", ["health"]) => "health",
@@ -123,6 +128,20 @@ pub(crate) async fn handle<A: Api>(
             let q = QueueName::new(*queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
             let existed = api.delete_queue(q).await?;
             Ok(json_response(200, &json!({"deleted": true, "queue": queue, "existed": existed})))
+        }
+        ("POST", ["api", "v1", "fetch"]) => reads::fetch(api, body).await,
+        ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, body).await,
+        ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, query).await,
+        (m, ["api", "v1", "consumer-groups", rest @ ..]) => reads::groups(api, m, rest, query, body).await,
+        ("POST", ["api", "v1", "stats", "refresh"]) => Ok(json_response(200, &json!({"success": true}))),
+        ("GET", ["api", "v1", rest @ ("status" | "resources"), tail @ ..]) => {
+            let mut segs = vec![*rest];
+            segs.extend_from_slice(tail);
+            reads::resources(api, &segs, query).await
+        }
+        ("GET", ["metrics"]) => {
+            let h = api.health();
+            Ok(json_response(200, &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.ready})))
         }
         ("GET", ["health"]) => {
             let h = api.health();

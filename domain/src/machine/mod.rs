@@ -4,6 +4,7 @@
 //! time compares stamps, never a clock, so every replica computes the same state.
 
 mod ack;
+mod groups;
 mod housekeeping;
 pub(crate) mod kv;
 mod locks;
@@ -45,6 +46,12 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
             Outcome::Configured(queue::configure(txn, stamp, queue, namespace, task, options)?)
         }
         Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
+        Command::DeleteGroup { group, queue, delete_metadata } => {
+            let (partitions, metadata) = groups::delete(txn, group, queue.as_ref(), *delete_metadata)?;
+            Outcome::GroupDeleted { partitions, metadata }
+        }
+        Command::Seek { group, queue, to } => Outcome::Seeked { partitions: groups::seek(txn, stamp, group, queue, *to)? },
+        Command::Resubscribe { group, from } => Outcome::Resubscribed { rows: groups::resubscribe(txn, group, *from)? },
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
         Command::Transaction { ops, required_leases, kv } => {
@@ -129,4 +136,12 @@ pub(crate) fn scan_recs<T: DeserializeOwned>(
 /// Store failures.
 pub fn partition_ids_pub(s: &dyn StateRead, qid: u64) -> Result<Vec<u64>, StoreError> {
     queue::partition_ids(s, qid)
+}
+
+/// Where a group starts in a partition it has not touched.
+///
+/// # Errors
+/// Store failures.
+pub fn start_offset_pub(s: &dyn StateRead, p: &crate::model::PartitionRec, start: crate::model::SubscriptionStart) -> Result<u64, StoreError> {
+    pop::start_offset(s, p, start)
 }

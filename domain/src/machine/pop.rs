@@ -125,7 +125,7 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
 /// Where a group starts in a partition it has not touched: the oldest retained offset, or the
 /// first offset stamped at or after its subscription time (stamps rise with offsets, so a
 /// binary search over point reads finds it).
-fn start_offset(s: &dyn StateRead, p: &PartitionRec, start: SubscriptionStart) -> Result<u64, StoreError> {
+pub(crate) fn start_offset(s: &dyn StateRead, p: &PartitionRec, start: SubscriptionStart) -> Result<u64, StoreError> {
     let SubscriptionStart::From(t) = start else { return Ok(p.log_start) };
     let (mut lo, mut hi) = (p.log_start, p.next_offset);
     while lo < hi {
