@@ -72,6 +72,7 @@ fn kind(c: &Command) -> &'static str {
         Command::DeleteQueue { .. } => "delete_queue",
         Command::Transaction { .. } => "transaction",
         Command::Kv(_) => "kv",
+        Command::Timers(_) => "timers",
         Command::DeleteGroup { .. } => "delete_group",
         Command::Seek { .. } => "seek",
         Command::Resubscribe { .. } => "resubscribe",
@@ -132,8 +133,10 @@ impl Broker {
         if self.log.progress().role != RaftRole::Leader {
             return;
         }
-        if let Err(e) = self.propose(Command::Tick).await {
-            tracing::debug!(target: "queen-app", error = %e, "tick not committed");
+        match self.propose(Command::Tick).await {
+            // A tick may deliver due timers: let parked pops look again.
+            Ok(_) => self.waiters.wake_all(),
+            Err(e) => tracing::debug!(target: "queen-app", error = %e, "tick not committed"),
         }
     }
 
@@ -280,6 +283,13 @@ impl Api for Broker {
         self.waiters.forget(&name);
         match r.outcome {
             Outcome::Deleted { existed } => Ok(existed),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
+    }
+
+    async fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> Result<Vec<queen_domain::timers::TimerResult>, ApiError> {
+        match self.propose(Command::Timers(ops)).await?.outcome {
+            Outcome::Timers(r) => Ok(r),
             _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
         }
     }

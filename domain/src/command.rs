@@ -201,6 +201,8 @@ pub enum Command {
         /// The new start.
         from: Stamp,
     },
+    /// Timer operations, in order.
+    Timers(Vec<crate::timers::TimerOp>),
     /// KV operations in one call (all or nothing when a required precondition is lost).
     Kv(Vec<crate::kv::KvOp>),
     /// Lock operations (each independent).
@@ -324,6 +326,8 @@ pub enum Outcome {
     Transaction(TxnOutcome),
     /// A KV call's answer.
     Kv(crate::kv::KvOutcome),
+    /// Timer answers, in order.
+    Timers(Vec<crate::timers::TimerResult>),
     /// Group positions dropped.
     GroupDeleted {
         /// Cursors dropped.

@@ -34,6 +34,40 @@ pub mod table {
     pub const KV: u8 = 0x0E;
     /// KV expiry index by (expiry, namespace, key).
     pub const KV_EXPIRY: u8 = 0x0F;
+    /// Timers by (queue, timer key).
+    pub const TIMER: u8 = 0x10;
+    /// Timer due index by (deliver at, queue, timer key).
+    pub const TIMER_DUE: u8 = 0x11;
+}
+
+/// A timer.
+#[must_use]
+pub fn timer(queue: &str, key: &str) -> Vec<u8> {
+    let mut k = vec![table::TIMER];
+    k.extend_from_slice(queue.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The start of a queue's timers.
+#[must_use]
+pub fn timer_queue(queue: &str) -> Vec<u8> {
+    let mut k = vec![table::TIMER];
+    k.extend_from_slice(queue.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A timer due index key.
+#[must_use]
+pub fn timer_due(at: u64, queue: &str, key: &str) -> Vec<u8> {
+    let mut k = vec![table::TIMER_DUE];
+    k.extend_from_slice(&at.to_be_bytes());
+    k.extend_from_slice(queue.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
 }
 
 /// A KV row.

@@ -21,6 +21,7 @@ pub mod names;
 pub mod reads;
 pub mod store;
 pub mod time;
+pub mod timers;
 
 pub use command::{Command, Entry, Response};
 pub use machine::apply_entry;

@@ -186,3 +186,36 @@ pub fn lag(s: &dyn StateRead, p: &PartitionRec, group: &str, start: crate::model
     let leased = c.as_ref().is_some_and(|c| c.live_lease(now).is_some());
     Ok((lag, oldest, leased, c.map_or(Stamp(0), |c| c.last_consumed)))
 }
+
+/// A pending timer.
+///
+/// # Errors
+/// Store failures.
+pub fn timer(s: &dyn StateRead, queue: &str, key: &str) -> Result<Option<crate::timers::TimerRec>, StoreError> {
+    get_rec(s, &keys::timer(queue, key))
+}
+
+/// A page of a queue's pending timers by key, after `after` (exclusive); the bool says more follow.
+///
+/// # Errors
+/// Store failures.
+pub fn timers(s: &dyn StateRead, queue: &str, after: Option<&str>, limit: usize) -> Result<(Vec<(String, crate::timers::TimerRec)>, bool), StoreError> {
+    let base = keys::timer_queue(queue);
+    let start = match after {
+        Some(a) => {
+            let mut k = keys::timer(queue, a);
+            k.push(0);
+            k
+        }
+        None => base.clone(),
+    };
+    let rows: Vec<(Vec<u8>, crate::timers::TimerRec)> = scan_recs(s, &start, &keys::prefix_end(&base), limit + 1)?;
+    let more = rows.len() > limit;
+    Ok((
+        rows.into_iter()
+            .take(limit)
+            .map(|(k, t)| (String::from_utf8_lossy(k.get(base.len()..).unwrap_or_default()).into_owned(), t))
+            .collect(),
+        more,
+    ))
+}

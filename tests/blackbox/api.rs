@@ -186,3 +186,66 @@ fn consumer_group_admin_and_status_routes() {
     assert!(n.get("/metrics").json.is_object());
     assert_eq!(n.request("POST", "/api/v1/stats/refresh", None).status, 200);
 }
+
+#[test]
+fn timers_schedule_peek_list_cancel_and_deliver() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    // base64 of {"remind":true}
+    let payload = "eyJyZW1pbmQiOnRydWV9";
+    let s = n.post("/api/v1/timers", &json!({"operations": [
+        {"op": "schedule", "queue": "reminders", "timerKey": "user/42", "payload": payload, "delayMs": 300, "txn": "remind-42"},
+        {"op": "schedule", "queue": "reminders", "timerKey": "user/43", "payload": payload, "delayMs": 600_000}
+    ]}));
+    assert_eq!(s.status, 200, "{}", s.text);
+    assert_eq!(s.json["results"][0]["status"], "scheduled");
+    let promised = s.json["results"][0]["messageId"].clone();
+    let list = n.get("/api/v1/timers/reminders?limit=1");
+    assert_eq!(list.json["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(list.json["truncated"], true);
+    let peek = n.get("/api/v1/timers/reminders/user/43");
+    assert_eq!(peek.json["found"], true, "{}", peek.text);
+    assert_eq!(peek.json["payload"], payload);
+    let c = n.request("DELETE", "/api/v1/timers/reminders/user/43", None);
+    assert_eq!(c.json["status"], "cancelled");
+    assert_eq!(n.request("DELETE", "/api/v1/timers/reminders/user/43?txn=abc", None).json["status"], "absent");
+    // The due timer is delivered by a tick (about once a second) as the promised message.
+    let got = n.get("/api/v1/pop/queue/reminders?batch=5&wait=true&timeout=10000");
+    assert_eq!(got.status, 200, "{}", got.text);
+    let m = &got.json["messages"][0];
+    assert_eq!(m["transactionId"], "remind-42");
+    assert_eq!(m["id"], promised);
+    assert_eq!(m["data"], json!({"remind": true}));
+    assert_eq!(got.json["messages"].as_array().unwrap().len(), 1, "the cancelled timer never fires");
+    assert_eq!(n.get("/api/v1/timers/reminders/user/42").json["found"], false);
+    // Server-owned fields and bad payloads are refused, naming the field.
+    let bad = n.post("/api/v1/timers", &json!({"operations": [{"op": "schedule", "queue": "r", "timerKey": "k", "payload": payload, "delayMs": 1, "deliverAt": 5}]}));
+    assert_eq!(bad.status, 400);
+    assert!(bad.text.contains("operations[0].deliverAt"), "{}", bad.text);
+    let bad = n.post("/api/v1/timers", &json!({"operations": [{"op": "schedule", "queue": "r", "timerKey": "k", "payload": "%%%", "delayMs": 1}]}));
+    assert!(bad.text.contains("operations[0].payload"), "{}", bad.text);
+}
+
+#[test]
+fn bad_input_on_the_read_and_admin_routes_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    let cases: Vec<(&str, &str, Value, &str)> = vec![
+        ("POST", "/api/v1/fetch", json!({"entries": [{"queue": "q", "offset": -1}]}), "entries[0].offset"),
+        ("POST", "/api/v1/fetch", json!({"entries": "x"}), "entries"),
+        ("POST", "/api/v1/partitions/changed", json!({"entries": [{"queue": "q", "since": "noon"}]}), "entries[0].since"),
+        ("POST", "/api/v1/partitions/changed", json!({"entries": []}), "entries"),
+        ("POST", "/api/v1/consumer-groups/g/subscription", json!({}), "subscriptionTimestamp"),
+        ("POST", "/api/v1/locks", json!({"operations": [{"op": "acquire", "name": "a#b", "ttlSeconds": 5}]}), "operations[0].name"),
+        ("POST", "/api/v1/locks", json!({"operations": [{"op": "acquire", "name": "a", "ttlSeconds": 0}]}), "operations[0].ttlSeconds"),
+        ("POST", "/api/v1/transaction", json!({"operations": [{"type": "ack", "partitionId": "1"}], "requiredLeases": []}), "operations[0].transactionId"),
+    ];
+    for (method, path, body, needle) in cases {
+        let a = n.request(method, path, Some(&body.to_string()));
+        assert_eq!(a.status, 400, "{path} {body} -> {}", a.text);
+        assert!(a.text.contains(needle), "{path}: should name {needle}: {}", a.text);
+    }
+    assert_eq!(n.get("/api/v1/dlq").status, 400, "queue is required");
+    assert_eq!(n.get("/api/v1/dlq?queue=q&limit=x").status, 400);
+    assert_eq!(n.get("/health").status, 200);
+}

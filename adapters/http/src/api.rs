@@ -106,6 +106,8 @@ pub trait Api: Send + Sync + 'static {
     ) -> impl Future<Output = Result<QueueOptions, ApiError>> + Send;
     /// Delete a queue; answers whether it existed.
     fn delete_queue(&self, queue: QueueName) -> impl Future<Output = Result<bool, ApiError>> + Send;
+    /// Apply timer operations in one entry.
+    fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> impl Future<Output = Result<Vec<queen_domain::timers::TimerResult>, ApiError>> + Send;
     /// Propose an administrative command and answer its outcome.
     fn command(&self, command: Command) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Wait until this node has applied everything committed when the read began.

@@ -16,6 +16,7 @@ mod reads;
 mod render;
 mod router;
 mod server;
+mod timers_json;
 
 pub use api::{Api, ApiError, HealthView, PopRequest};
 pub use server::{ServeConfig, serve};

@@ -35,6 +35,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "fetch"]) => "fetch",
         ("POST", ["api", "v1", "partitions", "changed"]) => "partitions_changed",
         ("GET", ["api", "v1", "dlq"]) => "dlq",
+        (_, ["api", "v1", "timers", ..]) => "timers",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
         ("POST", ["api", "v1", "configure"]) => "configure",
@@ -133,6 +134,7 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, body).await,
         ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, query).await,
         (m, ["api", "v1", "consumer-groups", rest @ ..]) => reads::groups(api, m, rest, query, body).await,
+        (m, ["api", "v1", "timers", rest @ ..]) => crate::timers_json::route(api, m, rest, query, body).await,
         ("POST", ["api", "v1", "stats", "refresh"]) => Ok(json_response(200, &json!({"success": true}))),
         ("GET", ["api", "v1", rest @ ("status" | "resources"), tail @ ..]) => {
             let mut segs = vec![*rest];

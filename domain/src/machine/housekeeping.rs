@@ -30,6 +30,7 @@ pub(crate) fn run(txn: &mut Txn<'_>, stamp: Stamp, budget: HousekeepingBudget) -
     let mut deletes = budget.deletes;
     expire_leases(txn, stamp, &mut deletes)?;
     super::kv::sweep(txn, stamp, &mut deletes)?;
+    super::timers::deliver_due(txn, stamp, &mut deletes)?;
     collect_graves(txn, &mut deletes)?;
     retention(txn, stamp, &mut deletes, budget.partitions)?;
     Ok(())

@@ -11,6 +11,7 @@ mod locks;
 mod pop;
 mod push;
 mod queue;
+pub(crate) mod timers;
 mod transaction;
 
 use serde::Serialize;
@@ -52,6 +53,7 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
         }
         Command::Seek { group, queue, to } => Outcome::Seeked { partitions: groups::seek(txn, stamp, group, queue, *to)? },
         Command::Resubscribe { group, from } => Outcome::Resubscribed { rows: groups::resubscribe(txn, group, *from)? },
+        Command::Timers(ops) => Outcome::Timers(timers::apply(txn, stamp, ops)?),
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
         Command::Transaction { ops, required_leases, kv } => {
