@@ -245,8 +245,14 @@ impl Api for Broker {
         }
     }
 
-    async fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>, kv: Vec<KvOp>) -> Result<TxnOutcome, ApiError> {
-        let r = self.propose(Command::Transaction { ops, required_leases, kv }).await?;
+    async fn transaction(
+        &self,
+        ops: Vec<TxnOp>,
+        required_leases: Vec<String>,
+        kv: Vec<KvOp>,
+        timers: Vec<queen_domain::timers::TimerOp>,
+    ) -> Result<TxnOutcome, ApiError> {
+        let r = self.propose(Command::Transaction { ops, required_leases, kv, timers }).await?;
         let Outcome::Transaction(t) = r.outcome else {
             return Err(ApiError::new(500, "internal", "unexpected outcome"));
         };

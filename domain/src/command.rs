@@ -133,6 +133,8 @@ pub struct TxnOutcome {
     /// The KV rider's answer (when it lost a required precondition, `failed` is set and nothing
     /// of the bundle applied).
     pub kv: Option<crate::kv::KvOutcome>,
+    /// The timer rider's answers.
+    pub timers: Vec<crate::timers::TimerResult>,
 }
 
 /// Every command of the log.
@@ -175,6 +177,8 @@ pub enum Command {
         required_leases: Vec<String>,
         /// KV operations riding with the bundle.
         kv: Vec<crate::kv::KvOp>,
+        /// Timer operations riding with the bundle.
+        timers: Vec<crate::timers::TimerOp>,
     },
     /// Drop a group's positions on one queue or all.
     DeleteGroup {

@@ -390,7 +390,7 @@ mod transactions {
         let mut s = Sim::new();
         s.push("in", "Default", "m1");
         let p = s.pop("in", None, 1);
-        let cmd = Command::Transaction { ops: vec![ack_op(&p, false), TxnOp::Push(item("out", "derived-1"))], required_leases: vec![p.lease_id.clone()], kv: vec![] };
+        let cmd = Command::Transaction { ops: vec![ack_op(&p, false), TxnOp::Push(item("out", "derived-1"))], required_leases: vec![p.lease_id.clone()], kv: vec![], timers: vec![] };
         let Outcome::Transaction(t) = s.apply(cmd.clone()) else { panic!() };
         assert!(t.success, "{t:?}");
         assert!(matches!(&t.results[1], TxnResult::Push(o) if o.status == PushStatus::Queued));
@@ -417,7 +417,7 @@ mod transactions {
         if let TxnOp::Ack { item, .. } = &mut bad {
             item.transaction_id = "no-such-message".into();
         }
-        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x")), bad], required_leases: vec![], kv: vec![] }) else { panic!() };
+        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x")), bad], required_leases: vec![], kv: vec![], timers: vec![] }) else { panic!() };
         assert!(!t.success);
         assert!(t.error.unwrap().contains("operation 1"));
         assert!(s.pop("out", None, 5).is_empty(), "the push was rolled back");
@@ -431,7 +431,7 @@ mod transactions {
         s.push("in", "Default", "m1");
         let p = s.pop("in", None, 1);
         s.advance_secs(2);
-        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x"))], required_leases: vec![p.lease_id], kv: vec![] }) else { panic!() };
+        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x"))], required_leases: vec![p.lease_id], kv: vec![], timers: vec![] }) else { panic!() };
         assert!(!t.success);
         assert!(s.pop("out", None, 5).is_empty());
     }

@@ -249,3 +249,27 @@ fn bad_input_on_the_read_and_admin_routes_names_the_field() {
     assert_eq!(n.get("/api/v1/dlq?queue=q&limit=x").status, 400);
     assert_eq!(n.get("/health").status, 200);
 }
+
+#[test]
+fn a_timer_rides_a_transaction_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    let payload = "eyJ4IjoxfQ=="; // {"x":1}
+    let ok = n.post("/api/v1/transaction", &json!({
+        "operations": [{"type": "push", "items": [{"queue": "now", "transactionId": "n1", "payload": 1}]}],
+        "requiredLeases": [],
+        "timers": [{"op": "schedule", "queue": "soon", "timerKey": "t", "payload": payload, "delayMs": 0, "txn": "soon-1"}]
+    }));
+    assert_eq!(ok.json["success"], true, "{}", ok.text);
+    assert_eq!(ok.json["results"][1]["type"], "timer");
+    assert_eq!(ok.json["results"][1]["status"], "scheduled");
+    let failed = n.post("/api/v1/transaction", &json!({
+        "operations": [{"type": "push", "items": [{"queue": "now", "transactionId": "n2", "payload": 2}]}],
+        "requiredLeases": ["no-such-lease"],
+        "timers": [{"op": "schedule", "queue": "soon", "timerKey": "never", "payload": payload, "delayMs": 0}]
+    }));
+    assert_eq!(failed.json["success"], false);
+    assert_eq!(n.get("/api/v1/timers/soon/never").json["found"], false, "rolled back with the bundle");
+    let got = n.get("/api/v1/pop/queue/soon?batch=5&wait=true&timeout=10000");
+    assert_eq!(got.json["messages"][0]["transactionId"], "soon-1", "{}", got.text);
+}

@@ -89,7 +89,13 @@ pub trait Api: Send + Sync + 'static {
     /// Acknowledge in one group.
     fn ack(&self, group: GroupName, items: Vec<AckItem>) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
     /// Apply acks, pushes and a KV rider as one unit.
-    fn transaction(&self, ops: Vec<TxnOp>, required_leases: Vec<String>, kv: Vec<KvOp>) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
+    fn transaction(
+        &self,
+        ops: Vec<TxnOp>,
+        required_leases: Vec<String>,
+        kv: Vec<KvOp>,
+        timers: Vec<queen_domain::timers::TimerOp>,
+    ) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
     /// Apply KV operations in one entry.
     fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, ApiError>> + Send;
     /// Apply lock operations in one entry.

@@ -18,14 +18,11 @@ const MAX_TXN_BYTES: usize = 512;
 pub(crate) const MAX_TXN_OPS: usize = 10_000;
 
 /// A parsed transaction: operations, required leases, KV rider.
-pub(crate) type TxnRequest = (Vec<TxnOp>, Vec<String>, Vec<queen_domain::kv::KvOp>);
+pub(crate) type TxnRequest = (Vec<TxnOp>, Vec<String>, Vec<queen_domain::kv::KvOp>, Vec<queen_domain::timers::TimerOp>);
 
 /// `{"operations": [...], "requiredLeases": [...], "kv"?: [...]}` to a transaction.
 pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
     let m = object(body, false)?;
-    if matches!(m.get("timers"), Some(Value::Array(a)) if !a.is_empty()) {
-        return Err(ApiError::new(400, "unsupported_rider", "timers are not served yet: transactions carry acks, pushes and kv"));
-    }
     let ops = list(&m, "operations", MAX_TXN_OPS)?;
     if ops.is_empty() {
         return Err(ApiError::bad_request("operations", "must not be empty"));
@@ -70,7 +67,13 @@ pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
         Some(Value::Array(a)) => crate::kv_json::kv_list(a, true, "kv")?,
         Some(_) => return Err(ApiError::bad_request("kv", "must be a list")),
     };
-    Ok((out, leases, kv))
+    let timers = match m.get("timers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.is_empty() => Vec::new(),
+        Some(Value::Array(a)) => crate::timers_json::parse_list(a, "timers")?,
+        Some(_) => return Err(ApiError::bad_request("timers", "must be a list")),
+    };
+    Ok((out, leases, kv, timers))
 }
 
 /// Parse a body as a JSON object; an empty body is an empty object when `empty_ok`.

@@ -144,6 +144,12 @@ pub(crate) fn transaction(t: &TxnOutcome, kv_ops: &[queen_domain::kv::KvOp], id:
                 v
             })
         }))
+        .chain(t.timers.iter().enumerate().map(|(i, r)| {
+            let mut v = crate::timers_json::result(r);
+            v["index"] = json!(t.results.len() + kv_ops.len() + i);
+            v["type"] = json!("timer");
+            v
+        }))
         .collect();
     json!({"success": true, "results": results, "transactionId": id})
 }

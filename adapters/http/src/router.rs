@@ -82,9 +82,9 @@ pub(crate) async fn handle<A: Api>(
             Ok(json_response(200, &render::acks(&out)))
         }
         ("POST", ["api", "v1", "transaction"]) => {
-            let (ops, leases, kv) = json::transaction(body)?;
+            let (ops, leases, kv, timers) = json::transaction(body)?;
             let id = json::uuid_v7().to_string();
-            let out = api.transaction(ops, leases, kv.clone()).await?;
+            let out = api.transaction(ops, leases, kv.clone(), timers).await?;
             Ok(json_response(200, &render::transaction(&out, &kv, &id)))
         }
         ("POST", ["api", "v1", "kv"]) => {

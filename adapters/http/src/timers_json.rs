@@ -29,16 +29,23 @@ fn key_ok(k: &str) -> bool {
 
 fn parse_ops(body: &[u8]) -> Result<Vec<TimerOp>, ApiError> {
     let m = object(body, false)?;
-    let ops = match m.get("operations") {
-        Some(Value::Array(a)) if !a.is_empty() && a.len() <= 1000 => a,
-        _ => return Err(ApiError::bad_request("operations", "must be a list of 1 to 1000 operations")),
-    };
-    ops.iter().enumerate().map(|(i, v)| parse_op(v, i)).collect()
+    match m.get("operations") {
+        Some(Value::Array(a)) => parse_list(a, "operations"),
+        _ => Err(ApiError::bad_request("operations", "must be a list of 1 to 1000 operations")),
+    }
 }
 
-fn parse_op(v: &Value, i: usize) -> Result<TimerOp, ApiError> {
-    let f = |k: &str| format!("operations[{i}].{k}");
-    let Value::Object(o) = v else { return Err(ApiError::bad_request(&format!("operations[{i}]"), "must be an object")) };
+/// A list of timer operations (also a transaction's `timers` rider).
+pub(crate) fn parse_list(a: &[Value], name: &str) -> Result<Vec<TimerOp>, ApiError> {
+    if a.is_empty() || a.len() > 1000 {
+        return Err(ApiError::bad_request(name, "must have 1 to 1000 operations"));
+    }
+    a.iter().enumerate().map(|(i, v)| parse_op(v, i, name)).collect()
+}
+
+fn parse_op(v: &Value, i: usize, name: &str) -> Result<TimerOp, ApiError> {
+    let f = |k: &str| format!("{name}[{i}].{k}");
+    let Value::Object(o) = v else { return Err(ApiError::bad_request(&format!("{name}[{i}]"), "must be an object")) };
     if let Some(k) = o.keys().find(|k| k.starts_with('_') || SERVER_OWNED.contains(&k.as_str())) {
         return Err(ApiError::bad_request(&f(k), "is owned by the server"));
     }
@@ -69,7 +76,7 @@ fn schedule(o: &Map<String, Value>, f: &dyn Fn(&str) -> String, queue: QueueName
     Ok(TimerOp::Schedule { queue, key, payload, delay_ms, txn, partition, message_id: *uuid_v7().as_bytes(), reschedule })
 }
 
-fn result(r: &TimerResult) -> Value {
+pub(crate) fn result(r: &TimerResult) -> Value {
     json!({
         "ok": r.ok, "status": r.status, "queue": r.queue, "timerKey": r.key, "txn": r.txn,
         "messageId": r.message_id.map(|m| uuid::Uuid::from_bytes(m).to_string()),

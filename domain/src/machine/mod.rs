@@ -56,8 +56,8 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
         Command::Timers(ops) => Outcome::Timers(timers::apply(txn, stamp, ops)?),
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
-        Command::Transaction { ops, required_leases, kv } => {
-            Outcome::Transaction(transaction::apply(txn, stamp, index, ops, required_leases, kv)?)
+        Command::Transaction { ops, required_leases, kv, timers } => {
+            Outcome::Transaction(transaction::apply(txn, stamp, index, ops, required_leases, kv, timers)?)
         }
     };
     Ok(Response { stamp, outcome })

@@ -16,9 +16,10 @@ use super::get_rec;
 use super::push::push;
 
 fn failed(error: String) -> TxnOutcome {
-    TxnOutcome { success: false, error: Some(error), results: Vec::new(), kv: None }
+    TxnOutcome { success: false, error: Some(error), results: Vec::new(), kv: None, timers: Vec::new() }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     txn: &mut Txn<'_>,
     stamp: Stamp,
@@ -26,6 +27,7 @@ pub(crate) fn apply(
     ops: &[TxnOp],
     required_leases: &[String],
     kv_ops: &[crate::kv::KvOp],
+    timer_ops: &[crate::timers::TimerOp],
 ) -> Result<TxnOutcome, StoreError> {
     for lease in required_leases {
         let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > stamp);
@@ -38,7 +40,7 @@ pub(crate) fn apply(
         [only] => Some(only.clone()),
         _ => None,
     };
-    let (results, kv, writes) = {
+    let (results, kv, timers, writes) = {
         let mut child = Txn::new(&*txn);
         let mut results = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
@@ -69,10 +71,11 @@ pub(crate) fn apply(
         if let Some(k) = &kv
             && k.failed.is_some()
         {
-            return Ok(TxnOutcome { success: false, error: Some("a required KV precondition was lost".to_owned()), results, kv });
+            return Ok(TxnOutcome { success: false, error: Some("a required KV precondition was lost".to_owned()), results, kv, timers: Vec::new() });
         }
-        (results, kv, child.into_writes())
+        let timers = super::timers::apply(&mut child, stamp, timer_ops)?;
+        (results, kv, timers, child.into_writes())
     };
     txn.absorb(writes);
-    Ok(TxnOutcome { success: true, error: None, results, kv })
+    Ok(TxnOutcome { success: true, error: None, results, kv, timers })
 }
