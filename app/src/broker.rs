@@ -215,6 +215,38 @@ impl Api for Broker {
         result
     }
 
+    async fn pop_tagged(&self, namespace: Option<String>, task: Option<String>, req: PopRequest) -> Result<(String, PopOutcome), ApiError> {
+        let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+        let mut cmd = req.command;
+        loop {
+            let view = self.store.view();
+            let queues = reads::queues(&view, 100_000).map_err(|e| Self::read_error(&e))?;
+            for q in queues.iter().filter(|q| {
+                namespace.as_ref().is_none_or(|n| q.namespace.as_ref() == Some(n)) && task.as_ref().is_none_or(|t| q.task.as_ref() == Some(t))
+            }) {
+                let Ok(name) = QueueName::new(q.name.clone()) else { continue };
+                cmd.queue = name;
+                let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd).map_err(|e| Self::read_error(&e))?;
+                if would.is_empty() {
+                    continue;
+                }
+                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                if let Outcome::Pop(p) = self.propose(Command::Pop(cmd.clone())).await?.outcome
+                    && !p.is_empty()
+                {
+                    let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
+                    self.telemetry.metrics().messages_delivered(n as u64);
+                    return Ok((q.name.clone(), p));
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok((String::new(), PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() }));
+            }
+            tokio::time::sleep(remaining.min(RECHECK)).await;
+        }
+    }
+
     async fn ack(&self, group: GroupName, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, ApiError> {
         let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
         let r = self.propose(Command::Ack { group, items }).await?;

@@ -273,3 +273,18 @@ fn a_timer_rides_a_transaction_all_or_nothing() {
     let got = n.get("/api/v1/pop/queue/soon?batch=5&wait=true&timeout=10000");
     assert_eq!(got.json["messages"][0]["transactionId"], "soon-1", "{}", got.text);
 }
+
+#[test]
+fn pop_by_namespace_and_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    n.post("/api/v1/configure", &json!({"queue": "eu-invoices", "namespace": "billing", "task": "invoice", "options": {}}));
+    n.post("/api/v1/configure", &json!({"queue": "eu-refunds", "namespace": "billing", "task": "refund", "options": {}}));
+    n.post("/api/v1/push", &json!({"items": [{"queue": "eu-refunds", "transactionId": "r1", "payload": 1}]}));
+    assert_eq!(n.get("/api/v1/pop?namespace=billing&task=invoice&wait=false").status, 204);
+    let got = n.get("/api/v1/pop?namespace=billing&batch=5&wait=false");
+    assert_eq!(got.status, 200, "{}", got.text);
+    assert_eq!(got.json["queue"], "eu-refunds");
+    assert_eq!(got.json["messages"][0]["transactionId"], "r1");
+    assert_eq!(n.get("/api/v1/pop?wait=false").status, 400);
+}

@@ -86,6 +86,13 @@ pub trait Api: Send + Sync + 'static {
     fn push(&self, items: Vec<PushItem>) -> impl Future<Output = Result<Vec<PushOutcome>, ApiError>> + Send;
     /// Pop, with an optional long poll.
     fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, ApiError>> + Send;
+    /// Pop from any queue tagged with `namespace` and/or `task`; answers the queue it popped.
+    fn pop_tagged(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+        req: PopRequest,
+    ) -> impl Future<Output = Result<(String, PopOutcome), ApiError>> + Send;
     /// Acknowledge in one group.
     fn ack(&self, group: GroupName, items: Vec<AckItem>) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
     /// Apply acks, pushes and a KV rider as one unit.

@@ -25,7 +25,7 @@ pub(crate) fn segments(path: &str) -> Vec<String> {
 pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => "push",
-        ("GET", ["api", "v1", "pop", "queue", _]) | ("GET", ["api", "v1", "pop", "queue", _, "partition", _]) => "pop",
+        ("GET", ["api", "v1", "pop", "queue", _]) | ("GET", ["api", "v1", "pop", "queue", _, "partition", _]) | ("GET", ["api", "v1", "pop"]) => "pop",
         ("POST", ["api", "v1", "ack"]) => "ack",
         ("POST", ["api", "v1", "ack", "batch"]) => "ack_batch",
         ("POST", ["api", "v1", "lease", _, "extend"]) => "lease_extend",
@@ -65,6 +65,23 @@ pub(crate) async fn handle<A: Api>(
             Ok(json_response(200, &render::push(&out)))
         }
         ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
+        ("GET", ["api", "v1", "pop"]) => {
+            let q = pop_query::parse_query(query);
+            let tag = |k: &str| q.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+            let (namespace, task) = (tag("namespace"), tag("task"));
+            if namespace.is_none() && task.is_none() {
+                return Err(ApiError::bad_request("namespace", "or task is required"));
+            }
+            // The queue is chosen among the tagged ones; the placeholder name is never used.
+            let (req, autopilot) = pop_query::pop_request("tagged", None, query)?;
+            let group = req.command.group.as_str().to_owned();
+            let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
+            let (queue, out) = api.pop_tagged(namespace, task, req).await?;
+            if out.is_empty() {
+                return Ok(no_content());
+            }
+            Ok(json_response(200, &render::pop(&queue, &group, &out, echo)))
+        }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, queue, Some(partition), query).await
         }
