@@ -52,25 +52,43 @@ impl Node {
     /// # Panics
     /// When it does not become healthy within 30 s.
     pub fn start(bin: &Path, dir: &Path, env: &[(&str, &str)]) -> Node {
+        let mut node = Node::prepare(bin, dir, free_port(), env);
+        node.spawn();
+        node
+    }
+
+    /// A node that is configured but not started (`launch` starts it without waiting), for
+    /// clusters whose members only become healthy together.
+    #[must_use]
+    pub fn prepare(bin: &Path, dir: &Path, port: u16, env: &[(&str, &str)]) -> Node {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(90)))
             .build()
             .into();
-        let mut node = Node {
+        Node {
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
-            port: free_port(),
+            port,
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             child: None,
             agent,
             log: dir.with_extension("log"),
-        };
-        node.spawn();
-        node
+        }
+    }
+
+    /// Start the process without waiting for health.
+    pub fn launch(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.spawn_process();
     }
 
     fn spawn(&mut self) {
+        self.spawn_process();
+        self.wait_healthy(Duration::from_secs(30));
+    }
+
+    fn spawn_process(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
         let mut cmd = Command::new(&self.bin);
         cmd.env_clear()
@@ -86,7 +104,6 @@ impl Node {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn queen"));
-        self.wait_healthy(Duration::from_secs(30));
     }
 
     /// Wait until `/health` answers 200.
