@@ -19,6 +19,8 @@ pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 const MAX_IN_SNAPSHOT_LOG_TO_KEEP: u64 = 10_000;
 /// Purge in large steps, so purges are rare and delete whole segments.
 const PURGE_BATCH_SIZE: u64 = 1024;
+/// Time budget (ms) of one snapshot chunk on the wire.
+const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// Entries per AppendEntries RPC.
 const MAX_PAYLOAD_ENTRIES: u64 = 1024;
 
@@ -42,7 +44,7 @@ pub struct RaftNodeConfig {
     pub dir: PathBuf,
     /// The voters of the group; empty or one entry means a single voter (this node).
     pub peers: Vec<Peer>,
-    /// Shared secret of the raft port (used once the multi-node transport exists).
+    /// Shared secret of the raft port, sent with every raft RPC; required with several voters.
     pub token: Option<String>,
     /// Leader heartbeat interval in milliseconds.
     pub heartbeat_ms: u64,
@@ -123,12 +125,30 @@ impl RaftNodeConfig {
         if self.token.as_deref().is_some_and(str::is_empty) {
             return bad("token", "must not be empty when set".into());
         }
+        if !self.is_single_voter() {
+            if self.token.is_none() {
+                return bad(
+                    "token",
+                    "a group of several voters needs a shared raft token".into(),
+                );
+            }
+            for p in &self.peers {
+                if p.raft_addr.is_empty() {
+                    return bad("peers", format!("node {} has no raft address", p.id));
+                }
+            }
+        }
         Ok(())
     }
 
     /// Whether this node is the only voter.
     pub fn is_single_voter(&self) -> bool {
         self.peers.len() <= 1
+    }
+
+    /// Entries kept in the log below a snapshot.
+    fn log_kept_below_snapshot(&self) -> u64 {
+        MAX_IN_SNAPSHOT_LOG_TO_KEEP.min(self.snapshot_every_entries)
     }
 
     /// The openraft configuration for these values.
@@ -139,13 +159,16 @@ impl RaftNodeConfig {
             election_timeout_min: self.election_min_ms,
             election_timeout_max: self.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
-            max_in_snapshot_log_to_keep: MAX_IN_SNAPSHOT_LOG_TO_KEEP,
+            // Never keep more than one snapshot span below a snapshot (small spans in tests).
+            max_in_snapshot_log_to_keep: self.log_kept_below_snapshot(),
             purge_batch_size: PURGE_BATCH_SIZE,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            // Per-chunk budget of a streamed snapshot.
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             // Keep followers on the log (not a snapshot) unless they lag past one snapshot span.
             replication_lag_threshold: self
                 .snapshot_every_entries
-                .saturating_add(MAX_IN_SNAPSHOT_LOG_TO_KEEP),
+                .saturating_add(self.log_kept_below_snapshot()),
             ..Default::default()
         };
         config.validate().map_err(|e| RaftConfigError::Invalid {

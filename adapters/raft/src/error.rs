@@ -34,6 +34,14 @@ pub enum RaftStartError {
     /// The raft core refused to start or to initialize.
     #[error("raft core failed to start: {0}")]
     Raft(String),
+    /// The raft port could not be bound.
+    #[error("raft port {addr} could not be bound: {source}")]
+    Listen {
+        /// The address from this node's peer entry.
+        addr: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// The configuration asks for something this build cannot do yet.
     #[error("unsupported raft setup: {0}")]
     Unsupported(String),

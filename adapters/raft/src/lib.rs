@@ -2,8 +2,9 @@
 //!
 //! Owns: openraft's type configuration, the raft log store (a segmented append-only log with
 //! group commit under `dir/log`), the state machine adapter that drives a
-//! `queen_ports::StateMachineBackend`, snapshots, the raft network, and `RaftNode`, which
-//! implements `queen_ports::ReplicatedLog`.
+//! `queen_ports::StateMachineBackend`, snapshots, the raft port (an HTTP/1 server and a pooled
+//! client: raft RPCs, streamed snapshots, forwarded follower proposals and read indexes), and
+//! `RaftNode`, which implements `queen_ports::ReplicatedLog`.
 //! Must never leak: any openraft type. The public API is `RaftNode`, its config and errors;
 //! everything else crosses through the port types.
 //! Must never depend on: the HTTP adapter, the state store engine, or the app.
@@ -13,8 +14,10 @@ mod error;
 mod log_store;
 mod network;
 mod node;
+mod server;
 mod state_machine;
 mod type_config;
+mod wire;
 
 #[cfg(test)]
 mod conformance;

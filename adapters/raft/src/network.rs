@@ -1,11 +1,25 @@
-//! The raft network. This issue runs a single node, so there is nobody to talk to: every RPC to
-//! any target fails with `Unreachable`, which openraft treats as "back off and retry".
+//! The client side of the raft port: openraft's `RaftNetworkV2` over HTTP/1 with a pooled
+//! hyper client, plus the app-level calls a follower makes to the leader (`/forward`,
+//! `/read_index`).
 //!
-//! The HTTP transport on the raft port (shared token checked in constant time, streamed
-//! snapshots with per-chunk timeouts) arrives with the cluster issue and replaces this module.
+//! Every request carries the shared token (when set). Timeouts come from openraft's
+//! `RPCOption::soft_ttl`. Transport failures become `Unreachable` (openraft backs off and
+//! retries); a reply that cannot be decoded becomes `NetworkError`.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::Full;
+use http_body_util::StreamBody;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Frame;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use openraft::errors::NetworkError;
 use openraft::errors::RPCError;
 use openraft::errors::ReplicationClosed;
 use openraft::errors::StreamingError;
@@ -16,6 +30,8 @@ use openraft::network::v2::RaftNetworkV2;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::TransferLeaderRequest;
+use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 
@@ -24,65 +40,284 @@ use crate::type_config::NodeInfo;
 use crate::type_config::Snapshot;
 use crate::type_config::TypeConfig;
 use crate::type_config::Vote;
+use crate::wire;
 
-/// Hands out clients that cannot reach anyone (no transport yet).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct NoTransportFactory;
+/// Error type of request bodies.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every outgoing request.
+type ReqBody = BoxBody<Bytes, BoxError>;
 
-/// A client for one target that has no transport to reach it.
-#[derive(Debug, Clone)]
-pub(crate) struct NoTransportClient {
-    /// The node openraft wanted to reach, for the error message.
-    target: u64,
+/// Idle pooled connections kept per peer.
+const POOL_IDLE_PER_HOST: usize = 8;
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Upper bound of a whole snapshot transfer (chunks also time out one by one).
+const SNAPSHOT_TOTAL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a call over the raft port failed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// No connection could be made: nothing was sent.
+    Connect(String),
+    /// No answer within the deadline: the request may have arrived.
+    Timeout,
+    /// The connection failed after the request may have been sent.
+    Sent(String),
+    /// The peer answered with a non-success status.
+    Status(u16, String),
 }
 
-impl NoTransportClient {
-    fn unreachable(&self) -> Unreachable<TypeConfig> {
-        Unreachable::from_string(format!(
-            "node {} is unreachable: this build has no raft transport (single node only)",
-            self.target
-        ))
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Connect(e) => write!(f, "connect failed: {e}"),
+            CallError::Timeout => write!(f, "timed out"),
+            CallError::Sent(e) => write!(f, "failed after sending: {e}"),
+            CallError::Status(s, b) => write!(f, "status {s}: {b}"),
+        }
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for NoTransportFactory {
-    type Network = NoTransportClient;
+/// The shared HTTP client of one node (one connection pool for all peers).
+pub(crate) struct Transport {
+    /// Pooled HTTP/1 client.
+    client: Client<HttpConnector, ReqBody>,
+    /// The shared secret sent with every request.
+    token: Option<String>,
+}
 
-    async fn new_client(&mut self, target: u64, _node: &NodeInfo) -> NoTransportClient {
-        tracing::warn!(
-            target,
-            "raft asked for a peer client, but no transport exists yet"
-        );
-        NoTransportClient { target }
+impl Transport {
+    /// A client with a connection pool, sending `token` with every request.
+    pub(crate) fn new(token: Option<String>) -> Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        Arc::new(Self { client, token })
+    }
+
+    /// POST `body` to `http://addr{path}` and return the reply body of a 200 answer.
+    pub(crate) async fn post(
+        &self,
+        addr: &str,
+        path: &str,
+        body: ReqBody,
+        timeout: Duration,
+    ) -> Result<Bytes, CallError> {
+        let mut req = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri(format!("http://{addr}{path}"))
+            .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
+        if let Some(t) = &self.token {
+            req = req.header(wire::TOKEN_HEADER, t.as_str());
+        }
+        let req = req
+            .body(body)
+            .map_err(|e| CallError::Connect(format!("bad request: {e}")))?;
+        let call = async {
+            let resp = self.client.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    CallError::Connect(e.to_string())
+                } else {
+                    CallError::Sent(e.to_string())
+                }
+            })?;
+            let status = resp.status();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| CallError::Sent(e.to_string()))?
+                .to_bytes();
+            if status != hyper::StatusCode::OK {
+                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
+                return Err(CallError::Status(status.as_u16(), text));
+            }
+            Ok(bytes)
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    /// POST an encoded value and decode the reply.
+    pub(crate) async fn call<Req, Resp>(
+        &self,
+        addr: &str,
+        path: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RPCError<TypeConfig>>
+    where
+        Req: serde::Serialize,
+        Resp: for<'de> serde::Deserialize<'de>,
+    {
+        let body =
+            wire::encode(req).map_err(|e| RPCError::Network(NetworkError::from_string(e)))?;
+        let bytes = self
+            .post(addr, path, full(body), timeout)
+            .await
+            .map_err(|e| {
+                RPCError::Unreachable(Unreachable::from_string(format!("{addr}{path}: {e}")))
+            })?;
+        wire::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::from_string(e)))
     }
 }
 
-impl RaftNetworkV2<TypeConfig> for NoTransportClient {
+/// A complete body.
+pub(crate) fn full(b: Bytes) -> ReqBody {
+    Full::new(b).map_err(|never| match never {}).boxed()
+}
+
+/// Hands openraft one client per target, all sharing the node's connection pool.
+#[derive(Clone)]
+pub(crate) struct NetworkFactory {
+    /// The shared transport.
+    pub(crate) transport: Arc<Transport>,
+}
+
+/// openraft's client for one target.
+pub(crate) struct NetworkClient {
+    /// The target's raft address.
+    addr: String,
+    /// The shared transport.
+    transport: Arc<Transport>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = NetworkClient;
+
+    async fn new_client(&mut self, target: u64, node: &NodeInfo) -> NetworkClient {
+        tracing::debug!(target, addr = %node.raft_addr, "raft peer client");
+        NetworkClient {
+            addr: node.raft_addr.clone(),
+            transport: self.transport.clone(),
+        }
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for NetworkClient {
     type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        Err(RPCError::Unreachable(self.unreachable()))
+        self.transport
+            .call(&self.addr, wire::APPEND, &rpc, option.soft_ttl())
+            .await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        Err(RPCError::Unreachable(self.unreachable()))
+        self.transport
+            .call(&self.addr, wire::VOTE, &rpc, option.soft_ttl())
+            .await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.transport
+            .call(&self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl())
+            .await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.transport
+            .call(&self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl())
+            .await
     }
 
     async fn full_snapshot(
         &mut self,
-        _vote: Vote,
-        _snapshot: Snapshot,
-        _cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
-        _option: RPCOption,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        Err(StreamingError::Unreachable(self.unreachable()))
+        let SnapshotData::Pinned(view) = snapshot.snapshot else {
+            return Err(StreamingError::Network(NetworkError::from_string(
+                "only a pinned snapshot can be sent",
+            )));
+        };
+        let header = wire::encode(&(vote, snapshot.meta))
+            .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
+        let per_chunk = option.soft_ttl();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(2);
+        // Read chunks off the pinned view one at a time and feed them to the request body;
+        // a chunk that is not taken within the per-chunk timeout aborts the transfer.
+        let producer = tokio::spawn(async move {
+            let send = |f: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    match tokio::time::timeout(per_chunk, tx.send(Ok(Frame::data(f)))).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(_)) => Err("snapshot receiver went away".to_string()),
+                        Err(_) => Err("snapshot chunk timed out".to_string()),
+                    }
+                }
+            };
+            send(wire::frame(wire::FRAME_HEADER, &header)).await?;
+            let mut i = 0usize;
+            loop {
+                let v = view.clone();
+                let chunk = tokio::task::spawn_blocking(move || v.chunk(i))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string());
+                match chunk {
+                    Ok(Some(c)) => send(wire::frame(wire::FRAME_CHUNK, &c)).await?,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.clone().into())).await;
+                        return Err(e);
+                    }
+                }
+                i += 1;
+            }
+            send(wire::frame(wire::FRAME_END, &[])).await?;
+            Ok::<usize, String>(i)
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let body: ReqBody = BodyExt::boxed(StreamBody::new(stream));
+        let addr = self.addr.clone();
+        let transport = self.transport.clone();
+        let request = async move {
+            transport
+                .post(&addr, wire::SNAPSHOT, body, SNAPSHOT_TOTAL_TIMEOUT)
+                .await
+        };
+        let result = tokio::select! {
+            closed = cancel => {
+                producer.abort();
+                return Err(StreamingError::Closed(closed));
+            }
+            r = request => r,
+        };
+        producer.abort();
+        let bytes = result.map_err(|e| {
+            StreamingError::Unreachable(Unreachable::from_string(format!(
+                "{}: snapshot: {e}",
+                self.addr
+            )))
+        })?;
+        wire::decode(&bytes).map_err(|e| StreamingError::Network(NetworkError::from_string(e)))
     }
 }

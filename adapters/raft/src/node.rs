@@ -23,21 +23,39 @@ use queen_ports::RaftRole;
 use queen_ports::ReplicatedLog;
 use queen_ports::StateMachineBackend;
 
+use crate::config::Peer;
 use crate::config::RaftNodeConfig;
 use crate::error::RaftShutdownError;
 use crate::error::RaftStartError;
 use crate::log_store::LogLiveness;
 use crate::log_store::LogStore;
 use crate::log_store::LogStoreOptions;
-use crate::network::NoTransportFactory;
+use crate::network::CallError;
+use crate::network::NetworkFactory;
+use crate::network::Transport;
+use crate::network::full;
+use crate::server::RaftServer;
 use crate::state_machine::StateMachineStore;
 use crate::type_config::Command;
 use crate::type_config::NodeInfo;
 use crate::type_config::Raft;
 use crate::type_config::TypeConfig;
+use crate::wire;
 
 /// How long `shutdown` waits for the log store to be dropped (and its directory lock released).
 const LOG_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a multi-node `start` waits until some leader is known.
+const LEADER_KNOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a forwarded command may take on the leader (append, commit, apply).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a follower waits to apply up to the index of its forwarded command or read index.
+const APPLY_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long asking the leader for a read index may take.
+const READ_INDEX_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a leader stepping down waits for another leader.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Attempts of a forward when the addressed node no longer leads.
+const FORWARD_ATTEMPTS: usize = 3;
 
 /// A running raft node. Cheap to clone; all clones drive the same node.
 #[derive(Clone)]
@@ -56,6 +74,14 @@ struct NodeInner {
     fsyncs: Arc<AtomicU64>,
     /// Tells when the log store is gone after shutdown.
     log_liveness: LogLiveness,
+    /// Whether other voters were configured (multi-node transport in use).
+    multi: bool,
+    /// The configured peers, to find a leader's raft address when the membership lacks it.
+    peers: Vec<Peer>,
+    /// The client side of the raft port (forwarding, read index).
+    transport: Arc<Transport>,
+    /// The raft-port server, until shutdown.
+    server: tokio::sync::Mutex<Option<RaftServer>>,
 }
 
 impl RaftNode {
@@ -66,6 +92,11 @@ impl RaftNode {
     /// applied point comes from `backend.load_meta()`, and openraft re-applies the committed
     /// entries after it from the log. A single voter campaigns at once and this call waits (up
     /// to a few election timeouts) until it leads.
+    ///
+    /// With several peers the node serves raft RPCs on its own `raft_addr` (HTTP/1, token
+    /// checked). On empty directories the voter with the smallest id initializes the membership
+    /// from the peer list and the others wait to be contacted; afterwards the membership lives
+    /// in the log. This call waits until some leader is known or 10 s passed, then returns Ok.
     ///
     /// # Errors
     /// A bad config, a log that cannot be opened or recovered (corruption, directory in use), a
@@ -84,12 +115,6 @@ impl RaftNode {
         log_options: LogStoreOptions,
     ) -> Result<RaftNode, RaftStartError> {
         cfg.validate()?;
-        if !cfg.is_single_voter() {
-            return Err(RaftStartError::Unsupported(format!(
-                "{} voters configured; multi-node groups need the raft transport, which is not built yet",
-                cfg.peers.len()
-            )));
-        }
         let raft_config = Arc::new(cfg.openraft_config()?);
 
         let log_dir = cfg.log_dir();
@@ -111,9 +136,32 @@ impl RaftNode {
             .await
             .map_err(RaftStartError::StateMachine)?;
 
-        let raft = Raft::new(cfg.node_id, raft_config, NoTransportFactory, store, sm)
+        let transport = Transport::new(cfg.token.clone());
+        let factory = NetworkFactory {
+            transport: transport.clone(),
+        };
+        let raft = Raft::new(cfg.node_id, raft_config, factory, store, sm)
             .await
             .map_err(|e| RaftStartError::Raft(e.to_string()))?;
+
+        let multi = !cfg.is_single_voter();
+        let mut server = None;
+        if multi {
+            let addr = cfg
+                .peers
+                .iter()
+                .find(|p| p.id == cfg.node_id)
+                .map(|p| p.raft_addr.clone())
+                .unwrap_or_default();
+            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id).await {
+                Ok(s) => server = Some(s),
+                Err(source) => {
+                    // Stop the core so the log directory is released.
+                    let _ = raft.shutdown().await;
+                    return Err(RaftStartError::Listen { addr, source });
+                }
+            }
+        }
 
         let node = RaftNode {
             inner: Arc::new(NodeInner {
@@ -121,10 +169,273 @@ impl RaftNode {
                 raft,
                 fsyncs,
                 log_liveness,
+                multi,
+                peers: cfg.peers.clone(),
+                transport,
+                server: tokio::sync::Mutex::new(server),
             }),
         };
-        node.join_or_form(&cfg).await?;
+        if multi {
+            if let Err(e) = node.join_cluster(&cfg).await {
+                let _ = node.shutdown().await;
+                return Err(e);
+            }
+        } else {
+            node.join_or_form(&cfg).await?;
+        }
         Ok(node)
+    }
+
+    /// Multi-node start: on a fresh cluster the voter with the smallest id initializes the
+    /// membership from the peer list (the others wait to be contacted); then wait, bounded,
+    /// until some leader is known.
+    async fn join_cluster(&self, cfg: &RaftNodeConfig) -> Result<(), RaftStartError> {
+        let raft = &self.inner.raft;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| RaftStartError::Raft(e.to_string()))?;
+        let smallest = cfg.peers.iter().map(|p| p.id).min();
+        if !initialized && smallest == Some(cfg.node_id) {
+            let members: BTreeMap<u64, NodeInfo> = cfg
+                .peers
+                .iter()
+                .map(|p| {
+                    (
+                        p.id,
+                        NodeInfo {
+                            raft_addr: p.raft_addr.clone(),
+                            http_addr: p.http_addr.clone(),
+                        },
+                    )
+                })
+                .collect();
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!(
+                    node_id = cfg.node_id,
+                    voters = cfg.peers.len(),
+                    "raft cluster initialized"
+                ),
+                Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+                    tracing::info!(reason = %e, "raft cluster already initialized");
+                }
+                Err(e) => return Err(RaftStartError::Raft(e.to_string())),
+            }
+        } else if !initialized {
+            tracing::info!(
+                node_id = cfg.node_id,
+                "empty raft log: waiting to be contacted by the cluster"
+            );
+        }
+        match raft
+            .wait(Some(LEADER_KNOWN_TIMEOUT))
+            .metrics(|m| m.current_leader.is_some(), "a leader is known")
+            .await
+        {
+            Ok(m) => tracing::info!(
+                node_id = cfg.node_id,
+                leader = ?m.current_leader,
+                "raft node joined its cluster"
+            ),
+            Err(e) => tracing::warn!(
+                node_id = cfg.node_id,
+                error = %e,
+                "no raft leader known yet; continuing to start"
+            ),
+        }
+        Ok(())
+    }
+
+    /// The raft address of `leader`: from the membership, else from the configured peers.
+    fn leader_addr(&self, leader: u64, hint: Option<&NodeInfo>) -> Option<String> {
+        if let Some(n) = hint.filter(|n| !n.raft_addr.is_empty()) {
+            return Some(n.raft_addr.clone());
+        }
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        if let Some(n) = m.membership_config.get_node(&leader)
+            && !n.raft_addr.is_empty()
+        {
+            return Some(n.raft_addr.clone());
+        }
+        self.inner
+            .peers
+            .iter()
+            .find(|p| p.id == leader)
+            .map(|p| p.raft_addr.clone())
+    }
+
+    /// The leader this node currently knows (from metrics), other than itself.
+    fn known_leader(&self) -> Option<u64> {
+        self.inner.raft.metrics().borrow_watched().current_leader
+    }
+
+    /// Hand a command to `leader` over the raft port and wait until this node has applied the
+    /// entry that carried it.
+    async fn forward(
+        &self,
+        leader: u64,
+        addr: &str,
+        command: &[u8],
+    ) -> Result<Vec<u8>, ProposeError> {
+        let bytes = self
+            .inner
+            .transport
+            .post(
+                addr,
+                wire::FORWARD,
+                full(bytes::Bytes::copy_from_slice(command)),
+                FORWARD_TIMEOUT,
+            )
+            .await
+            .map_err(|e| forward_call_error(leader, e))?;
+        let reply: wire::ForwardReply = wire::decode(&bytes).map_err(|e| {
+            tracing::warn!(leader, error = %e, "undecodable forward reply");
+            ProposeError::OutcomeUnknown
+        })?;
+        let fwd = reply.map_err(ProposeError::from)?;
+        if !self.wait_applied(fwd.index, APPLY_WAIT_TIMEOUT).await {
+            tracing::warn!(
+                index = fwd.index,
+                "forwarded command committed but not applied here in time"
+            );
+            return Err(ProposeError::OutcomeUnknown);
+        }
+        Ok(fwd.data)
+    }
+
+    /// `propose` on a multi-node group: write locally when leading, else forward to the leader.
+    async fn propose_multi(&self, command: Vec<u8>) -> Result<Vec<u8>, ProposeError> {
+        let raft = &self.inner.raft;
+        let mut hint: Option<(u64, Option<NodeInfo>)> = None;
+        for attempt in 1..=FORWARD_ATTEMPTS {
+            let target = match hint.take() {
+                Some(h) => Some(h),
+                None if raft.is_leader() => None,
+                None => match self.known_leader() {
+                    Some(l) if l == self.inner.node_id => None,
+                    Some(l) => Some((l, None)),
+                    None => return Err(ProposeError::NotLeader { leader: None }),
+                },
+            };
+            let Some((leader, node)) = target else {
+                match raft.client_write(Command(command.clone())).await {
+                    Ok(resp) => return Ok(resp.data),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                        match f.leader_id {
+                            Some(l) if l != self.inner.node_id => {
+                                hint = Some((l, f.leader_node));
+                                continue;
+                            }
+                            _ => return Err(ProposeError::NotLeader { leader: None }),
+                        }
+                    }
+                    Err(e) => return Err(map_write_error(e)),
+                }
+            };
+            let Some(addr) = self.leader_addr(leader, node.as_ref()) else {
+                return Err(ProposeError::NotLeader {
+                    leader: Some(leader),
+                });
+            };
+            match self.forward(leader, &addr, &command).await {
+                Err(ProposeError::NotLeader { leader: next }) if attempt < FORWARD_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(20 * attempt as u64)).await;
+                    if let Some(n) = next.filter(|n| *n != leader) {
+                        hint = Some((n, None));
+                    }
+                }
+                r => return r,
+            }
+        }
+        Err(ProposeError::NotLeader {
+            leader: self.known_leader(),
+        })
+    }
+
+    /// `read_barrier` on a multi-node group: a leader confirms its read index itself; a
+    /// follower asks the leader for it and waits until it has applied that far.
+    async fn read_barrier_multi(&self) -> Result<(), ProposeError> {
+        let raft = &self.inner.raft;
+        let leader = self.known_leader();
+        if raft.is_leader() || leader == Some(self.inner.node_id) {
+            return raft
+                .ensure_linearizable(ReadPolicy::ReadIndex)
+                .await
+                .map(|_| ())
+                .map_err(map_read_error);
+        }
+        let Some(leader) = leader else {
+            return Err(ProposeError::NotLeader { leader: None });
+        };
+        let Some(addr) = self.leader_addr(leader, None) else {
+            return Err(ProposeError::NotLeader {
+                leader: Some(leader),
+            });
+        };
+        let bytes = self
+            .inner
+            .transport
+            .post(
+                &addr,
+                wire::READ_INDEX,
+                full(bytes::Bytes::new()),
+                READ_INDEX_TIMEOUT,
+            )
+            .await
+            .map_err(|e| ProposeError::Unavailable(format!("read index from {leader}: {e}")))?;
+        let reply: wire::ReadIndexReply =
+            wire::decode(&bytes).map_err(ProposeError::Unavailable)?;
+        let index = reply.map_err(ProposeError::from)?;
+        if self.wait_applied(index, APPLY_WAIT_TIMEOUT).await {
+            Ok(())
+        } else {
+            Err(ProposeError::Unavailable(format!(
+                "did not apply up to read index {index} in time"
+            )))
+        }
+    }
+
+    /// On a leader of a multi-node group: hand leadership to the most caught-up other voter and
+    /// wait (up to 3 s) until another leader is known. Returns the new leader and how long the
+    /// hand-off took in milliseconds; `None` when this node does not lead, has no other voter,
+    /// or no other leader appeared in time.
+    pub async fn transfer_leadership(&self) -> Option<(u64, u128)> {
+        let raft = &self.inner.raft;
+        let me = self.inner.node_id;
+        let m = raft.metrics().borrow_watched().clone();
+        if m.state != ServerState::Leader {
+            return None;
+        }
+        let replication = m.replication.clone().unwrap_or_default();
+        let to = m
+            .membership_config
+            .voter_ids()
+            .filter(|id| *id != me)
+            .max_by_key(|id| replication.get(id).cloned().flatten().map(|l| l.index))?;
+        let started = std::time::Instant::now();
+        if let Err(e) = raft.trigger().transfer_leader(to).await {
+            tracing::warn!(to, error = %e, "leader transfer could not be started");
+            return None;
+        }
+        match raft
+            .wait(Some(TRANSFER_TIMEOUT))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != me),
+                "another leader after transfer",
+            )
+            .await
+        {
+            Ok(m) => {
+                let new = m.current_leader.unwrap_or(to);
+                let ms = started.elapsed().as_millis();
+                tracing::info!("leadership handed off to={new} ms={ms}");
+                Some((new, ms))
+            }
+            Err(e) => {
+                tracing::warn!(to, error = %e, "leadership hand-off did not complete in time");
+                None
+            }
+        }
     }
 
     /// Initialize a fresh single-voter group, or campaign at once after a restart.
@@ -171,16 +482,26 @@ impl RaftNode {
     }
 
     /// Stop the raft core and wait until the log store is closed, so the same directory can be
-    /// opened again.
+    /// opened again. A leader of a multi-node group first hands leadership to the most
+    /// caught-up voter (waiting up to 3 s); the raft port closes after the core stopped.
     ///
     /// # Errors
     /// The core ended abnormally, or the log store was still held after the core stopped.
     pub async fn shutdown(&self) -> Result<(), RaftShutdownError> {
-        self.inner
+        let server = self.inner.server.lock().await.take();
+        if self.inner.multi && server.is_some() {
+            let _ = self.transfer_leadership().await;
+        }
+        let core = self
+            .inner
             .raft
             .shutdown()
             .await
-            .map_err(|e| RaftShutdownError::Core(e.to_string()))?;
+            .map_err(|e| RaftShutdownError::Core(e.to_string()));
+        if let Some(s) = server {
+            s.stop().await;
+        }
+        core?;
         let deadline = tokio::time::Instant::now() + LOG_RELEASE_TIMEOUT;
         while !self.inner.log_liveness.is_released() {
             if tokio::time::Instant::now() >= deadline {
@@ -197,6 +518,17 @@ impl RaftNode {
         self.inner.fsyncs.load(Ordering::Relaxed)
     }
 
+    /// Index of the last entry purged from this node's log (0 when none): a follower whose
+    /// applied index is below it can only catch up by snapshot.
+    pub fn purged_index(&self) -> u64 {
+        self.inner
+            .raft
+            .metrics()
+            .borrow_watched()
+            .purged
+            .map_or(0, |l| l.index)
+    }
+
     /// Wait until this node has applied `index`; false on timeout or when the node stopped.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
         self.inner
@@ -208,6 +540,22 @@ impl RaftNode {
     }
 }
 
+/// A failed forward call as the app sees it: nothing sent means retry; maybe sent means unknown.
+fn forward_call_error(leader: u64, e: CallError) -> ProposeError {
+    match e {
+        CallError::Connect(e) => {
+            ProposeError::Unavailable(format!("leader {leader} is unreachable: {e}"))
+        }
+        CallError::Status(401, _) => {
+            ProposeError::Unavailable(format!("leader {leader} refused the raft token"))
+        }
+        CallError::Status(s, b) => {
+            ProposeError::Unavailable(format!("leader {leader} answered {s}: {b}"))
+        }
+        CallError::Timeout | CallError::Sent(_) => ProposeError::OutcomeUnknown,
+    }
+}
+
 fn map_fatal(e: Fatal<TypeConfig>) -> ProposeError {
     match e {
         Fatal::Stopped => ProposeError::Unavailable("raft node stopped".into()),
@@ -216,7 +564,9 @@ fn map_fatal(e: Fatal<TypeConfig>) -> ProposeError {
     }
 }
 
-fn map_write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ProposeError {
+pub(crate) fn map_write_error(
+    e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+) -> ProposeError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
             leader: f.leader_id,
@@ -231,7 +581,9 @@ fn map_write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Pr
     }
 }
 
-fn map_read_error(e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> ProposeError {
+pub(crate) fn map_read_error(
+    e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>,
+) -> ProposeError {
     match e {
         RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => ProposeError::NotLeader {
             leader: f.leader_id,
@@ -249,6 +601,9 @@ impl ReplicatedLog for RaftNode {
         command: Vec<u8>,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, ProposeError>> + Send + '_>> {
         Box::pin(async move {
+            if self.inner.multi {
+                return self.propose_multi(command).await;
+            }
             match self.inner.raft.client_write(Command(command)).await {
                 Ok(resp) => Ok(resp.data),
                 Err(e) => Err(map_write_error(e)),
@@ -258,6 +613,9 @@ impl ReplicatedLog for RaftNode {
 
     fn read_barrier(&self) -> Pin<Box<dyn Future<Output = Result<(), ProposeError>> + Send + '_>> {
         Box::pin(async move {
+            if self.inner.multi {
+                return self.read_barrier_multi().await;
+            }
             self.inner
                 .raft
                 .ensure_linearizable(ReadPolicy::ReadIndex)

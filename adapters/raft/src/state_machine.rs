@@ -5,8 +5,8 @@
 //! (`StateMachineBackend::snapshot`) and makes everything applied durable (`persist`), so openraft
 //! may purge the log up to it. Nothing is written for the snapshot itself: the current one is
 //! kept in memory, and after a restart openraft finds none and builds a new one at the durable
-//! last-applied point. On the receiving side the chunks are collected in memory for now (the
-//! streaming transport arrives with the cluster issue) and installed through the backend.
+//! last-applied point. On the receiving side the raft port collects the streamed chunks in memory
+//! and they are installed through the backend.
 
 use std::io;
 use std::sync::Arc;
@@ -110,7 +110,7 @@ impl PinnedSnapshot {
     }
 
     /// Chunk number `i`, or `None` past the end.
-    fn chunk(&self, i: usize) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
+    pub(crate) fn chunk(&self, i: usize) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
         let mut inner = self
             .inner
             .lock()
@@ -145,9 +145,7 @@ impl PinnedSnapshot {
 pub(crate) enum SnapshotData {
     /// A consistent view of this node's state.
     Pinned(PinnedSnapshot),
-    /// Chunks received from a leader, in order. Built by the receive side of the raft
-    /// transport (cluster issue) and by tests until then.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Chunks received from a leader, in order, collected by the raft port's snapshot route.
     Received(Vec<Vec<u8>>),
 }
 
@@ -340,7 +338,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             last_log_id: applied.last_applied,
             last_membership: applied.last_membership,
         };
-        Ok(Some(Snapshot { meta, snapshot: SnapshotData::Pinned(view) }))
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: SnapshotData::Pinned(view),
+        }))
     }
 }
 

@@ -110,12 +110,29 @@ pub(crate) struct LogReader {
 
 /// Tells whether a log store (or any of its readers) is still alive.
 #[derive(Clone)]
-pub(crate) struct LogLiveness(std::sync::Weak<Shared>);
+pub(crate) struct LogLiveness(Arc<AtomicBool>);
 
 impl LogLiveness {
-    /// True once the store and every reader were dropped, so the directory may be reopened.
+    /// True once the store and every reader were dropped and the directory lock was released,
+    /// so the directory may be reopened. (The Arc's strong count alone is not enough: it drops
+    /// to zero before the lock file is closed.)
     pub(crate) fn is_released(&self) -> bool {
-        self.0.strong_count() == 0
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The locked lock file of a log directory. Dropping it unlocks, then reports the release.
+struct DirLock {
+    /// The locked file.
+    file: File,
+    /// Set once the lock is released.
+    released: Arc<AtomicBool>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+        self.released.store(true, Ordering::Release);
     }
 }
 
@@ -171,7 +188,7 @@ struct Shared {
     /// fsync counter and poison flag, shared with the flusher.
     stats: FlushStats,
     /// Held (and locked) for the life of the store.
-    _lock: File,
+    dir_lock: DirLock,
 }
 
 impl LogStore {
@@ -231,7 +248,10 @@ impl LogStore {
                 opts,
                 inner: Mutex::new(inner),
                 stats,
-                _lock: lock,
+                dir_lock: DirLock {
+                    file: lock,
+                    released: Arc::new(AtomicBool::new(false)),
+                },
             }),
         })
     }
@@ -243,7 +263,7 @@ impl LogStore {
 
     /// A handle that tells when the store and all its readers are gone (directory lock released).
     pub(crate) fn liveness(&self) -> LogLiveness {
-        LogLiveness(Arc::downgrade(&self.shared))
+        LogLiveness(self.shared.dir_lock.released.clone())
     }
 
     /// Write `records` and queue a flush that completes `completion`.

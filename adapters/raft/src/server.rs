@@ -1,0 +1,272 @@
+//! The server side of the raft port: a small HTTP/1 server that hands raft RPCs to openraft and
+//! serves the app-level routes a follower uses (`/forward`, `/read_index`).
+//!
+//! With a token configured, a request without the right `x-queen-raft-token` is answered 401
+//! (compared in constant time; the refusal is logged without the token).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use bytes::BytesMut;
+use http_body_util::BodyExt;
+use http_body_util::Full;
+use hyper::Request;
+use hyper::Response;
+use hyper::StatusCode;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use openraft::ReadPolicy;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::node::map_read_error;
+use crate::node::map_write_error;
+use crate::state_machine::SnapshotData;
+use crate::type_config::Command;
+use crate::type_config::Raft;
+use crate::type_config::Snapshot;
+use crate::type_config::SnapshotMeta;
+use crate::type_config::Vote;
+use crate::wire;
+
+/// How long the receiver waits for the next piece of a streamed snapshot.
+const SNAPSHOT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the handlers need.
+struct Ctx {
+    /// The local raft node.
+    raft: Raft,
+    /// The expected token.
+    token: Option<String>,
+    /// This node's id, for logs.
+    node_id: u64,
+}
+
+/// A running raft-port server.
+pub(crate) struct RaftServer {
+    /// Tells the accept loop and every connection to stop.
+    stop: watch::Sender<bool>,
+    /// The accept loop.
+    accept: JoinHandle<()>,
+}
+
+impl RaftServer {
+    /// Bind `addr` and serve raft RPCs for `raft`.
+    pub(crate) async fn start(
+        addr: &str,
+        raft: Raft,
+        token: Option<String>,
+        node_id: u64,
+    ) -> std::io::Result<RaftServer> {
+        let listener = TcpListener::bind(addr).await?;
+        tracing::info!(node_id, addr, "raft port listening");
+        let ctx = Arc::new(Ctx {
+            raft,
+            token,
+            node_id,
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, ctx, stop_rx));
+        Ok(RaftServer { stop, accept })
+    }
+
+    /// Stop accepting, close every connection, and wait for the accept loop to end.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.accept.await;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, _peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "raft port accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(handle(ctx, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = stop.changed() => {}
+                r = conn => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "raft port connection ended");
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r
+}
+
+fn ok(body: Result<Bytes, String>) -> Response<Full<Bytes>> {
+    match body {
+        Ok(b) => reply(StatusCode::OK, b),
+        Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
+    }
+}
+
+fn fail(status: StatusCode, e: impl std::fmt::Display) -> Response<Full<Bytes>> {
+    reply(status, Bytes::from(e.to_string()))
+}
+
+async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(expected) = &ctx.token {
+        let given = req
+            .headers()
+            .get(wire::TOKEN_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !wire::ct_eq(given, expected.as_bytes()) {
+            tracing::warn!(
+                node_id = ctx.node_id,
+                path = req.uri().path(),
+                token_present = !given.is_empty(),
+                "raft port refused a request with a wrong or missing token"
+            );
+            return fail(StatusCode::UNAUTHORIZED, "bad raft token");
+        }
+    }
+    if req.method() != hyper::Method::POST {
+        return fail(StatusCode::METHOD_NOT_ALLOWED, "POST only");
+    }
+    let path = req.uri().path().to_string();
+    if path == wire::SNAPSHOT {
+        return receive_snapshot(&ctx, req.into_body()).await;
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return fail(StatusCode::BAD_REQUEST, e),
+    };
+    let raft = &ctx.raft;
+    match path.as_str() {
+        wire::APPEND => match wire::decode(&body) {
+            Ok(rpc) => match raft.append_entries(rpc).await {
+                Ok(r) => ok(wire::encode(&r)),
+                Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
+            },
+            Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
+        wire::VOTE => match wire::decode(&body) {
+            Ok(rpc) => match raft.vote(rpc).await {
+                Ok(r) => ok(wire::encode(&r)),
+                Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
+            },
+            Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
+        wire::PRE_VOTE => match wire::decode(&body) {
+            Ok(rpc) => match raft.pre_vote(rpc).await {
+                Ok(r) => ok(wire::encode(&r)),
+                Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
+            },
+            Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
+        wire::TRANSFER_LEADER => match wire::decode(&body) {
+            Ok(rpc) => match raft.handle_transfer_leader(rpc).await {
+                Ok(r) => ok(wire::encode(&r)),
+                Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
+            },
+            Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
+        wire::FORWARD => {
+            let r: wire::ForwardReply = match raft.client_write(Command(body.to_vec())).await {
+                Ok(resp) => Ok(wire::Forwarded {
+                    index: resp.log_id.index,
+                    data: resp.data,
+                }),
+                Err(e) => Err(map_write_error(e).into()),
+            };
+            ok(wire::encode(&r))
+        }
+        wire::READ_INDEX => {
+            let r: wire::ReadIndexReply =
+                match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                    Ok(read) => Ok(read.log_id().index),
+                    Err(e) => Err(map_read_error(e).into()),
+                };
+            ok(wire::encode(&r))
+        }
+        _ => fail(StatusCode::NOT_FOUND, "no such route"),
+    }
+}
+
+/// Collect a streamed snapshot (header, chunks, end marker) and install it.
+async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>> {
+    let mut buf = BytesMut::new();
+    let mut header: Option<(Vote, SnapshotMeta)> = None;
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut ended = false;
+    while !ended {
+        let next = match tokio::time::timeout(SNAPSHOT_FRAME_TIMEOUT, body.frame()).await {
+            Ok(n) => n,
+            Err(_) => return fail(StatusCode::REQUEST_TIMEOUT, "snapshot stream stalled"),
+        };
+        match next {
+            None => break,
+            Some(Err(e)) => return fail(StatusCode::BAD_REQUEST, e),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
+        while let Some((tag, payload)) = wire::take_frame(&mut buf) {
+            match tag {
+                wire::FRAME_HEADER => match wire::decode(&payload) {
+                    Ok(h) => header = Some(h),
+                    Err(e) => return fail(StatusCode::BAD_REQUEST, e),
+                },
+                wire::FRAME_CHUNK => chunks.push(payload.to_vec()),
+                wire::FRAME_END => {
+                    ended = true;
+                    break;
+                }
+                t => return fail(StatusCode::BAD_REQUEST, format!("unknown frame tag {t}")),
+            }
+        }
+    }
+    if !ended {
+        return fail(StatusCode::BAD_REQUEST, "snapshot stream truncated");
+    }
+    let Some((vote, meta)) = header else {
+        return fail(StatusCode::BAD_REQUEST, "snapshot stream has no header");
+    };
+    tracing::info!(
+        node_id = ctx.node_id,
+        chunks = chunks.len(),
+        last_log_id = ?meta.last_log_id,
+        "snapshot received"
+    );
+    let snapshot = Snapshot {
+        meta,
+        snapshot: SnapshotData::Received(chunks),
+    };
+    match ctx.raft.install_full_snapshot(vote, snapshot).await {
+        Ok(r) => ok(wire::encode(&r)),
+        Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}

@@ -1,0 +1,174 @@
+//! What travels over the raft port: routes, the token header, the postcard encoding of request
+//! and reply bodies, the framing of a streamed snapshot, and the replies of the app-level routes
+//! (`/forward`, `/read_index`).
+//!
+//! Every body is postcard (the same encoding the log store uses for entries). Raft RPC bodies are
+//! openraft's own request/response types; the app-level replies are defined here.
+
+use bytes::BufMut;
+use bytes::Bytes;
+use bytes::BytesMut;
+use queen_ports::ProposeError;
+use serde::Deserialize;
+use serde::Serialize;
+
+/// The header carrying the shared raft token.
+pub(crate) const TOKEN_HEADER: &str = "x-queen-raft-token";
+
+/// Route of AppendEntries.
+pub(crate) const APPEND: &str = "/raft/append_entries";
+/// Route of RequestVote.
+pub(crate) const VOTE: &str = "/raft/vote";
+/// Route of Pre-Vote.
+pub(crate) const PRE_VOTE: &str = "/raft/pre_vote";
+/// Route of a streamed full snapshot.
+pub(crate) const SNAPSHOT: &str = "/raft/full_snapshot";
+/// Route of TransferLeader.
+pub(crate) const TRANSFER_LEADER: &str = "/raft/transfer_leader";
+/// Route where a follower hands a client command to the leader.
+pub(crate) const FORWARD: &str = "/forward";
+/// Route where a follower asks the leader for a linearizable read index.
+pub(crate) const READ_INDEX: &str = "/read_index";
+
+/// Encode a body.
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Bytes, String> {
+    postcard::to_stdvec(v)
+        .map(Bytes::from)
+        .map_err(|e| format!("encode: {e}"))
+}
+
+/// Decode a body.
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(b).map_err(|e| format!("decode: {e}"))
+}
+
+/// Compare two secrets in time that depends only on their lengths, not on where they differ.
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= u64::from(x ^ y);
+    }
+    // black_box keeps the optimizer from turning the loop into an early-exit comparison.
+    std::hint::black_box(diff) == 0
+}
+
+/// A reply of the leader to a forwarded command or read-index request, or why it failed.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum WireError {
+    /// The receiving node does not lead (any more).
+    NotLeader {
+        /// Whom it believes to lead.
+        leader: Option<u64>,
+    },
+    /// The entry may or may not commit.
+    OutcomeUnknown,
+    /// Retryable.
+    Unavailable(String),
+    /// A person must look.
+    Fatal(String),
+}
+
+impl From<ProposeError> for WireError {
+    fn from(e: ProposeError) -> Self {
+        match e {
+            ProposeError::NotLeader { leader } => WireError::NotLeader { leader },
+            ProposeError::OutcomeUnknown => WireError::OutcomeUnknown,
+            ProposeError::Unavailable(s) => WireError::Unavailable(s),
+            ProposeError::Fatal(s) => WireError::Fatal(s),
+        }
+    }
+}
+
+impl From<WireError> for ProposeError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::NotLeader { leader } => ProposeError::NotLeader { leader },
+            WireError::OutcomeUnknown => ProposeError::OutcomeUnknown,
+            WireError::Unavailable(s) => ProposeError::Unavailable(s),
+            WireError::Fatal(s) => ProposeError::Fatal(s),
+        }
+    }
+}
+
+/// The leader's answer to `/forward`: the response bytes and the entry's log index.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Forwarded {
+    /// Index of the entry that carried the command.
+    pub(crate) index: u64,
+    /// The state machine's response.
+    pub(crate) data: Vec<u8>,
+}
+
+/// The answer to `/forward`.
+pub(crate) type ForwardReply = Result<Forwarded, WireError>;
+/// The answer to `/read_index`: the index the reader must have applied.
+pub(crate) type ReadIndexReply = Result<u64, WireError>;
+
+/// Frame tags of a streamed snapshot: header (vote + meta), one chunk, end of stream.
+pub(crate) const FRAME_HEADER: u8 = 1;
+/// A chunk of state.
+pub(crate) const FRAME_CHUNK: u8 = 2;
+/// The end marker; a stream without it is truncated and refused.
+pub(crate) const FRAME_END: u8 = 3;
+
+/// One frame: tag, big-endian u32 length, payload.
+pub(crate) fn frame(tag: u8, payload: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + payload.len());
+    b.put_u8(tag);
+    b.put_u32(payload.len() as u32);
+    b.put_slice(payload);
+    b.freeze()
+}
+
+/// Take one complete frame off the front of `buf`, if there is one.
+pub(crate) fn take_frame(buf: &mut BytesMut) -> Option<(u8, Bytes)> {
+    if buf.len() < 5 {
+        return None;
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if buf.len() < 5 + len {
+        return None;
+    }
+    let tag = buf[0];
+    let mut f = buf.split_to(5 + len);
+    let payload = f.split_off(5).freeze();
+    Some((tag, payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ct_eq_compares_whole_values() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(ct_eq(b"", b""));
+    }
+
+    #[test]
+    fn frames_round_trip_across_splits() {
+        let mut all = BytesMut::new();
+        all.extend_from_slice(&frame(FRAME_HEADER, b"hdr"));
+        all.extend_from_slice(&frame(FRAME_CHUNK, &[7u8; 300]));
+        all.extend_from_slice(&frame(FRAME_END, b""));
+        let bytes = all.freeze();
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for piece in bytes.chunks(7) {
+            buf.extend_from_slice(piece);
+            while let Some(f) = take_frame(&mut buf) {
+                got.push(f);
+            }
+        }
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], (FRAME_HEADER, Bytes::from_static(b"hdr")));
+        assert_eq!(got[1].1.len(), 300);
+        assert_eq!(got[2].0, FRAME_END);
+    }
+}
