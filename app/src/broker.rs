@@ -38,6 +38,10 @@ pub struct Broker {
     request_timeout: Duration,
     fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
     started: Instant,
+    /// Disk use of the data directory in percent, sampled by the node.
+    pub(crate) disk_pct: std::sync::atomic::AtomicU8,
+    /// The disk gate's threshold.
+    disk_high_pct: u8,
 }
 
 fn not_committed(e: &ProposeError) -> ApiError {
@@ -90,12 +94,54 @@ impl Broker {
         request_timeout: Duration,
         fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
     ) -> Self {
-        Self { log, store, clock, telemetry, waiters: Waiters::default(), request_timeout, fsyncs, started: Instant::now() }
+        Self {
+            log,
+            store,
+            clock,
+            telemetry,
+            waiters: Waiters::default(),
+            request_timeout,
+            fsyncs,
+            started: Instant::now(),
+            disk_pct: std::sync::atomic::AtomicU8::new(0),
+            disk_high_pct: 85,
+        }
+    }
+
+    /// Set the disk gate's threshold (percent).
+    #[must_use]
+    pub fn with_disk_gate(mut self, pct: u8) -> Self {
+        self.disk_high_pct = pct;
+        self
+    }
+
+    /// Record the data directory's disk use.
+    pub fn set_disk_use(&self, pct: u8) {
+        self.disk_pct.store(pct, Ordering::Relaxed);
+    }
+
+    /// The disk gate: writes that add data are refused above the threshold; acks, pops, lease
+    /// extensions and deletions go on so consumers can drain.
+    fn gate(&self, command: &Command) -> Result<(), ApiError> {
+        let adds = matches!(
+            command,
+            Command::Push(_) | Command::Transaction { .. } | Command::Kv(_) | Command::Timers(_) | Command::Configure { .. } | Command::Locks(_)
+        );
+        let used = self.disk_pct.load(Ordering::Relaxed);
+        if adds && used > self.disk_high_pct {
+            return Err(ApiError::new(
+                507,
+                "disk_full",
+                format!("the node's disk is {used}% full (QUEEN_RAFT_DISK_HIGH_PCT is {}%)", self.disk_high_pct),
+            ));
+        }
+        Ok(())
     }
 
     /// Propose a command and wait for its outcome, up to the request deadline. While no leader
     /// is known the proposal is held and retried (nothing was appended), not failed at once.
     pub async fn propose(&self, command: Command) -> Result<Response, ApiError> {
+        self.gate(&command)?;
         let kind = kind(&command);
         let started = Instant::now();
         let deadline = started + self.request_timeout;

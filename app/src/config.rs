@@ -26,6 +26,8 @@ pub struct RawConfig {
     pub max_body_bytes: Option<String>,
     /// `QUEEN_REQUEST_TIMEOUT_MS`
     pub request_timeout_ms: Option<String>,
+    /// `QUEEN_RAFT_DISK_HIGH_PCT`
+    pub disk_high_pct: Option<String>,
     /// The machine's hostname, for `QUEEN_RAFT_NODE_ID=ordinal`.
     pub hostname: Option<String>,
 }
@@ -60,6 +62,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Deadline of a request that has to commit.
     pub request_timeout: Duration,
+    /// Above this disk use (percent) the node answers its own clients' writes 507.
+    pub disk_high_pct: u8,
 }
 
 impl std::fmt::Debug for Config {
@@ -73,6 +77,7 @@ impl std::fmt::Debug for Config {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_body_bytes", &self.max_body_bytes)
             .field("request_timeout", &self.request_timeout)
+            .field("disk_high_pct", &self.disk_high_pct)
             .finish()
     }
 }
@@ -177,7 +182,12 @@ impl RawConfig {
         if !(100..=600_000).contains(&timeout_ms) {
             return Err(bad("QUEEN_REQUEST_TIMEOUT_MS", format!("{timeout_ms} is outside 100..=600000")));
         }
+        let disk_high_pct: u8 = number(&self.disk_high_pct, "QUEEN_RAFT_DISK_HIGH_PCT", 85, "a percentage (1-100)")?;
+        if !(1..=100).contains(&disk_high_pct) {
+            return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
+        }
         Ok(Config {
+            disk_high_pct,
             port,
             host,
             raft_dir,

@@ -39,9 +39,6 @@ pub enum AppError {
         /// Why.
         source: std::io::Error,
     },
-    /// Clustering needs the raft transport.
-    #[error("QUEEN_RAFT_PEERS: {0}")]
-    Cluster(String),
 }
 
 /// How long a stop waits for requests in flight.
@@ -55,11 +52,6 @@ const TICK_EVERY: Duration = Duration::from_secs(1);
 /// # Errors
 /// When the node cannot start (directory, store, log, port).
 pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output = ()> + Send) -> Result<(), AppError> {
-    if cfg.peers.len() > 1 {
-        return Err(AppError::Cluster(
-            "more than one voter needs the cluster transport, which this build does not have yet; run one node".to_owned(),
-        ));
-    }
     std::fs::create_dir_all(&cfg.raft_dir)
         .map_err(|source| AppError::DataDir { dir: cfg.raft_dir.display().to_string(), source })?;
     let addr = SocketAddr::new(cfg.host, cfg.port);
@@ -67,38 +59,63 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     let store = FjallStore::open(&StoreConfig::new(cfg.raft_dir.join("state")))?;
     let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
     raft_cfg.token = cfg.token.clone();
+    raft_cfg.peers = cfg
+        .peers
+        .iter()
+        .map(|p| queen_raft::Peer { id: p.id, raft_addr: p.raft.clone(), http_addr: p.http.clone() })
+        .collect();
     let raft = RaftNode::start(raft_cfg, Arc::new(store.clone())).await?;
     let fsync_source = raft.clone();
-    let broker = Arc::new(Broker::new(
-        Arc::new(raft.clone()) as Arc<dyn ReplicatedLog>,
-        store.clone(),
-        Arc::new(SystemClock),
-        telemetry,
-        cfg.request_timeout,
-        Arc::new(move || fsync_source.fsync_count()),
-    ));
+    let broker = Arc::new(
+        Broker::new(
+            Arc::new(raft.clone()) as Arc<dyn ReplicatedLog>,
+            store.clone(),
+            Arc::new(SystemClock),
+            telemetry,
+            cfg.request_timeout,
+            Arc::new(move || fsync_source.fsync_count()),
+        )
+        .with_disk_gate(cfg.disk_high_pct),
+    );
+    broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let ticker = {
         let broker = broker.clone();
+        let dir = cfg.raft_dir.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(TICK_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = every.tick() => broker.tick().await,
+                    _ = every.tick() => {
+                        broker.set_disk_use(disk_use_pct(&dir));
+                        broker.tick().await;
+                    }
                     _ = stop_rx.changed() => break,
                 }
             }
         })
     };
 
+    // On SIGTERM a leader hands leadership over first (openraft's transfer, at most ~3 s), so
+    // the cluster has a new leader before this node stops listening; requests still in flight
+    // here are forwarded to it while the listener drains.
+    let handover = {
+        let raft = raft.clone();
+        async move {
+            shutdown.await;
+            if let Some((to, ms)) = raft.transfer_leadership().await {
+                tracing::info!(target: "queen-app", to, ms, "leadership handed off before draining");
+            }
+        }
+    };
     queen_http::serve(
         listener,
         broker.clone(),
         queen_http::ServeConfig { max_body_bytes: cfg.max_body_bytes, drain: DRAIN },
-        shutdown,
+        handover,
     )
     .await;
     tracing::info!(target: "queen-app", "listener closed, stopping");
@@ -110,4 +127,15 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     drop(broker);
     tracing::info!(target: "queen-app", "stopped");
     Ok(())
+}
+
+/// Percent of the data directory's file system in use (0 when it cannot be read).
+fn disk_use_pct(dir: &std::path::Path) -> u8 {
+    match rustix::fs::statvfs(dir) {
+        Ok(s) if s.f_blocks > 0 => {
+            let used = s.f_blocks.saturating_sub(s.f_bavail);
+            u8::try_from(used.saturating_mul(100) / s.f_blocks).unwrap_or(100)
+        }
+        _ => 0,
+    }
 }

@@ -55,6 +55,9 @@ struct ServeArgs {
     /// Deadline of a request that has to commit, in ms [default: 30000].
     #[arg(long, env = "QUEEN_REQUEST_TIMEOUT_MS")]
     request_timeout_ms: Option<String>,
+    /// Disk use (percent) above which client writes answer 507 [default: 85].
+    #[arg(long, env = "QUEEN_RAFT_DISK_HIGH_PCT")]
+    disk_high_pct: Option<String>,
     /// Log format: human or json [default: human].
     #[arg(long, env = "QUEEN_LOG_FORMAT")]
     log_format: Option<String>,
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         replicator: args.replicator,
         max_body_bytes: args.max_body_bytes,
         request_timeout_ms: args.request_timeout_ms,
+        disk_high_pct: args.disk_high_pct,
         hostname: std::env::var("HOSTNAME").ok(),
     };
     let log_format = match args.log_format.as_deref().map(str::trim).filter(|s| !s.is_empty()) {

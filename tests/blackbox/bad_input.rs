@@ -61,3 +61,23 @@ fn a_bad_setting_stops_the_boot_with_one_line_naming_it() {
         assert!(err.starts_with(var), "{err}");
     }
 }
+
+#[test]
+fn above_the_disk_gate_writes_answer_507_and_consumers_still_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.path().join("n1"), &[]);
+    let ok = n.post("/api/v1/push", &json!({"items": [{"queue": "q", "transactionId": "t1", "payload": 1}]}));
+    assert_eq!(ok.status, 200);
+    n.sigterm(std::time::Duration::from_secs(30));
+    // 0% would never trip on a real file system; 1% does on any disk holding this checkout.
+    let mut gated = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.path().join("n1"), &[("QUEEN_RAFT_DISK_HIGH_PCT", "1")]);
+    let refused = gated.post("/api/v1/push", &json!({"items": [{"queue": "q", "transactionId": "t2", "payload": 2}]}));
+    assert_eq!(refused.status, 507, "{}", refused.text);
+    assert_eq!(refused.json["code"], "disk_full");
+    let got = gated.get("/api/v1/pop/queue/q?batch=5&wait=false");
+    assert_eq!(got.status, 200, "pops go on: {}", got.text);
+    let m = &got.json["messages"][0];
+    let a = gated.post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
+    assert_eq!(a.json[0]["success"], true, "acks go on");
+    gated.kill9();
+}
