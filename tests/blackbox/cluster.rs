@@ -113,3 +113,169 @@ fn a_follower_killed_with_9_catches_up_and_nothing_is_lost() {
         f.json["entries"][0]["records"].as_array().unwrap().iter().map(|r| r["transactionId"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids.len(), 40, "every acknowledged write, once: {}", f.text);
 }
+
+/// Every transactionId stored in a queue's Default partition, read through one node.
+fn stored(n: &Node, queue: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    for _ in 0..10_000 {
+        let f = n.post("/api/v1/fetch", &json!({"entries": [{"queue": queue, "partition": "Default", "offset": offset}]}));
+        let e = &f.json["entries"][0];
+        let records = e["records"].as_array().cloned().unwrap_or_default();
+        if records.is_empty() {
+            break;
+        }
+        for r in &records {
+            out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
+            offset = r["offset"].as_u64().unwrap_or(offset) + 1;
+        }
+        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
+            break;
+        }
+    }
+    out
+}
+
+fn healthy_leader(nodes: &[Node], within: Duration) -> Option<(usize, Duration)> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if let Some(l) = leader_index(nodes, None) {
+            return Some((l, started.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn recovery_rehearsal_loses_and_doubles_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    // A writer pushes round-robin over the nodes; a failed push is retried on the next node
+    // with the same transactionId (bounded attempts), as a client with every node's URL does.
+    let writer = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            for i in 0..100_000u64 {
+                if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(120) {
+                    break;
+                }
+                let txn = format!("r-{i}");
+                let body = json!({"items": [{"queue": "rehearsal", "transactionId": txn, "payload": i}]}).to_string();
+                for attempt in 0..60u64 {
+                    let port = ports[((i + attempt) % 3) as usize];
+                    match queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body) {
+                        Ok((200, text)) if text.contains("queued") || text.contains("duplicate") => {
+                            acked.lock().unwrap().push(txn.clone());
+                            break;
+                        }
+                        _ => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let progress = |n: usize| eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n);
+
+    assert!(progress(50), "no writes before the first fault");
+    // 1. kill -9 the leader.
+    let l = leader_index(&nodes, None).expect("a leader");
+    nodes[l].kill9();
+    let (_, took) = healthy_leader(&nodes, Duration::from_secs(10)).expect("a new leader after kill -9");
+    eprintln!("kill -9 of the leader: new leader after {took:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 50), "writes did not continue with two of three");
+    nodes[l].restart();
+    // 2. kill -9 a follower.
+    let l = leader_index(&nodes, None).expect("a leader");
+    let f = (0..3).find(|i| *i != l).unwrap();
+    nodes[f].kill9();
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 50));
+    nodes[f].restart();
+    // 3. SIGTERM the leader.
+    let l = leader_index(&nodes, None).expect("a leader");
+    assert!(nodes[l].sigterm(Duration::from_secs(40)).success());
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 50));
+    nodes[l].restart();
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 20));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+
+    let acked = acked.lock().unwrap().clone();
+    let target = nodes.iter().map(applied).max().unwrap();
+    for (i, node) in nodes.iter().enumerate() {
+        assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
+        let ids = stored(node, "rehearsal");
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
+        let missing: Vec<&String> = acked.iter().filter(|t| !unique.contains(t)).take(5).collect();
+        assert!(missing.is_empty(), "node {i} lost acknowledged writes, e.g. {missing:?} (of {})", acked.len());
+    }
+    eprintln!("rehearsal: {} acknowledged writes, all on every node once", acked.len());
+}
+
+#[test]
+fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            for i in 0..100_000u64 {
+                if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(120) {
+                    break;
+                }
+                let txn = format!("roll-{i}");
+                let body = json!({"items": [{"queue": "rolling", "transactionId": txn, "payload": i}]}).to_string();
+                for attempt in 0..60u64 {
+                    let port = ports[((i + attempt) % 3) as usize];
+                    if let Ok((200, _)) = queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body) {
+                        acked.lock().unwrap().push(txn.clone());
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    for i in 0..3 {
+        let n = acked.lock().unwrap().len();
+        assert!(eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n + 30), "no progress before restarting node {i}");
+        assert!(nodes[i].sigterm(Duration::from_secs(40)).success());
+        nodes[i].restart();
+    }
+    let n = acked.lock().unwrap().len();
+    assert!(eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n + 30));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let acked = acked.lock().unwrap().clone();
+    let target = nodes.iter().map(applied).max().unwrap();
+    for (i, node) in nodes.iter().enumerate() {
+        assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
+        let ids = stored(node, "rolling");
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
+        assert!(acked.iter().all(|t| unique.contains(t)), "node {i} lost acknowledged writes");
+    }
+    eprintln!("rolling restart: {} acknowledged writes, all on every node once", acked.len());
+}
