@@ -24,6 +24,9 @@ use crate::waiters::Waiters;
 pub(crate) const LOG_KINDS: u32 = 1;
 /// A node is ready within this many entries of the commit index.
 const READY_LAG_ENTRIES: u64 = 1000;
+/// A leader unacknowledged by a majority for longer than this reports `no_quorum` (the
+/// election timeout's upper bound).
+const LEADER_QUORUM_MS: u64 = 2000;
 /// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
 /// signalled by a commit).
 const RECHECK: Duration = Duration::from_millis(250);
@@ -42,6 +45,14 @@ pub struct Broker {
     pub(crate) disk_pct: std::sync::atomic::AtomicU8,
     /// The disk gate's threshold.
     disk_high_pct: u8,
+    /// The raft node, for membership changes.
+    raft: Option<queen_raft::RaftNode>,
+    /// Promotion lag limit.
+    promote_max_lag: u64,
+    /// Readiness: entries behind the commit index.
+    ready_lag_entries: u64,
+    /// Readiness: age of the last applied entry (broker time), in ms.
+    ready_lag_ms: u64,
 }
 
 fn not_committed(e: &ProposeError) -> ApiError {
@@ -105,7 +116,21 @@ impl Broker {
             started: Instant::now(),
             disk_pct: std::sync::atomic::AtomicU8::new(0),
             disk_high_pct: 85,
+            raft: None,
+            promote_max_lag: 1000,
+            ready_lag_entries: READY_LAG_ENTRIES,
+            ready_lag_ms: 2000,
         }
+    }
+
+    /// Attach the raft node (membership routes) and the readiness and promotion limits.
+    #[must_use]
+    pub fn with_cluster(mut self, raft: queen_raft::RaftNode, promote_max_lag: u64, ready_lag_entries: u64, ready_lag_ms: u64) -> Self {
+        self.raft = Some(raft);
+        self.promote_max_lag = promote_max_lag;
+        self.ready_lag_entries = ready_lag_entries;
+        self.ready_lag_ms = ready_lag_ms;
+        self
     }
 
     /// Set the disk gate's threshold (percent).
@@ -408,14 +433,53 @@ impl Api for Broker {
         Stamp(self.clock.now_micros())
     }
 
+    async fn membership(&self, op: queen_http::MembershipOp) -> Result<serde_json::Value, ApiError> {
+        use queen_http::MembershipOp;
+        use queen_raft::MembershipError;
+        let Some(raft) = &self.raft else {
+            return Err(ApiError::new(503, "unavailable", "this node has no raft group"));
+        };
+        let result = match &op {
+            MembershipOp::List => Ok(()),
+            MembershipOp::AddLearner { id, raft: r, http } => raft.add_learner(*id, r.clone(), http.clone()).await,
+            MembershipOp::Promote { ids, force } => raft.promote(ids, *force, self.promote_max_lag).await,
+            MembershipOp::Remove { id } => raft.remove_member(*id).await,
+        };
+        match result {
+            Ok(()) => Ok(json!({"success": true, "members": raft.members()})),
+            Err(e) => {
+                let (status, code) = match &e {
+                    MembershipError::NotLeader { .. } => (503, "not_leader"),
+                    MembershipError::NoQuorum(_) => (409, "no_quorum"),
+                    MembershipError::LearnerBehind { .. } => (409, "learner_behind"),
+                    MembershipError::LastVoter(_) => (409, "last_voter"),
+                    MembershipError::Unknown(_) => (404, "unknown_member"),
+                    MembershipError::Failed(_) => (409, "membership_change_failed"),
+                };
+                let mut err = ApiError::new(status, code, e.to_string());
+                if status == 503 {
+                    err.retry_after = Some(1);
+                }
+                Err(err)
+            }
+        }
+    }
+
     fn health(&self) -> HealthView {
         let p = self.log.progress();
         let lag = p.commit.saturating_sub(p.applied);
+        // Time behind: the leader ticks every second, so a node that applied the latest
+        // entries has a recent safeTime (broker time, compared with this node's clock).
+        let age_ms = reads::safe_time(&self.store)
+            .map(|s| self.clock.now_micros().saturating_sub(s.0) / 1000)
+            .unwrap_or(u64::MAX);
+        // A leader that no majority acknowledged within an election timeout has lost its quorum.
+        let leader_alone = p.quorum_ack_ms.is_some_and(|ms| ms > LEADER_QUORUM_MS);
         let reason = if !p.storage_ready {
             Some("settling")
-        } else if p.leader.is_none() {
+        } else if p.leader.is_none() || leader_alone {
             Some("no_quorum")
-        } else if lag > READY_LAG_ENTRIES {
+        } else if lag > self.ready_lag_entries && age_ms > self.ready_lag_ms {
             Some("settling")
         } else {
             None

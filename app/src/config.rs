@@ -28,6 +28,14 @@ pub struct RawConfig {
     pub request_timeout_ms: Option<String>,
     /// `QUEEN_RAFT_DISK_HIGH_PCT`
     pub disk_high_pct: Option<String>,
+    /// `QUEEN_RAFT_JOIN`
+    pub join: Option<String>,
+    /// `QUEEN_RAFT_PROMOTE_MAX_LAG`
+    pub promote_max_lag: Option<String>,
+    /// `QUEEN_RAFT_READY_LAG_ENTRIES`
+    pub ready_lag_entries: Option<String>,
+    /// `QUEEN_RAFT_READY_LAG_MS`
+    pub ready_lag_ms: Option<String>,
     /// The machine's hostname, for `QUEEN_RAFT_NODE_ID=ordinal`.
     pub hostname: Option<String>,
 }
@@ -64,6 +72,14 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Above this disk use (percent) the node answers its own clients' writes 507.
     pub disk_high_pct: u8,
+    /// Start empty and wait to be added as a learner.
+    pub join: bool,
+    /// A learner further behind is not promoted without `force`.
+    pub promote_max_lag: u64,
+    /// Ready within this many entries of the commit index...
+    pub ready_lag_entries: u64,
+    /// ...or when the last applied entry is this recent (broker time).
+    pub ready_lag_ms: u64,
 }
 
 impl std::fmt::Debug for Config {
@@ -78,6 +94,7 @@ impl std::fmt::Debug for Config {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("request_timeout", &self.request_timeout)
             .field("disk_high_pct", &self.disk_high_pct)
+            .field("join", &self.join)
             .finish()
     }
 }
@@ -186,7 +203,22 @@ impl RawConfig {
         if !(1..=100).contains(&disk_high_pct) {
             return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
         }
+        let join = match set(&self.join).map(str::to_ascii_lowercase).as_deref() {
+            None | Some("false" | "0" | "no") => false,
+            Some("true" | "1" | "yes") => true,
+            Some(other) => return Err(bad("QUEEN_RAFT_JOIN", format!("'{other}' is not true or false"))),
+        };
+        if join && !peers.iter().any(|p| p.id == node_id) {
+            return Err(bad("QUEEN_RAFT_JOIN", "needs this node's own entry in QUEEN_RAFT_PEERS (its raft address)"));
+        }
+        let promote_max_lag: u64 = number(&self.promote_max_lag, "QUEEN_RAFT_PROMOTE_MAX_LAG", 1000, "an entry count")?;
+        let ready_lag_entries: u64 = number(&self.ready_lag_entries, "QUEEN_RAFT_READY_LAG_ENTRIES", 1000, "an entry count")?;
+        let ready_lag_ms: u64 = number(&self.ready_lag_ms, "QUEEN_RAFT_READY_LAG_MS", 2000, "milliseconds")?;
         Ok(Config {
+            join,
+            promote_max_lag,
+            ready_lag_entries,
+            ready_lag_ms,
             disk_high_pct,
             port,
             host,

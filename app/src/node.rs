@@ -59,6 +59,7 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     let store = FjallStore::open(&StoreConfig::new(cfg.raft_dir.join("state")))?;
     let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
     raft_cfg.token = cfg.token.clone();
+    raft_cfg.join = cfg.join;
     raft_cfg.peers = cfg
         .peers
         .iter()
@@ -75,7 +76,8 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
             cfg.request_timeout,
             Arc::new(move || fsync_source.fsync_count()),
         )
-        .with_disk_gate(cfg.disk_high_pct),
+        .with_disk_gate(cfg.disk_high_pct)
+        .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms),
     );
     broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");

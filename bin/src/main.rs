@@ -58,6 +58,18 @@ struct ServeArgs {
     /// Disk use (percent) above which client writes answer 507 [default: 85].
     #[arg(long, env = "QUEEN_RAFT_DISK_HIGH_PCT")]
     disk_high_pct: Option<String>,
+    /// Start empty and wait to be added as a learner [default: false].
+    #[arg(long, env = "QUEEN_RAFT_JOIN")]
+    join: Option<String>,
+    /// Most entries a learner may lag and still be promoted without force [default: 1000].
+    #[arg(long, env = "QUEEN_RAFT_PROMOTE_MAX_LAG")]
+    promote_max_lag: Option<String>,
+    /// Ready within this many entries of the commit [default: 1000].
+    #[arg(long, env = "QUEEN_RAFT_READY_LAG_ENTRIES")]
+    ready_lag_entries: Option<String>,
+    /// Ready when the last applied entry is this recent, in ms [default: 2000].
+    #[arg(long, env = "QUEEN_RAFT_READY_LAG_MS")]
+    ready_lag_ms: Option<String>,
     /// Log format: human or json [default: human].
     #[arg(long, env = "QUEEN_LOG_FORMAT")]
     log_format: Option<String>,
@@ -80,6 +92,10 @@ fn main() -> ExitCode {
         max_body_bytes: args.max_body_bytes,
         request_timeout_ms: args.request_timeout_ms,
         disk_high_pct: args.disk_high_pct,
+        join: args.join,
+        promote_max_lag: args.promote_max_lag,
+        ready_lag_entries: args.ready_lag_entries,
+        ready_lag_ms: args.ready_lag_ms,
         hostname: std::env::var("HOSTNAME").ok(),
     };
     let log_format = match args.log_format.as_deref().map(str::trim).filter(|s| !s.is_empty()) {

@@ -41,6 +41,8 @@ pub struct LogProgress {
     pub last_log: u64,
     /// Whether the storage opened and is serving.
     pub storage_ready: bool,
+    /// On a leader: milliseconds since a majority last acknowledged it (None elsewhere).
+    pub quorum_ack_ms: Option<u64>,
 }
 
 /// Why a proposal did not produce an outcome.

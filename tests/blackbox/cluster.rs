@@ -258,11 +258,11 @@ fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
             }
         })
     };
-    for i in 0..3 {
+    for (i, node) in nodes.iter_mut().enumerate() {
         let n = acked.lock().unwrap().len();
         assert!(eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n + 30), "no progress before restarting node {i}");
-        assert!(nodes[i].sigterm(Duration::from_secs(40)).success());
-        nodes[i].restart();
+        assert!(node.sigterm(Duration::from_secs(40)).success());
+        node.restart();
     }
     let n = acked.lock().unwrap().len();
     assert!(eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n + 30));
@@ -278,4 +278,63 @@ fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
         assert!(acked.iter().all(|t| unique.contains(t)), "node {i} lost acknowledged writes");
     }
     eprintln!("rolling restart: {} acknowledged writes, all on every node once", acked.len());
+}
+
+#[test]
+fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let leader = leader_index(&nodes, None).expect("a leader");
+    let gone = (0..3).find(|i| *i != leader).unwrap();
+    let gone_id = (gone + 1) as u64;
+    push(&nodes[leader], "m", "before");
+    // A follower refuses membership changes and names the leader.
+    let other = (0..3).find(|i| *i != leader && *i != gone).unwrap();
+    let refused = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.json["code"], "not_leader");
+    // Remove the member, wipe its disk, start it empty with QUEEN_RAFT_JOIN, add and promote it.
+    let r = nodes[leader].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["members"].as_array().unwrap().len(), 2, "{}", r.text);
+    let again = nodes[leader].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    assert_eq!(again.status, 200, "idempotent: {}", again.text);
+    nodes[gone].kill9();
+    std::fs::remove_dir_all(&nodes[gone].dir).unwrap();
+    // Same peer list and token as the cluster, plus QUEEN_RAFT_JOIN.
+    nodes[gone].set_env("QUEEN_RAFT_JOIN", "true");
+    nodes[gone].launch();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(nodes[gone].get("/health").status, 503, "an empty joining node serves 503 until added");
+    let raft_addr = nodes[gone].env_value("QUEEN_RAFT_PEERS").unwrap()
+        .split(',')
+        .find(|p| p.starts_with(&format!("{gone_id}=")))
+        .and_then(|p| p.split_once('=').map(|(_, a)| a.split('/').next().unwrap_or_default().to_owned()))
+        .unwrap();
+    let add = nodes[leader].post("/api/v1/system/raft/membership/learners", &json!({"id": gone_id, "raft": raft_addr, "http": format!("127.0.0.1:{}", nodes[gone].port)}));
+    assert_eq!(add.status, 200, "{}", add.text);
+    let promote = nodes[leader].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]}));
+    assert!(promote.status == 200 || promote.json["code"] == "learner_behind", "{}", promote.text);
+    assert!(
+        eventually(Duration::from_secs(30), || nodes[leader].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]})).status == 200),
+        "the learner was never promoted"
+    );
+    nodes[gone].wait_healthy(Duration::from_secs(30));
+    let f = nodes[gone].post("/api/v1/fetch", &json!({"entries": [{"queue": "m", "partition": "Default", "offset": 0}]}));
+    assert_eq!(f.json["entries"][0]["records"][0]["transactionId"], "before", "{}", f.text);
+    // Bad requests name the field.
+    let bad = nodes[leader].post("/api/v1/system/raft/membership/learners", &json!({"id": 9, "raft": "nowhere"}));
+    assert_eq!(bad.status, 400);
+    assert!(bad.text.contains("raft"), "{}", bad.text);
+
+    // Kill the two others: the survivor reports no_quorum instead of healthy.
+    let survivor = leader;
+    for i in (0..3).filter(|i| *i != survivor) {
+        nodes[i].kill9();
+    }
+    assert!(
+        eventually(Duration::from_secs(20), || nodes[survivor].get("/health").status == 503),
+        "a node without its quorum still answers 200"
+    );
+    assert_eq!(nodes[survivor].get("/health").json["status"], "no_quorum");
 }

@@ -77,6 +77,18 @@ impl Node {
         }
     }
 
+    /// Set (or replace) an environment variable for the next start.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// An environment variable this node is started with.
+    #[must_use]
+    pub fn env_value(&self, key: &str) -> Option<String> {
+        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
     /// Start the process without waiting for health.
     pub fn launch(&mut self) {
         assert!(self.child.is_none(), "already running");

@@ -62,6 +62,34 @@ pub struct PopRequest {
     pub timeout: Duration,
 }
 
+/// A membership change or listing (admin routes on the client port).
+#[derive(Debug, Clone)]
+pub enum MembershipOp {
+    /// List the members.
+    List,
+    /// Add a learner.
+    AddLearner {
+        /// Node id.
+        id: u64,
+        /// Raft address.
+        raft: String,
+        /// Client address.
+        http: String,
+    },
+    /// Promote learners.
+    Promote {
+        /// Ids.
+        ids: Vec<u64>,
+        /// Skip the lag and quorum checks.
+        force: bool,
+    },
+    /// Remove a member.
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
 /// The node's readiness as `/health` shows it.
 #[derive(Debug, Clone)]
 pub struct HealthView {
@@ -121,6 +149,8 @@ pub trait Api: Send + Sync + 'static {
     fn delete_queue(&self, queue: QueueName) -> impl Future<Output = Result<bool, ApiError>> + Send;
     /// Apply timer operations in one entry.
     fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> impl Future<Output = Result<Vec<queen_domain::timers::TimerResult>, ApiError>> + Send;
+    /// Change or list the raft membership.
+    fn membership(&self, op: MembershipOp) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
     /// Propose an administrative command and answer its outcome.
     fn command(&self, command: Command) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Wait until this node has applied everything committed when the read began.

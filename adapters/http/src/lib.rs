@@ -18,5 +18,5 @@ mod router;
 mod server;
 mod timers_json;
 
-pub use api::{Api, ApiError, HealthView, PopRequest};
+pub use api::{Api, ApiError, HealthView, MembershipOp, PopRequest};
 pub use server::{ServeConfig, serve};

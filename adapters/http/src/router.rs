@@ -41,6 +41,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "configure"]) => "configure",
         ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
         ("GET", ["health"]) => "health",
+        (_, ["api", "v1", "system", "raft", ..]) => "membership",
         ("GET", ["status"]) => "status",
         ("GET", ["metrics", "prometheus"]) => "metrics",
         _ => "other",
@@ -161,6 +162,41 @@ pub(crate) async fn handle<A: Api>(
         ("GET", ["metrics"]) => {
             let h = api.health();
             Ok(json_response(200, &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.ready})))
+        }
+        ("GET", ["api", "v1", "system", "raft", "membership"]) => Ok(json_response(200, &api.membership(crate::api::MembershipOp::List).await?)),
+        ("DELETE", ["api", "v1", "system", "raft", "membership", "members", id]) => {
+            let id = id.parse::<u64>().map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
+            Ok(json_response(200, &api.membership(crate::api::MembershipOp::Remove { id }).await?))
+        }
+        ("POST", ["api", "v1", "system", "raft", "membership", "learners"]) => {
+            let m = json::object(body, false)?;
+            let id = m.get("id").and_then(Value::as_u64).filter(|i| *i > 0).ok_or_else(|| ApiError::bad_request("id", "must be a node id (a number from 1)"))?;
+            let addr = |k: &str| -> Result<String, ApiError> {
+                let v = json::opt_str(&m, k, k)?.ok_or_else(|| ApiError::bad_request(k, "is required (host:port)"))?;
+                match v.rsplit_once(':') {
+                    Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(v),
+                    _ => Err(ApiError::bad_request(k, "must be host:port")),
+                }
+            };
+            let op = crate::api::MembershipOp::AddLearner { id, raft: addr("raft")?, http: addr("http")? };
+            Ok(json_response(200, &api.membership(op).await?))
+        }
+        ("POST", ["api", "v1", "system", "raft", "membership", "promote"]) => {
+            let m = json::object(body, false)?;
+            let ids = match m.get("ids") {
+                Some(Value::Array(a)) if !a.is_empty() => a
+                    .iter()
+                    .map(|v| v.as_u64().filter(|i| *i > 0))
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| ApiError::bad_request("ids", "must hold node ids"))?,
+                _ => return Err(ApiError::bad_request("ids", "must be a non-empty list of node ids")),
+            };
+            let force = match m.get("force") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::bad_request("force", "must be true or false")),
+            };
+            Ok(json_response(200, &api.membership(crate::api::MembershipOp::Promote { ids, force }).await?))
         }
         ("GET", ["health"]) => {
             let h = api.health();

@@ -54,6 +54,8 @@ pub struct RaftNodeConfig {
     pub election_max_ms: u64,
     /// Build a snapshot (and allow purging the log) every this many applied entries.
     pub snapshot_every_entries: u64,
+    /// Start empty and wait to be added by the cluster (`QUEEN_RAFT_JOIN`): never initialize.
+    pub join: bool,
 }
 
 impl RaftNodeConfig {
@@ -68,6 +70,7 @@ impl RaftNodeConfig {
             election_min_ms: DEFAULT_ELECTION_MIN_MS,
             election_max_ms: DEFAULT_ELECTION_MAX_MS,
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+            join: false,
         }
     }
 

@@ -144,7 +144,7 @@ impl RaftNode {
             .await
             .map_err(|e| RaftStartError::Raft(e.to_string()))?;
 
-        let multi = !cfg.is_single_voter();
+        let multi = !cfg.is_single_voter() || cfg.join;
         let mut server = None;
         if multi {
             let addr = cfg
@@ -196,6 +196,10 @@ impl RaftNode {
             .await
             .map_err(|e| RaftStartError::Raft(e.to_string()))?;
         let smallest = cfg.peers.iter().map(|p| p.id).min();
+        if cfg.join && !initialized {
+            tracing::info!(node_id = cfg.node_id, "joining: waiting to be added as a learner");
+            return Ok(());
+        }
         if !initialized && smallest == Some(cfg.node_id) {
             let members: BTreeMap<u64, NodeInfo> = cfg
                 .peers
@@ -643,6 +647,188 @@ impl ReplicatedLog for RaftNode {
             commit: m.local_committed.map_or(0, |l| l.index),
             last_log: m.last_log_index.unwrap_or(0),
             storage_ready: m.running_state.is_ok(),
+            quorum_ack_ms: if m.state == ServerState::Leader {
+                m.last_quorum_acked.as_ref().map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64)
+            } else {
+                None
+            },
         }
+    }
+}
+
+/// Why a membership change was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MembershipError {
+    /// Changes run on the leader; this node is not it.
+    #[error("this node does not lead (leader: {leader:?}, its client address: {leader_http:?})")]
+    NotLeader {
+        /// The leader's id.
+        leader: Option<u64>,
+        /// The leader's client address, to send the change there.
+        leader_http: Option<String>,
+    },
+    /// A live majority would not exist before or after the change.
+    #[error("{0}")]
+    NoQuorum(String),
+    /// A learner is too far behind to become a voter.
+    #[error("learner {id} is {lag} entries behind (limit {limit}); catch up or use force")]
+    LearnerBehind {
+        /// The learner.
+        id: u64,
+        /// Entries behind the leader's log.
+        lag: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The last voter cannot be removed.
+    #[error("node {0} is the last voter and cannot be removed")]
+    LastVoter(u64),
+    /// The id is not a member (or not a learner, for a promotion).
+    #[error("node {0} is not a member that this change applies to")]
+    Unknown(u64),
+    /// The change itself failed (another change in flight, leadership lost, ...).
+    #[error("membership change failed: {0}")]
+    Failed(String),
+}
+
+/// A member as the membership routes show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Member {
+    /// Node id.
+    pub id: u64,
+    /// Raft address.
+    pub raft: String,
+    /// Client address.
+    pub http: String,
+    /// Voter (true) or learner.
+    pub voter: bool,
+    /// Acknowledged a heartbeat within the election timeout (the leader's view; `true` for
+    /// the leader itself).
+    pub live: bool,
+    /// Entries behind the leader's last log entry (the leader's view).
+    pub lag: u64,
+}
+
+impl RaftNode {
+    /// The members as this node's leader sees them (liveness and lag are known on the leader).
+    pub fn members(&self) -> Vec<Member> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        let leader = m.state == ServerState::Leader;
+        let replication = m.replication.clone().unwrap_or_default();
+        let heartbeat = m.heartbeat.clone().unwrap_or_default();
+        let live_within = Duration::from_millis(crate::config::DEFAULT_ELECTION_MAX_MS);
+        let cfg = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = cfg.voter_ids().collect();
+        cfg.nodes()
+            .map(|(id, node)| {
+                let me = *id == self.inner.node_id;
+                let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
+                let live = me
+                    || heartbeat
+                        .get(id)
+                        .cloned()
+                        .flatten()
+                        .is_some_and(|t| openraft::Instant::elapsed(&*t) <= live_within);
+                Member {
+                    id: *id,
+                    raft: node.raft_addr.clone(),
+                    http: node.http_addr.clone(),
+                    voter: voters.contains(id),
+                    live: if leader { live } else { me },
+                    lag: if me { 0 } else { last.saturating_sub(matched) },
+                }
+            })
+            .collect()
+    }
+
+    fn require_leader(&self) -> Result<Vec<Member>, MembershipError> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        if m.state != ServerState::Leader {
+            let leader = m.current_leader;
+            let leader_http = leader.and_then(|l| {
+                m.membership_config.membership().get_node(&l).map(|n| n.http_addr.clone())
+            });
+            return Err(MembershipError::NotLeader { leader, leader_http });
+        }
+        Ok(self.members())
+    }
+
+    fn live_majority(members: &[Member], voters: &std::collections::BTreeSet<u64>) -> bool {
+        let live = members.iter().filter(|m| voters.contains(&m.id) && m.live).count();
+        live * 2 > voters.len()
+    }
+
+    async fn change(&self, change: openraft::ChangeMembers<u64, NodeInfo>) -> Result<(), MembershipError> {
+        self.inner.raft.change_membership(change, false).await.map(|_| ()).map_err(|e| MembershipError::Failed(e.to_string()))
+    }
+
+    /// Add a learner (idempotent: an existing member with the same addresses is accepted). The
+    /// call returns once the learner has been added; it catches up in the background.
+    ///
+    /// # Errors
+    /// Not the leader, or the change failed.
+    pub async fn add_learner(&self, id: u64, raft_addr: String, http_addr: String) -> Result<(), MembershipError> {
+        let members = self.require_leader()?;
+        if members.iter().any(|m| m.id == id && m.raft == raft_addr) {
+            return Ok(());
+        }
+        self.inner
+            .raft
+            .add_learner(id, NodeInfo { raft_addr, http_addr }, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| MembershipError::Failed(e.to_string()))
+    }
+
+    /// Promote learners to voters (idempotent for ids that already vote).
+    ///
+    /// # Errors
+    /// Not the leader, an unknown id, a learner beyond `max_lag` without `force`, no live
+    /// majority after the change, or the change failed.
+    pub async fn promote(&self, ids: &[u64], force: bool, max_lag: u64) -> Result<(), MembershipError> {
+        let members = self.require_leader()?;
+        let mut to_add = std::collections::BTreeSet::new();
+        for id in ids {
+            let Some(m) = members.iter().find(|m| m.id == *id) else { return Err(MembershipError::Unknown(*id)) };
+            if m.voter {
+                continue;
+            }
+            if !force && m.lag > max_lag {
+                return Err(MembershipError::LearnerBehind { id: *id, lag: m.lag, limit: max_lag });
+            }
+            to_add.insert(*id);
+        }
+        if to_add.is_empty() {
+            return Ok(());
+        }
+        let mut after: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        after.extend(to_add.iter().copied());
+        if !force && !Self::live_majority(&members, &after) {
+            return Err(MembershipError::NoQuorum("a live majority would not exist after the promotion".into()));
+        }
+        self.change(openraft::ChangeMembers::AddVoterIds(to_add)).await
+    }
+
+    /// Remove a member (voter or learner); idempotent for an id that is already gone.
+    ///
+    /// # Errors
+    /// Not the leader, the last voter, no live majority before or after, or the change failed.
+    pub async fn remove_member(&self, id: u64) -> Result<(), MembershipError> {
+        let members = self.require_leader()?;
+        let Some(target) = members.iter().find(|m| m.id == id) else { return Ok(()) };
+        let before: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        if target.voter {
+            if before.len() == 1 {
+                return Err(MembershipError::LastVoter(id));
+            }
+            let mut after = before.clone();
+            after.remove(&id);
+            if !Self::live_majority(&members, &before) || !Self::live_majority(&members, &after) {
+                return Err(MembershipError::NoQuorum("a live majority would not exist before and after the removal".into()));
+            }
+            self.change(openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([id]))).await?;
+        }
+        self.change(openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([id]))).await
     }
 }
