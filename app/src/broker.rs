@@ -53,6 +53,8 @@ pub struct Broker {
     ready_lag_entries: u64,
     /// Readiness: age of the last applied entry (broker time), in ms.
     ready_lag_ms: u64,
+    /// Followers forward writes to the leader; when off they answer 503 not_leader.
+    client_offload: bool,
 }
 
 fn not_committed(e: &ProposeError) -> ApiError {
@@ -120,7 +122,15 @@ impl Broker {
             promote_max_lag: 1000,
             ready_lag_entries: READY_LAG_ENTRIES,
             ready_lag_ms: 2000,
+            client_offload: true,
         }
+    }
+
+    /// Whether followers forward their clients' writes (QUEEN_RAFT_CLIENT_OFFLOAD).
+    #[must_use]
+    pub fn with_client_offload(mut self, on: bool) -> Self {
+        self.client_offload = on;
+        self
     }
 
     /// Attach the raft node (membership routes) and the readiness and promotion limits.
@@ -167,6 +177,14 @@ impl Broker {
     /// is known the proposal is held and retried (nothing was appended), not failed at once.
     pub async fn propose(&self, command: Command) -> Result<Response, ApiError> {
         self.gate(&command)?;
+        if !self.client_offload && !matches!(command, Command::Tick) {
+            let p = self.log.progress();
+            if p.role != RaftRole::Leader {
+                let mut err = ApiError::new(503, "not_leader", format!("this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}", p.leader));
+                err.retry_after = Some(1);
+                return Err(err);
+            }
+        }
         let kind = kind(&command);
         let started = Instant::now();
         let deadline = started + self.request_timeout;

@@ -30,6 +30,8 @@ pub struct RawConfig {
     pub disk_high_pct: Option<String>,
     /// `QUEEN_RAFT_JOIN`
     pub join: Option<String>,
+    /// `QUEEN_RAFT_CLIENT_OFFLOAD`
+    pub client_offload: Option<String>,
     /// `QUEEN_RAFT_PROMOTE_MAX_LAG`
     pub promote_max_lag: Option<String>,
     /// `QUEEN_RAFT_READY_LAG_ENTRIES`
@@ -74,6 +76,8 @@ pub struct Config {
     pub disk_high_pct: u8,
     /// Start empty and wait to be added as a learner.
     pub join: bool,
+    /// Followers forward their clients' commands to the leader (else they answer 503).
+    pub client_offload: bool,
     /// A learner further behind is not promoted without `force`.
     pub promote_max_lag: u64,
     /// Ready within this many entries of the commit index...
@@ -121,6 +125,15 @@ fn number<T: std::str::FromStr>(v: &Option<String>, var: &'static str, default: 
     match set(v) {
         None => Ok(default),
         Some(s) => s.parse().map_err(|_| bad(var, format!("'{s}' is not {what}"))),
+    }
+}
+
+fn flag(v: &Option<String>, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+    match set(v).map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(default),
+        Some("true" | "1" | "yes" | "on") => Ok(true),
+        Some("false" | "0" | "no" | "off") => Ok(false),
+        Some(other) => Err(bad(var, format!("'{other}' is not true or false"))),
     }
 }
 
@@ -203,11 +216,8 @@ impl RawConfig {
         if !(1..=100).contains(&disk_high_pct) {
             return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
         }
-        let join = match set(&self.join).map(str::to_ascii_lowercase).as_deref() {
-            None | Some("false" | "0" | "no") => false,
-            Some("true" | "1" | "yes") => true,
-            Some(other) => return Err(bad("QUEEN_RAFT_JOIN", format!("'{other}' is not true or false"))),
-        };
+        let join = flag(&self.join, "QUEEN_RAFT_JOIN", false)?;
+        let client_offload = flag(&self.client_offload, "QUEEN_RAFT_CLIENT_OFFLOAD", true)?;
         if join && !peers.iter().any(|p| p.id == node_id) {
             return Err(bad("QUEEN_RAFT_JOIN", "needs this node's own entry in QUEEN_RAFT_PEERS (its raft address)"));
         }
@@ -216,6 +226,7 @@ impl RawConfig {
         let ready_lag_ms: u64 = number(&self.ready_lag_ms, "QUEEN_RAFT_READY_LAG_MS", 2000, "milliseconds")?;
         Ok(Config {
             join,
+            client_offload,
             promote_max_lag,
             ready_lag_entries,
             ready_lag_ms,

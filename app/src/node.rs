@@ -77,7 +77,8 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
             Arc::new(move || fsync_source.fsync_count()),
         )
         .with_disk_gate(cfg.disk_high_pct)
-        .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms),
+        .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
+        .with_client_offload(cfg.client_offload),
     );
     broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");

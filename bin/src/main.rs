@@ -61,6 +61,9 @@ struct ServeArgs {
     /// Start empty and wait to be added as a learner [default: false].
     #[arg(long, env = "QUEEN_RAFT_JOIN")]
     join: Option<String>,
+    /// Followers forward their clients' writes to the leader [default: true].
+    #[arg(long, env = "QUEEN_RAFT_CLIENT_OFFLOAD")]
+    client_offload: Option<String>,
     /// Most entries a learner may lag and still be promoted without force [default: 1000].
     #[arg(long, env = "QUEEN_RAFT_PROMOTE_MAX_LAG")]
     promote_max_lag: Option<String>,
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         request_timeout_ms: args.request_timeout_ms,
         disk_high_pct: args.disk_high_pct,
         join: args.join,
+        client_offload: args.client_offload,
         promote_max_lag: args.promote_max_lag,
         ready_lag_entries: args.ready_lag_entries,
         ready_lag_ms: args.ready_lag_ms,
