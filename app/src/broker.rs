@@ -217,6 +217,25 @@ impl Broker {
         Ok(response)
     }
 
+    /// Wake parked pops when this node applied entries it did not propose itself (writes that
+    /// reached the leader through another node): polls the applied index every 25 ms.
+    pub async fn watch_applied(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut last = self.log.progress().applied;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(25)) => {}
+                _ = stop.changed() => return,
+            }
+            let now = self.log.progress().applied;
+            if now != last {
+                last = now;
+                if self.waiters.parked() > 0 {
+                    self.waiters.wake_all();
+                }
+            }
+        }
+    }
+
     /// Propose a tick (the leader's clock moves broker time; housekeeping runs).
     pub async fn tick(&self) {
         if self.log.progress().role != RaftRole::Leader {

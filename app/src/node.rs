@@ -84,6 +84,11 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let applied_watch = {
+        let broker = broker.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move { broker.watch_applied(stop).await })
+    };
     let ticker = {
         let broker = broker.clone();
         let dir = cfg.raft_dir.clone();
@@ -124,6 +129,7 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     tracing::info!(target: "queen-app", "listener closed, stopping");
     let _ = stop_tx.send(true);
     let _ = ticker.await;
+    let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(target: "queen-app", error = %e, "raft did not stop cleanly");
     }
