@@ -67,6 +67,12 @@ fn any_node_serves_any_client_and_a_sigterm_hands_leadership_over() {
     assert_eq!(m["transactionId"], "order-1001-created");
     let a = nodes[leader].post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
     assert_eq!(a.json[0]["success"], true, "{}", a.text);
+    // Every node stays healthy past an election timeout (heartbeats keep the quorum fresh).
+    std::thread::sleep(Duration::from_millis(2500));
+    for n in &nodes {
+        let h = n.get("/health");
+        assert_eq!(h.status, 200, "{}", h.text);
+    }
     // Reads through any node see the write (read index).
     for n in &nodes {
         let f = n.post("/api/v1/fetch", &json!({"entries": [{"queue": "orders", "partition": "Default", "offset": 0}]}));

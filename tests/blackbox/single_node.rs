@@ -70,6 +70,10 @@ fn the_cluster_documents_walkthrough_on_one_node() {
     assert_eq!(status.json["queues"]["messages"], 1);
     let metrics = n.get("/metrics/prometheus");
     assert!(metrics.text.contains("queen_http_requests_total"), "{}", metrics.text);
+    // A lone voter is its own quorum: it stays healthy past an election timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    let h = n.get("/health");
+    assert_eq!(h.status, 200, "{}", h.text);
 }
 
 #[test]

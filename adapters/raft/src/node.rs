@@ -647,10 +647,11 @@ impl ReplicatedLog for RaftNode {
             commit: m.local_committed.map_or(0, |l| l.index),
             last_log: m.last_log_index.unwrap_or(0),
             storage_ready: m.running_state.is_ok(),
-            quorum_ack_ms: if m.state == ServerState::Leader {
-                m.last_quorum_acked.as_ref().map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64)
-            } else {
-                None
+            // A lone voter is its own quorum; otherwise the time since a majority acknowledged.
+            quorum_ack_ms: match m.state {
+                ServerState::Leader if m.membership_config.membership().voter_ids().count() <= 1 => Some(0),
+                ServerState::Leader => m.last_quorum_acked.as_ref().map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64),
+                _ => None,
             },
         }
     }
