@@ -19,6 +19,7 @@ pub mod machine;
 pub mod model;
 pub mod names;
 pub mod reads;
+pub mod sink;
 pub mod store;
 pub mod time;
 pub mod timers;
