@@ -153,6 +153,52 @@ fn healthy_leader(nodes: &[Node], within: Duration) -> Option<(usize, Duration)>
     None
 }
 
+/// A writer that pushes `<prefix>-<i>` round-robin over the nodes until told to stop (or 120 s),
+/// retrying a failed push on the next node with the same transactionId, as a client holding
+/// every node's URL does. Returns what was acknowledged.
+fn spawn_writer(
+    ports: Vec<u16>,
+    queue: &'static str,
+    prefix: &'static str,
+    acked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        for i in 0..100_000u64 {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) || started.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+            let txn = format!("{prefix}-{i}");
+            let body = json!({"items": [{"queue": queue, "transactionId": txn, "payload": i}]}).to_string();
+            for attempt in 0..60u64 {
+                let port = ports[((i + attempt) % 3) as usize];
+                match queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body) {
+                    Ok((200, text)) if text.contains("queued") || text.contains("duplicate") => {
+                        acked.lock().unwrap().push(txn.clone());
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
+/// Every acknowledged write is on every node exactly once, once all caught up.
+fn assert_all_once(nodes: &[Node], queue: &str, acked: &[String]) {
+    let target = nodes.iter().map(applied).max().unwrap();
+    for (i, node) in nodes.iter().enumerate() {
+        assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
+        let ids = stored(node, queue);
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
+        let missing: Vec<&String> = acked.iter().filter(|t| !unique.contains(t)).take(5).collect();
+        assert!(missing.is_empty(), "node {i} lost acknowledged writes, e.g. {missing:?} (of {})", acked.len());
+    }
+}
+
 #[test]
 fn recovery_rehearsal_loses_and_doubles_nothing() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -163,32 +209,7 @@ fn recovery_rehearsal_loses_and_doubles_nothing() {
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    // A writer pushes round-robin over the nodes; a failed push is retried on the next node
-    // with the same transactionId (bounded attempts), as a client with every node's URL does.
-    let writer = {
-        let (acked, stop) = (acked.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            for i in 0..100_000u64 {
-                if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(120) {
-                    break;
-                }
-                let txn = format!("r-{i}");
-                let body = json!({"items": [{"queue": "rehearsal", "transactionId": txn, "payload": i}]}).to_string();
-                for attempt in 0..60u64 {
-                    let port = ports[((i + attempt) % 3) as usize];
-                    match queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body) {
-                        Ok((200, text)) if text.contains("queued") || text.contains("duplicate") => {
-                            acked.lock().unwrap().push(txn.clone());
-                            break;
-                        }
-                        _ => std::thread::sleep(Duration::from_millis(100)),
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let writer = spawn_writer(ports, "rehearsal", "r", acked.clone(), stop.clone());
     let progress = |n: usize| eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n);
 
     assert!(progress(50), "no writes before the first fault");
@@ -220,15 +241,7 @@ fn recovery_rehearsal_loses_and_doubles_nothing() {
     writer.join().unwrap();
 
     let acked = acked.lock().unwrap().clone();
-    let target = nodes.iter().map(applied).max().unwrap();
-    for (i, node) in nodes.iter().enumerate() {
-        assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
-        let ids = stored(node, "rehearsal");
-        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
-        assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
-        let missing: Vec<&String> = acked.iter().filter(|t| !unique.contains(t)).take(5).collect();
-        assert!(missing.is_empty(), "node {i} lost acknowledged writes, e.g. {missing:?} (of {})", acked.len());
-    }
+    assert_all_once(&nodes, "rehearsal", &acked);
     eprintln!("rehearsal: {} acknowledged writes, all on every node once", acked.len());
 }
 
@@ -242,28 +255,7 @@ fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (acked, stop) = (acked.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            for i in 0..100_000u64 {
-                if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(120) {
-                    break;
-                }
-                let txn = format!("roll-{i}");
-                let body = json!({"items": [{"queue": "rolling", "transactionId": txn, "payload": i}]}).to_string();
-                for attempt in 0..60u64 {
-                    let port = ports[((i + attempt) % 3) as usize];
-                    if let Ok((200, _)) = queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body) {
-                        acked.lock().unwrap().push(txn.clone());
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let writer = spawn_writer(ports, "rolling", "roll", acked.clone(), stop.clone());
     for (i, node) in nodes.iter_mut().enumerate() {
         let n = acked.lock().unwrap().len();
         assert!(eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n + 30), "no progress before restarting node {i}");
@@ -275,14 +267,7 @@ fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    let target = nodes.iter().map(applied).max().unwrap();
-    for (i, node) in nodes.iter().enumerate() {
-        assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
-        let ids = stored(node, "rolling");
-        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
-        assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
-        assert!(acked.iter().all(|t| unique.contains(t)), "node {i} lost acknowledged writes");
-    }
+    assert_all_once(&nodes, "rolling", &acked);
     eprintln!("rolling restart: {} acknowledged writes, all on every node once", acked.len());
 }
 

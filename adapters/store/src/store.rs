@@ -118,25 +118,6 @@ impl FjallStore {
     }
 }
 
-fn scan_with<R: Readable>(
-    r: &R,
-    ks: &Keyspace,
-    start: &[u8],
-    end: &[u8],
-    visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-) -> Result<(), StoreError> {
-    if start >= end {
-        return Ok(());
-    }
-    for guard in r.range(ks, start..end) {
-        let (k, v) = guard.into_inner().map_err(read_err)?;
-        if !visit(&k, &v) {
-            break;
-        }
-    }
-    Ok(())
-}
-
 impl StateRead for FjallStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
@@ -146,14 +127,20 @@ impl StateRead for FjallStore {
         if start >= end {
             return Ok(());
         }
-        for guard in self.state.range(start..end) {
-            let (k, v) = guard.into_inner().map_err(read_err)?;
-            if !visit(&k, &v) {
-                break;
-            }
-        }
-        Ok(())
+        visit_range(self.state.range(start..end), visit)
     }
+}
+
+/// Visit the pairs of a range iterator until `visit` says stop (callers check the bounds:
+/// an empty or inverted range never reaches the engine).
+fn visit_range(iter: fjall::Iter, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
+    for guard in iter {
+        let (k, v) = guard.into_inner().map_err(read_err)?;
+        if !visit(&k, &v) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A pinned, consistent view of the state.
@@ -168,6 +155,9 @@ impl StateRead for StateView {
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        scan_with(&self.snap, &self.state, start, end, visit)
+        if start >= end {
+            return Ok(());
+        }
+        visit_range(self.snap.range(&self.state, start..end), visit)
     }
 }
