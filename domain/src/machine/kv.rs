@@ -261,24 +261,12 @@ pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> 
 
 /// Housekeeping: delete rows whose expiry passed, at most `budget`.
 pub(crate) fn sweep(txn: &mut Txn<'_>, now: Stamp, budget: &mut usize) -> Result<(), StoreError> {
-    let start = keys::table_start(keys::table::KV_EXPIRY);
-    let mut end = vec![keys::table::KV_EXPIRY];
-    end.extend_from_slice(&now.0.saturating_add(1).to_be_bytes());
-    let mut due = Vec::new();
-    StateRead::scan(&*txn, &start, &end, &mut |k, _| {
-        due.push(k.to_vec());
-        due.len() < (*budget / 2).max(1)
-    })?;
-    for k in due {
-        let rest = k.get(9..).unwrap_or_default();
-        if let Some(pos) = rest.iter().position(|b| *b == 0) {
-            let ns = String::from_utf8_lossy(&rest[..pos]).into_owned();
-            let key = String::from_utf8_lossy(&rest[pos + 1..]).into_owned();
-            if let Some(row) = get_rec::<KvRow>(txn, &keys::kv(&ns, &key))?
-                && !row.live(now)
-            {
-                txn.delete(keys::kv(&ns, &key));
-            }
+    for (k, ns, key) in super::due_entries(&*txn, keys::table::KV_EXPIRY, now, *budget / 2)? {
+        if !ns.is_empty()
+            && let Some(row) = get_rec::<KvRow>(txn, &keys::kv(&ns, &key))?
+            && !row.live(now)
+        {
+            txn.delete(keys::kv(&ns, &key));
         }
         txn.delete(k);
         *budget = budget.saturating_sub(2);

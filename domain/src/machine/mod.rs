@@ -147,3 +147,26 @@ pub fn partition_ids_pub(s: &dyn StateRead, qid: u64) -> Result<Vec<u64>, StoreE
 pub fn start_offset_pub(s: &dyn StateRead, p: &crate::model::PartitionRec, start: crate::model::SubscriptionStart) -> Result<u64, StoreError> {
     pop::start_offset(s, p, start)
 }
+
+/// The due entries of a time index (`[table] ‖ stamp ‖ name ‖ NUL ‖ key`) at or before `now`, at
+/// most `limit`, as (index key, name, key). Serves the KV expiry sweep and timer delivery.
+pub(crate) fn due_entries(s: &dyn StateRead, table: u8, now: Stamp, limit: usize) -> Result<Vec<(Vec<u8>, String, String)>, StoreError> {
+    let mut end = vec![table];
+    end.extend_from_slice(&now.0.saturating_add(1).to_be_bytes());
+    let mut due = Vec::new();
+    s.scan(&keys::table_start(table), &end, &mut |k, _| {
+        due.push(k.to_vec());
+        due.len() < limit.max(1)
+    })?;
+    Ok(due
+        .into_iter()
+        .map(|k| {
+            let rest = k.get(9..).unwrap_or_default();
+            let (name, key) = match rest.iter().position(|b| *b == 0) {
+                Some(pos) => (String::from_utf8_lossy(&rest[..pos]).into_owned(), String::from_utf8_lossy(&rest[pos + 1..]).into_owned()),
+                None => (String::new(), String::new()),
+            };
+            (k, name, key)
+        })
+        .collect())
+}

@@ -3,7 +3,7 @@
 use crate::command::PushItem;
 use crate::keys;
 use crate::names::{PartitionName, QueueName};
-use crate::store::{StateRead, StoreError, Txn};
+use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 use crate::timers::{TimerOp, TimerRec, TimerResult};
 
@@ -72,21 +72,12 @@ pub(crate) fn apply(txn: &mut Txn<'_>, stamp: Stamp, ops: &[TimerOp]) -> Result<
 
 /// Deliver due timers (at most `budget / 4`): each becomes a push into its queue.
 pub(crate) fn deliver_due(txn: &mut Txn<'_>, stamp: Stamp, budget: &mut usize) -> Result<(), StoreError> {
-    let start = keys::table_start(keys::table::TIMER_DUE);
-    let mut end = vec![keys::table::TIMER_DUE];
-    end.extend_from_slice(&stamp.0.saturating_add(1).to_be_bytes());
-    let mut due = Vec::new();
-    StateRead::scan(&*txn, &start, &end, &mut |k, _| {
-        due.push(k.to_vec());
-        due.len() < (*budget / 4).max(1)
-    })?;
-    for k in due {
-        let rest = k.get(9..).unwrap_or_default().to_vec();
+    for (k, queue, key) in super::due_entries(&*txn, keys::table::TIMER_DUE, stamp, *budget / 4)? {
         txn.delete(k);
         *budget = budget.saturating_sub(4);
-        let Some(pos) = rest.iter().position(|b| *b == 0) else { continue };
-        let queue = String::from_utf8_lossy(&rest[..pos]).into_owned();
-        let key = String::from_utf8_lossy(&rest[pos + 1..]).into_owned();
+        if queue.is_empty() {
+            continue;
+        }
         let Some(t) = remove(txn, &queue, &key)? else { continue };
         let (Ok(q), Ok(p)) = (QueueName::new(queue), PartitionName::new(t.partition.clone())) else { continue };
         super::push::push(
