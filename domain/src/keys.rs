@@ -38,6 +38,16 @@ pub mod table {
     pub const TIMER: u8 = 0x10;
     /// Timer due index by (deliver at, queue, timer key).
     pub const TIMER_DUE: u8 = 0x11;
+    /// The stamp of the newest message retention deleted, by partition id.
+    pub const PURGED: u8 = 0x12;
+}
+
+/// The stamp of the newest message retention deleted from a partition.
+#[must_use]
+pub fn purged(pid: u64) -> Vec<u8> {
+    let mut k = vec![table::PURGED];
+    k.extend_from_slice(&pid.to_be_bytes());
+    k
 }
 
 /// A timer.

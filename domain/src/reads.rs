@@ -107,6 +107,14 @@ pub fn would_pop(s: &dyn StateRead, now: Stamp, cmd: &PopCommand) -> Result<PopO
     pop(&mut scratch, now, cmd)
 }
 
+/// The stamp of the newest message retention deleted from a partition, if any.
+///
+/// # Errors
+/// Store failures.
+pub fn purged_stamp(s: &dyn StateRead, pid: u64) -> Result<Option<Stamp>, StoreError> {
+    get_rec(s, &keys::purged(pid))
+}
+
 /// A partition of a queue by name.
 ///
 /// # Errors

@@ -598,3 +598,41 @@ mod timer_rules {
         assert_eq!(txns(&s.pop("later", None, 5)), ["second"]);
     }
 }
+
+#[test]
+fn the_sink_hold_keeps_what_the_lake_has_not_committed_up_to_its_cap() {
+    use queen_domain::kv::{Expiry, KvOp};
+    use queen_domain::sink::documents;
+    let mut s = Sim::new();
+    let o = QueueOptions {
+        retention_seconds: 10,
+        retention_sink_hold: Some("default".into()),
+        retention_sink_hold_max_seconds: 1000,
+        ..QueueOptions::default()
+    };
+    s.configure("q", o);
+    let t0 = s.now;
+    s.push("q", "p", "t0");
+    s.advance_secs(5);
+    s.push("q", "p", "t1");
+    s.advance_secs(20);
+    s.apply(Command::Tick);
+    let part = |s: &Sim| reads::partition_by_name(&s.store, "q", "p").unwrap().unwrap();
+    assert_eq!(part(&s).log_start, 0, "no commit pointer yet: everything younger than the cap stays");
+    let pointer = format!(r#"{{"k":1,"tEnd":{}}}"#, t0 + 62_000_000);
+    s.apply(Command::Kv(vec![KvOp::Put {
+        ns: documents::NS.into(),
+        key: documents::pointer_key("default", "q"),
+        value: pointer.into_bytes(),
+        expiry: Expiry::Forever,
+        expect: None,
+        required: true,
+    }]));
+    s.apply(Command::Tick);
+    let p = part(&s);
+    assert_eq!(p.log_start, 1, "t0 is older than the pointer minus a minute, t1 is not");
+    assert!(reads::purged_stamp(&s.store, p.pid).unwrap().is_some_and(|t| t.0 >= t0 && t.0 < t0 + 1_000_000));
+    s.advance_secs(1000);
+    s.apply(Command::Tick);
+    assert_eq!(part(&s).log_start, 2, "past retentionSinkHoldMaxSeconds the hold lets go");
+}

@@ -135,6 +135,7 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
         } else {
             None
         };
+        let hold = sink_hold(txn, &o, &p.queue, stamp)?;
         let budget = (*deletes / 2).max(1);
         let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
             txn,
@@ -143,20 +144,27 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
             budget,
         )?;
         let before = p.log_start;
+        let mut purged = None;
         for (k, m) in msgs {
             let offset = keys::offset_of_message_key(&k).unwrap_or(p.log_start);
             let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
-            let expired = aged(o.retention_seconds)
-                || aged(o.max_wait_time_seconds)
-                || (min_cursor.is_some_and(|mc| offset < mc) && aged(o.completed_retention_seconds));
+            let held = hold.is_some_and(|h| m.stamp > h);
+            let expired = aged(o.max_wait_time_seconds)
+                || (!held
+                    && (aged(o.retention_seconds)
+                        || (min_cursor.is_some_and(|mc| offset < mc) && aged(o.completed_retention_seconds))));
             if !expired {
                 break;
             }
+            purged = Some(m.stamp);
             txn.delete(k);
             txn.delete(keys::dedup(p.pid, &m.transaction_id));
             *deletes = deletes.saturating_sub(2);
             p.log_start = offset + 1;
             q.messages = q.messages.saturating_sub(1);
+        }
+        if let Some(at) = purged {
+            put_rec(txn, keys::purged(p.pid), &at);
         }
         if p.log_start != before {
             put_rec(txn, keys::partition(p.pid), &p);
@@ -165,4 +173,16 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
     }
     put_rec(txn, cursor_key, &if wrapped { 0 } else { last });
     Ok(())
+}
+
+/// The newest stamp retention may delete on a queue held for an S3 sink: the commit pointer's
+/// tEnd minus a minute, never further back than `retentionSinkHoldMaxSeconds` before `now`
+/// (so a sink that stopped for good cannot grow the queue's disk for ever). `None` when the
+/// queue has no hold.
+fn sink_hold(s: &dyn StateRead, o: &crate::model::QueueOptions, queue: &str, now: Stamp) -> Result<Option<Stamp>, StoreError> {
+    let Some(sink) = o.retention_sink_hold.as_deref() else { return Ok(None) };
+    let floor = now.minus_seconds(o.retention_sink_hold_max_seconds);
+    let committed = crate::sink::documents::pointer(s, sink, queue, now)?
+        .map_or(Stamp(0), |p| Stamp(p.t_end).minus_seconds(crate::sink::documents::HOLD_MARGIN_SECONDS));
+    Ok(Some(committed.max(floor)))
 }

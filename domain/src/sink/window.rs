@@ -88,7 +88,9 @@ pub fn decide(start: Stamp, last_ts: Option<Stamp>, bytes: u64, memory: bool, sa
         if limit < age_end {
             return None;
         }
-        (age_end, CloseReason::Age)
+        // Old enough: the window takes everything the guard allows, so one that opened at its
+        // hour's start with a record long after still closes soon after that record.
+        (cap, CloseReason::Age)
     };
     (end > start).then_some((end, reason))
 }
