@@ -38,6 +38,8 @@ pub struct RawConfig {
     pub ready_lag_entries: Option<String>,
     /// `QUEEN_RAFT_READY_LAG_MS`
     pub ready_lag_ms: Option<String>,
+    /// `QUEEN_RAFT_MAX_CLOCK_SKEW_MS`
+    pub max_clock_skew_ms: Option<String>,
     /// The machine's hostname, for `QUEEN_RAFT_NODE_ID=ordinal`.
     pub hostname: Option<String>,
 }
@@ -84,6 +86,9 @@ pub struct Config {
     pub ready_lag_entries: u64,
     /// ...or when the last applied entry is this recent (broker time).
     pub ready_lag_ms: u64,
+    /// After a leader change, leases timed under the previous leader are held this long past
+    /// their expiry.
+    pub max_clock_skew_ms: u64,
 }
 
 impl std::fmt::Debug for Config {
@@ -224,12 +229,17 @@ impl RawConfig {
         let promote_max_lag: u64 = number(&self.promote_max_lag, "QUEEN_RAFT_PROMOTE_MAX_LAG", 1000, "an entry count")?;
         let ready_lag_entries: u64 = number(&self.ready_lag_entries, "QUEEN_RAFT_READY_LAG_ENTRIES", 1000, "an entry count")?;
         let ready_lag_ms: u64 = number(&self.ready_lag_ms, "QUEEN_RAFT_READY_LAG_MS", 2000, "milliseconds")?;
+        let max_clock_skew_ms: u64 = number(&self.max_clock_skew_ms, "QUEEN_RAFT_MAX_CLOCK_SKEW_MS", 500, "milliseconds")?;
+        if max_clock_skew_ms > 60_000 {
+            return Err(bad("QUEEN_RAFT_MAX_CLOCK_SKEW_MS", format!("{max_clock_skew_ms} is outside 0..=60000")));
+        }
         Ok(Config {
             join,
             client_offload,
             promote_max_lag,
             ready_lag_entries,
             ready_lag_ms,
+            max_clock_skew_ms,
             disk_high_pct,
             port,
             host,
@@ -260,6 +270,17 @@ mod tests {
             .unwrap();
         assert_eq!(c.node_id, 3);
         assert_eq!(RawConfig { port: Some("  ".into()), ..RawConfig::default() }.validate().unwrap().port, 6632);
+    }
+
+    #[test]
+    fn clock_skew_has_a_default_and_a_range() {
+        assert_eq!(RawConfig::default().validate().unwrap().max_clock_skew_ms, 500);
+        let c = RawConfig { max_clock_skew_ms: Some("0".into()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(c.max_clock_skew_ms, 0);
+        for bad in ["60001", "-1", "soon"] {
+            let e = RawConfig { max_clock_skew_ms: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            assert_eq!(e.variable, "QUEEN_RAFT_MAX_CLOCK_SKEW_MS", "{bad}");
+        }
     }
 
     #[test]

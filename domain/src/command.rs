@@ -216,6 +216,15 @@ pub enum Command {
         /// The queue.
         queue: QueueName,
     },
+    /// Cluster-wide settings, written by the leader: the cluster's log format version (it only
+    /// rises, and only once every member reads it) and the clock-skew bound that holds leases
+    /// after a leader change.
+    ClusterSettings {
+        /// The format version every member reads.
+        version: u32,
+        /// `QUEEN_RAFT_MAX_CLOCK_SKEW_MS` of the leader.
+        max_clock_skew_ms: u64,
+    },
 }
 
 /// The outcome of one push item.
@@ -358,6 +367,11 @@ pub enum Outcome {
     },
     /// The entry could not be decoded by this build (nothing applied).
     Rejected(String),
+    /// Cluster settings applied: the cluster version in force.
+    ClusterSettings {
+        /// The cluster's log format version.
+        version: u32,
+    },
 }
 
 /// A response with the stamp its entry was given.

@@ -9,6 +9,7 @@ use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
 pub use crate::machine::last_stamp as safe_time;
+pub use crate::machine::cluster::{cluster_version, max_clock_skew_ms};
 
 /// One queue with its partitions.
 #[derive(Debug, Clone)]

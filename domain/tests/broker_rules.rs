@@ -33,6 +33,19 @@ impl Sim {
         self.now += s * 1_000_000;
     }
 
+    fn advance_ms(&mut self, ms: u64) {
+        self.now += ms * 1000;
+    }
+
+    /// What the store adapter does for an entry without a command (a new leader's blank entry).
+    fn leader_change(&mut self) {
+        let mut txn = Txn::new(&self.store);
+        self.index += 1;
+        queen_domain::machine::cluster::leader_changed(&mut txn).expect("apply");
+        let w = txn.into_writes();
+        self.store.commit(w);
+    }
+
     fn push(&mut self, queue: &str, partition: &str, txn: &str) -> PushOutcome {
         self.seq += 1;
         let mut id = [0u8; 16];
@@ -635,4 +648,68 @@ fn the_sink_hold_keeps_what_the_lake_has_not_committed_up_to_its_cap() {
     s.advance_secs(1000);
     s.apply(Command::Tick);
     assert_eq!(part(&s).log_start, 2, "past retentionSinkHoldMaxSeconds the hold lets go");
+}
+
+#[test]
+fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
+    // Without a leader change a lease ends at its expiry.
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+    s.push("q", "p", "t1");
+    assert_eq!(txns(&s.pop("q", None, 1)), ["t1"]);
+    s.advance_ms(2100);
+    assert_eq!(txns(&s.pop("q", None, 1)), ["t1"], "redelivered 100 ms past expiry");
+
+    // After a leader change the same lease is held the default 500 ms past its expiry: not
+    // redelivered, not expired by a tick, still good for an extension and an ack.
+    let mut s = Sim::new();
+    s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+    s.push("q", "p", "t1");
+    s.push("q", "p", "t2");
+    let first = s.pop("q", None, 1);
+    assert_eq!(txns(&first), ["t1"]);
+    s.advance_ms(1000);
+    s.leader_change();
+    s.advance_ms(1100);
+    s.apply(Command::Tick);
+    assert!(s.pop("q", None, 1).is_empty(), "held within the skew of its expiry");
+    let v = s.ack(None, &first, 0, "completed");
+    assert!(v.success && v.lease_released, "the holder's ack is accepted: {v:?}");
+    let second = s.pop("q", None, 1);
+    assert_eq!(txns(&second), ["t2"]);
+    // The hold is over once every lease granted before the change is past expiry + skew;
+    // a lease granted afterwards expires on time again.
+    s.advance_ms(2100);
+    assert_eq!(txns(&s.pop("q", None, 1)), ["t2"], "redelivered after the hold ended");
+
+    // The leader's setting replaces the default; 0 turns the hold off.
+    for (skew, held) in [(0, false), (1500, true)] {
+        let mut s = Sim::new();
+        s.apply(Command::ClusterSettings { version: 1, max_clock_skew_ms: skew });
+        s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+        s.push("q", "p", "t1");
+        s.pop("q", None, 1);
+        s.leader_change();
+        s.advance_ms(2000 + 1000);
+        let at_1s = s.pop("q", None, 1);
+        if held {
+            assert!(at_1s.is_empty(), "skew {skew} ms: held 1 s past expiry");
+            s.advance_ms(600);
+            assert_eq!(txns(&s.pop("q", None, 1)), ["t1"], "skew {skew} ms, 1.6 s past expiry");
+        } else {
+            assert_eq!(txns(&at_1s), ["t1"], "skew 0: redelivered 1 s past expiry");
+        }
+    }
+}
+
+#[test]
+fn the_cluster_version_only_rises() {
+    let mut s = Sim::new();
+    assert_eq!(reads::cluster_version(&s.store).unwrap(), 0);
+    let r = s.apply(Command::ClusterSettings { version: 2, max_clock_skew_ms: 500 });
+    assert_eq!(r, Outcome::ClusterSettings { version: 2 });
+    let r = s.apply(Command::ClusterSettings { version: 1, max_clock_skew_ms: 700 });
+    assert_eq!(r, Outcome::ClusterSettings { version: 2 }, "never lowered");
+    assert_eq!(reads::cluster_version(&s.store).unwrap(), 2);
+    assert_eq!(reads::max_clock_skew_ms(&s.store).unwrap(), Some(700));
 }

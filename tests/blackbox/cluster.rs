@@ -10,18 +10,20 @@ use serde_json::{Value, json};
 const TOKEN: &str = "test-cluster-token";
 
 fn cluster(dir: &Path) -> Vec<Node> {
+    cluster_with(dir, |_| Vec::new())
+}
+
+/// Three nodes, node `i` (0-based) started with `extra(i)` on top of the cluster settings.
+fn cluster_with(dir: &Path, extra: impl Fn(usize) -> Vec<(&'static str, &'static str)>) -> Vec<Node> {
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| {
             let id = (i + 1).to_string();
-            Node::prepare(
-                Path::new(env!("CARGO_BIN_EXE_queen")),
-                &dir.join(format!("n{}", i + 1)),
-                http[i],
-                &[("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", TOKEN)],
-            )
+            let mut env: Vec<(&str, &str)> = vec![("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", TOKEN)];
+            env.extend(extra(i));
+            Node::prepare(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.join(format!("n{}", i + 1)), http[i], &env)
         })
         .collect();
     for n in &mut nodes {
@@ -279,17 +281,20 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
     let gone = (0..3).find(|i| *i != leader).unwrap();
     let gone_id = (gone + 1) as u64;
     push(&nodes[leader], "m", "before");
-    // A follower refuses membership changes and names the leader.
+    // Every membership call below goes through a follower, which hands it to the leader.
     let other = (0..3).find(|i| *i != leader && *i != gone).unwrap();
-    let refused = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
-    assert_eq!(refused.status, 503, "{}", refused.text);
-    assert_eq!(refused.json["code"], "not_leader");
+    let list = nodes[other].get("/api/v1/system/raft/membership");
+    assert_eq!(list.status, 200, "{}", list.text);
+    let members = list.json["members"].as_array().unwrap().clone();
+    assert_eq!(members.len(), 3, "{}", list.text);
+    assert!(members.iter().all(|m| m["live"] == true), "the leader's view of liveness: {}", list.text);
     // Remove the member, wipe its disk, start it empty with QUEEN_RAFT_JOIN, add and promote it.
-    let r = nodes[leader].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    let r = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["members"].as_array().unwrap().len(), 2, "{}", r.text);
-    let again = nodes[leader].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    let again = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
     assert_eq!(again.status, 200, "idempotent: {}", again.text);
+    assert_eq!(again.json["members"].as_array().unwrap().len(), 2, "{}", again.text);
     nodes[gone].kill9();
     std::fs::remove_dir_all(&nodes[gone].dir).unwrap();
     // Same peer list and token as the cluster, plus QUEEN_RAFT_JOIN.
@@ -302,14 +307,19 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
         .find(|p| p.starts_with(&format!("{gone_id}=")))
         .and_then(|p| p.split_once('=').map(|(_, a)| a.split('/').next().unwrap_or_default().to_owned()))
         .unwrap();
-    let add = nodes[leader].post("/api/v1/system/raft/membership/learners", &json!({"id": gone_id, "raft": raft_addr, "http": format!("127.0.0.1:{}", nodes[gone].port)}));
+    let learner = json!({"id": gone_id, "raft": raft_addr, "http": format!("127.0.0.1:{}", nodes[gone].port)});
+    let add = nodes[other].post("/api/v1/system/raft/membership/learners", &learner);
     assert_eq!(add.status, 200, "{}", add.text);
-    let promote = nodes[leader].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]}));
+    let add_again = nodes[other].post("/api/v1/system/raft/membership/learners", &learner);
+    assert_eq!(add_again.status, 200, "idempotent: {}", add_again.text);
+    let promote = nodes[other].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]}));
     assert!(promote.status == 200 || promote.json["code"] == "learner_behind", "{}", promote.text);
     assert!(
-        eventually(Duration::from_secs(30), || nodes[leader].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]})).status == 200),
+        eventually(Duration::from_secs(30), || nodes[other].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]})).status == 200),
         "the learner was never promoted"
     );
+    let after = nodes[leader].get("/api/v1/system/raft/membership");
+    assert!(after.json["members"].as_array().unwrap().iter().all(|m| m["voter"] == true), "{}", after.text);
     nodes[gone].wait_healthy(Duration::from_secs(30));
     let f = nodes[gone].post("/api/v1/fetch", &json!({"entries": [{"queue": "m", "partition": "Default", "offset": 0}]}));
     assert_eq!(f.json["entries"][0]["records"][0]["transactionId"], "before", "{}", f.text);
@@ -328,4 +338,151 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
         "a node without its quorum still answers 200"
     );
     assert_eq!(nodes[survivor].get("/health").json["status"], "no_quorum");
+}
+
+fn health(n: &Node) -> Value {
+    n.try_request("GET", "/health", None).map(|a| a.json).unwrap_or(Value::Null)
+}
+
+fn raft_field(n: &Node, field: &str) -> u64 {
+    health(n)["raft"][field].as_u64().unwrap_or(u64::MAX)
+}
+
+#[test]
+fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data() {
+    // Nodes 1 and 2 pretend a newer build that reads format 2 (test-only switch); node 3 reads 1.
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster_with(dir.path(), |i| {
+        let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
+        if i < 2 {
+            env.push(("QUEEN_TEST_LOG_KINDS", "2"));
+        }
+        env
+    });
+    let kinds: Vec<u64> = nodes.iter().map(|n| raft_field(n, "kinds")).collect();
+    assert_eq!(kinds, [2, 2, 1], "each node reports the format it reads");
+    assert!(
+        eventually(Duration::from_secs(30), || nodes.iter().all(|n| raft_field(n, "clusterVersion") == 1)),
+        "the leader raised the cluster version to what every member reads"
+    );
+    // Several gate rounds later it has not gone past what node 3 reads.
+    std::thread::sleep(Duration::from_secs(3));
+    for n in &nodes {
+        assert_eq!(raft_field(n, "clusterVersion"), 1, "{}", health(n));
+    }
+    // Upgrade node 3: now every member reads 2, and the version follows.
+    assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "2");
+    nodes[2].restart();
+    assert!(
+        eventually(Duration::from_secs(30), || nodes.iter().all(|n| raft_field(n, "clusterVersion") == 2)),
+        "the version rises once the last member reads it: {:?}",
+        nodes.iter().map(health).collect::<Vec<_>>()
+    );
+    let marker = nodes[2].dir.join("cluster-version");
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(&marker).is_ok_and(|t| t.trim() == "2")),
+        "each node records the version in its data directory"
+    );
+    // A downgrade past the format change stops at the first node: it refuses to start.
+    assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "1");
+    nodes[2].launch();
+    let status = nodes[2].wait_exit(Duration::from_secs(30)).expect("the old build must refuse to start");
+    assert_eq!(status.code(), Some(2), "{}", nodes[2].log_text());
+    assert!(nodes[2].log_text().contains("holds cluster format version 2, newer than this build reads (1)"), "{}", nodes[2].log_text());
+    // The other two go on writing.
+    push(&nodes[0], "after-downgrade", "still-writing");
+}
+
+#[test]
+fn a_node_refuses_a_data_directory_marked_newer_than_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("n1");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("cluster-version"), "7\n").unwrap();
+    let mut node = Node::prepare(Path::new(env!("CARGO_BIN_EXE_queen")), &data, free_port(), &[]);
+    node.launch();
+    let status = node.wait_exit(Duration::from_secs(30)).expect("it must refuse to start");
+    assert_eq!(status.code(), Some(2), "{}", node.log_text());
+    let log = node.log_text();
+    assert!(log.contains("holds cluster format version 7, newer than this build reads (1)"), "{log}");
+    assert!(!data.join("state").exists(), "nothing was opened or written: {log}");
+}
+
+/// Cut node `isolated` off from the two others (test fault layer): each side drops its calls
+/// to the other. An empty list heals.
+fn partition(nodes: &[Node], isolated: Option<usize>) {
+    for (i, n) in nodes.iter().enumerate() {
+        let blocked: Vec<String> = match isolated {
+            None => Vec::new(),
+            Some(x) if x == i => (0..nodes.len()).filter(|j| *j != x).map(|j| (j + 1).to_string()).collect(),
+            Some(x) => vec![(x + 1).to_string()],
+        };
+        std::fs::write(n.dir.join("test-faults"), blocked.join(",")).unwrap();
+    }
+}
+
+#[test]
+fn a_partitioned_leader_loses_its_quorum_and_rejoins_without_losing_anything() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster_with(dir.path(), |_| vec![("QUEEN_TEST_FAULTS", "1"), ("QUEEN_REQUEST_TIMEOUT_MS", "5000")]);
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(ports, "partition", "w", acked.clone(), stop.clone());
+    let progress = |n: usize| eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= n);
+    assert!(progress(30), "no writes before the partition");
+
+    let old = leader_index(&nodes, None).expect("a leader");
+    let started = Instant::now();
+    partition(&nodes, Some(old));
+    // The majority side elects a leader of its own and goes on acknowledging writes.
+    assert!(
+        eventually(Duration::from_secs(30), || leader_index(&nodes, Some(old)).is_some()),
+        "the majority side elected no leader"
+    );
+    eprintln!("partition: the majority side had a new leader after {:?}", started.elapsed());
+    let majority: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+    for (k, i) in majority.iter().cycle().take(10).enumerate() {
+        let txn = format!("majority-{k}");
+        assert_eq!(push(&nodes[*i], "partition", &txn)["status"], "queued");
+        acked.lock().unwrap().push(txn);
+    }
+    // The writer (a third of whose first attempts meet the cut-off node and wait out its
+    // deadline) goes on too.
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 10), "writes did not continue on the majority side");
+    // The old leader knows it lost its quorum, and a write to it fails within its deadline.
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let h = nodes[old].try_request("GET", "/health", None);
+            h.is_ok_and(|h| h.status == 503 && h.json["status"] == "no_quorum")
+        }),
+        "the cut-off leader does not report no_quorum: {}",
+        health(&nodes[old])
+    );
+    let t = Instant::now();
+    let stranded = nodes[old].post("/api/v1/push", &json!({"items": [{"queue": "partition", "transactionId": "stranded", "payload": 1}]}));
+    assert_eq!(stranded.status, 503, "{}", stranded.text);
+    assert!(t.elapsed() < Duration::from_secs(20), "the write was not answered within its deadline: {:?}", t.elapsed());
+
+    // Heal: the old leader rejoins as a follower and catches up.
+    partition(&nodes, None);
+    assert!(eventually(Duration::from_secs(30), || role(&nodes[old]) == "follower"), "the old leader did not rejoin: {}", health(&nodes[old]));
+    let n = acked.lock().unwrap().len();
+    assert!(progress(n + 20), "no writes after healing");
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    // The stranded write, sent again, lands once.
+    let again = push(&nodes[old], "partition", "stranded");
+    assert!(again["status"] == "queued" || again["status"] == "duplicate", "{again}");
+    let mut acked = acked.lock().unwrap().clone();
+    acked.push("stranded".to_owned());
+    assert_all_once(&nodes, "partition", &acked);
+    let applied: Vec<u64> = nodes.iter().map(applied).collect();
+    eprintln!("partition: {} acknowledged writes on every node once; applied {applied:?}", acked.len());
 }

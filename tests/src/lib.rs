@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod s3;
+
 /// A free loopback port (bound, then released).
 #[must_use]
 pub fn free_port() -> u16 {
@@ -226,6 +228,22 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Wait (bounded) for a launched process to exit by itself: its status, or `None` when it
+    /// still runs after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        None
     }
 
     /// Start again on the same directory and port, and wait until healthy.

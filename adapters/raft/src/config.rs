@@ -8,9 +8,9 @@ use crate::error::RaftConfigError;
 /// Default heartbeat interval (ms): well below half the minimum election timeout.
 pub const DEFAULT_HEARTBEAT_MS: u64 = 100;
 /// Default minimum election timeout (ms): at least ten times a slow fsync.
-pub const DEFAULT_ELECTION_MIN_MS: u64 = 1000;
+pub const DEFAULT_ELECTION_MIN_MS: u64 = 500;
 /// Default maximum election timeout (ms).
-pub const DEFAULT_ELECTION_MAX_MS: u64 = 2000;
+pub const DEFAULT_ELECTION_MAX_MS: u64 = 1000;
 /// Default number of entries between two snapshots.
 pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 
@@ -56,6 +56,11 @@ pub struct RaftNodeConfig {
     pub snapshot_every_entries: u64,
     /// Start empty and wait to be added by the cluster (`QUEEN_RAFT_JOIN`): never initialize.
     pub join: bool,
+    /// The highest log format this build reads, reported to the leader on the raft port.
+    pub log_kinds: u32,
+    /// Test only: a file listing the node ids (comma separated) this node drops all raft-port
+    /// traffic to. `None` (the default, and always outside tests) means no fault layer at all.
+    pub faults_file: Option<PathBuf>,
 }
 
 impl RaftNodeConfig {
@@ -71,6 +76,8 @@ impl RaftNodeConfig {
             election_max_ms: DEFAULT_ELECTION_MAX_MS,
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
             join: false,
+            log_kinds: 1,
+            faults_file: None,
         }
     }
 

@@ -34,4 +34,4 @@ pub use config::RaftNodeConfig;
 pub use error::RaftConfigError;
 pub use error::RaftShutdownError;
 pub use error::RaftStartError;
-pub use node::{Member, MembershipError, RaftNode};
+pub use node::{Member, MembershipChange, MembershipError, RaftNode};

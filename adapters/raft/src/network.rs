@@ -78,17 +78,56 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// Test only: drops every call to the node ids listed in a file (comma or whitespace
+/// separated), re-read at most every 100 ms. A partition is made by listing each side in the
+/// other side's file, so calls fail in both directions. Built only when `faults_file` is set
+/// (`QUEEN_TEST_FAULTS=1`); without it no call looks at any file.
+pub(crate) struct Faults {
+    /// The file the test writes.
+    path: std::path::PathBuf,
+    /// The ids read last, and when.
+    cache: std::sync::Mutex<(Option<std::time::Instant>, std::collections::BTreeSet<u64>)>,
+}
+
+impl Faults {
+    /// How long a read of the file is reused.
+    const REFRESH: Duration = Duration::from_millis(100);
+
+    pub(crate) fn new(path: std::path::PathBuf) -> Self {
+        tracing::warn!(path = %path.display(), "TEST FAULT LAYER ENABLED: raft traffic to the node ids in this file is dropped");
+        Self { path, cache: std::sync::Mutex::new((None, Default::default())) }
+    }
+
+    /// Whether calls to `target` are dropped now.
+    pub(crate) fn blocks(&self, target: u64) -> bool {
+        let Ok(mut cache) = self.cache.lock() else { return false };
+        let fresh = cache.0.is_some_and(|t| t.elapsed() < Self::REFRESH);
+        if !fresh {
+            let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+            cache.1 = text
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter_map(|t| t.trim().parse().ok())
+                .collect();
+            cache.0 = Some(std::time::Instant::now());
+        }
+        cache.1.contains(&target)
+    }
+}
+
 /// The shared HTTP client of one node (one connection pool for all peers).
 pub(crate) struct Transport {
     /// Pooled HTTP/1 client.
     client: Client<HttpConnector, ReqBody>,
     /// The shared secret sent with every request.
     token: Option<String>,
+    /// Test only: the fault layer.
+    faults: Option<Faults>,
 }
 
 impl Transport {
-    /// A client with a connection pool, sending `token` with every request.
-    pub(crate) fn new(token: Option<String>) -> Arc<Self> {
+    /// A client with a connection pool, sending `token` with every request; `faults` drops
+    /// calls to chosen nodes (tests only).
+    pub(crate) fn new(token: Option<String>, faults: Option<Faults>) -> Arc<Self> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -96,17 +135,24 @@ impl Transport {
             .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector);
-        Arc::new(Self { client, token })
+        Arc::new(Self { client, token, faults })
     }
 
-    /// POST `body` to `http://addr{path}` and return the reply body of a 200 answer.
+    /// POST `body` to node `target` at `http://addr{path}` and return the reply body of a 200
+    /// answer.
     pub(crate) async fn post(
         &self,
+        target: u64,
         addr: &str,
         path: &str,
         body: ReqBody,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
+        if self.faults.as_ref().is_some_and(|f| f.blocks(target)) {
+            // Like a partition: nothing arrives. Wait a little so retry loops do not spin.
+            tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
+            return Err(CallError::Connect(format!("test fault: traffic to node {target} is dropped")));
+        }
         let mut req = hyper::Request::builder()
             .method(hyper::Method::POST)
             .uri(format!("http://{addr}{path}"))
@@ -147,6 +193,7 @@ impl Transport {
     /// POST an encoded value and decode the reply.
     pub(crate) async fn call<Req, Resp>(
         &self,
+        target: u64,
         addr: &str,
         path: &str,
         req: &Req,
@@ -159,7 +206,7 @@ impl Transport {
         let body =
             wire::encode(req).map_err(|e| RPCError::Network(NetworkError::from_string(e)))?;
         let bytes = self
-            .post(addr, path, full(body), timeout)
+            .post(target, addr, path, full(body), timeout)
             .await
             .map_err(|e| {
                 RPCError::Unreachable(Unreachable::from_string(format!("{addr}{path}: {e}")))
@@ -182,6 +229,8 @@ pub(crate) struct NetworkFactory {
 
 /// openraft's client for one target.
 pub(crate) struct NetworkClient {
+    /// The target's node id.
+    target: u64,
     /// The target's raft address.
     addr: String,
     /// The shared transport.
@@ -194,6 +243,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> NetworkClient {
         tracing::debug!(target, addr = %node.raft_addr, "raft peer client");
         NetworkClient {
+            target,
             addr: node.raft_addr.clone(),
             transport: self.transport.clone(),
         }
@@ -209,7 +259,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(&self.addr, wire::APPEND, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::APPEND, &rpc, option.soft_ttl())
             .await
     }
 
@@ -219,7 +269,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(&self.addr, wire::VOTE, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::VOTE, &rpc, option.soft_ttl())
             .await
     }
 
@@ -229,7 +279,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(&self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl())
             .await
     }
 
@@ -239,7 +289,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(&self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl())
+            .call(self.target, &self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl())
             .await
     }
 
@@ -298,10 +348,11 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         });
         let body: ReqBody = BodyExt::boxed(StreamBody::new(stream));
         let addr = self.addr.clone();
+        let target = self.target;
         let transport = self.transport.clone();
         let request = async move {
             transport
-                .post(&addr, wire::SNAPSHOT, body, SNAPSHOT_TOTAL_TIMEOUT)
+                .post(target, &addr, wire::SNAPSHOT, body, SNAPSHOT_TOTAL_TIMEOUT)
                 .await
         };
         let result = tokio::select! {

@@ -82,6 +82,8 @@ struct NodeInner {
     transport: Arc<Transport>,
     /// The raft-port server, until shutdown.
     server: tokio::sync::Mutex<Option<RaftServer>>,
+    /// The highest log format this node reads.
+    log_kinds: u32,
 }
 
 impl RaftNode {
@@ -136,7 +138,8 @@ impl RaftNode {
             .await
             .map_err(RaftStartError::StateMachine)?;
 
-        let transport = Transport::new(cfg.token.clone());
+        let faults = cfg.faults_file.clone().map(crate::network::Faults::new);
+        let transport = Transport::new(cfg.token.clone(), faults);
         let factory = NetworkFactory {
             transport: transport.clone(),
         };
@@ -153,7 +156,7 @@ impl RaftNode {
                 .find(|p| p.id == cfg.node_id)
                 .map(|p| p.raft_addr.clone())
                 .unwrap_or_default();
-            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id).await {
+            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id, transport.clone(), cfg.log_kinds).await {
                 Ok(s) => server = Some(s),
                 Err(source) => {
                     // Stop the core so the log directory is released.
@@ -173,6 +176,7 @@ impl RaftNode {
                 peers: cfg.peers.clone(),
                 transport,
                 server: tokio::sync::Mutex::new(server),
+                log_kinds: cfg.log_kinds,
             }),
         };
         if multi {
@@ -285,6 +289,7 @@ impl RaftNode {
             .inner
             .transport
             .post(
+                leader,
                 addr,
                 wire::FORWARD,
                 full(bytes::Bytes::copy_from_slice(command)),
@@ -380,6 +385,7 @@ impl RaftNode {
             .inner
             .transport
             .post(
+                leader,
                 &addr,
                 wire::READ_INDEX,
                 full(bytes::Bytes::new()),
@@ -658,9 +664,9 @@ impl ReplicatedLog for RaftNode {
 }
 
 /// Why a membership change was refused.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum MembershipError {
-    /// Changes run on the leader; this node is not it.
+    /// Changes run on the leader; this node is not it and knows no leader to hand it to.
     #[error("this node does not lead (leader: {leader:?}, its client address: {leader_http:?})")]
     NotLeader {
         /// The leader's id.
@@ -687,13 +693,27 @@ pub enum MembershipError {
     /// The id is not a member (or not a learner, for a promotion).
     #[error("node {0} is not a member that this change applies to")]
     Unknown(u64),
+    /// The node to add reads an older log format than the cluster writes.
+    #[error("node {id} reads log format {kinds}, older than the cluster's version {version}; run a newer release on it")]
+    FormatTooOld {
+        /// The node.
+        id: u64,
+        /// The highest format it reads.
+        kinds: u32,
+        /// The cluster's version.
+        version: u32,
+    },
     /// The change itself failed (another change in flight, leadership lost, ...).
     #[error("membership change failed: {0}")]
     Failed(String),
+    /// The leader could not be reached, or its answer was lost: retry (every change is
+    /// idempotent).
+    #[error("the leader could not be asked: {0}")]
+    Unavailable(String),
 }
 
 /// A member as the membership routes show it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Member {
     /// Node id.
     pub id: u64,
@@ -710,126 +730,219 @@ pub struct Member {
     pub lag: u64,
 }
 
-impl RaftNode {
-    /// The members as this node's leader sees them (liveness and lag are known on the leader).
-    pub fn members(&self) -> Vec<Member> {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        let last = m.last_log_index.unwrap_or(0);
-        let leader = m.state == ServerState::Leader;
-        let replication = m.replication.clone().unwrap_or_default();
-        let heartbeat = m.heartbeat.clone().unwrap_or_default();
-        let live_within = Duration::from_millis(crate::config::DEFAULT_ELECTION_MAX_MS);
-        let cfg = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = cfg.voter_ids().collect();
-        cfg.nodes()
-            .map(|(id, node)| {
-                let me = *id == self.inner.node_id;
-                let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
-                let live = me
-                    || heartbeat
-                        .get(id)
-                        .cloned()
-                        .flatten()
-                        .is_some_and(|t| openraft::Instant::elapsed(&*t) <= live_within);
-                Member {
-                    id: *id,
-                    raft: node.raft_addr.clone(),
-                    http: node.http_addr.clone(),
-                    voter: voters.contains(id),
-                    live: if leader { live } else { me },
-                    lag: if me { 0 } else { last.saturating_sub(matched) },
+/// A membership change, or a listing, as the admin routes ask for it. A follower hands it to
+/// the leader over the raft port unchanged; every change is idempotent.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum MembershipChange {
+    /// The members as the leader sees them.
+    List,
+    /// Add a learner (an existing member with the same raft address is accepted).
+    AddLearner {
+        /// Node id.
+        id: u64,
+        /// Its raft address.
+        raft: String,
+        /// Its client address.
+        http: String,
+        /// The cluster's format version: a node that reads less is refused (0: no check).
+        min_kinds: u32,
+    },
+    /// Promote learners (ids that already vote are accepted).
+    Promote {
+        /// The learners.
+        ids: Vec<u64>,
+        /// Promote even when behind or without a live majority after.
+        force: bool,
+        /// Most entries a learner may lag without `force`.
+        max_lag: u64,
+    },
+    /// Remove a member (an id that is already gone is accepted).
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
+/// A member that acknowledged the leader within this long counts as live (membership checks);
+/// longer than the election timeout, so a slow heartbeat on a loaded machine does not count.
+const LIVE_WITHIN: Duration = Duration::from_secs(2);
+/// How long the leader waits for a member's answer to `/info`.
+const INFO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The members as `raft` sees them (liveness and lag are known on the leader).
+fn members_of(raft: &Raft, me: u64) -> Vec<Member> {
+    let m = raft.metrics().borrow_watched().clone();
+    let last = m.last_log_index.unwrap_or(0);
+    let leader = m.state == ServerState::Leader;
+    let replication = m.replication.clone().unwrap_or_default();
+    let heartbeat = m.heartbeat.clone().unwrap_or_default();
+    let live_within = LIVE_WITHIN;
+    let cfg = m.membership_config.membership();
+    let voters: std::collections::BTreeSet<u64> = cfg.voter_ids().collect();
+    cfg.nodes()
+        .map(|(id, node)| {
+            let is_me = *id == me;
+            let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
+            let live = is_me
+                || heartbeat
+                    .get(id)
+                    .cloned()
+                    .flatten()
+                    .is_some_and(|t| openraft::Instant::elapsed(&*t) <= live_within);
+            Member {
+                id: *id,
+                raft: node.raft_addr.clone(),
+                http: node.http_addr.clone(),
+                voter: voters.contains(id),
+                live: if leader { live } else { is_me },
+                lag: if is_me { 0 } else { last.saturating_sub(matched) },
+            }
+        })
+        .collect()
+}
+
+fn require_leader(raft: &Raft, me: u64) -> Result<Vec<Member>, MembershipError> {
+    let m = raft.metrics().borrow_watched().clone();
+    if m.state != ServerState::Leader {
+        let leader = m.current_leader;
+        let leader_http = leader.and_then(|l| {
+            m.membership_config.membership().get_node(&l).map(|n| n.http_addr.clone())
+        });
+        return Err(MembershipError::NotLeader { leader, leader_http });
+    }
+    Ok(members_of(raft, me))
+}
+
+fn live_majority(members: &[Member], voters: &std::collections::BTreeSet<u64>) -> bool {
+    let live = members.iter().filter(|m| voters.contains(&m.id) && m.live).count();
+    live * 2 > voters.len()
+}
+
+async fn change(raft: &Raft, change: openraft::ChangeMembers<u64, NodeInfo>) -> Result<(), MembershipError> {
+    raft.change_membership(change, false).await.map(|_| ()).map_err(|e| MembershipError::Failed(e.to_string()))
+}
+
+/// Ask node `id` at `addr` which log format it reads; `None` when it does not answer.
+pub(crate) async fn ask_kinds(transport: &Transport, id: u64, addr: &str) -> Option<u32> {
+    let bytes = transport.post(id, addr, wire::INFO, full(bytes::Bytes::new()), INFO_TIMEOUT).await.ok()?;
+    wire::decode::<wire::InfoReply>(&bytes).ok().map(|r| r.kinds)
+}
+
+/// Run a membership change on this node, which must lead; answers the members afterwards.
+pub(crate) async fn change_here(raft: &Raft, me: u64, transport: &Transport, op: MembershipChange) -> Result<Vec<Member>, MembershipError> {
+    let members = require_leader(raft, me)?;
+    match op {
+        MembershipChange::List => return Ok(members),
+        MembershipChange::AddLearner { id, raft: raft_addr, http, min_kinds } => {
+            if members.iter().any(|m| m.id == id && m.raft == raft_addr) {
+                return Ok(members);
+            }
+            if min_kinds > 0
+                && let Some(kinds) = ask_kinds(transport, id, &raft_addr).await
+                && kinds < min_kinds
+            {
+                return Err(MembershipError::FormatTooOld { id, kinds, version: min_kinds });
+            }
+            raft.add_learner(id, NodeInfo { raft_addr, http_addr: http }, false)
+                .await
+                .map_err(|e| MembershipError::Failed(e.to_string()))?;
+        }
+        MembershipChange::Promote { ids, force, max_lag } => {
+            let mut to_add = std::collections::BTreeSet::new();
+            for id in &ids {
+                let Some(m) = members.iter().find(|m| m.id == *id) else { return Err(MembershipError::Unknown(*id)) };
+                if m.voter {
+                    continue;
                 }
-            })
-            .collect()
-    }
-
-    fn require_leader(&self) -> Result<Vec<Member>, MembershipError> {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        if m.state != ServerState::Leader {
-            let leader = m.current_leader;
-            let leader_http = leader.and_then(|l| {
-                m.membership_config.membership().get_node(&l).map(|n| n.http_addr.clone())
-            });
-            return Err(MembershipError::NotLeader { leader, leader_http });
+                if !force && m.lag > max_lag {
+                    return Err(MembershipError::LearnerBehind { id: *id, lag: m.lag, limit: max_lag });
+                }
+                to_add.insert(*id);
+            }
+            if to_add.is_empty() {
+                return Ok(members);
+            }
+            let mut after: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            after.extend(to_add.iter().copied());
+            if !force && !live_majority(&members, &after) {
+                return Err(MembershipError::NoQuorum("a live majority would not exist after the promotion".into()));
+            }
+            change(raft, openraft::ChangeMembers::AddVoterIds(to_add)).await?;
         }
-        Ok(self.members())
+        MembershipChange::Remove { id } => {
+            let Some(target) = members.iter().find(|m| m.id == id) else { return Ok(members) };
+            let before: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            if target.voter {
+                if before.len() == 1 {
+                    return Err(MembershipError::LastVoter(id));
+                }
+                let mut after = before.clone();
+                after.remove(&id);
+                if !live_majority(&members, &before) || !live_majority(&members, &after) {
+                    return Err(MembershipError::NoQuorum("a live majority would not exist before and after the removal".into()));
+                }
+                change(raft, openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([id]))).await?;
+            }
+            change(raft, openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([id]))).await?;
+        }
+    }
+    Ok(members_of(raft, me))
+}
+
+impl RaftNode {
+    /// The members as this node sees them (liveness and lag are known on the leader).
+    pub fn members(&self) -> Vec<Member> {
+        members_of(&self.inner.raft, self.inner.node_id)
     }
 
-    fn live_majority(members: &[Member], voters: &std::collections::BTreeSet<u64>) -> bool {
-        let live = members.iter().filter(|m| voters.contains(&m.id) && m.live).count();
-        live * 2 > voters.len()
-    }
-
-    async fn change(&self, change: openraft::ChangeMembers<u64, NodeInfo>) -> Result<(), MembershipError> {
-        self.inner.raft.change_membership(change, false).await.map(|_| ()).map_err(|e| MembershipError::Failed(e.to_string()))
-    }
-
-    /// Add a learner (idempotent: an existing member with the same addresses is accepted). The
-    /// call returns once the learner has been added; it catches up in the background.
+    /// Run a membership change (or a listing) on the leader: here when this node leads, else
+    /// handed to the leader over the raft port. Answers the members as the leader sees them
+    /// afterwards. A listing with no leader reachable answers this node's own view.
     ///
     /// # Errors
-    /// Not the leader, or the change failed.
-    pub async fn add_learner(&self, id: u64, raft_addr: String, http_addr: String) -> Result<(), MembershipError> {
-        let members = self.require_leader()?;
-        if members.iter().any(|m| m.id == id && m.raft == raft_addr) {
-            return Ok(());
+    /// No leader known, the leader unreachable, or the leader's refusal (see
+    /// `MembershipError`).
+    pub async fn membership(&self, op: MembershipChange) -> Result<Vec<Member>, MembershipError> {
+        let me = self.inner.node_id;
+        let list = matches!(op, MembershipChange::List);
+        let leader = match change_here(&self.inner.raft, me, &self.inner.transport, op.clone()).await {
+            Err(MembershipError::NotLeader { leader: Some(l), .. }) if l != me => l,
+            Err(MembershipError::NotLeader { .. }) if list => return Ok(self.members()),
+            r => return r,
+        };
+        let forwarded = async {
+            let addr = self.leader_addr(leader, None).ok_or_else(|| MembershipError::Unavailable(format!("no raft address known for leader {leader}")))?;
+            let body = wire::encode(&op).map_err(MembershipError::Unavailable)?;
+            let bytes = self
+                .inner
+                .transport
+                .post(leader, &addr, wire::MEMBERSHIP, full(body), FORWARD_TIMEOUT)
+                .await
+                .map_err(|e| MembershipError::Unavailable(format!("leader {leader}: {e}")))?;
+            wire::decode::<wire::MembershipReply>(&bytes).map_err(MembershipError::Unavailable)?
+        };
+        match forwarded.await {
+            Err(MembershipError::Unavailable(_)) if list => Ok(self.members()),
+            r => r,
         }
-        self.inner
-            .raft
-            .add_learner(id, NodeInfo { raft_addr, http_addr }, false)
-            .await
-            .map(|_| ())
-            .map_err(|e| MembershipError::Failed(e.to_string()))
     }
 
-    /// Promote learners to voters (idempotent for ids that already vote).
-    ///
-    /// # Errors
-    /// Not the leader, an unknown id, a learner beyond `max_lag` without `force`, no live
-    /// majority after the change, or the change failed.
-    pub async fn promote(&self, ids: &[u64], force: bool, max_lag: u64) -> Result<(), MembershipError> {
-        let members = self.require_leader()?;
-        let mut to_add = std::collections::BTreeSet::new();
-        for id in ids {
-            let Some(m) = members.iter().find(|m| m.id == *id) else { return Err(MembershipError::Unknown(*id)) };
-            if m.voter {
-                continue;
+    /// On the leader: the log format every member reads, `None` for a member that did not
+    /// answer within a second. Members are asked in parallel.
+    pub async fn member_kinds(&self) -> Vec<(u64, Option<u32>)> {
+        let me = self.inner.node_id;
+        let nodes: Vec<(u64, String)> = {
+            let m = self.inner.raft.metrics().borrow_watched().clone();
+            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.raft_addr.clone())).collect()
+        };
+        let transport = &self.inner.transport;
+        let asks = nodes.into_iter().map(|(id, addr)| async move {
+            if id == me {
+                (id, Some(self.inner.log_kinds))
+            } else {
+                (id, ask_kinds(transport, id, &addr).await)
             }
-            if !force && m.lag > max_lag {
-                return Err(MembershipError::LearnerBehind { id: *id, lag: m.lag, limit: max_lag });
-            }
-            to_add.insert(*id);
-        }
-        if to_add.is_empty() {
-            return Ok(());
-        }
-        let mut after: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
-        after.extend(to_add.iter().copied());
-        if !force && !Self::live_majority(&members, &after) {
-            return Err(MembershipError::NoQuorum("a live majority would not exist after the promotion".into()));
-        }
-        self.change(openraft::ChangeMembers::AddVoterIds(to_add)).await
-    }
-
-    /// Remove a member (voter or learner); idempotent for an id that is already gone.
-    ///
-    /// # Errors
-    /// Not the leader, the last voter, no live majority before or after, or the change failed.
-    pub async fn remove_member(&self, id: u64) -> Result<(), MembershipError> {
-        let members = self.require_leader()?;
-        let Some(target) = members.iter().find(|m| m.id == id) else { return Ok(()) };
-        let before: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
-        if target.voter {
-            if before.len() == 1 {
-                return Err(MembershipError::LastVoter(id));
-            }
-            let mut after = before.clone();
-            after.remove(&id);
-            if !Self::live_majority(&members, &before) || !Self::live_majority(&members, &after) {
-                return Err(MembershipError::NoQuorum("a live majority would not exist before and after the removal".into()));
-            }
-            self.change(openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([id]))).await?;
-        }
-        self.change(openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([id]))).await
+        });
+        futures::future::join_all(asks).await
     }
 }

@@ -1,5 +1,6 @@
 //! The server side of the raft port: a small HTTP/1 server that hands raft RPCs to openraft and
-//! serves the app-level routes a follower uses (`/forward`, `/read_index`).
+//! serves the app-level routes: `/forward` and `/read_index` (a follower's commands and reads),
+//! `/membership` (a follower's membership change), `/info` (the log format this node reads).
 //!
 //! With a token configured, a request without the right `x-queen-raft-token` is answered 401
 //! (compared in constant time; the refusal is logged without the token).
@@ -23,6 +24,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::network::Transport;
+use crate::node::MembershipChange;
+use crate::node::change_here;
 use crate::node::map_read_error;
 use crate::node::map_write_error;
 use crate::state_machine::SnapshotData;
@@ -44,6 +48,10 @@ struct Ctx {
     token: Option<String>,
     /// This node's id, for logs.
     node_id: u64,
+    /// The client side of the raft port (a membership change may ask the new node first).
+    transport: Arc<Transport>,
+    /// The highest log format this node reads (`/info`).
+    log_kinds: u32,
 }
 
 /// A running raft-port server.
@@ -61,6 +69,8 @@ impl RaftServer {
         raft: Raft,
         token: Option<String>,
         node_id: u64,
+        transport: Arc<Transport>,
+        log_kinds: u32,
     ) -> std::io::Result<RaftServer> {
         let listener = TcpListener::bind(addr).await?;
         tracing::info!(node_id, addr, "raft port listening");
@@ -68,6 +78,8 @@ impl RaftServer {
             raft,
             token,
             node_id,
+            transport,
+            log_kinds,
         });
         let (stop, stop_rx) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, ctx, stop_rx));
@@ -210,6 +222,17 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 };
             ok(wire::encode(&r))
         }
+        wire::INFO => ok(wire::encode(&wire::InfoReply {
+            kinds: ctx.log_kinds,
+        })),
+        wire::MEMBERSHIP => match wire::decode::<MembershipChange>(&body) {
+            Ok(op) => {
+                let r: wire::MembershipReply =
+                    change_here(raft, ctx.node_id, &ctx.transport, op).await;
+                ok(wire::encode(&r))
+            }
+            Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
         _ => fail(StatusCode::NOT_FOUND, "no such route"),
     }
 }

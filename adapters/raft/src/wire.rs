@@ -29,6 +29,10 @@ pub(crate) const TRANSFER_LEADER: &str = "/raft/transfer_leader";
 pub(crate) const FORWARD: &str = "/forward";
 /// Route where a follower asks the leader for a linearizable read index.
 pub(crate) const READ_INDEX: &str = "/read_index";
+/// Route where the leader asks a member which log format it reads.
+pub(crate) const INFO: &str = "/info";
+/// Route where a follower hands a membership change (or listing) to the leader.
+pub(crate) const MEMBERSHIP: &str = "/membership";
 
 /// Encode a body.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Bytes, String> {
@@ -101,6 +105,16 @@ pub(crate) struct Forwarded {
     /// The state machine's response.
     pub(crate) data: Vec<u8>,
 }
+
+/// The answer to `/info`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct InfoReply {
+    /// The highest log format the node reads.
+    pub(crate) kinds: u32,
+}
+
+/// The answer to `/membership`: the members as the leader sees them after the change.
+pub(crate) type MembershipReply = Result<Vec<crate::node::Member>, crate::node::MembershipError>;
 
 /// The answer to `/forward`.
 pub(crate) type ForwardReply = Result<Forwarded, WireError>;

@@ -25,7 +25,12 @@ impl StateMachineBackend for FjallStore {
                     let r = apply_encoded(&mut txn, bytes, e.index).map_err(storage)?;
                     responses.push(r.encode());
                 }
-                None => responses.push(Vec::new()),
+                // A new leader's blank entry or a membership change: leases timed under the
+                // previous leader are held past their expiry by the clock-skew bound.
+                None => {
+                    queen_domain::machine::cluster::leader_changed(&mut txn).map_err(storage)?;
+                    responses.push(Vec::new());
+                }
             }
         }
         let writes = txn.into_writes();

@@ -56,7 +56,7 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
             v.noop = true;
             return Ok(v);
         }
-    let live = c.live_lease(stamp).cloned();
+    let live = c.live_lease(super::cluster::lease_now(txn, stamp)?).cloned();
     let completes = matches!(status, "completed" | "success");
     if offset < c.next {
         // Already behind the cursor: acknowledged before (or redelivered past).
@@ -184,7 +184,7 @@ pub(crate) fn extend(txn: &mut Txn<'_>, stamp: Stamp, lease_id: &str) -> Result<
     let fail = Outcome::Extend { success: false, renewed: 0, expires: None };
     let key = keys::lease(lease_id);
     let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else { return Ok(fail) };
-    if l.expires <= stamp {
+    if l.expires <= super::cluster::lease_now(txn, stamp)? {
         return Ok(fail);
     }
     let lease_time = l
@@ -207,6 +207,7 @@ pub(crate) fn extend(txn: &mut Txn<'_>, stamp: Stamp, lease_id: &str) -> Result<
     txn.delete(keys::lease_expiry(l.expires.0, lease_id));
     l.expires = expires;
     put_rec(txn, keys::lease_expiry(expires.0, lease_id), &());
+    super::cluster::note_lease_expiry(txn, expires)?;
     put_rec(txn, key, &l);
     Ok(Outcome::Extend { success: true, renewed, expires: Some(expires) })
 }

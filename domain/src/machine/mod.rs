@@ -4,6 +4,7 @@
 //! time compares stamps, never a clock, so every replica computes the same state.
 
 mod ack;
+pub mod cluster;
 mod groups;
 mod housekeeping;
 pub(crate) mod kv;
@@ -58,6 +59,9 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
         Command::Transaction { ops, required_leases, kv, timers } => {
             Outcome::Transaction(transaction::apply(txn, stamp, index, ops, required_leases, kv, timers)?)
+        }
+        Command::ClusterSettings { version, max_clock_skew_ms } => {
+            Outcome::ClusterSettings { version: cluster::apply_settings(txn, *version, *max_clock_skew_ms)? }
         }
     };
     Ok(Response { stamp, outcome })

@@ -49,6 +49,8 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
         }
     };
     let lease_expires = stamp.plus_seconds(q.options.lease_time);
+    // Leases are judged live against this (behind `stamp` while a leader change holds them).
+    let lease_now = super::cluster::lease_now(txn, stamp)?;
     let delay = q.options.delayed_processing;
     let mut budget = cmd.batch.max(1) as usize;
     let max_parts = cmd.max_partitions.max(1) as usize;
@@ -62,7 +64,7 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
             Some(c) => c,
             None => CursorRec { next: start_offset(txn, &p, g.start)?, ..CursorRec::default() },
         };
-        if c.live_lease(stamp).is_some() {
+        if c.live_lease(lease_now).is_some() {
             continue;
         }
         let from = c.next.max(p.log_start);
@@ -118,6 +120,7 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
             },
         );
         put_rec(txn, keys::lease_expiry(lease_expires.0, &cmd.lease_id), &());
+        super::cluster::note_lease_expiry(txn, lease_expires)?;
     }
     Ok(out)
 }

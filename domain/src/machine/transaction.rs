@@ -29,8 +29,9 @@ pub(crate) fn apply(
     kv_ops: &[crate::kv::KvOp],
     timer_ops: &[crate::timers::TimerOp],
 ) -> Result<TxnOutcome, StoreError> {
+    let lease_now = super::cluster::lease_now(txn, stamp)?;
     for lease in required_leases {
-        let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > stamp);
+        let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > lease_now);
         if !live {
             return Ok(failed(format!("lease {lease} is expired, released or unknown")));
         }
