@@ -55,6 +55,10 @@ pub struct Broker {
     ready_lag_ms: u64,
     /// Followers forward writes to the leader; when off they answer 503 not_leader.
     client_offload: bool,
+    /// The highest log format this node reads (`kinds` in /health).
+    kinds: u32,
+    /// The S3 sink's block of `/status`, when the sink runs.
+    s3_status: std::sync::OnceLock<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
 fn not_committed(e: &ProposeError) -> ApiError {
@@ -94,6 +98,7 @@ fn kind(c: &Command) -> &'static str {
         Command::Seek { .. } => "seek",
         Command::Resubscribe { .. } => "resubscribe",
         Command::Locks(_) => "locks",
+        Command::ClusterSettings { .. } => "cluster_settings",
     }
 }
 
@@ -123,7 +128,26 @@ impl Broker {
             ready_lag_entries: READY_LAG_ENTRIES,
             ready_lag_ms: 2000,
             client_offload: true,
+            kinds: LOG_KINDS,
+            s3_status: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Show the S3 sink's block on `/status`.
+    pub(crate) fn set_s3_status(&self, f: Box<dyn Fn() -> serde_json::Value + Send + Sync>) {
+        let _ = self.s3_status.set(f);
+    }
+
+    /// The highest log format this node reports (tests pretend other builds with it).
+    #[must_use]
+    pub(crate) fn with_log_kinds(mut self, kinds: u32) -> Self {
+        self.kinds = kinds;
+        self
+    }
+
+    /// The locally applied state.
+    pub(crate) fn store(&self) -> &FjallStore {
+        &self.store
     }
 
     /// Whether followers forward their clients' writes (QUEEN_RAFT_CLIENT_OFFLOAD).
@@ -472,18 +496,22 @@ impl Api for Broker {
 
     async fn membership(&self, op: queen_http::MembershipOp) -> Result<serde_json::Value, ApiError> {
         use queen_http::MembershipOp;
-        use queen_raft::MembershipError;
+        use queen_raft::{MembershipChange, MembershipError};
         let Some(raft) = &self.raft else {
             return Err(ApiError::new(503, "unavailable", "this node has no raft group"));
         };
-        let result = match &op {
-            MembershipOp::List => Ok(()),
-            MembershipOp::AddLearner { id, raft: r, http } => raft.add_learner(*id, r.clone(), http.clone()).await,
-            MembershipOp::Promote { ids, force } => raft.promote(ids, *force, self.promote_max_lag).await,
-            MembershipOp::Remove { id } => raft.remove_member(*id).await,
+        // A follower hands the change to the leader (raft port); the leader checks and runs it.
+        let change = match op {
+            MembershipOp::List => MembershipChange::List,
+            MembershipOp::AddLearner { id, raft: r, http } => {
+                let min_kinds = reads::cluster_version(&self.store).unwrap_or(0);
+                MembershipChange::AddLearner { id, raft: r, http, min_kinds }
+            }
+            MembershipOp::Promote { ids, force } => MembershipChange::Promote { ids, force, max_lag: self.promote_max_lag },
+            MembershipOp::Remove { id } => MembershipChange::Remove { id },
         };
-        match result {
-            Ok(()) => Ok(json!({"success": true, "members": raft.members()})),
+        match raft.membership(change).await {
+            Ok(members) => Ok(json!({"success": true, "members": members})),
             Err(e) => {
                 let (status, code) = match &e {
                     MembershipError::NotLeader { .. } => (503, "not_leader"),
@@ -492,6 +520,8 @@ impl Api for Broker {
                     MembershipError::LastVoter(_) => (409, "last_voter"),
                     MembershipError::Unknown(_) => (404, "unknown_member"),
                     MembershipError::Failed(_) => (409, "membership_change_failed"),
+                    MembershipError::FormatTooOld { .. } => (409, "format_too_old"),
+                    MembershipError::Unavailable(_) => (503, "unavailable"),
                 };
                 let mut err = ApiError::new(status, code, e.to_string());
                 if status == 503 {
@@ -521,7 +551,7 @@ impl Api for Broker {
         } else {
             None
         };
-        HealthView { ready: reason.is_none(), reason, progress: p, kinds: LOG_KINDS, cluster_version: LOG_KINDS, apply_failure: None }
+        HealthView { ready: reason.is_none(), reason, progress: p, kinds: self.kinds, cluster_version: reads::cluster_version(&self.store).unwrap_or(0), apply_failure: None }
     }
 
     async fn status(&self) -> Result<serde_json::Value, ApiError> {
@@ -551,6 +581,7 @@ impl Api for Broker {
                 })).collect::<Vec<_>>(),
             },
             "pops": {"waiting": self.waiters.parked()},
+            "s3": self.s3_status.get().map(|f| f()),
         }))
     }
 

@@ -10,10 +10,14 @@
 //! appear in this crate's logic; only `node.rs` names the adapters to assemble them).
 
 mod broker;
+mod cluster;
 mod config;
 mod node;
+mod sink;
 mod waiters;
 
 pub use broker::Broker;
 pub use config::{Config, ConfigError, Peer, RawConfig};
 pub use node::{AppError, run};
+pub use sink::{SinkHandle, verify_lake};
+pub use sink::config::{SinkBoot, SinkConfigError, SinkSettings, from_env as sink_from_env};

@@ -39,6 +39,36 @@ pub enum AppError {
         /// Why.
         source: std::io::Error,
     },
+    /// The S3 sink could not start.
+    #[error("QUEEN_S3_EMBEDDED=true: {0}")]
+    Sink(String),
+    /// The data directory holds a cluster format newer than this build reads.
+    #[error("QUEEN_RAFT_DIR: {dir} holds cluster format version {found}, newer than this build reads ({reads}); run a release that reads it")]
+    FormatTooNew {
+        /// Which directory.
+        dir: String,
+        /// The version found.
+        found: u32,
+        /// The highest this build reads.
+        reads: u32,
+    },
+    /// The cluster version marker cannot be read.
+    #[error("QUEEN_RAFT_DIR: cannot read the cluster version marker {path}")]
+    FormatMarker {
+        /// The marker file.
+        path: String,
+    },
+}
+
+impl AppError {
+    /// The process exit code: 2 for data this build must not touch, 1 otherwise.
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AppError::FormatTooNew { .. } | AppError::FormatMarker { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// How long a stop waits for requests in flight.
@@ -51,15 +81,26 @@ const TICK_EVERY: Duration = Duration::from_secs(1);
 ///
 /// # Errors
 /// When the node cannot start (directory, store, log, port).
-pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output = ()> + Send) -> Result<(), AppError> {
+pub async fn run(
+    cfg: Config,
+    sink: Option<crate::SinkSettings>,
+    telemetry: Telemetry,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), AppError> {
     std::fs::create_dir_all(&cfg.raft_dir)
         .map_err(|source| AppError::DataDir { dir: cfg.raft_dir.display().to_string(), source })?;
+    let knobs = crate::cluster::TestKnobs::from_env(&cfg.raft_dir);
+    let kinds = knobs.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
+    let marker = crate::cluster::check_marker(&cfg.raft_dir, kinds)?;
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
     let store = FjallStore::open(&StoreConfig::new(cfg.raft_dir.join("state")))?;
+    crate::cluster::refuse_newer(&cfg.raft_dir, queen_domain::reads::cluster_version(&store).unwrap_or(0), kinds)?;
     let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
     raft_cfg.token = cfg.token.clone();
     raft_cfg.join = cfg.join;
+    raft_cfg.log_kinds = kinds;
+    raft_cfg.faults_file = knobs.faults_file;
     raft_cfg.peers = cfg
         .peers
         .iter()
@@ -72,15 +113,24 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
             Arc::new(raft.clone()) as Arc<dyn ReplicatedLog>,
             store.clone(),
             Arc::new(SystemClock),
-            telemetry,
+            telemetry.clone(),
             cfg.request_timeout,
             Arc::new(move || fsync_source.fsync_count()),
         )
         .with_disk_gate(cfg.disk_high_pct)
         .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
-        .with_client_offload(cfg.client_offload),
+        .with_client_offload(cfg.client_offload)
+        .with_log_kinds(kinds),
     );
     broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
+    let sink = match sink {
+        Some(settings) => {
+            let handle = Arc::new(crate::sink::SinkHandle::start(settings, broker.clone(), telemetry.clone()).map_err(AppError::Sink)?);
+            broker.set_s3_status(handle.status_source());
+            Some(handle)
+        }
+        None => None,
+    };
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -88,6 +138,19 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
         let broker = broker.clone();
         let stop = stop_rx.clone();
         tokio::spawn(async move { broker.watch_applied(stop).await })
+    };
+    let gate = {
+        let broker = broker.clone();
+        let mut stop = stop_rx.clone();
+        let mut gate = crate::cluster::Gate::new(raft.clone(), cfg.raft_dir.clone(), kinds, cfg.max_clock_skew_ms, marker);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = async { tokio::time::sleep(TICK_EVERY).await; gate.step(&broker).await } => {}
+                    _ = stop.changed() => break,
+                }
+            }
+        })
     };
     let ticker = {
         let broker = broker.clone();
@@ -112,8 +175,12 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     // here are forwarded to it while the listener drains.
     let handover = {
         let raft = raft.clone();
+        let sink = sink.clone();
         async move {
             shutdown.await;
+            if let Some(s) = &sink {
+                s.begin_drain();
+            }
             if let Some((to, ms)) = raft.transfer_leadership().await {
                 tracing::info!(target: "queen-app", to, ms, "leadership handed off before draining");
             }
@@ -127,8 +194,12 @@ pub async fn run(cfg: Config, telemetry: Telemetry, shutdown: impl Future<Output
     )
     .await;
     tracing::info!(target: "queen-app", "listener closed, stopping");
+    if let Some(s) = &sink {
+        s.finish().await;
+    }
     let _ = stop_tx.send(true);
     let _ = ticker.await;
+    let _ = gate.await;
     let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(target: "queen-app", error = %e, "raft did not stop cleanly");

@@ -23,7 +23,34 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a node (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Work with the lake the S3 sink writes.
+    #[command(subcommand)]
+    Lake(LakeCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum LakeCmd {
+    /// Check a lake: every manifest, each object's sha256, counts and bounds, windows contiguous
+    /// and never overlapping, each (partition, offset) once. Credentials come from
+    /// QUEEN_S3_ACCESS_KEY and QUEEN_S3_SECRET_KEY. Prints a JSON report; exits 1 on a problem.
+    Verify {
+        /// The bucket (for a file:// endpoint, a folder inside it; optional there).
+        #[arg(long, env = "QUEEN_S3_BUCKET")]
+        bucket: Option<String>,
+        /// Key prefix [default: queen].
+        #[arg(long, env = "QUEEN_S3_PREFIX")]
+        prefix: Option<String>,
+        /// http(s):// endpoint, file://<folder> or unset for AWS.
+        #[arg(long, env = "QUEEN_S3_ENDPOINT")]
+        endpoint: Option<String>,
+        /// Region [default: us-east-1].
+        #[arg(long, env = "QUEEN_S3_REGION")]
+        region: Option<String>,
+        /// Bucket in the URL path (MinIO, GCS, test servers).
+        #[arg(long, env = "QUEEN_S3_PATH_STYLE")]
+        path_style: Option<String>,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -73,6 +100,9 @@ struct ServeArgs {
     /// Ready when the last applied entry is this recent, in ms [default: 2000].
     #[arg(long, env = "QUEEN_RAFT_READY_LAG_MS")]
     ready_lag_ms: Option<String>,
+    /// After a leader change, hold leases timed by another node this long past expiry, in ms [default: 500].
+    #[arg(long, env = "QUEEN_RAFT_MAX_CLOCK_SKEW_MS")]
+    max_clock_skew_ms: Option<String>,
     /// Log format: human or json [default: human].
     #[arg(long, env = "QUEEN_LOG_FORMAT")]
     log_format: Option<String>,
@@ -81,7 +111,16 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
-        Some(Cmd::Serve(a)) => a,
+        Some(Cmd::Serve(a)) => *a,
+        Some(Cmd::Lake(LakeCmd::Verify { bucket, prefix, endpoint, region, path_style })) => {
+            return lake_verify([
+                ("QUEEN_S3_BUCKET", bucket),
+                ("QUEEN_S3_PREFIX", prefix),
+                ("QUEEN_S3_ENDPOINT", endpoint),
+                ("QUEEN_S3_REGION", region),
+                ("QUEEN_S3_PATH_STYLE", path_style),
+            ]);
+        }
         None => cli.serve,
     };
     let raw = RawConfig {
@@ -100,6 +139,7 @@ fn main() -> ExitCode {
         promote_max_lag: args.promote_max_lag,
         ready_lag_entries: args.ready_lag_entries,
         ready_lag_ms: args.ready_lag_ms,
+        max_clock_skew_ms: args.max_clock_skew_ms,
         hostname: std::env::var("HOSTNAME").ok(),
     };
     let log_format = match args.log_format.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
@@ -115,6 +155,13 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sink = match queen_app::sink_from_env(&|k| std::env::var(k).ok(), config.node_id) {
+        Ok(boot) => boot,
+        Err(e) => {
+            eprintln!("ERROR boot: FATAL: {e}");
             return ExitCode::from(2);
         }
     };
@@ -138,13 +185,52 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(queen_app::run(config, telemetry.clone(), shutdown_signal()));
+    for w in &sink.warnings {
+        tracing::warn!(target: "queen-s3", "{w}");
+    }
+    let result = runtime.block_on(queen_app::run(config, sink.settings, telemetry.clone(), shutdown_signal()));
     telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(target: "queen", error = %e, "node stopped");
             eprintln!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `queen lake verify`: the flags over the environment, then the report.
+fn lake_verify(flags: [(&'static str, Option<String>); 5]) -> ExitCode {
+    let get = move |k: &str| -> Option<String> {
+        match k {
+            "QUEEN_S3_EMBEDDED" => Some("true".to_owned()),
+            "QUEEN_S3_QUEUES" => Some("*".to_owned()),
+            _ => flags.iter().find(|(n, _)| *n == k).and_then(|(_, v)| v.clone()).or_else(|| std::env::var(k).ok()),
+        }
+    };
+    let settings = match queen_app::sink_from_env(&get, 0) {
+        Ok(queen_app::SinkBoot { settings: Some(s), .. }) => s,
+        Ok(_) => return ExitCode::from(2),
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(queen_app::verify_lake(&settings)) {
+        Ok((report, ok)) => {
+            println!("{report}");
+            if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+        }
+        Err(e) => {
+            eprintln!("lake verify: {e}");
             ExitCode::from(1)
         }
     }

@@ -128,10 +128,29 @@ pub(crate) fn uuid_v7() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
 
+/// The push body's payloads as the producer wrote them: stored byte for byte, so `42.00` stays
+/// `42.00` (a parsed value would print it again as `42.0`).
+#[derive(serde::Deserialize)]
+struct RawPayloads<'a> {
+    #[serde(borrow)]
+    items: Vec<RawPayload<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawPayload<'a> {
+    #[serde(borrow, default)]
+    payload: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    data: Option<&'a serde_json::value::RawValue>,
+}
+
 /// `{"items": [...]}` to push items; a missing transactionId gets a UUIDv7.
 pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
     let m = object(body, false)?;
     let items = list(&m, "items", MAX_PUSH_ITEMS)?;
+    let raw: Vec<Option<&serde_json::value::RawValue>> = serde_json::from_slice::<RawPayloads<'_>>(body)
+        .map(|r| r.items.into_iter().map(|p| p.payload.or(p.data)).collect())
+        .unwrap_or_default();
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let f = |k: &str| format!("items[{i}].{k}");
@@ -155,9 +174,10 @@ pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(ApiError::bad_request(&f("transactionId"), "must be a string")),
         };
-        let payload = match it.get("payload").or_else(|| it.get("data")) {
-            Some(v) => serde_json::to_vec(v).unwrap_or_default(),
-            None => b"null".to_vec(),
+        let payload = match (raw.get(i).copied().flatten(), it.get("payload").or_else(|| it.get("data"))) {
+            (Some(text), _) => text.get().as_bytes().to_vec(),
+            (None, Some(v)) => serde_json::to_vec(v).unwrap_or_default(),
+            (None, None) => b"null".to_vec(),
         };
         let trace_id = opt_str(it, "traceId", &f("traceId"))?;
         out.push(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id });
@@ -238,6 +258,9 @@ mod tests {
         let v = push_items(br#"{"items":[{"queue":"q","payload":{"a":[1,2]}}]}"#).unwrap();
         assert_eq!(v[0].transaction_id.len(), 36);
         assert_eq!(v[0].payload, br#"{"a":[1,2]}"#);
+        let v = push_items(br#"{"items":[{"queue":"q","payload":{"total": 42.00}},{"queue":"q","data":1.50}]}"#).unwrap();
+        assert_eq!(v[0].payload, br#"{"total": 42.00}"#, "the producer's own text");
+        assert_eq!(v[1].payload, b"1.50");
         assert_eq!(v[0].partition.as_str(), "Default");
     }
 

@@ -21,10 +21,12 @@ mod error;
 mod logging;
 mod metrics;
 mod otlp;
+mod s3;
 pub mod targets;
 mod telemetry;
 
 pub use config::{LogFormat, TelemetryConfig};
 pub use error::TelemetryError;
 pub use metrics::Metrics;
+pub use s3::{S3Metrics, S3QueueGauges};
 pub use telemetry::Telemetry;

@@ -54,6 +54,8 @@ pub struct Metrics {
     store_disk_bytes: Gauge<u64>,
     /// `queen_pop_waiting`.
     pop_waiting: Gauge<u64>,
+    /// The S3 sink's instruments.
+    s3: crate::s3::S3Metrics,
 }
 
 impl Metrics {
@@ -132,6 +134,7 @@ impl Metrics {
                 "Bytes the state store occupies on disk.",
             ),
             pop_waiting: gauge("queen_pop_waiting", "Pop requests waiting for messages."),
+            s3: crate::s3::S3Metrics::new(meter),
         };
         metrics.messages_pushed.add(0, &[]);
         metrics.messages_duplicate.add(0, &[]);
@@ -214,6 +217,11 @@ impl Metrics {
     /// Sets `queen_store_disk_bytes`.
     pub fn set_store_disk_bytes(&self, bytes: u64) {
         self.store_disk_bytes.record(bytes, &[]);
+    }
+
+    /// The S3 sink's instruments.
+    pub fn s3(&self) -> &crate::s3::S3Metrics {
+        &self.s3
     }
 
     /// Sets `queen_pop_waiting`, the number of pops parked waiting for messages.

@@ -41,8 +41,8 @@ pub struct Builder {
     start: Option<Stamp>,
     records: Vec<SinkRecord>,
     bytes: u64,
-    /// Per partition with unread records: the stamp of the last record read (everything before
-    /// it is read).
+    /// Per partition with unread records: the stamp of the first unread record (everything
+    /// stamped before it is read).
     partial: BTreeMap<String, Stamp>,
 }
 
@@ -74,10 +74,10 @@ impl Builder {
         true
     }
 
-    /// Say that `partition` still has unread records, the last read one stamped `last_read`
-    /// (or that it is read to its head, with `None`).
-    pub fn set_partial(&mut self, partition: &str, last_read: Option<Stamp>) {
-        match last_read {
+    /// Say that `partition` still has unread records, the first of them stamped `first_unread`
+    /// (or that it is read to its head, with `None`): no window may end above that stamp.
+    pub fn set_partial(&mut self, partition: &str, first_unread: Option<Stamp>) {
+        match first_unread {
             Some(t) => {
                 self.partial.insert(partition.to_owned(), t);
             }
@@ -85,6 +85,24 @@ impl Builder {
                 self.partial.remove(partition);
             }
         }
+    }
+
+    /// The stamp below which every partition is read (`None` when all are read to their head).
+    #[must_use]
+    pub fn read_through(&self) -> Option<Stamp> {
+        self.partial.values().min().copied()
+    }
+
+    /// The first buffered offset of each partition: a checkpoint taken now must send a re-read
+    /// back to them.
+    #[must_use]
+    pub fn first_offsets(&self) -> Vec<(String, u64)> {
+        let mut first: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in &self.records {
+            let e = first.entry(r.partition.as_str()).or_insert(r.offset);
+            *e = (*e).min(r.offset);
+        }
+        first.into_iter().map(|(p, o)| (p.to_owned(), o)).collect()
     }
 
     /// Buffered bytes.
@@ -124,8 +142,24 @@ impl Builder {
         let start = self.start?;
         let last = self.records.iter().map(|r| r.ts).max();
         let (end, reason) = decide(start, last, self.bytes, memory, safe_time, &self.rules)?;
+        let end = if reason == CloseReason::Size { end.min(self.size_cut()) } else { end };
         let end = self.partial.values().fold(end, |e, t| e.min(*t));
         (end > start && self.records.iter().any(|r| r.ts < end)).then_some((end, reason))
+    }
+
+    /// Just past the oldest stamp at which the records (oldest first) reach the target size, so a
+    /// window closed by size holds about the target even when more is buffered.
+    fn size_cut(&self) -> Stamp {
+        let mut by_ts: Vec<(Stamp, u64)> = self.records.iter().map(|r| (r.ts, record_size(r))).collect();
+        by_ts.sort_unstable_by_key(|(t, _)| *t);
+        let mut sum = 0;
+        for (t, size) in by_ts {
+            sum += size;
+            if sum >= self.rules.target_bytes {
+                return Stamp(t.0.saturating_add(1));
+            }
+        }
+        Stamp(u64::MAX)
     }
 
     /// Close the window at `end`: hand back its records sorted by (partition, offset) and keep
@@ -192,7 +226,7 @@ mod tests {
 
     #[test]
     fn an_unread_partition_holds_the_end_back() {
-        let mut b = Builder::new(rules(100), Stamp(T0));
+        let mut b = Builder::new(rules(1000), Stamp(T0));
         b.push(rec("a", 0, T0 + S));
         b.push(rec("a", 1, T0 + 3 * S));
         b.push(rec("b", 0, T0 + 2 * S));
@@ -201,6 +235,19 @@ mod tests {
         assert_eq!(end, Stamp(T0 + 2 * S), "b may hold more records stamped at 2 s");
         b.set_partial("b", None);
         assert!(b.poll(Stamp(T0 + 100 * S), false).unwrap().0 > Stamp(T0 + 3 * S));
+    }
+
+    #[test]
+    fn a_size_close_cuts_at_the_target_not_at_the_newest_record() {
+        let mut b = Builder::new(rules(200), Stamp(T0));
+        for i in 0..10 {
+            b.push(rec("a", i, T0 + i * S));
+        }
+        let (end, reason) = b.poll(Stamp(T0 + 100 * S), false).unwrap();
+        assert_eq!(reason, CloseReason::Size);
+        let c = b.close(end, reason).unwrap();
+        assert_eq!(c.records.len(), 3, "three 67-byte records reach 200 bytes");
+        assert_eq!(b.len(), 7);
     }
 
     #[test]

@@ -1,0 +1,549 @@
+//! The embedded S3 sink: mirrors queues into a Hive-layout lake, exactly once.
+//!
+//! It runs on its own threads (`queen-s3`), reads this node's applied state in memory, keeps its
+//! documents in the replicated KV store (namespace `queen-s3`) and everything else in the bucket.
+//! A supervisor probes the bucket, discovers queues every five seconds and runs one task per
+//! queue; a task writes its queue only while it holds the queue's lease (see `queue.rs`).
+
+pub mod config;
+mod queue;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use queen_domain::kv::{Expiry, KvOp, KvResult};
+use queen_domain::reads;
+use queen_domain::sink::documents::{self, NS, PresenceDoc};
+use queen_http::Api;
+use queen_lake::{Lake, LakeTarget, S3Target, Secret};
+use queen_telemetry::{S3QueueGauges, Telemetry};
+use serde_json::{Value, json};
+
+use crate::broker::Broker;
+use config::{Queues, SinkSettings, Target};
+use queue::{Ended, Look, QueueTask};
+
+/// How often discovery looks for queues.
+const DISCOVER_EVERY: Duration = Duration::from_secs(5);
+
+/// One queue's row on the status page.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QueueStatus {
+    state: &'static str,
+    held_by: Option<String>,
+    k: u64,
+    t_end: u64,
+    complete_through: u64,
+    safe_time: u64,
+    lag_seconds: f64,
+    safe_lag_seconds: f64,
+    windows_committed: u64,
+    records: u64,
+    bytes: u64,
+    buffered: u64,
+    partitions: u64,
+    checkpoint_age: u64,
+    last_error: Option<String>,
+    running: bool,
+}
+
+/// What the supervisor and the queue tasks share.
+pub(crate) struct Shared {
+    settings: Arc<SinkSettings>,
+    broker: Arc<Broker>,
+    lake: Lake,
+    telemetry: Telemetry,
+    stop: tokio::sync::watch::Receiver<bool>,
+    queues: Mutex<BTreeMap<String, QueueStatus>>,
+    buffered: Mutex<BTreeMap<String, u64>>,
+    buffered_total: AtomicU64,
+    sink: Mutex<SinkStatus>,
+    /// `QUEEN_S3_FETCH_CONCURRENCY`: reads of the log running at once on this node.
+    fetch: tokio::sync::Semaphore,
+    /// The queue this node is giving back, if any.
+    give_back: Mutex<Option<String>>,
+    /// Taken while a queue task waits its turn and claims a free queue: one claim at a time on
+    /// this node, so each wait counts the queue claimed just before it.
+    claim_turn: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct SinkStatus {
+    phase: &'static str,
+    bucket_reachable: bool,
+    bucket_error: Option<String>,
+    nodes: u64,
+    /// Queues found by the last discovery.
+    queues: u64,
+}
+
+impl Shared {
+    fn update_queue(&self, queue: &str, f: impl FnOnce(&mut QueueStatus)) {
+        let mut all = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        let q = all.entry(queue.to_owned()).or_default();
+        f(q);
+        let gauges = q.running.then_some(S3QueueGauges {
+            lag_seconds: q.lag_seconds,
+            safe_lag_seconds: q.safe_lag_seconds,
+            buffer_bytes: q.buffered,
+            discovery_partitions: q.partitions,
+            checkpoint_age_windows: q.checkpoint_age,
+        });
+        drop(all);
+        self.telemetry.metrics().s3().set_queue(queue, gauges);
+    }
+
+    fn set_buffered(&self, queue: &str, bytes: u64) {
+        let mut b = self.buffered.lock().unwrap_or_else(PoisonError::into_inner);
+        if bytes == 0 {
+            b.remove(queue);
+        } else {
+            b.insert(queue.to_owned(), bytes);
+        }
+        self.buffered_total.store(b.values().sum(), Ordering::Relaxed);
+    }
+
+    fn budget(&self) -> u64 {
+        self.settings.memory_mb * 1024 * 1024
+    }
+
+    fn over_budget(&self) -> bool {
+        self.buffered_total.load(Ordering::Relaxed) >= self.budget()
+    }
+
+    /// The node's buffers are over budget and `queue` holds the most: it closes first.
+    fn memory_pressure(&self, queue: &str, bytes: u64) -> bool {
+        if !self.over_budget() || bytes == 0 {
+            return false;
+        }
+        let b = self.buffered.lock().unwrap_or_else(PoisonError::into_inner);
+        b.iter().max_by_key(|(_, v)| **v).is_some_and(|(q, _)| q == queue)
+    }
+
+    fn giving_back(&self, queue: &str) -> bool {
+        self.give_back.lock().unwrap_or_else(PoisonError::into_inner).as_deref() == Some(queue)
+    }
+
+    fn held(&self) -> u64 {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner).values().filter(|q| q.running).count() as u64
+    }
+
+    /// This node's fair share: the queues found over the nodes running the sink, rounded up.
+    fn share(&self) -> u64 {
+        let s = self.sink.lock().unwrap_or_else(PoisonError::into_inner);
+        s.queues.div_ceil(s.nodes.max(1))
+    }
+
+    fn set_sink(&self, f: impl FnOnce(&mut SinkStatus)) {
+        f(&mut self.sink.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// The running sink, owned by the node.
+pub struct SinkHandle {
+    shared: Arc<Shared>,
+    stop: tokio::sync::watch::Sender<bool>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+/// Open the lake a setting names.
+///
+/// # Errors
+/// When the object store client cannot be built.
+pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake, String> {
+    let target = match &settings.target {
+        Target::S3 { endpoint, region, path_style, bucket, access_key, secret_key, sse } => LakeTarget::S3(S3Target {
+            endpoint: endpoint.clone(),
+            region: region.clone(),
+            path_style: *path_style,
+            bucket: bucket.clone(),
+            access_key: access_key.clone(),
+            secret_key: Secret::new(secret_key.clone()),
+            sse: match sse {
+                Some(s) => Some(s.parse().map_err(|e: queen_lake::LakeError| e.to_string())?),
+                None => None,
+            },
+        }),
+        Target::Local(p) => LakeTarget::Local(p.clone()),
+        Target::Memory => LakeTarget::Memory,
+    };
+    let t = telemetry.clone();
+    Ok(Lake::open(&target)
+        .map_err(|e| e.to_string())?
+        .with_observer(Arc::new(move |op, status| t.metrics().s3().s3_request(op, status))))
+}
+
+/// Check the lake a setting names (`queen lake verify`): the report as pretty JSON, and whether
+/// it found no problem.
+///
+/// # Errors
+/// When the lake cannot be opened or listed.
+pub async fn verify_lake(settings: &SinkSettings) -> Result<(String, bool), String> {
+    let lake = open_lake(settings, &Telemetry::metrics_only(0))?;
+    let report = queen_lake::verify(&lake, &settings.prefix).await.map_err(|e| e.to_string())?;
+    Ok((serde_json::to_string_pretty(&report).unwrap_or_default(), report.ok()))
+}
+
+impl SinkHandle {
+    /// Start the sink on threads of its own.
+    ///
+    /// # Errors
+    /// When its threads or its object store client cannot be made.
+    pub fn start(settings: SinkSettings, broker: Arc<Broker>, telemetry: Telemetry) -> Result<SinkHandle, String> {
+        let lake = open_lake(&settings, &telemetry)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("queen-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the sink's threads: {e}"))?;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        tracing::info!(target: "queen-s3", settings = %settings.describe(), lake = %lake.describe(), "sink starting");
+        let shared = Arc::new(Shared {
+            settings: Arc::new(settings.clone()),
+            broker,
+            lake,
+            telemetry,
+            stop: stop_rx,
+            queues: Mutex::default(),
+            buffered: Mutex::default(),
+            buffered_total: AtomicU64::new(0),
+            sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, ..SinkStatus::default() }),
+            give_back: Mutex::new(None),
+            claim_turn: tokio::sync::Mutex::new(()),
+            fetch: tokio::sync::Semaphore::new(usize::try_from(settings.fetch_concurrency).unwrap_or(1)),
+        });
+        let supervisor = runtime.spawn(supervise(shared.clone()));
+        Ok(SinkHandle { shared, stop, supervisor: Mutex::new(Some(supervisor)), runtime: Mutex::new(Some(runtime)) })
+    }
+
+    /// The `s3` block of `/status`, as a source the broker can hold without keeping the sink
+    /// alive.
+    #[must_use]
+    pub fn status_source(&self) -> Box<dyn Fn() -> Value + Send + Sync> {
+        let weak = Arc::downgrade(&self.shared);
+        Box::new(move || weak.upgrade().map_or(Value::Null, |s| status_json(&s)))
+    }
+
+    /// Begin the drain: every queue stops reading and finishes what it can.
+    pub fn begin_drain(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Wait for the drain (within `QUEEN_S3_SHUTDOWN_GRACE_MS`, plus the ten seconds a lease
+    /// release may take), then stop the sink's threads.
+    pub async fn finish(&self) {
+        self.begin_drain();
+        let grace = Duration::from_millis(self.shared.settings.shutdown_grace_ms) + Duration::from_secs(11);
+        let supervisor = self.supervisor.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(s) = supervisor
+            && tokio::time::timeout(grace, s).await.is_err()
+        {
+            tracing::warn!(target: "queen-s3", "the sink's drain ran out of time; the next owner redoes what was left");
+        }
+        let runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(rt) = runtime {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for SinkHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        let runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(rt) = runtime {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Probe the bucket until it answers, then discover queues and run them.
+async fn supervise(shared: Arc<Shared>) {
+    let mut stop = shared.stop.clone();
+    let mut wait = Duration::from_millis(500);
+    loop {
+        match shared.lake.probe(&shared.settings.prefix).await {
+            Ok(()) => {
+                shared.set_sink(|s| {
+                    s.bucket_reachable = true;
+                    s.bucket_error = None;
+                    s.phase = "running";
+                });
+                break;
+            }
+            Err(e) => {
+                let msg = format!("the bucket did not answer the probe: {e}; check the endpoint, the bucket name and the credentials");
+                tracing::warn!(target: "queen-s3", error = %msg, "bucket probe failed");
+                shared.set_sink(|s| {
+                    s.bucket_reachable = false;
+                    s.bucket_error = Some(msg);
+                    s.phase = "backoff";
+                });
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => { shared.set_sink(|s| s.phase = "stopped"); return; }
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+    let mut tasks: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut over_since: Option<std::time::Instant> = None;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let found = discover(&shared);
+        over_since = place(&shared, found.present.len() as u64, over_since);
+        for q in &found.present {
+            if tasks.get(q).is_none_or(tokio::task::JoinHandle::is_finished) {
+                tasks.insert(q.clone(), tokio::spawn(run_queue(shared.clone(), q.clone())));
+            }
+        }
+        for q in &found.missing {
+            if !tasks.contains_key(q) {
+                shared.update_queue(q, |s| {
+                    s.state = "missing";
+                    s.running = false;
+                });
+            }
+        }
+        presence(&shared).await;
+        tokio::select! {
+            () = tokio::time::sleep(DISCOVER_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    for (_, t) in tasks {
+        let _ = t.await;
+    }
+    let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
+    let _ = shared.broker.kv(vec![KvOp::Delete { ns: NS.into(), key, expect: None, required: false }]).await;
+    shared.set_sink(|s| s.phase = "stopped");
+}
+
+/// Fair placement: a node over its share (queues / nodes, rounded up) for a whole lease TTL gives
+/// back one queue at a time, the one with the least buffered. Answers when it went over; a node
+/// still over its share once a queue is given back gives the next one at the next round
+/// without waiting another TTL, since it has been over all along.
+fn place(shared: &Shared, queues: u64, over_since: Option<std::time::Instant>) -> Option<std::time::Instant> {
+    shared.set_sink(|s| s.queues = queues);
+    let nodes = shared.sink.lock().unwrap_or_else(PoisonError::into_inner).nodes.max(1);
+    let share = shared.share();
+    let held = shared.held();
+    let mut giving = shared.give_back.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(q) = giving.as_deref() {
+        let still_running = shared.queues.lock().unwrap_or_else(PoisonError::into_inner).get(q).is_some_and(|s| s.running);
+        if still_running {
+            return over_since;
+        }
+        *giving = None;
+    }
+    if held <= share {
+        return None;
+    }
+    let since = over_since.unwrap_or_else(std::time::Instant::now);
+    if since.elapsed() < Duration::from_millis(shared.settings.lease_ttl_ms) {
+        return Some(since);
+    }
+    let all = shared.queues.lock().unwrap_or_else(PoisonError::into_inner);
+    let pick = all.iter().filter(|(_, q)| q.running).min_by_key(|(_, q)| q.buffered).map(|(n, _)| n.clone());
+    drop(all);
+    if let Some(q) = pick {
+        tracing::info!(target: "queen-s3", queue = %q, held, share, nodes, "over the fair share for a whole lease TTL: giving one queue back");
+        shared.telemetry.metrics().s3().queue_given_back();
+        *giving = Some(q);
+    }
+    Some(since)
+}
+
+struct Found {
+    present: Vec<String>,
+    missing: Vec<String>,
+}
+
+fn discover(shared: &Shared) -> Found {
+    let state = shared.broker.state();
+    let existing: Vec<String> = reads::queues(&*state, usize::MAX).map(|v| v.into_iter().map(|q| q.name).collect()).unwrap_or_default();
+    match &shared.settings.queues {
+        Queues::All => Found { present: existing, missing: Vec::new() },
+        Queues::Named(names) => {
+            let (present, missing) = names.iter().cloned().partition(|n| existing.contains(n));
+            Found { present, missing }
+        }
+    }
+}
+
+/// Refresh this node's presence row and count the nodes running the sink.
+async fn presence(shared: &Shared) {
+    let s = &shared.settings;
+    let doc = PresenceDoc { instance: s.instance.clone(), held: shared.held() };
+    let ttl = s.lease_ttl_ms.div_ceil(1000).max(1) * 2;
+    let ops = vec![
+        KvOp::Put {
+            ns: NS.into(),
+            key: documents::presence_key(&s.name, &s.instance),
+            value: serde_json::to_vec(&doc).unwrap_or_default(),
+            expiry: Expiry::Ttl(ttl),
+            expect: None,
+            required: false,
+        },
+        KvOp::GetPrefix { ns: NS.into(), prefix: documents::presence_prefix(&s.name), after: None, limit: 1000, keys_only: true },
+    ];
+    if let Ok(out) = shared.broker.kv(ops).await
+        && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
+    {
+        let n = rows.len().max(1) as u64;
+        shared.set_sink(|st| st.nodes = n);
+    }
+}
+
+/// One queue: claim, run while held, look again later.
+async fn run_queue(shared: Arc<Shared>, queue: String) {
+    let ttl = Duration::from_millis(shared.settings.lease_ttl_ms);
+    let mut stop = shared.stop.clone();
+    // A run that ended fenced stops the queue here: the row keeps saying `fenced` (and names
+    // the new holder) until this node runs the queue again, which it does only once the lease
+    // is free, like any other node.
+    let mut fenced = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut task = QueueTask::new(shared.clone(), queue.clone());
+        if !fenced {
+            shared.update_queue(&queue, |q| q.state = "claiming");
+        }
+        let mut turn = None;
+        let claimed = match task.look().await {
+            Err(e) => Err(e),
+            Ok(Look::Held(holder)) => Ok(Some(holder)),
+            // Rows under this node's own name (a restart within the TTL) are taken back at once.
+            Ok(Look::Mine(version)) => task.take(version).await,
+            Ok(Look::Free) => {
+                // One claim at a time, each after a second for every queue this node already
+                // runs, so the least loaded node claims first. A node already at its fair share
+                // also leaves the queue to the nodes under theirs for a lease TTL: the look
+                // cadence alone (a third of the TTL) would blur a second's difference.
+                let guard = tokio::select! {
+                    g = shared.claim_turn.lock() => g,
+                    _ = stop.changed() => return,
+                };
+                let held = shared.held();
+                let mut wait = Duration::from_secs(held);
+                if held >= shared.share() {
+                    wait += ttl;
+                }
+                if !wait.is_zero() {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                turn = Some(guard);
+                task.take(0).await
+            }
+        };
+        let look_again = match claimed {
+            Ok(None) => {
+                fenced = false;
+                shared.update_queue(&queue, |q| {
+                    q.state = "held";
+                    q.held_by = Some(shared.settings.instance.clone());
+                    q.running = true;
+                });
+                // Counted in `held` now: the next claim on this node may go.
+                drop(turn.take());
+                let ended = task.run().await;
+                shared.update_queue(&queue, |q| {
+                    q.state = ended.state();
+                    q.running = false;
+                });
+                shared.set_buffered(&queue, 0);
+                match ended {
+                    Ended::Drained => return,
+                    Ended::Missing => return,
+                    // Stay away long enough for a less loaded node to take it.
+                    Ended::Released => ttl * 2,
+                    Ended::Fenced => {
+                        tracing::warn!(target: "queen-s3", queue = %queue, "lease lost to another node; the queue stops here");
+                        fenced = true;
+                        ttl / 3
+                    }
+                }
+            }
+            Ok(Some(holder)) => {
+                shared.update_queue(&queue, |q| {
+                    q.state = if fenced { "fenced" } else { "held" };
+                    q.held_by = Some(holder);
+                    q.running = false;
+                });
+                ttl / 3
+            }
+            Err(e) => {
+                shared.update_queue(&queue, |q| q.last_error = Some(e));
+                Duration::from_secs(1)
+            }
+        };
+        drop(turn);
+        tokio::select! {
+            () = tokio::time::sleep(look_again) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+fn status_json(shared: &Shared) -> Value {
+    let sink = shared.sink.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let queues = shared.queues.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let max_lag = 3.0 * (shared.settings.max_window_ms as f64 / 1000.0).max(10.0);
+    let lagging = queues.values().filter(|q| q.running && q.lag_seconds > max_lag).count();
+    let health_ok = lagging == 0;
+    let held = queues.values().filter(|q| q.running).count() as u64;
+    let n_queues = queues.len() as u64;
+    let share = n_queues.div_ceil(sink.nodes.max(1));
+    let rows: Vec<Value> = queues
+        .iter()
+        .map(|(name, q)| {
+            json!({
+                "queue": name,
+                "state": q.state,
+                "heldBy": q.held_by,
+                "k": q.k,
+                "tEnd": q.t_end,
+                "completeThrough": q.complete_through,
+                "safeTime": q.safe_time,
+                "lagSeconds": q.lag_seconds,
+                "safeLagSeconds": q.safe_lag_seconds,
+                "windowsCommitted": q.windows_committed,
+                "records": q.records,
+                "bytes": q.bytes,
+                "bufferedBytes": q.buffered,
+                "partitions": q.partitions,
+                "lastError": q.last_error,
+            })
+        })
+        .collect();
+    json!({
+        "phase": sink.phase,
+        "threads": "queen-s3",
+        "cpError": null,
+        "sinks": [{
+            "name": shared.settings.name,
+            "tenant": shared.settings.tenant,
+            "source": "env",
+            "phase": sink.phase,
+            "error": sink.bucket_error,
+            "ok": health_ok && sink.bucket_reachable,
+            "health": {"ok": health_ok, "queues": n_queues, "lagging": lagging},
+            "bucket": {"reachable": sink.bucket_reachable, "error": sink.bucket_error, "target": shared.lake.describe(), "createOnly": shared.lake.supports_create_only()},
+            "placement": {"givingBack": shared.give_back.lock().unwrap_or_else(PoisonError::into_inner).clone(), "held": held, "nodes": sink.nodes, "queues": n_queues, "share": share},
+            "memory": {"bufferedBytes": shared.buffered_total.load(Ordering::Relaxed), "budgetBytes": shared.budget()},
+            "queues": rows,
+        }],
+    })
+}

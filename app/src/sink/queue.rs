@@ -1,0 +1,876 @@
+//! One queue's task: take the lease, restore from the KV documents and the bucket, read the
+//! applied log into the filling window, and commit each closed window in its three fenced steps.
+//!
+//! The commit sequence, and where a crash can leave it:
+//! 1. intent: the window's bounds fixed in KV (one batch, fenced by the lease row);
+//! 2. the data objects, create-only;
+//! 3. the manifest, create-only;
+//! 4. the commit pointer (one batch, fenced by the lease row);
+//! 5. (every `QUEEN_S3_CHECKPOINT_EVERY` windows) a checkpoint of the partitions' next offsets.
+//!
+//! `queen_domain::sink::commit::recover` decides what the next owner does with each state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use queen_domain::kv::{Expiry, KvOp, KvOutcome, KvResult, KvRowView};
+use queen_domain::reads;
+use queen_domain::sink::builder::{Builder, Closed};
+use queen_domain::sink::commit::{Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover};
+use queen_domain::sink::documents::{self, LeaseDoc, NS};
+use queen_domain::sink::jsonl::{SinkRecord, encode_window};
+use queen_domain::sink::keys::WindowKeys;
+use queen_domain::sink::window::{CloseReason, WindowRules};
+use queen_domain::time::Stamp;
+use queen_http::Api;
+use queen_lake::PutOutcome;
+use serde::{Deserialize, Serialize};
+
+use super::config::{Format, Layout, Start};
+use super::{QueueStatus, Shared};
+
+/// How often a queue's task looks at the log.
+const POLL: Duration = Duration::from_millis(200);
+/// Most bytes read from one partition per look.
+const READ_CHUNK: usize = 4 << 20;
+/// A drain commits the filling window when it holds this much...
+const DRAIN_MIN_BYTES: u64 = 1 << 20;
+/// ... or has been open this long on the broker's clock.
+const DRAIN_MIN_AGE_US: u64 = 10_000_000;
+/// How long a lease release is retried.
+const RELEASE_FOR: Duration = Duration::from_secs(10);
+
+/// Test-only: `QUEEN_TEST_S3_CRASH_AT=<point>` aborts the process (as `kill -9` would) right
+/// after that point of the commit sequence of the first window it reaches: `intent`, `objects`,
+/// `manifest`, `pointer` or `checkpoint`. Unset (always, outside the crash tests) it does
+/// nothing.
+fn crash_point(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT.get_or_init(|| std::env::var("QUEEN_TEST_S3_CRASH_AT").ok()).as_deref() == Some(point) {
+        tracing::error!(target: "queen-s3", point, "test crash point reached: aborting");
+        std::process::abort();
+    }
+}
+
+/// How a run of the queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// Stopped by the node's shutdown, lease given back.
+    Drained,
+    /// Another node took the lease.
+    Fenced,
+    /// The queue is gone.
+    Missing,
+    /// Given back to even out placement (drained first).
+    Released,
+}
+
+impl Ended {
+    pub(super) fn state(self) -> &'static str {
+        match self {
+            Ended::Drained => "drained",
+            Ended::Fenced => "fenced",
+            Ended::Missing => "missing",
+            Ended::Released => "released",
+        }
+    }
+}
+
+/// What a look at a queue's lease row found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Look {
+    /// No live row: the queue is free.
+    Free,
+    /// A row under this instance's name, at this version.
+    Mine(u64),
+    /// Another instance holds it.
+    Held(String),
+}
+
+/// The checkpoint document: the next offset of every partition after window `k`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Checkpoint {
+    k: u64,
+    t_end: u64,
+    offsets: BTreeMap<String, u64>,
+}
+
+/// A window on its way through the commit sequence.
+struct Pending {
+    intent: Intent,
+    closed: Option<Closed>,
+    lost: Vec<LostRange>,
+    stage: Stage,
+    objects: Vec<ManifestObject>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The intent is not written yet.
+    Intent,
+    /// Waiting for the log to hold the whole window (a redo).
+    Rebuild,
+    /// Uploading the objects.
+    Upload,
+    /// Uploading the manifest.
+    Manifest,
+    /// Moving the pointer.
+    Commit,
+}
+
+/// Why a fenced batch did not land.
+enum BatchError {
+    /// The lease row was not ours any more.
+    Fenced,
+    /// Anything else (no leader, timeout, ...): retry.
+    Retry(String),
+}
+
+pub(super) struct QueueTask {
+    shared: Arc<Shared>,
+    queue: String,
+    lease_version: u64,
+    lease_refreshed: Instant,
+    /// Last committed window and its end.
+    pointer: Pointer,
+    builder: Builder,
+    cursors: BTreeMap<String, u64>,
+    lost: Vec<LostRange>,
+    pending: Option<Pending>,
+    since_checkpoint: u64,
+    safe: Stamp,
+}
+
+fn rules(s: &super::config::SinkSettings) -> WindowRules {
+    WindowRules {
+        target_bytes: s.target_mb * 1024 * 1024,
+        max_age_us: s.max_window_ms * 1000,
+        align: s.align,
+        guard_us: s.safe_guard_ms * 1000,
+    }
+}
+
+fn wall_iso() -> String {
+    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    Stamp(u64::try_from(micros).unwrap_or(u64::MAX)).iso_micros()
+}
+
+fn write_result(out: &KvOutcome, i: usize) -> Option<(bool, Option<KvRowView>)> {
+    match out.results.get(i)? {
+        KvResult::Write { applied, current, .. } => Some((*applied, current.clone())),
+        _ => None,
+    }
+}
+
+impl QueueTask {
+    pub(super) fn new(shared: Arc<Shared>, queue: String) -> Self {
+        let r = rules(&shared.settings);
+        Self {
+            shared,
+            queue,
+            lease_version: 0,
+            lease_refreshed: Instant::now(),
+            pointer: Pointer { k: 0, t_end: 0 },
+            builder: Builder::new(r, Stamp(0)),
+            cursors: BTreeMap::new(),
+            lost: Vec::new(),
+            pending: None,
+            since_checkpoint: 0,
+            safe: Stamp(0),
+        }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut QueueStatus)) {
+        self.shared.update_queue(&self.queue, f);
+    }
+
+    fn error(&self, e: &str) {
+        tracing::warn!(target: "queen-s3", queue = %self.queue, error = %e, "sink queue error");
+        let e = e.to_owned();
+        self.set(|q| q.last_error = Some(e));
+    }
+
+    fn ttl_secs(&self) -> u64 {
+        self.shared.settings.lease_ttl_ms.div_ceil(1000)
+    }
+
+    fn lease_doc(&self) -> Vec<u8> {
+        serde_json::to_vec(&LeaseDoc { holder: self.shared.settings.instance.clone(), since: wall_iso() }).unwrap_or_default()
+    }
+
+    fn lease_key(&self) -> String {
+        documents::lease_key(&self.shared.settings.name, &self.queue)
+    }
+
+    fn writer(&self) -> String {
+        let s = &self.shared.settings;
+        let enc = match s.format {
+            Format::Jsonl => format!("jsonl+{}", s.compression.as_str()),
+            Format::Parquet => format!("parquet+{}", s.parquet_codec.as_str()),
+        };
+        let layout = if s.layout == Layout::PerPartition { " per-partition" } else { "" };
+        format!("queen-s3/{} {enc}{layout}", env!("CARGO_PKG_VERSION"))
+    }
+
+    /// Read the queue's lease row: free, written under this instance's name (a run of this
+    /// node before a restart), or held by another instance.
+    pub(super) async fn look(&self) -> Result<Look, String> {
+        let got = self.shared.broker.kv(vec![KvOp::Get { ns: NS.into(), key: self.lease_key() }]).await.map_err(|e| e.message)?;
+        let current = match got.results.first() {
+            Some(KvResult::Get(row)) => row.clone(),
+            _ => None,
+        };
+        Ok(match current {
+            None => Look::Free,
+            Some(row) => {
+                let holder = serde_json::from_slice::<LeaseDoc>(&row.value).map(|d| d.holder).unwrap_or_default();
+                if holder == self.shared.settings.instance { Look::Mine(row.version) } else { Look::Held(holder) }
+            }
+        })
+    }
+
+    /// Write the lease row at version `expect` (0: put-if-absent): `Ok(None)` when it is ours,
+    /// `Ok(Some(holder))` when another instance got there first.
+    pub(super) async fn take(&mut self, expect: u64) -> Result<Option<String>, String> {
+        let put = KvOp::Put {
+            ns: NS.into(),
+            key: self.lease_key(),
+            value: self.lease_doc(),
+            expiry: Expiry::Ttl(self.ttl_secs()),
+            expect: Some(expect),
+            required: true,
+        };
+        let out = self.shared.broker.kv(vec![put]).await.map_err(|e| e.message)?;
+        match write_result(&out, 0) {
+            Some((true, Some(row))) => {
+                self.lease_version = row.version;
+                self.lease_refreshed = Instant::now();
+                Ok(None)
+            }
+            Some((false, Some(row))) => {
+                Ok(Some(serde_json::from_slice::<LeaseDoc>(&row.value).map(|d| d.holder).unwrap_or_default()))
+            }
+            _ => Err("the lease write answered nothing".into()),
+        }
+    }
+
+    /// One KV batch whose first operation rewrites the lease row at the version this node last
+    /// wrote: the fence.
+    async fn fenced(&mut self, mut rest: Vec<KvOp>) -> Result<(), BatchError> {
+        let mut ops = vec![KvOp::Put {
+            ns: NS.into(),
+            key: self.lease_key(),
+            value: self.lease_doc(),
+            expiry: Expiry::Ttl(self.ttl_secs()),
+            expect: Some(self.lease_version),
+            required: true,
+        }];
+        ops.append(&mut rest);
+        let out = self.shared.broker.kv(ops).await.map_err(|e| BatchError::Retry(e.message))?;
+        if out.failed == Some(0) {
+            self.shared.telemetry.metrics().s3().precondition_lost(&self.queue);
+            return Err(BatchError::Fenced);
+        }
+        if let Some(i) = out.failed {
+            return Err(BatchError::Retry(format!("operation {i} of the batch was refused")));
+        }
+        match write_result(&out, 0) {
+            Some((true, Some(row))) => {
+                self.lease_version = row.version;
+                self.lease_refreshed = Instant::now();
+                Ok(())
+            }
+            _ => Err(BatchError::Retry("the lease write answered nothing".into())),
+        }
+    }
+
+    async fn put_doc(&mut self, key: String, value: Vec<u8>) -> Result<(), BatchError> {
+        self.fenced(vec![KvOp::Put { ns: NS.into(), key, value, expiry: Expiry::Forever, expect: None, required: true }]).await
+    }
+
+    fn keys(&self, k: u64, start: u64, end: u64) -> WindowKeysOwned {
+        let s = &self.shared.settings;
+        WindowKeysOwned { prefix: s.prefix.clone(), tenant: s.tenant.clone(), queue: self.queue.clone(), k, start, end, align: s.align }
+    }
+
+    /// Run the queue while this node holds its lease.
+    pub(super) async fn run(&mut self) -> Ended {
+        self.set(|q| q.state = "restoring");
+        loop {
+            match self.restore().await {
+                Ok(()) => break,
+                Err(BatchError::Fenced) => return Ended::Fenced,
+                Err(BatchError::Retry(e)) => {
+                    self.error(&e);
+                    if self.pause(Duration::from_secs(1)).await {
+                        return self.release().await;
+                    }
+                    // Keep the lease while the restore waits (a bucket that is down, say), so
+                    // that a slow restore does not hand the queue to another node.
+                    if self.lease_refreshed.elapsed() >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3)
+                        && let Err(BatchError::Fenced) = self.fenced(Vec::new()).await
+                    {
+                        return Ended::Fenced;
+                    }
+                    if self.lease_refreshed.elapsed() > Duration::from_millis(self.shared.settings.lease_ttl_ms) {
+                        return Ended::Fenced;
+                    }
+                }
+            }
+        }
+        let mut backoff = POLL;
+        loop {
+            if *self.shared.stop.borrow() {
+                return self.drain().await;
+            }
+            if self.shared.giving_back(&self.queue) {
+                tracing::info!(target: "queen-s3", queue = %self.queue, "giving the queue back to even out placement");
+                return match self.drain().await {
+                    Ended::Drained => Ended::Released,
+                    other => other,
+                };
+            }
+            match self.step(false).await {
+                Ok(Some(end)) => return end,
+                Ok(None) => backoff = POLL,
+                Err(BatchError::Fenced) => return Ended::Fenced,
+                Err(BatchError::Retry(e)) => {
+                    self.error(&e);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+            self.publish();
+            if self.pause(backoff).await {
+                continue;
+            }
+        }
+    }
+
+    /// Sleep, waking early on shutdown; answers whether shutdown began.
+    async fn pause(&self, d: Duration) -> bool {
+        let mut stop = self.shared.stop.clone();
+        if *stop.borrow() {
+            return true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(d) => false,
+            _ = stop.changed() => true,
+        }
+    }
+
+    /// Read the documents, decide what a crash left, and set up the window to fill.
+    async fn restore(&mut self) -> Result<(), BatchError> {
+        let s = self.shared.settings.clone();
+        self.shared.broker.read_barrier().await.map_err(|e| BatchError::Retry(e.message))?;
+        let (pointer, intent, safe) = {
+            let state = self.shared.broker.state();
+            let now = self.shared.broker.now();
+            let pointer = documents::pointer(&*state, &s.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
+            let intent = documents::intent(&*state, &s.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
+            let safe = reads::safe_time(&*state).map_err(|e| BatchError::Retry(e.to_string()))?;
+            (pointer, intent, safe)
+        };
+        let manifest = match intent.as_ref().filter(|i| i.k > pointer.as_ref().map_or(0, |p| p.k)) {
+            Some(i) => {
+                let key = self.keys(i.k, i.t_start, i.t_end).get().manifest();
+                match self.shared.lake.get(&key).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+                    Some(b) => serde_json::from_slice::<Manifest>(&b).ok(),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let decision = recover(pointer.as_ref(), intent.as_ref(), manifest.as_ref(), &self.writer()).map_err(|e| BatchError::Retry(e.to_string()))?;
+        let r = rules(&s);
+        let base = match &pointer {
+            Some(p) => p.clone(),
+            None if s.start == Start::Latest => {
+                // First sight of the queue with `latest`: the lake starts now, and the pointer
+                // says so, so that every later owner starts at the same place.
+                let p = Pointer { k: 0, t_end: safe.0 + 1 };
+                self.put_doc(documents::pointer_key(&s.name, &self.queue), serde_json::to_vec(&p).unwrap_or_default()).await?;
+                p
+            }
+            None => Pointer { k: 0, t_end: 0 },
+        };
+        self.pointer = base.clone();
+        self.cursors = self.load_checkpoint(base.k).await;
+        match decision {
+            Recovery::Continue { .. } => {
+                self.builder = Builder::new(r, Stamp(base.t_end));
+            }
+            Recovery::Redo(i) => {
+                tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "redoing a window from its intent");
+                self.builder = Builder::at(r, Stamp(i.t_start));
+                self.pending = Some(Pending { intent: i, closed: None, lost: Vec::new(), stage: Stage::Rebuild, objects: Vec::new() });
+            }
+            Recovery::CommitUploaded(i) => {
+                tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "committing a window another run uploaded");
+                let m = manifest.unwrap_or_else(|| unreachable_manifest(&i));
+                self.builder = Builder::new(r, Stamp(i.t_end));
+                self.pending = Some(Pending {
+                    intent: i,
+                    closed: None,
+                    lost: m.lost.clone(),
+                    stage: Stage::Commit,
+                    objects: m.objects.clone(),
+                });
+            }
+        }
+        self.set(|q| {
+            q.k = base.k;
+            q.t_end = base.t_end;
+        });
+        Ok(())
+    }
+
+    /// The partitions' next offsets from the newest checkpoint at or before window `k`.
+    async fn load_checkpoint(&self, k: u64) -> BTreeMap<String, u64> {
+        let every = self.shared.settings.checkpoint_every;
+        let kc = k - k % every;
+        if kc == 0 {
+            return BTreeMap::new();
+        }
+        let key = self.keys(kc, 0, 0).get().checkpoint();
+        match self.shared.lake.get(&key).await {
+            Ok(Some(b)) => queen_lake::encode::decompress(&b, queen_lake::Compression::Zstd)
+                .ok()
+                .and_then(|raw| serde_json::from_slice::<Checkpoint>(&raw).ok())
+                .map(|c| c.offsets)
+                .unwrap_or_default(),
+            Ok(None) => BTreeMap::new(),
+            Err(e) => {
+                tracing::info!(target: "queen-s3", queue = %self.queue, error = %e, "no checkpoint; reading the queue from its start");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    /// One look: refresh the lease when due, move a pending window on, or read and maybe close.
+    async fn step(&mut self, draining: bool) -> Result<Option<Ended>, BatchError> {
+        if self.lease_refreshed.elapsed() >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3) {
+            self.fenced(Vec::new()).await?;
+        }
+        let shared = self.shared.clone();
+        let permit = shared.fetch.acquire().await;
+        let present = self.read();
+        drop(permit);
+        if !present? {
+            return Ok(Some(Ended::Missing));
+        }
+        if self.pending.is_some() {
+            return self.advance().await.map(|()| None);
+        }
+        let pressure = !draining && self.shared.memory_pressure(&self.queue, self.builder.bytes());
+        let close = if draining {
+            self.drain_close()
+        } else {
+            self.builder.poll(self.safe, pressure)
+        };
+        if let Some((end, reason)) = close
+            && let Some(closed) = self.builder.close(end, reason)
+        {
+            self.shared.set_buffered(&self.queue, self.builder.bytes());
+            let intent = Intent { k: self.pointer.k + 1, t_start: closed.start.0, t_end: closed.end.0, writer: self.writer() };
+            tracing::debug!(target: "queen-s3", queue = %self.queue, k = intent.k, records = closed.records.len(), ?reason, "window closed");
+            self.pending = Some(Pending { intent, closed: Some(closed), lost: std::mem::take(&mut self.lost), stage: Stage::Intent, objects: Vec::new() });
+            return self.advance().await.map(|()| None);
+        }
+        Ok(None)
+    }
+
+    /// Read what the applied log holds beyond each partition's cursor into the builder. Answers
+    /// false when the queue is gone.
+    fn read(&mut self) -> Result<bool, BatchError> {
+        let shared = self.shared.clone();
+        let state = shared.broker.state();
+        let err = |e: queen_domain::StoreError| BatchError::Retry(e.to_string());
+        self.safe = reads::safe_time(&*state).map_err(err)?;
+        let Some(view) = reads::queue_view(&*state, &self.queue).map_err(err)? else {
+            return Ok(false);
+        };
+        shared.telemetry.metrics().s3().fetch_call(&self.queue);
+        let budget_full = |b: &Builder| b.bytes() >= rules(&shared.settings).target_bytes || shared.over_budget();
+        // Each partition's cursor and the stamp of its first unread record (None at its head).
+        let mut heads: Vec<(usize, u64, Option<Stamp>)> = Vec::with_capacity(view.partitions.len());
+        for (i, p) in view.partitions.iter().enumerate() {
+            let mut cursor = self.cursors.get(&p.name).copied().unwrap_or(0);
+            if p.log_start > cursor {
+                let purged = reads::purged_stamp(&*state, p.pid).map_err(err)?;
+                if purged.is_some_and(|t| t >= self.builder.prev_end()) {
+                    let range = LostRange { partition: p.name.clone(), from: cursor, to: p.log_start - 1 };
+                    tracing::warn!(target: "queen-s3", queue = %self.queue, partition = %p.name, from = range.from, to = range.to, "records deleted by retention before the sink read them");
+                    self.lost.push(range);
+                }
+                cursor = p.log_start;
+            }
+            let next = peek(&*state, p, cursor).map_err(err)?;
+            heads.push((i, cursor, next));
+        }
+        // Read in stamp order: always from the partition whose first unread record is oldest, so
+        // what is buffered is the oldest part of the log across partitions and a window can close
+        // once the buffer is full. Stop when every partition is at its head, or when the buffer
+        // is full and a window can close with what it holds.
+        while let Some(at) = heads.iter().enumerate().filter(|(_, h)| h.2.is_some()).min_by_key(|(_, h)| h.2).map(|(j, _)| j) {
+            if budget_full(&self.builder) {
+                for (i, _, next) in &heads {
+                    self.builder.set_partial(&view.partitions[*i].name, *next);
+                }
+                if self.builder.poll(self.safe, true).is_some() {
+                    break;
+                }
+            }
+            let h = &mut heads[at];
+            let p = &view.partitions[h.0];
+            let msgs = reads::messages(&*state, p, h.1, READ_CHUNK / 4, 2_000).map_err(err)?;
+            let Some((last, _)) = msgs.last() else {
+                h.2 = None;
+                continue;
+            };
+            h.1 = last + 1;
+            for (offset, m) in msgs {
+                self.builder.push(SinkRecord { partition: p.name.clone(), offset, transaction_id: m.transaction_id, ts: m.stamp, payload: m.payload });
+            }
+            h.2 = peek(&*state, p, h.1).map_err(err)?;
+        }
+        for (i, cursor, next) in heads {
+            let name = &view.partitions[i].name;
+            self.cursors.insert(name.clone(), cursor);
+            self.builder.set_partial(name, next);
+        }
+        shared.set_buffered(&self.queue, self.builder.bytes());
+        let partitions = view.partitions.len() as u64;
+        self.set(|q| q.partitions = partitions);
+        Ok(true)
+    }
+
+    /// Move the pending window one stage on (each stage retried by the caller on failure).
+    async fn advance(&mut self) -> Result<(), BatchError> {
+        let Some(mut p) = self.pending.take() else { return Ok(()) };
+        let r = self.advance_pending(&mut p).await;
+        if p.stage != Stage::Commit || r.is_err() || self.pointer.k < p.intent.k {
+            self.pending = Some(p);
+        }
+        r
+    }
+
+    async fn advance_pending(&mut self, p: &mut Pending) -> Result<(), BatchError> {
+        let s = self.shared.settings.clone();
+        let k = p.intent.k;
+        loop {
+            match p.stage {
+                Stage::Intent => {
+                    self.set(|q| q.state = "intent");
+                    self.put_doc(documents::intent_key(&s.name, &self.queue), serde_json::to_vec(&p.intent).unwrap_or_default()).await?;
+                    crash_point("intent");
+                    p.stage = Stage::Upload;
+                }
+                Stage::Rebuild => {
+                    self.set(|q| q.state = "restoring");
+                    let end = Stamp(p.intent.t_end);
+                    // Every record below the end must be applied and read before it closes.
+                    if self.safe < end || self.builder.read_through().is_some_and(|t| t < end) {
+                        return Ok(());
+                    }
+                    let Some(closed) = self.builder.close(end, CloseReason::Age) else { return Ok(()) };
+                    p.lost.append(&mut self.lost);
+                    p.closed = Some(closed);
+                    p.stage = Stage::Upload;
+                }
+                Stage::Upload => {
+                    self.set(|q| q.state = "upload");
+                    self.check_not_committed(k).await?;
+                    let closed = p.closed.as_ref().ok_or_else(|| BatchError::Retry("window records missing".into()))?;
+                    p.objects = self.upload(&p.intent, closed).await?;
+                    crash_point("objects");
+                    p.stage = Stage::Manifest;
+                }
+                Stage::Manifest => {
+                    let closed = p.closed.as_ref().ok_or_else(|| BatchError::Retry("window records missing".into()))?;
+                    let m = self.manifest(&p.intent, closed, &p.objects, &p.lost);
+                    let key = self.keys(k, p.intent.t_start, p.intent.t_end).get().manifest();
+                    let body = serde_json::to_vec_pretty(&m).unwrap_or_default();
+                    match self.shared.lake.put_create(&key, Bytes::from(body)).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+                        PutOutcome::Created | PutOutcome::Identical => {}
+                        PutOutcome::Different { .. } => {
+                            let found = self.shared.lake.get(&key).await.map_err(|e| BatchError::Retry(e.to_string()))?;
+                            let same = found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()).is_some_and(|f| f.names(&p.intent) && f.objects == p.objects);
+                            if !same {
+                                return Err(BatchError::Retry(format!("{key} holds another window's manifest; refusing to overwrite it")));
+                            }
+                        }
+                    }
+                    crash_point("manifest");
+                    p.stage = Stage::Commit;
+                }
+                Stage::Commit => {
+                    self.set(|q| q.state = "commit");
+                    let ptr = Pointer { k, t_end: p.intent.t_end };
+                    self.put_doc(documents::pointer_key(&s.name, &self.queue), serde_json::to_vec(&ptr).unwrap_or_default()).await?;
+                    self.pointer = ptr;
+                    crash_point("pointer");
+                    let records: u64 = p.objects.iter().map(|o| o.records).sum();
+                    let bytes: u64 = p.objects.iter().map(|o| o.bytes).sum();
+                    let lost: u64 = p.lost.iter().map(|l| l.to - l.from + 1).sum();
+                    let metrics = self.shared.telemetry.metrics();
+                    metrics.s3().window_committed(&self.queue, records, bytes);
+                    if lost > 0 {
+                        metrics.s3().records_lost(&self.queue, lost);
+                        tracing::warn!(target: "queen-s3", queue = %self.queue, k, lost, ranges = ?p.lost, "window committed with lost records");
+                    }
+                    tracing::info!(target: "queen-s3", queue = %self.queue, k, records, bytes, t_start = p.intent.t_start, t_end = p.intent.t_end, "window committed");
+                    let t_end = p.intent.t_end;
+                    self.set(|q| {
+                        q.k = k;
+                        q.t_end = t_end;
+                        q.windows_committed += 1;
+                        q.records += records;
+                        q.bytes += bytes;
+                    });
+                    self.since_checkpoint += 1;
+                    if k.is_multiple_of(s.checkpoint_every) {
+                        self.checkpoint(k, t_end).await;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Stop when the pointer already passed window `k`: another node committed it, so this
+    /// node's lease was taken over while it was away. The lease row is rewritten at our
+    /// version to make sure, which fails, rolls back and counts the lost precondition like any
+    /// other fenced batch; the queue stops here either way and uploads nothing.
+    async fn check_not_committed(&mut self, k: u64) -> Result<(), BatchError> {
+        let passed = {
+            let state = self.shared.broker.state();
+            let now = self.shared.broker.now();
+            let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
+            p.is_some_and(|p| p.k >= k)
+        };
+        if passed {
+            self.fenced(Vec::new()).await?;
+            tracing::warn!(target: "queen-s3", queue = %self.queue, k, "the commit pointer passed this window under our own lease row; stopping");
+            return Err(BatchError::Fenced);
+        }
+        Ok(())
+    }
+
+    /// Encode and upload a window's objects, create-only.
+    async fn upload(&self, intent: &Intent, closed: &Closed) -> Result<Vec<ManifestObject>, BatchError> {
+        let s = self.shared.settings.clone();
+        let keys = self.keys(intent.k, intent.t_start, intent.t_end);
+        let ext = queen_lake::encode::ext(s.format, s.compression);
+        let groups: Vec<(String, Vec<SinkRecord>)> = match s.layout {
+            Layout::Merged => vec![(keys.get().data(ext), closed.records.clone())],
+            Layout::PerPartition => {
+                let mut by: BTreeMap<String, Vec<SinkRecord>> = BTreeMap::new();
+                for r in &closed.records {
+                    by.entry(r.partition.clone()).or_default().push(r.clone());
+                }
+                by.into_iter()
+                    .map(|(p, rs)| {
+                        let first = rs.first().map_or(0, |r| r.offset);
+                        let last = rs.last().map_or(0, |r| r.offset);
+                        (keys.get().partition_data(&p, first, last, ext), rs)
+                    })
+                    .collect()
+            }
+        };
+        let mut out = Vec::new();
+        for (key, mut records) in groups {
+            let n = records.len() as u64;
+            let (queue, tenant, s) = (self.queue.clone(), s.tenant.clone(), s.clone());
+            let body = tokio::task::spawn_blocking(move || match s.format {
+                Format::Jsonl => queen_lake::encode::compress(&encode_window(&mut records), s.compression),
+                Format::Parquet => queen_lake::encode::parquet(&records, s.parquet_codec, &queue, &tenant),
+            })
+            .await
+            .map_err(|e| BatchError::Retry(e.to_string()))?
+            .map_err(|e| BatchError::Retry(e.to_string()))?;
+            let sha = queen_lake::encode::sha256_hex(&body);
+            let bytes = body.len() as u64;
+            match self.shared.lake.put_create(&key, Bytes::from(body)).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+                PutOutcome::Created | PutOutcome::Identical => {}
+                PutOutcome::Different { existing_sha256 } => {
+                    return Err(BatchError::Retry(format!(
+                        "{key} already holds other bytes (sha256 {existing_sha256}, ours {sha}); the log no longer holds what was uploaded (retention?) and the object is left as it is"
+                    )));
+                }
+            }
+            out.push(ManifestObject { key, bytes, records: n, sha256: sha });
+        }
+        Ok(out)
+    }
+
+    fn manifest(&self, intent: &Intent, closed: &Closed, objects: &[ManifestObject], lost: &[LostRange]) -> Manifest {
+        let s = &self.shared.settings;
+        let parts: std::collections::BTreeSet<&str> = closed.records.iter().map(|r| r.partition.as_str()).collect();
+        Manifest {
+            sink: s.name.clone(),
+            tenant: s.tenant.clone(),
+            queue: self.queue.clone(),
+            k: intent.k,
+            t_start: intent.t_start,
+            t_end: intent.t_end,
+            format: s.format.as_str().to_owned(),
+            compression: match s.format {
+                Format::Jsonl => s.compression.as_str().to_owned(),
+                Format::Parquet => s.parquet_codec.as_str().to_owned(),
+            },
+            layout: if s.layout == Layout::Merged { "merged".into() } else { "per-partition".into() },
+            objects: objects.to_vec(),
+            records: objects.iter().map(|o| o.records).sum(),
+            bytes: objects.iter().map(|o| o.bytes).sum(),
+            partitions: parts.len() as u64,
+            min_ts: closed.records.iter().map(|r| r.ts.0).min().unwrap_or(0),
+            max_ts: closed.records.iter().map(|r| r.ts.0).max().unwrap_or(0),
+            lost: lost.to_vec(),
+            writer: intent.writer.clone(),
+            committed_at: wall_iso(),
+        }
+    }
+
+    /// Write the partitions' next offsets after window `k` (losing it costs only a longer
+    /// re-read, so a failure is logged and forgotten).
+    async fn checkpoint(&mut self, k: u64, t_end: u64) {
+        let mut offsets = self.cursors.clone();
+        for (partition, first) in self.builder.first_offsets() {
+            offsets.insert(partition, first);
+        }
+        let c = Checkpoint { k, t_end, offsets };
+        let key = self.keys(k, 0, 0).get().checkpoint();
+        let body = serde_json::to_vec(&c).unwrap_or_default();
+        match queen_lake::encode::compress(&body, queen_lake::Compression::Zstd) {
+            Ok(z) => match self.shared.lake.put_create(&key, Bytes::from(z)).await {
+                Ok(_) => {
+                    self.since_checkpoint = 0;
+                    crash_point("checkpoint");
+                }
+                Err(e) => tracing::info!(target: "queen-s3", queue = %self.queue, k, error = %e, "checkpoint not written"),
+            },
+            Err(e) => tracing::info!(target: "queen-s3", queue = %self.queue, k, error = %e, "checkpoint not encoded"),
+        }
+    }
+
+    /// Publish the gauges and status numbers.
+    fn publish(&self) {
+        let now = self.shared.broker.now();
+        let through = self.builder.complete_through(self.safe);
+        let lag = self.safe.0.saturating_sub(through.0) as f64 / 1e6;
+        let safe_lag = lag + now.0.saturating_sub(self.safe.0) as f64 / 1e6;
+        let state = if self.pending.is_some() { None } else { Some("filling") };
+        let (safe, buffered, since) = (self.safe.0, self.builder.bytes(), self.since_checkpoint);
+        self.set(|q| {
+            if let Some(s) = state {
+                q.state = s;
+            }
+            q.complete_through = through.0;
+            q.safe_time = safe;
+            q.lag_seconds = lag;
+            q.safe_lag_seconds = safe_lag;
+            q.buffered = buffered;
+            q.checkpoint_age = since;
+        });
+    }
+
+    /// Where the drain closes the filling window, when it is worth closing (1 MiB buffered or
+    /// open for ten seconds on the broker's clock), up to safeTime minus the guard as always.
+    fn drain_close(&self) -> Option<(Stamp, CloseReason)> {
+        let worth = self.builder.bytes() >= DRAIN_MIN_BYTES
+            || self.builder.start().is_some_and(|st| self.safe.0.saturating_sub(st.0) >= DRAIN_MIN_AGE_US);
+        if worth { self.builder.poll(self.safe, true) } else { None }
+    }
+
+    /// Shutdown: finish a window already in its commit sequence, commit the filling one when
+    /// worth it, give the lease back.
+    async fn drain(&mut self) -> Ended {
+        let deadline = Instant::now() + Duration::from_millis(self.shared.settings.shutdown_grace_ms);
+        self.set(|q| q.state = "draining");
+        while Instant::now() < deadline {
+            match self.step(true).await {
+                Ok(Some(e)) => return e,
+                Ok(None) => {}
+                Err(BatchError::Fenced) => return Ended::Fenced,
+                Err(BatchError::Retry(e)) => self.error(&e),
+            }
+            if self.pending.is_none() && self.drain_close().is_none() {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        self.release().await
+    }
+
+    /// Give the lease back (retrying for a while) so another node can take the queue at once.
+    async fn release(&mut self) -> Ended {
+        let until = Instant::now() + RELEASE_FOR;
+        while Instant::now() < until {
+            let op = KvOp::Delete { ns: NS.into(), key: self.lease_key(), expect: Some(self.lease_version), required: true };
+            match self.shared.broker.kv(vec![op]).await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.message, "lease release failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+        self.shared.set_buffered(&self.queue, 0);
+        Ended::Drained
+    }
+}
+
+/// A manifest that the recovery decision said exists; only reached if the decision and the
+/// read disagree, in which case an empty object list makes the commit refuse nothing but
+/// count nothing.
+fn unreachable_manifest(i: &Intent) -> Manifest {
+    Manifest {
+        sink: String::new(),
+        tenant: String::new(),
+        queue: String::new(),
+        k: i.k,
+        t_start: i.t_start,
+        t_end: i.t_end,
+        format: String::new(),
+        compression: String::new(),
+        layout: String::new(),
+        objects: Vec::new(),
+        records: 0,
+        bytes: 0,
+        partitions: 0,
+        min_ts: 0,
+        max_ts: 0,
+        lost: Vec::new(),
+        writer: i.writer.clone(),
+        committed_at: String::new(),
+    }
+}
+
+/// The stamp of a partition's record at `offset`, if it has one (the first unread record).
+fn peek(s: &dyn queen_domain::StateRead, p: &queen_domain::model::PartitionRec, offset: u64) -> Result<Option<Stamp>, queen_domain::StoreError> {
+    if offset >= p.next_offset {
+        return Ok(None);
+    }
+    Ok(reads::messages(s, p, offset, 1, 1)?.first().map(|(_, m)| m.stamp))
+}
+
+/// Owned parts of a window's keys.
+struct WindowKeysOwned {
+    prefix: String,
+    tenant: String,
+    queue: String,
+    k: u64,
+    start: u64,
+    end: u64,
+    align: queen_domain::sink::keys::Align,
+}
+
+impl WindowKeysOwned {
+    fn get(&self) -> WindowKeys<'_> {
+        WindowKeys { prefix: &self.prefix, tenant: &self.tenant, queue: &self.queue, k: self.k, t_start: Stamp(self.start), t_end: Stamp(self.end), align: self.align }
+    }
+}
+
