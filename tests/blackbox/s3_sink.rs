@@ -133,6 +133,7 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
     let lake = s3::read_lake(&[server.lake_args("lake"), vec!["--prefix", "queen"]].concat());
     let files: Vec<String> = lake["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_owned()).collect();
     assert_eq!(files.len(), 1, "{lake:#}");
+    assert_eq!(lake["duckdb"]["read_json_rows"], 3, "DuckDB's read_json reads the JSONL too: {lake:#}");
     let re_ok = files[0].starts_with(&format!("tenant={TENANT}/queue=orders/dt=")) && files[0].contains("/hour=") && files[0].contains("/w-0000000001-") && files[0].ends_with(".jsonl.zst");
     assert!(re_ok, "data key {files:?}");
     assert!(lake["manifests"].get(manifest_key.trim_start_matches("queen/")).is_some(), "{lake:#}");

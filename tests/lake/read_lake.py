@@ -383,7 +383,7 @@ def duckdb_reader(lake):
     parquet = [f for f, _, m in chosen if m.group("ext") == "parquet"]
     ts_fmt = "strftime(ts::TIMESTAMP, '%Y-%m-%dT%H:%M:%S.%fZ')"
 
-    jrec, normalized = [], 0
+    jrec, normalized, read_json_rows = [], 0, 0
     if jsonl:
         lst = "[" + ", ".join(sql_str(f) for f in jsonl) + "]"
         sql = rf"""
@@ -408,6 +408,16 @@ def duckdb_reader(lake):
         for row in con.execute(sql).fetchall():
             jrec.append(list(row[:6]) + [row[6]])
             normalized += 1 if row[7] else 0
+        # The same objects through DuckDB's own JSON reader (read_json with Hive partitioning), as a
+        # lake user would query them: it must see the same records.
+        rj = con.execute(
+            f"""SELECT tenant, queue, partition, "offset", transactionId FROM read_json({lst}, format = 'newline_delimited',
+                hive_partitioning = true, hive_types_autocast = false,
+                columns = {{'partition': 'VARCHAR', 'offset': 'BIGINT', 'transactionId': 'VARCHAR', 'ts': 'VARCHAR', 'payload': 'JSON'}})"""
+        ).fetchall()
+        if sorted(tuple(r) for r in rj) != sorted(tuple(r[:5]) for r in jrec):
+            fail(f"read_json saw {len(rj)} records, the line reader {len(jrec)}: they differ")
+        read_json_rows = len(rj)
 
     prec = []
     if parquet:
@@ -429,6 +439,7 @@ def duckdb_reader(lake):
         "ts": [min(ts), max(ts)] if ts else None,
         "files": [rel for _, rel, _ in chosen],
         "payload_normalized": normalized,
+        "read_json_rows": read_json_rows,
     }
 
 

@@ -20,7 +20,7 @@ use queen_domain::reads;
 use queen_domain::sink::builder::{Builder, Closed};
 use queen_domain::sink::commit::{Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover};
 use queen_domain::sink::documents::{self, LeaseDoc, NS};
-use queen_domain::sink::jsonl::{SinkRecord, encode_window};
+use queen_domain::sink::jsonl::SinkRecord;
 use queen_domain::sink::keys::WindowKeys;
 use queen_domain::sink::window::{CloseReason, WindowRules};
 use queen_domain::time::Stamp;
@@ -585,6 +585,10 @@ impl QueueTask {
                     self.check_not_committed(k).await?;
                     let closed = p.closed.as_ref().ok_or_else(|| BatchError::Retry("window records missing".into()))?;
                     p.objects = self.upload(&p.intent, closed).await?;
+                    // The records are in the bucket now: keep only what the manifest needs.
+                    if let Some(c) = p.closed.as_mut() {
+                        c.records = summary_records(&c.records);
+                    }
                     crash_point("objects");
                     p.stage = Stage::Manifest;
                 }
@@ -664,32 +668,34 @@ impl QueueTask {
         let s = self.shared.settings.clone();
         let keys = self.keys(intent.k, intent.t_start, intent.t_end);
         let ext = queen_lake::encode::ext(s.format, s.compression);
-        let groups: Vec<(String, Vec<SinkRecord>)> = match s.layout {
-            Layout::Merged => vec![(keys.get().data(ext), closed.records.clone())],
-            Layout::PerPartition => {
-                let mut by: BTreeMap<String, Vec<SinkRecord>> = BTreeMap::new();
-                for r in &closed.records {
-                    by.entry(r.partition.clone()).or_default().push(r.clone());
-                }
-                by.into_iter()
-                    .map(|(p, rs)| {
-                        let first = rs.first().map_or(0, |r| r.offset);
-                        let last = rs.last().map_or(0, |r| r.offset);
-                        (keys.get().partition_data(&p, first, last, ext), rs)
-                    })
-                    .collect()
-            }
+        // The records are sorted by (partition, offset): a partition's records are one slice.
+        let all = &closed.records[..];
+        let groups: Vec<(String, &[SinkRecord])> = match s.layout {
+            Layout::Merged => vec![(keys.get().data(ext), all)],
+            Layout::PerPartition => all
+                .chunk_by(|a, b| a.partition == b.partition)
+                .map(|rs| {
+                    let first = rs.first().map_or(0, |r| r.offset);
+                    let last = rs.last().map_or(0, |r| r.offset);
+                    (keys.get().partition_data(&rs[0].partition, first, last, ext), rs)
+                })
+                .collect(),
         };
         let mut out = Vec::new();
-        for (key, mut records) in groups {
+        for (key, records) in groups {
             let n = records.len() as u64;
-            let (queue, tenant, s) = (self.queue.clone(), s.tenant.clone(), s.clone());
-            let body = tokio::task::spawn_blocking(move || match s.format {
-                Format::Jsonl => queen_lake::encode::compress(&encode_window(&mut records), s.compression),
-                Format::Parquet => queen_lake::encode::parquet(&records, s.parquet_codec, &queue, &tenant),
+            // Encoding is CPU work on the sink's own threads; block_in_place keeps the window's
+            // records borrowed instead of copying them into a blocking task.
+            let body = tokio::task::block_in_place(|| match s.format {
+                Format::Jsonl => {
+                    let mut lines = Vec::with_capacity(records.iter().map(|r| r.payload.len() + 128).sum());
+                    for r in records {
+                        queen_domain::sink::jsonl::write_line(&mut lines, r);
+                    }
+                    queen_lake::encode::compress(&lines, s.compression)
+                }
+                Format::Parquet => queen_lake::encode::parquet(records, s.parquet_codec, &self.queue, &s.tenant),
             })
-            .await
-            .map_err(|e| BatchError::Retry(e.to_string()))?
             .map_err(|e| BatchError::Retry(e.to_string()))?;
             let sha = queen_lake::encode::sha256_hex(&body);
             let bytes = body.len() as u64;
@@ -847,6 +853,20 @@ fn unreachable_manifest(i: &Intent) -> Manifest {
         writer: i.writer.clone(),
         committed_at: String::new(),
     }
+}
+
+/// The first and last record of each partition: enough for the manifest's partition count and
+/// stamp bounds once the window's objects are uploaded.
+fn summary_records(records: &[SinkRecord]) -> Vec<SinkRecord> {
+    let mut out = Vec::new();
+    for part in records.chunk_by(|a, b| a.partition == b.partition) {
+        let min = part.iter().min_by_key(|r| r.ts);
+        let max = part.iter().max_by_key(|r| r.ts);
+        for r in [min, max].into_iter().flatten() {
+            out.push(SinkRecord { payload: Vec::new(), ..r.clone() });
+        }
+    }
+    out
 }
 
 /// The stamp of a partition's record at `offset`, if it has one (the first unread record).

@@ -51,6 +51,9 @@ struct Args {
     /// The queen binary [default: beside this one].
     #[arg(long)]
     bin: Option<PathBuf>,
+    /// Run the same pushes with the sink off too, to show the broker's own CPU and memory.
+    #[arg(long)]
+    baseline: bool,
     /// Give up waiting for the lake after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -143,7 +146,7 @@ fn get_json(port: u16, path: &str) -> Option<Value> {
     }
 }
 
-fn start(args: &Args, bin: &PathBuf) -> NodeProc {
+fn start(args: &Args, bin: &PathBuf, sink: bool) -> NodeProc {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let mut cmd = Command::new(bin);
@@ -153,7 +156,7 @@ fn start(args: &Args, bin: &PathBuf) -> NodeProc {
         .env("RUST_LOG", "warn")
         // Measure the sink, not the shared disk: the 85% disk gate must not refuse pushes here.
         .env("QUEEN_RAFT_DISK_HIGH_PCT", "100")
-        .env("QUEEN_S3_EMBEDDED", "true")
+        .env("QUEEN_S3_EMBEDDED", if sink { "true" } else { "false" })
         .env("QUEEN_S3_QUEUES", "*")
         .env("QUEEN_S3_START", "earliest")
         .env("QUEEN_S3_MAX_WINDOW_MS", "2000")
@@ -212,8 +215,8 @@ fn sink_progress(port: u16) -> (u64, u64, f64) {
     (records, bytes, lag)
 }
 
-fn run(args: &Args, bin: &PathBuf, queues: usize) {
-    let node = start(args, bin);
+fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
+    let node = start(args, bin, sink);
     let pid = node.child.id();
     let port = node.port;
     let total_records = (args.mb * 1024 * 1024) / args.record_bytes as u64;
@@ -260,6 +263,17 @@ fn run(args: &Args, bin: &PathBuf, queues: usize) {
     }
     let push_secs = t0.elapsed().as_secs_f64();
     let pushed = pushed.load(Ordering::Relaxed);
+    if !sink {
+        let cpu = cpu_seconds(pid) - cpu0;
+        let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
+        println!(
+            "{queues:>2} queue(s), sink off | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | CPU {:.2} s per MB | peak RSS {:.0} MiB",
+            pushed as f64 / push_secs,
+            cpu / mb.max(1.0),
+            peak_mib(pid)
+        );
+        return;
+    }
     let until = Instant::now() + Duration::from_secs(args.timeout_secs);
     let (mut records, mut bytes) = (0, 0);
     while Instant::now() < until {
@@ -296,6 +310,10 @@ fn main() {
         sibling.filter(|s| s.is_file()).unwrap_or_else(|| PathBuf::from("target/release/queen"))
     });
     println!("queen-sink-bench: {} MB of {}-byte records, {} per request, {} connections, format {}", args.mb, args.record_bytes, args.batch, args.connections, args.format);
-    run(&args, &bin, 1);
-    run(&args, &bin, 8);
+    for queues in [1, 8] {
+        if args.baseline {
+            run(&args, &bin, queues, false);
+        }
+        run(&args, &bin, queues, true);
+    }
 }
