@@ -122,28 +122,6 @@ fn a_follower_killed_with_9_catches_up_and_nothing_is_lost() {
     assert_eq!(ids.len(), 40, "every acknowledged write, once: {}", f.text);
 }
 
-/// Every transactionId stored in a queue's Default partition, read through one node.
-fn stored(n: &Node, queue: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut offset = 0u64;
-    for _ in 0..10_000 {
-        let f = n.post("/api/v1/fetch", &json!({"entries": [{"queue": queue, "partition": "Default", "offset": offset}]}));
-        let e = &f.json["entries"][0];
-        let records = e["records"].as_array().cloned().unwrap_or_default();
-        if records.is_empty() {
-            break;
-        }
-        for r in &records {
-            out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
-            offset = r["offset"].as_u64().unwrap_or(offset) + 1;
-        }
-        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
-            break;
-        }
-    }
-    out
-}
-
 fn healthy_leader(nodes: &[Node], within: Duration) -> Option<(usize, Duration)> {
     let started = Instant::now();
     while started.elapsed() < within {
@@ -193,7 +171,7 @@ fn assert_all_once(nodes: &[Node], queue: &str, acked: &[String]) {
     let target = nodes.iter().map(applied).max().unwrap();
     for (i, node) in nodes.iter().enumerate() {
         assert!(eventually(Duration::from_secs(30), || applied(node) >= target), "node {i} did not catch up");
-        let ids = stored(node, queue);
+        let ids = node.stored_ids(queue, "Default");
         let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len(), "node {i} stores a message twice");
         let missing: Vec<&String> = acked.iter().filter(|t| !unique.contains(t)).take(5).collect();

@@ -41,21 +41,11 @@ fn instance(i: usize) -> String {
 
 /// The same sink settings for every node.
 fn sink_env(endpoint: &str, queues: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("QUEEN_S3_EMBEDDED", "true".into()),
-        ("QUEEN_S3_QUEUES", queues.to_owned()),
-        ("QUEEN_S3_ENDPOINT", endpoint.to_owned()),
-        ("QUEEN_S3_REGION", s3::REGION.into()),
-        ("QUEEN_S3_PATH_STYLE", "true".into()),
-        ("QUEEN_S3_BUCKET", "lake".into()),
-        ("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY.into()),
-        ("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY.into()),
-        ("QUEEN_S3_START", "earliest".into()),
-        ("QUEEN_S3_MAX_WINDOW_MS", "1000".into()),
-        ("QUEEN_S3_SAFE_GUARD_MS", "500".into()),
-        ("QUEEN_S3_LEASE_TTL_MS", TTL.as_millis().to_string()),
-        ("QUEEN_S3_CHECKPOINT_EVERY", "3".into()),
-    ]
+    s3::sink_env(
+        endpoint,
+        queues,
+        &[("QUEEN_S3_LEASE_TTL_MS", TTL.as_millis().to_string()), ("QUEEN_S3_CHECKPOINT_EVERY", "3".into())],
+    )
 }
 
 /// Three nodes, each with the cluster settings and `env`, healthy together.
@@ -200,28 +190,7 @@ fn spawn_writer(
 /// Every transactionId stored in a queue (its partitions `Default` and `p0`..`p2`), read
 /// through one node.
 fn stored(n: &Node, queue: &str) -> Vec<String> {
-    ["Default", "p0", "p1", "p2"].iter().flat_map(|p| stored_in(n, queue, p)).collect()
-}
-
-fn stored_in(n: &Node, queue: &str, partition: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut offset = 0u64;
-    for _ in 0..10_000 {
-        let f = n.post("/api/v1/fetch", &json!({"entries": [{"queue": queue, "partition": partition, "offset": offset}]}));
-        let e = &f.json["entries"][0];
-        let records = e["records"].as_array().cloned().unwrap_or_default();
-        if records.is_empty() {
-            break;
-        }
-        for r in &records {
-            out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
-            offset = r["offset"].as_u64().unwrap_or(offset) + 1;
-        }
-        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
-            break;
-        }
-    }
-    out
+    ["Default", "p0", "p1", "p2"].iter().flat_map(|p| n.stored_ids(queue, p)).collect()
 }
 
 /// `queen lake verify` on the bucket (read directly, never through a fault proxy): whether it

@@ -17,28 +17,13 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_queen"))
 }
 
-/// The sink's settings for a bucket at `endpoint`, with short windows so tests run in seconds.
+/// The sink's settings for a bucket at `endpoint`, mirroring `orders`, with three-second
+/// leases and a checkpoint after every window.
 fn sink_env(endpoint: &str, extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
-    let mut v: Vec<(&'static str, String)> = vec![
-        ("QUEEN_S3_EMBEDDED", "true".into()),
-        ("QUEEN_S3_QUEUES", "orders".into()),
-        ("QUEEN_S3_ENDPOINT", endpoint.to_owned()),
-        ("QUEEN_S3_REGION", s3::REGION.into()),
-        ("QUEEN_S3_PATH_STYLE", "true".into()),
-        ("QUEEN_S3_BUCKET", "lake".into()),
-        ("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY.into()),
-        ("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY.into()),
-        ("QUEEN_S3_START", "earliest".into()),
-        ("QUEEN_S3_MAX_WINDOW_MS", "1000".into()),
-        ("QUEEN_S3_SAFE_GUARD_MS", "500".into()),
-        ("QUEEN_S3_LEASE_TTL_MS", "3000".into()),
-        ("QUEEN_S3_CHECKPOINT_EVERY", "1".into()),
-    ];
-    for (k, val) in extra {
-        v.retain(|(n, _)| n != k);
-        v.push((k, (*val).to_owned()));
-    }
-    v
+    let mut all: Vec<(&'static str, String)> =
+        vec![("QUEEN_S3_LEASE_TTL_MS", "3000".into()), ("QUEEN_S3_CHECKPOINT_EVERY", "1".into())];
+    all.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    s3::sink_env(endpoint, "orders", &all)
 }
 
 fn start(dir: &Path, env: &[(&'static str, String)]) -> Node {

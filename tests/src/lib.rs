@@ -206,6 +206,30 @@ impl Node {
         self.request("POST", path, Some(body))
     }
 
+    /// Every transactionId stored in a partition, in offset order, read through this node with
+    /// `/api/v1/fetch` (bounded at 10,000 pages).
+    #[must_use]
+    pub fn stored_ids(&self, queue: &str, partition: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut offset = 0u64;
+        for _ in 0..10_000 {
+            let f = self.post("/api/v1/fetch", &serde_json::json!({"entries": [{"queue": queue, "partition": partition, "offset": offset}]}));
+            let e = &f.json["entries"][0];
+            let records = e["records"].as_array().cloned().unwrap_or_default();
+            if records.is_empty() {
+                break;
+            }
+            for r in &records {
+                out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
+                offset = r["offset"].as_u64().unwrap_or(offset) + 1;
+            }
+            if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
+                break;
+            }
+        }
+        out
+    }
+
     /// Send SIGKILL and wait for the process to go.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

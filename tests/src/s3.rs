@@ -572,3 +572,28 @@ fn stall(client: &TcpStream, sh: &Shared, mode: Mode) {
     }
     let _ = client.shutdown(Shutdown::Both);
 }
+
+/// The sink's settings for bucket `lake` on `endpoint` (path style, the test keys), mirroring
+/// `queues` from the start of each queue, with short windows (one second, a half-second guard)
+/// so tests run in seconds. `extra` replaces or adds settings.
+#[must_use]
+pub fn sink_env(endpoint: &str, queues: &str, extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut v: Vec<(&'static str, String)> = vec![
+        ("QUEEN_S3_EMBEDDED", "true".into()),
+        ("QUEEN_S3_QUEUES", queues.to_owned()),
+        ("QUEEN_S3_ENDPOINT", endpoint.to_owned()),
+        ("QUEEN_S3_REGION", REGION.into()),
+        ("QUEEN_S3_PATH_STYLE", "true".into()),
+        ("QUEEN_S3_BUCKET", "lake".into()),
+        ("QUEEN_S3_ACCESS_KEY", ACCESS_KEY.into()),
+        ("QUEEN_S3_SECRET_KEY", SECRET_KEY.into()),
+        ("QUEEN_S3_START", "earliest".into()),
+        ("QUEEN_S3_MAX_WINDOW_MS", "1000".into()),
+        ("QUEEN_S3_SAFE_GUARD_MS", "500".into()),
+    ];
+    for (k, val) in extra {
+        v.retain(|(n, _)| n != k);
+        v.push((k, val.clone()));
+    }
+    v
+}
