@@ -145,6 +145,11 @@ impl Broker {
         self
     }
 
+    /// Whether this node is the cluster's only member (a single node), as it sees it.
+    pub(crate) fn alone(&self) -> bool {
+        self.raft.as_ref().is_none_or(|r| r.members().len() <= 1)
+    }
+
     /// The locally applied state.
     pub(crate) fn store(&self) -> &FjallStore {
         &self.store

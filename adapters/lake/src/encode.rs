@@ -141,6 +141,68 @@ pub fn compress(jsonl: &[u8], compression: Compression) -> Result<Vec<u8>, LakeE
     }
 }
 
+/// Bytes of JSONL text gathered before they go to the compressor.
+const JSONL_CHUNK: usize = 1 << 20;
+
+/// A window's records as one JSONL object, compressed as it is written: the uncompressed text
+/// is never whole in memory (at most [`JSONL_CHUNK`] of it). Gives the same bytes as
+/// [`compress`] of the whole text for `None` and `Gzip`; for `Zstd` the frame also names its
+/// content size, as a one-shot compression of the whole text would.
+///
+/// # Errors
+/// [`LakeError::Encode`] if the codec fails.
+pub fn jsonl(records: &[SinkRecord], compression: Compression) -> Result<Vec<u8>, LakeError> {
+    let mut line = Vec::with_capacity(JSONL_CHUNK + 4096);
+    // The exact text length first (one pass of formatting, no copy kept): zstd writes it in
+    // the frame header, so the frame does not depend on how the text was fed in.
+    let mut total = 0_u64;
+    for r in records {
+        line.clear();
+        queen_domain::sink::jsonl::write_line(&mut line, r);
+        total += line.len() as u64;
+    }
+    let estimate = usize::try_from(total).unwrap_or(usize::MAX);
+    match compression {
+        Compression::None => {
+            let mut out = Vec::with_capacity(estimate);
+            for r in records {
+                queen_domain::sink::jsonl::write_line(&mut out, r);
+            }
+            Ok(out)
+        }
+        Compression::Zstd => {
+            let fail = |e| LakeError::encode("zstd", e);
+            let mut encoder = zstd::stream::write::Encoder::new(Vec::with_capacity(estimate / 4 + 64), ZSTD_LEVEL).map_err(fail)?;
+            encoder.include_contentsize(true).map_err(fail)?;
+            encoder.set_pledged_src_size(Some(total)).map_err(fail)?;
+            feed(records, &mut line, &mut encoder).map_err(fail)?;
+            encoder.finish().map_err(fail)
+        }
+        Compression::Gzip => {
+            let fail = |e| LakeError::encode("gzip", e);
+            let mut encoder = flate2::GzBuilder::new()
+                .mtime(0)
+                .operating_system(GZIP_OS_UNKNOWN)
+                .write(Vec::with_capacity(estimate / 4 + 64), flate2::Compression::new(GZIP_LEVEL));
+            feed(records, &mut line, &mut encoder).map_err(fail)?;
+            encoder.finish().map_err(fail)
+        }
+    }
+}
+
+/// Write the records' lines to `out` in chunks of about [`JSONL_CHUNK`].
+fn feed(records: &[SinkRecord], chunk: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()> {
+    chunk.clear();
+    for r in records {
+        queen_domain::sink::jsonl::write_line(chunk, r);
+        if chunk.len() >= JSONL_CHUNK {
+            out.write_all(chunk)?;
+            chunk.clear();
+        }
+    }
+    out.write_all(chunk)
+}
+
 /// Undo [`compress`] (any number of concatenated zstd frames or gzip members).
 ///
 /// # Errors

@@ -67,6 +67,8 @@ pub(crate) struct Shared {
     /// Taken while a queue task waits its turn and claims a free queue: one claim at a time on
     /// this node, so each wait counts the queue claimed just before it.
     claim_turn: tokio::sync::Mutex<()>,
+    /// One window encoded at a time on this node (the "one window being built" of the budget).
+    encode: tokio::sync::Semaphore,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -214,6 +216,7 @@ impl SinkHandle {
             sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, ..SinkStatus::default() }),
             give_back: Mutex::new(None),
             claim_turn: tokio::sync::Mutex::new(()),
+            encode: tokio::sync::Semaphore::new(1),
             fetch: tokio::sync::Semaphore::new(usize::try_from(settings.fetch_concurrency).unwrap_or(1)),
         });
         let supervisor = runtime.spawn(supervise(shared.clone()));
@@ -433,10 +436,14 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                     g = shared.claim_turn.lock() => g,
                     _ = stop.changed() => return,
                 };
+                // A node that is the cluster's only member has nobody to leave a queue to.
                 let held = shared.held();
                 let mut wait = Duration::from_secs(held);
                 if held >= shared.share() {
                     wait += ttl;
+                }
+                if shared.broker.alone() {
+                    wait = Duration::ZERO;
                 }
                 if !wait.is_zero() {
                     tokio::select! {

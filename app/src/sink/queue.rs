@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use queen_domain::kv::{Expiry, KvOp, KvOutcome, KvResult, KvRowView};
 use queen_domain::reads;
-use queen_domain::sink::builder::{Builder, Closed};
+use queen_domain::sink::builder::{Builder, Closed, record_size};
 use queen_domain::sink::commit::{Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover};
 use queen_domain::sink::documents::{self, LeaseDoc, NS};
 use queen_domain::sink::jsonl::SinkRecord;
@@ -449,8 +449,21 @@ impl QueueTask {
         }
     }
 
+    /// What this queue holds in memory against the node's budget: the filling window and a
+    /// closed one until its objects are uploaded.
+    fn buffered(&self) -> u64 {
+        let closed = self.pending.as_ref().and_then(|p| p.closed.as_ref());
+        self.builder.bytes() + closed.map_or(0, |c| c.records.iter().map(record_size).sum())
+    }
+
     /// One look: refresh the lease when due, move a pending window on, or read and maybe close.
     async fn step(&mut self, draining: bool) -> Result<Option<Ended>, BatchError> {
+        let r = self.look_once(draining).await;
+        self.shared.set_buffered(&self.queue, self.buffered());
+        r
+    }
+
+    async fn look_once(&mut self, draining: bool) -> Result<Option<Ended>, BatchError> {
         if self.lease_refreshed.elapsed() >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3) {
             self.fenced(Vec::new()).await?;
         }
@@ -473,7 +486,6 @@ impl QueueTask {
         if let Some((end, reason)) = close
             && let Some(closed) = self.builder.close(end, reason)
         {
-            self.shared.set_buffered(&self.queue, self.builder.bytes());
             let intent = Intent { k: self.pointer.k + 1, t_start: closed.start.0, t_end: closed.end.0, writer: self.writer() };
             tracing::debug!(target: "queen-s3", queue = %self.queue, k = intent.k, records = closed.records.len(), ?reason, "window closed");
             self.pending = Some(Pending { intent, closed: Some(closed), lost: std::mem::take(&mut self.lost), stage: Stage::Intent, objects: Vec::new() });
@@ -541,7 +553,7 @@ impl QueueTask {
             self.cursors.insert(name.clone(), cursor);
             self.builder.set_partial(name, next);
         }
-        shared.set_buffered(&self.queue, self.builder.bytes());
+        shared.set_buffered(&self.queue, self.buffered());
         let partitions = view.partitions.len() as u64;
         self.set(|q| q.partitions = partitions);
         Ok(true)
@@ -686,17 +698,15 @@ impl QueueTask {
             let n = records.len() as u64;
             // Encoding is CPU work on the sink's own threads; block_in_place keeps the window's
             // records borrowed instead of copying them into a blocking task.
+            // One window is encoded at a time on this node: the budget covers the buffered
+            // records, and this is the one window being built beside them.
+            let turn = self.shared.encode.acquire().await;
             let body = tokio::task::block_in_place(|| match s.format {
-                Format::Jsonl => {
-                    let mut lines = Vec::with_capacity(records.iter().map(|r| r.payload.len() + 128).sum());
-                    for r in records {
-                        queen_domain::sink::jsonl::write_line(&mut lines, r);
-                    }
-                    queen_lake::encode::compress(&lines, s.compression)
-                }
+                Format::Jsonl => queen_lake::encode::jsonl(records, s.compression),
                 Format::Parquet => queen_lake::encode::parquet(records, s.parquet_codec, &self.queue, &s.tenant),
             })
             .map_err(|e| BatchError::Retry(e.to_string()))?;
+            drop(turn);
             let sha = queen_lake::encode::sha256_hex(&body);
             let bytes = body.len() as u64;
             match self.shared.lake.put_create(&key, Bytes::from(body)).await.map_err(|e| BatchError::Retry(e.to_string()))? {

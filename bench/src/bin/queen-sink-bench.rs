@@ -266,10 +266,16 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
     if !sink {
         let cpu = cpu_seconds(pid) - cpu0;
         let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
+        let push_peak = peak_mib(pid);
+        // A consumer reading every record once fills the store's block cache as the sink's
+        // reads do: that share of memory is the broker's, whoever reads.
+        let t1 = Instant::now();
+        let read = read_back(port, queues, args.timeout_secs);
         println!(
-            "{queues:>2} queue(s), sink off | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | CPU {:.2} s per MB | peak RSS {:.0} MiB",
+            "{queues:>2} queue(s), sink off | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | CPU {:.2} s per MB | peak RSS {push_peak:.0} MiB; after a consumer read all {read} records back in {:.1} s: {:.0} MiB",
             pushed as f64 / push_secs,
             cpu / mb.max(1.0),
+            t1.elapsed().as_secs_f64(),
             peak_mib(pid)
         );
         return;
@@ -301,6 +307,32 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
         args.target_mb,
         if records < pushed { "  (INCOMPLETE: timed out)" } else { "" },
     );
+}
+
+/// Pop every record of the bench's queues once (consumer group `bench-reader`, committed at
+/// delivery); answers how many were read.
+fn read_back(port: u16, queues: usize, timeout_secs: u64) -> u64 {
+    let until = Instant::now() + Duration::from_secs(timeout_secs);
+    let mut read = 0;
+    let Ok(mut c) = connect(port) else { return 0 };
+    for q in 0..queues {
+        for p in 0..4 {
+            let path = format!("/api/v1/pop/queue/bench-{q}/partition/p{p}?batch=1000&autoAck=true&consumerGroup=bench-reader");
+            while Instant::now() < until {
+                let Ok((status, body)) = request(&mut c, "GET", &path, b"") else { return read };
+                let n = if status == 200 {
+                    serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["messages"].as_array().map(Vec::len)).unwrap_or(0)
+                } else {
+                    0
+                };
+                if n == 0 {
+                    break;
+                }
+                read += n as u64;
+            }
+        }
+    }
+    read
 }
 
 fn main() {

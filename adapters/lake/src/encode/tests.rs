@@ -45,6 +45,30 @@ fn compression_is_deterministic_and_round_trips() {
 }
 
 #[test]
+fn streamed_jsonl_matches_the_whole_text() {
+    // Big enough to cross several chunks of the streaming encoder.
+    let mut big: Vec<SinkRecord> = records(600);
+    for r in &mut big {
+        if !r.payload.is_empty() {
+            r.payload = format!("\"{}\"", "x".repeat(4000)).into_bytes();
+        }
+    }
+    let rs = sorted(big);
+    let whole = encode_window(&mut rs.clone());
+    assert!(whole.len() > 2 * JSONL_CHUNK, "the test crosses chunk boundaries");
+    for c in [Compression::Zstd, Compression::Gzip, Compression::None] {
+        let streamed = jsonl(&rs, c).unwrap();
+        assert_eq!(streamed, jsonl(&rs, c).unwrap(), "{c:?} is deterministic");
+        assert_eq!(decompress(&streamed, c).unwrap(), whole, "{c:?} holds the window's text");
+    }
+    assert_eq!(jsonl(&rs, Compression::Gzip).unwrap(), compress(&whole, Compression::Gzip).unwrap());
+    assert_eq!(jsonl(&rs, Compression::None).unwrap(), whole);
+    let zst = jsonl(&rs, Compression::Zstd).unwrap();
+    let size = zstd::zstd_safe::get_frame_content_size(&zst).unwrap();
+    assert_eq!(size, Some(whole.len() as u64), "the frame names its content size");
+}
+
+#[test]
 fn extensions() {
     assert_eq!(ext(Format::Jsonl, Compression::Zstd), "jsonl.zst");
     assert_eq!(ext(Format::Jsonl, Compression::Gzip), "jsonl.gz");
