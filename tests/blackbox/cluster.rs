@@ -15,24 +15,8 @@ fn cluster(dir: &Path) -> Vec<Node> {
 
 /// Three nodes, node `i` (0-based) started with `extra(i)` on top of the cluster settings.
 fn cluster_with(dir: &Path, extra: impl Fn(usize) -> Vec<(&'static str, &'static str)>) -> Vec<Node> {
-    let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            let id = (i + 1).to_string();
-            let mut env: Vec<(&str, &str)> = vec![("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", TOKEN)];
-            env.extend(extra(i));
-            Node::prepare(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.join(format!("n{}", i + 1)), http[i], &env)
-        })
-        .collect();
-    for n in &mut nodes {
-        n.launch();
-    }
-    for n in &mut nodes {
-        n.wait_healthy(Duration::from_secs(60));
-    }
-    nodes
+    let owned = |i| extra(i).into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    queen_tests::three_nodes(Path::new(env!("CARGO_BIN_EXE_queen")), dir, TOKEN, owned)
 }
 
 fn role(n: &Node) -> String {

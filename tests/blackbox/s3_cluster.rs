@@ -15,14 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use queen_tests::s3::{self, Mode, S3Server};
-use queen_tests::{Node, eventually, free_port};
+use queen_tests::sink::{
+    WriterPlan, assert_lake_is_the_log, cluster, instance, metric, owner, owner_k, owners, reports, row, rows, sink, spawn_writer, verified_records, verify,
+};
+use queen_tests::{Node, eventually};
 use serde_json::{Value, json};
 
-const TOKEN: &str = "s3-cluster-token";
-const TENANT: &str = "00000000-0000-0000-0000-000000000001";
 const TTL: Duration = Duration::from_millis(3000);
-/// The states of a queue a node is running (`placement.held` counts these).
-const RUNNING: [&str; 7] = ["held", "restoring", "filling", "intent", "upload", "commit", "draining"];
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_queen"))
@@ -34,11 +33,6 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The sink's instance name on node `i` (0-based): the default, `node-<id>`.
-fn instance(i: usize) -> String {
-    format!("node-{}", i + 1)
-}
-
 /// The same sink settings for every node.
 fn sink_env(endpoint: &str, queues: &str) -> Vec<(&'static str, String)> {
     s3::sink_env(
@@ -48,84 +42,15 @@ fn sink_env(endpoint: &str, queues: &str) -> Vec<(&'static str, String)> {
     )
 }
 
-/// Three nodes, each with the cluster settings and `env`, healthy together.
-fn cluster(dir: &Path, env: &[(&'static str, String)]) -> Vec<Node> {
-    let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            let id = (i + 1).to_string();
-            let mut pairs: Vec<(&str, &str)> = vec![("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", TOKEN)];
-            pairs.extend(env.iter().map(|(k, v)| (*k, v.as_str())));
-            Node::prepare(bin(), &dir.join(format!("n{}", i + 1)), http[i], &pairs)
-        })
-        .collect();
-    for n in &mut nodes {
-        n.launch();
+/// One record a request to `queues` in turn, 50 a second at most, for three minutes at most.
+fn plan(queues: &[&str], prefix: &str) -> WriterPlan {
+    WriterPlan {
+        queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+        prefix: prefix.to_owned(),
+        per_push: 1,
+        pause: Duration::from_millis(20),
+        limit: Duration::from_secs(180),
     }
-    for n in &mut nodes {
-        n.wait_healthy(Duration::from_secs(60));
-    }
-    nodes
-}
-
-/// The node's sink report (`/status` `.s3.sinks[0]`), Null when it does not answer.
-fn sink(n: &Node) -> Value {
-    n.try_request("GET", "/status", None).map(|a| a.json["s3"]["sinks"][0].clone()).unwrap_or(Value::Null)
-}
-
-/// The node's queue rows by queue name.
-fn rows(sink: &Value) -> BTreeMap<String, Value> {
-    sink["queues"]
-        .as_array()
-        .map(|qs| qs.iter().map(|q| (q["queue"].as_str().unwrap_or_default().to_owned(), q.clone())).collect())
-        .unwrap_or_default()
-}
-
-/// Whether node `i`'s row says it runs the queue.
-fn runs(i: usize, row: &Value) -> bool {
-    row["heldBy"] == instance(i) && row["state"].as_str().is_some_and(|s| RUNNING.contains(&s))
-}
-
-/// Who runs each queue, from the live nodes' own reports: None while any queue has no runner
-/// or more than one.
-fn owners(nodes: &[Node], live: &[bool], queues: &[&str]) -> Option<BTreeMap<String, usize>> {
-    let reports: Vec<(usize, BTreeMap<String, Value>)> = (0..nodes.len()).filter(|i| live[*i]).map(|i| (i, rows(&sink(&nodes[i])))).collect();
-    let mut out = BTreeMap::new();
-    for q in queues {
-        let runners: Vec<usize> = reports.iter().filter(|(i, r)| r.get(*q).is_some_and(|row| runs(*i, row))).map(|(i, _)| *i).collect();
-        let [one] = runners[..] else { return None };
-        out.insert((*q).to_owned(), one);
-    }
-    Some(out)
-}
-
-/// The owner of one queue, when exactly one live node runs it.
-fn owner(nodes: &[Node], live: &[bool], queue: &str) -> Option<usize> {
-    owners(nodes, live, &[queue]).and_then(|o| o.get(queue).copied())
-}
-
-/// The queue's row on node `i`.
-fn row(nodes: &[Node], i: usize, queue: &str) -> Value {
-    rows(&sink(&nodes[i])).remove(queue).unwrap_or(Value::Null)
-}
-
-/// The last committed window of a queue as its owner reports it (0 when no live node runs it).
-fn owner_k(nodes: &[Node], live: &[bool], queue: &str) -> (Option<usize>, u64) {
-    match owner(nodes, live, queue) {
-        Some(i) => (Some(i), row(nodes, i, queue)["k"].as_u64().unwrap_or(0)),
-        None => (None, 0),
-    }
-}
-
-/// The sum of every series of a counter on the node's `/metrics/prometheus`.
-fn metric(n: &Node, name: &str) -> f64 {
-    let text = n.try_request("GET", "/metrics/prometheus", None).map(|a| a.text).unwrap_or_default();
-    text.lines()
-        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
 }
 
 /// Push `items` through the first live node that takes them (same items, same transactionIds on
@@ -147,116 +72,6 @@ fn push_any(nodes: &[Node], live: &[bool], items: &Value) {
     last.reverse();
     last.truncate(6);
     assert!(ok, "no live node took the push: {last:#?}");
-}
-
-/// A writer that pushes `<prefix>-<i>` to the queues in turn, round-robin over the nodes marked
-/// live, until told to stop (or 180 s); a failed push is retried on the next node with the same
-/// transactionId, as a client holding every node's URL does. Fills `acked`.
-fn spawn_writer(
-    ports: Vec<u16>,
-    live: Arc<Vec<AtomicBool>>,
-    queues: &'static [&'static str],
-    prefix: &'static str,
-    acked: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        for i in 0..1_000_000u64 {
-            if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(180) {
-                break;
-            }
-            let txn = format!("{prefix}-{i}");
-            let queue = queues[(i % queues.len() as u64) as usize];
-            let body = json!({"items": [{"queue": queue, "transactionId": txn, "payload": {"i": i}}]}).to_string();
-            for attempt in 0..300u64 {
-                let n = ((i + attempt) % 3) as usize;
-                if !live[n].load(Ordering::Relaxed) {
-                    continue;
-                }
-                match queen_tests::post_url(&format!("http://127.0.0.1:{}/api/v1/push", ports[n]), &body) {
-                    Ok((200, text)) if text.contains("queued") || text.contains("duplicate") => {
-                        acked.lock().unwrap().push(txn.clone());
-                        break;
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(100)),
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-}
-
-/// Every transactionId stored in a queue (its partitions `Default` and `p0`..`p2`), read
-/// through one node.
-fn stored(n: &Node, queue: &str) -> Vec<String> {
-    ["Default", "p0", "p1", "p2"].iter().flat_map(|p| n.stored_ids(queue, p)).collect()
-}
-
-/// `queen lake verify` on the bucket (read directly, never through a fault proxy): whether it
-/// found no problem, and its report.
-fn verify(server: &S3Server) -> (bool, Value) {
-    let out = Command::new(bin())
-        .args(["lake", "verify", "--bucket", "lake", "--endpoint", &server.endpoint, "--path-style", "true", "--region", s3::REGION])
-        .env("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY)
-        .env("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY)
-        .output()
-        .expect("run queen lake verify");
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.success(), report)
-}
-
-/// Records per queue as verify counts them.
-fn verified_records(report: &Value) -> BTreeMap<String, u64> {
-    report["queues"]
-        .as_array()
-        .map(|qs| qs.iter().map(|q| (q["queue"].as_str().unwrap_or_default().to_owned(), q["records"].as_u64().unwrap_or(0))).collect())
-        .unwrap_or_default()
-}
-
-/// Wait until the lake holds exactly what the log holds (every queue), then check it: verify is
-/// clean, DuckDB and pyarrow each read every stored record once and nothing else, and every
-/// acknowledged transactionId is among them. Answers the verify report.
-fn assert_lake_is_the_log(server: &S3Server, nodes: &[Node], reader: usize, queues: &[&str], acked: &[String]) -> Value {
-    let want: BTreeMap<String, Vec<String>> = queues.iter().map(|q| ((*q).to_owned(), stored(&nodes[reader], q))).collect();
-    for (q, ids) in &want {
-        let unique: BTreeSet<&String> = ids.iter().collect();
-        assert_eq!(unique.len(), ids.len(), "the log of {q} holds a transactionId twice");
-    }
-    let counts: BTreeMap<String, u64> = want.iter().map(|(q, ids)| (q.clone(), ids.len() as u64)).collect();
-    let mut last = (false, Value::Null);
-    let caught_up = eventually(Duration::from_secs(90), || {
-        last = verify(server);
-        let ok = verified_records(&last.1) == counts;
-        if !ok {
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        ok
-    });
-    let status: Vec<Value> = nodes.iter().map(sink).collect();
-    assert!(caught_up, "the lake did not catch up with the log {counts:?}: verify {:#}\nstatus {status:#?}", last.1);
-    assert!(last.0, "lake verify found problems: {:#}", last.1);
-    let mut args = server.lake_args("lake");
-    args.extend(["--prefix", "queen"]);
-    let lake = s3::read_lake(&args);
-    let in_log: BTreeSet<&String> = want.values().flatten().collect();
-    for reader in ["duckdb", "pyarrow"] {
-        let recs = lake[reader]["records"].as_array().unwrap_or_else(|| panic!("{reader}: no records in {lake:#}"));
-        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
-        for r in recs {
-            assert_eq!(r[0], TENANT);
-            let txn = r[4].as_str().unwrap_or_default().to_owned();
-            let queue = r[1].as_str().unwrap_or_default();
-            assert!(want.get(queue).is_some_and(|ids| ids.contains(&txn)), "{reader}: {txn} is in the lake under {queue} but not in its log");
-            *seen.entry(txn).or_default() += 1;
-        }
-        let doubled: Vec<(&String, &u32)> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-        assert!(doubled.is_empty(), "{reader}: records in the lake more than once: {doubled:?}");
-        assert_eq!(seen.len(), in_log.len(), "{reader}: the lake should hold every stored record once");
-        let missing: Vec<&String> = acked.iter().filter(|t| !seen.contains_key(*t)).take(5).collect();
-        assert!(missing.is_empty(), "{reader}: acknowledged records missing from the lake, e.g. {missing:?} (of {})", acked.len());
-    }
-    last.1
 }
 
 /// Each committed manifest's objects, as (key, sha256), by manifest key.
@@ -307,7 +122,7 @@ fn settle(nodes: &[Node], live: &[bool], queues: &[&str], share: u64, limit: Dur
         found = Some(o);
         true
     });
-    assert!(ok, "no settled placement within {limit:?} ({last}):\n{:#?}", nodes.iter().zip(live).map(|(n, l)| if *l { sink(n) } else { Value::Null }).collect::<Vec<_>>());
+    assert!(ok, "no settled placement within {limit:?} ({last}):\n{:#?}", reports(nodes, live));
     found.unwrap_or_default()
 }
 
@@ -318,14 +133,13 @@ fn held_by(o: &BTreeMap<String, usize>, i: usize) -> BTreeSet<String> {
 const SIX: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "p6"];
 
 #[test]
-#[ignore = "three nodes and a moto server per test (about 2 minutes in all): run with `cargo test -p queen --test s3_cluster -- --ignored`; issue 6 is open until they are proven steady on a loaded machine"]
 fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
     let _one = serial();
     let started = Instant::now();
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(dir.path(), &sink_env(&server.endpoint, &SIX.join(",")));
+    let mut nodes = cluster(bin(), dir.path(), &sink_env(&server.endpoint, &SIX.join(",")));
     let mut live = vec![true; 3];
     for (i, q) in SIX.iter().enumerate() {
         push_any(&nodes, &live, &json!([{"queue": q, "transactionId": format!("{q}-0"), "payload": i}]));
@@ -374,19 +188,18 @@ fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
 const WQ: &[&str] = &["w1", "w2", "w3"];
 
 #[test]
-#[ignore = "three nodes and a moto server per test (about 2 minutes in all): run with `cargo test -p queen --test s3_cluster -- --ignored`; issue 6 is open until they are proven steady on a loaded machine"]
 fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once() {
     let _one = serial();
     let started = Instant::now();
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(dir.path(), &sink_env(&server.endpoint, &WQ.join(",")));
+    let mut nodes = cluster(bin(), dir.path(), &sink_env(&server.endpoint, &WQ.join(",")));
     let mut live = vec![true; 3];
     let live_flags = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect::<Vec<_>>());
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), WQ, "w", acked.clone(), stop.clone());
+    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), plan(WQ, "w"), acked.clone(), stop.clone());
     let progress = |n: usize| eventually(Duration::from_secs(60), || acked.lock().unwrap().len() >= n);
 
     let committed = |nodes: &[Node], live: &[bool], q: &str, above: u64| {
@@ -395,7 +208,7 @@ fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once
             last = owner_k(nodes, live, q);
             last.1 > above
         });
-        assert!(ok, "{q}: no window committed past {above} (owner, k = {last:?}):\n{:#?}", nodes.iter().zip(live).map(|(n, l)| if *l { sink(n) } else { Value::Null }).collect::<Vec<_>>());
+        assert!(ok, "{q}: no window committed past {above} (owner, k = {last:?}):\n{:#?}", reports(nodes, live));
         last
     };
     for q in WQ {
@@ -440,7 +253,7 @@ fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    let report = assert_lake_is_the_log(&server, &nodes, 0, WQ, &acked);
+    let report = assert_lake_is_the_log(bin(), &server, &nodes, 0, WQ, &acked, Duration::from_secs(90));
     let windows: u64 = report["queues"].as_array().unwrap().iter().map(|q| q["windows"].as_u64().unwrap_or(0)).sum();
     eprintln!("takeovers: {} acknowledged records in {windows} windows, each once; {:?}", acked.len(), started.elapsed());
 }
@@ -451,7 +264,6 @@ fn signal(n: &Node, sig: &str) {
 }
 
 #[test]
-#[ignore = "three nodes and a moto server per test (about 2 minutes in all): run with `cargo test -p queen --test s3_cluster -- --ignored`; issue 6 is open until they are proven steady on a loaded machine"]
 fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     let _one = serial();
     let started = Instant::now();
@@ -462,7 +274,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     // fails over to the new leader (the sink's own KV calls included): keep that short.
     let mut env = sink_env(&server.endpoint, "stall");
     env.push(("QUEEN_REQUEST_TIMEOUT_MS", "5000".into()));
-    let nodes = cluster(dir.path(), &env);
+    let nodes = cluster(bin(), dir.path(), &env);
     let mut live = vec![true; 3];
     let mut acked = Vec::new();
     let mut next = 0u64;
@@ -502,7 +314,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     if !ok {
         signal(&nodes[a], "-CONT");
     }
-    assert!(ok, "no other node took the stalled owner's queue and committed: {taker:?}\n{:#?}", nodes.iter().zip(&live).map(|(n, l)| if *l { sink(n) } else { Value::Null }).collect::<Vec<_>>());
+    assert!(ok, "no other node took the stalled owner's queue and committed: {taker:?}\n{:#?}", reports(&nodes, &live));
     let b = taker.0.unwrap();
     eprintln!("stall: node {b} took over from node {a} and committed k={} after {:?}", taker.1, t.elapsed());
     let before = manifest_objects(&server);
@@ -536,7 +348,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     assert_eq!(owner(&nodes, &live, "stall"), Some(b), "the queue stays with the node that took it over");
     assert_eq!(sink(&nodes[a])["placement"]["held"], 0);
 
-    assert_lake_is_the_log(&server, &nodes, b, &["stall"], &acked);
+    assert_lake_is_the_log(bin(), &server, &nodes, b, &["stall"], &acked, Duration::from_secs(90));
     let after = manifest_objects(&server);
     for (key, objects) in &before {
         assert_eq!(after.get(key), Some(objects), "{key}: a committed window changed after the stalled node woke");
@@ -548,7 +360,6 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
 const DQ: &[&str] = &["d1", "d2", "d3"];
 
 #[test]
-#[ignore = "three nodes and a moto server per test (about 2 minutes in all): run with `cargo test -p queen --test s3_cluster -- --ignored`; issue 6 is open until they are proven steady on a loaded machine"]
 fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     let _one = serial();
     let started = Instant::now();
@@ -556,16 +367,16 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     server.create_bucket("lake");
     let proxy = server.proxy();
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(dir.path(), &sink_env(&proxy.endpoint, &DQ.join(",")));
+    let mut nodes = cluster(bin(), dir.path(), &sink_env(&proxy.endpoint, &DQ.join(",")));
     let mut live = vec![true; 3];
     let live_flags = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect::<Vec<_>>());
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), DQ, "d", acked.clone(), stop.clone());
+    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), plan(DQ, "d"), acked.clone(), stop.clone());
     for q in DQ {
         assert!(eventually(Duration::from_secs(60), || owner_k(&nodes, &live, q).1 >= 1), "{q}: no first window");
     }
-    let before = verified_records(&verify(&server).1);
+    let before = verified_records(&verify(bin(), &server).1);
     let errors_before: BTreeMap<&str, Value> = DQ.iter().map(|q| (*q, owner(&nodes, &live, q).map_or(Value::Null, |i| row(&nodes, i, q)["lastError"].clone()))).collect();
 
     // 503 for every request: uploads fail, the owners say so, nothing commits.
@@ -579,13 +390,13 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     });
     assert!(failing, "every owner should show the failing bucket as lastError: {:#?}", nodes.iter().map(sink).collect::<Vec<_>>());
     eprintln!("bucket down: every owner reported it after {:?}", t.elapsed());
-    let during = verified_records(&verify(&server).1);
+    let during = verified_records(&verify(bin(), &server).1);
     for q in DQ {
         let (b, d) = (before.get(*q).copied().unwrap_or(0), during.get(*q).copied().unwrap_or(0));
         assert!(d >= b, "{q}: the lake lost records");
     }
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(verified_records(&verify(&server).1), during, "a window committed while every upload failed");
+    assert_eq!(verified_records(&verify(bin(), &server).1), during, "a window committed while every upload failed");
 
     // Then the connections are refused, and an owner dies meanwhile: its queue moves while the
     // bucket is still down.
@@ -610,6 +421,6 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    assert_lake_is_the_log(&server, &nodes, 0, DQ, &acked);
+    assert_lake_is_the_log(bin(), &server, &nodes, 0, DQ, &acked, Duration::from_secs(90));
     eprintln!("bucket back: the lake caught up after {:?}; {} records once; test took {:?}", t.elapsed(), acked.len(), started.elapsed());
 }

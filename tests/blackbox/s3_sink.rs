@@ -103,6 +103,10 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
 ]}"#,
     );
     assert_eq!(a.status, 200, "{}", a.text);
+    // Before the first window commits, the lag counts from the queue's oldest record (seconds),
+    // not from the epoch.
+    let early = wait_committed(&n, "a lag before the first commit", |q| q["lagSeconds"].as_f64().is_some());
+    assert!(early["lagSeconds"].as_f64().is_some_and(|l| l < 120.0), "{early:#}");
     let s = wait_committed(&n, "window 1", |q| q["windowsCommitted"].as_u64() >= Some(1) && q["records"] == 3);
     assert_eq!(s["k"], 1);
     assert!(t0.elapsed() < Duration::from_secs(40));

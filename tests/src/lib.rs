@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod s3;
+pub mod sink;
 
 /// A free loopback port (bound, then released).
 #[must_use]
@@ -287,6 +288,33 @@ impl Drop for Node {
     }
 }
 
+/// Three nodes of one cluster on loopback (ids 1-3, `token`), node `i` (0-based) started with
+/// `extra(i)` on top of the cluster settings in `dir/n<id>`, healthy together.
+///
+/// # Panics
+/// When a node does not become healthy within a minute.
+pub fn three_nodes(bin: &Path, dir: &Path, token: &str, extra: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Node> {
+    let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let id = (i + 1).to_string();
+            let more = extra(i);
+            let mut env: Vec<(&str, &str)> = vec![("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", token)];
+            env.extend(more.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            Node::prepare(bin, &dir.join(format!("n{}", i + 1)), http[i], &env)
+        })
+        .collect();
+    for n in &mut nodes {
+        n.launch();
+    }
+    for n in &mut nodes {
+        n.wait_healthy(Duration::from_secs(60));
+    }
+    nodes
+}
+
 /// Wait until `check` is true, polling; false after `limit`.
 pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let until = Instant::now() + limit;
@@ -305,14 +333,18 @@ pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 /// On a transport error.
 #[must_use]
 pub fn get_url(url: &str) -> (u16, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(90)))
-        .build()
-        .into();
-    let mut r = agent.get(url).call().expect("request");
+    try_get_url(url, Duration::from_secs(90)).expect("request")
+}
+
+/// A one-off GET on its own connection, within `limit`.
+///
+/// # Errors
+/// Transport errors, as text.
+pub fn try_get_url(url: &str, limit: Duration) -> Result<(u16, String), String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(limit)).build().into();
+    let mut r = agent.get(url).call().map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
-    (status, r.body_mut().read_to_string().unwrap_or_default())
+    Ok((status, r.body_mut().read_to_string().unwrap_or_default()))
 }
 
 /// A one-off POST of JSON text on its own connection.

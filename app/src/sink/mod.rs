@@ -79,6 +79,8 @@ struct SinkStatus {
     nodes: u64,
     /// Queues found by the last discovery.
     queues: u64,
+    /// Whether another node present holds fewer than its share (see `someone_under_share`).
+    someone_under: bool,
 }
 
 impl Shared {
@@ -213,7 +215,7 @@ impl SinkHandle {
             queues: Mutex::default(),
             buffered: Mutex::default(),
             buffered_total: AtomicU64::new(0),
-            sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, ..SinkStatus::default() }),
+            sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, someone_under: true, ..SinkStatus::default() }),
             give_back: Mutex::new(None),
             claim_turn: tokio::sync::Mutex::new(()),
             encode: tokio::sync::Semaphore::new(1),
@@ -395,13 +397,17 @@ async fn presence(shared: &Shared) {
             expect: None,
             required: false,
         },
-        KvOp::GetPrefix { ns: NS.into(), prefix: documents::presence_prefix(&s.name), after: None, limit: 1000, keys_only: true },
+        KvOp::GetPrefix { ns: NS.into(), prefix: documents::presence_prefix(&s.name), after: None, limit: 1000, keys_only: false },
     ];
     if let Ok(out) = shared.broker.kv(ops).await
         && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
     {
         let n = rows.len().max(1) as u64;
-        shared.set_sink(|st| st.nodes = n);
+        let present: Vec<PresenceDoc> = rows.iter().filter_map(|r| serde_json::from_slice(&r.value).ok()).collect();
+        shared.set_sink(|st| {
+            st.nodes = n;
+            st.someone_under = documents::someone_under_share(&present, &s.instance, st.queues);
+        });
     }
 }
 
@@ -430,8 +436,9 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
             Ok(Look::Free) => {
                 // One claim at a time, each after a second for every queue this node already
                 // runs, so the least loaded node claims first. A node already at its fair share
-                // also leaves the queue to the nodes under theirs for a lease TTL: the look
-                // cadence alone (a third of the TTL) would blur a second's difference.
+                // also leaves the queue to the nodes under theirs for a lease TTL (when there is
+                // one): the look cadence alone (a third of the TTL) would blur a second's
+                // difference.
                 let guard = tokio::select! {
                     g = shared.claim_turn.lock() => g,
                     _ = stop.changed() => return,
@@ -439,7 +446,7 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                 // A node that is the cluster's only member has nobody to leave a queue to.
                 let held = shared.held();
                 let mut wait = Duration::from_secs(held);
-                if held >= shared.share() {
+                if held >= shared.share() && shared.sink.lock().unwrap_or_else(PoisonError::into_inner).someone_under {
                     wait += ttl;
                 }
                 if shared.broker.alone() {

@@ -775,7 +775,14 @@ impl QueueTask {
     /// Publish the gauges and status numbers.
     fn publish(&self) {
         let now = self.shared.broker.now();
-        let through = self.builder.complete_through(self.safe);
+        // Everything below the pointer is committed; above it, nothing is committed below the
+        // oldest record still on its way (the window being committed, the filling one, the
+        // first unread). With none of those the queue is complete up to the window limit.
+        let on_its_way = [self.pending.as_ref().map(|p| Stamp(p.intent.t_start)), self.builder.start(), self.builder.read_through()].into_iter().flatten().min();
+        let through = match on_its_way {
+            Some(t) => t.max(Stamp(self.pointer.t_end)),
+            None => self.builder.complete_through(self.safe),
+        };
         let lag = self.safe.0.saturating_sub(through.0) as f64 / 1e6;
         let safe_lag = lag + now.0.saturating_sub(self.safe.0) as f64 / 1e6;
         let state = if self.pending.is_some() { None } else { Some("filling") };

@@ -66,6 +66,16 @@ pub struct PresenceDoc {
     pub held: u64,
 }
 
+/// Whether a node present other than `me` holds fewer queues than its fair share of `queues`
+/// (the queues over the nodes present, rounded up). A node already at its share leaves a free
+/// queue to such a node for a while; when there is none, somebody has to go over its share
+/// and waiting would only leave the queue unwritten.
+#[must_use]
+pub fn someone_under_share(present: &[PresenceDoc], me: &str, queues: u64) -> bool {
+    let share = queues.div_ceil((present.len() as u64).max(1));
+    present.iter().any(|p| p.instance != me && p.held < share)
+}
+
 /// The live commit pointer of a queue, read from the applied state.
 ///
 /// # Errors
@@ -95,5 +105,23 @@ mod tests {
         assert_eq!(pointer_key("default", "a b"), "s3:default:a%20b:pointer");
         assert!(presence_key("default", "node-1").starts_with(&presence_prefix("default")));
         assert!(crate::kv::check_ns(NS).is_ok());
+    }
+
+    fn present(held: &[u64]) -> Vec<PresenceDoc> {
+        held.iter().enumerate().map(|(i, h)| PresenceDoc { instance: format!("node-{}", i + 1), held: *h }).collect()
+    }
+
+    #[test]
+    fn a_node_at_its_share_waits_only_for_nodes_under_theirs() {
+        // 8 queues over 3 nodes: share 3.
+        assert!(someone_under_share(&present(&[3, 2, 3]), "node-1", 8));
+        assert!(!someone_under_share(&present(&[3, 3, 2]), "node-3", 8), "only this node is under");
+        // A node that died still has its row for a while (held 2 here): nobody is under 3,
+        // so the live ones take its queues without waiting for a node that will not come.
+        assert!(!someone_under_share(&present(&[3, 3, 3]), "node-1", 8));
+        // 8 over 2: share 4.
+        assert!(someone_under_share(&present(&[4, 3]), "node-1", 8));
+        assert!(!someone_under_share(&present(&[4, 4]), "node-1", 8));
+        assert!(!someone_under_share(&[], "node-1", 8));
     }
 }
