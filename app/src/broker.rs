@@ -57,6 +57,8 @@ pub struct Broker {
     client_offload: bool,
     /// The highest log format this node reads (`kinds` in /health).
     kinds: u32,
+    /// Group commit for pushes, when the node runs its lane (`run_push_lane`).
+    push_lane: Option<crate::push_lane::PushLane>,
     /// The S3 sink's block of `/status`, when the sink runs.
     s3_status: std::sync::OnceLock<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
@@ -129,7 +131,35 @@ impl Broker {
             ready_lag_ms: 2000,
             client_offload: true,
             kinds: LOG_KINDS,
+            push_lane: None,
             s3_status: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Let push requests that arrive while the log is busy share an entry; the node must then
+    /// run [`Broker::run_push_lane`].
+    #[must_use]
+    pub fn with_push_lane(mut self) -> Self {
+        self.push_lane = Some(crate::push_lane::PushLane::new());
+        self
+    }
+
+    /// Send the lane's waiting pushes to the log, a few entries in flight at a time (runs for
+    /// the life of the node).
+    pub async fn run_push_lane(self: Arc<Self>) {
+        let Some(lane) = &self.push_lane else { return };
+        loop {
+            let (slot, mut batch) = lane.next().await;
+            let me = self.clone();
+            tokio::spawn(async move {
+                let items = std::mem::take(&mut batch.items);
+                let result = me.propose(Command::Push(items)).await.and_then(|r| match r.outcome {
+                    Outcome::Push(out) => Ok(out),
+                    _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+                });
+                batch.answer(result);
+                drop(slot);
+            });
         }
     }
 
@@ -294,9 +324,15 @@ impl Broker {
 
 impl Api for Broker {
     async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, ApiError> {
-        let r = self.propose(Command::Push(items)).await?;
-        let Outcome::Push(out) = r.outcome else {
-            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+        let out = match &self.push_lane {
+            Some(lane) => lane.submit(items).await.map_err(|_| ApiError::new(503, "unavailable", "the node is stopping"))??,
+            None => {
+                let r = self.propose(Command::Push(items)).await?;
+                let Outcome::Push(out) = r.outcome else {
+                    return Err(ApiError::new(500, "internal", "unexpected outcome"));
+                };
+                out
+            }
         };
         let queued = out.iter().filter(|o| o.status == PushStatus::Queued).count() as u64;
         let dup = out.iter().filter(|o| o.status == PushStatus::Duplicate).count() as u64;

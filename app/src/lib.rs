@@ -13,6 +13,7 @@ mod broker;
 mod cluster;
 mod config;
 mod node;
+mod push_lane;
 mod sink;
 mod waiters;
 

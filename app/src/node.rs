@@ -120,9 +120,12 @@ pub async fn run(
         .with_disk_gate(cfg.disk_high_pct)
         .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
         .with_client_offload(cfg.client_offload)
-        .with_log_kinds(kinds),
+        .with_log_kinds(kinds)
+        .with_push_lane(),
     );
     broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
+    // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
+    tokio::spawn(broker.clone().run_push_lane());
     let sink = match sink {
         Some(settings) => {
             let handle = Arc::new(crate::sink::SinkHandle::start(settings, broker.clone(), telemetry.clone()).map_err(AppError::Sink)?);

@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     queues: Mutex<BTreeMap<String, QueueStatus>>,
     buffered: Mutex<BTreeMap<String, u64>>,
     buffered_total: AtomicU64,
+    /// The most `buffered_total` has been since the start.
+    buffered_peak: AtomicU64,
     sink: Mutex<SinkStatus>,
     /// `QUEEN_S3_FETCH_CONCURRENCY`: reads of the log running at once on this node.
     fetch: tokio::sync::Semaphore,
@@ -106,7 +108,9 @@ impl Shared {
         } else {
             b.insert(queue.to_owned(), bytes);
         }
-        self.buffered_total.store(b.values().sum(), Ordering::Relaxed);
+        let total = b.values().sum();
+        self.buffered_total.store(total, Ordering::Relaxed);
+        self.buffered_peak.fetch_max(total, Ordering::Relaxed);
     }
 
     fn budget(&self) -> u64 {
@@ -215,6 +219,7 @@ impl SinkHandle {
             queues: Mutex::default(),
             buffered: Mutex::default(),
             buffered_total: AtomicU64::new(0),
+            buffered_peak: AtomicU64::new(0),
             sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, someone_under: true, ..SinkStatus::default() }),
             give_back: Mutex::new(None),
             claim_turn: tokio::sync::Mutex::new(()),
@@ -443,13 +448,19 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                     g = shared.claim_turn.lock() => g,
                     _ = stop.changed() => return,
                 };
-                // A node that is the cluster's only member has nobody to leave a queue to.
+                // Fresh counts first: presence rows otherwise trail by a discovery period, and a
+                // node that just claimed would still look under its share.
+                let alone = shared.broker.alone();
+                if !alone {
+                    presence(&shared).await;
+                }
                 let held = shared.held();
                 let mut wait = Duration::from_secs(held);
                 if held >= shared.share() && shared.sink.lock().unwrap_or_else(PoisonError::into_inner).someone_under {
                     wait += ttl;
                 }
-                if shared.broker.alone() {
+                // A node that is the cluster's only member has nobody to leave a queue to.
+                if alone {
                     wait = Duration::ZERO;
                 }
                 if !wait.is_zero() {
@@ -470,7 +481,11 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                     q.held_by = Some(shared.settings.instance.clone());
                     q.running = true;
                 });
-                // Counted in `held` now: the next claim on this node may go.
+                // Counted in `held` now: tell the other nodes, then the next claim on this node
+                // may go.
+                if turn.is_some() && !shared.broker.alone() {
+                    presence(&shared).await;
+                }
                 drop(turn.take());
                 let ended = task.run().await;
                 shared.update_queue(&queue, |q| {
@@ -556,7 +571,11 @@ fn status_json(shared: &Shared) -> Value {
             "health": {"ok": health_ok, "queues": n_queues, "lagging": lagging},
             "bucket": {"reachable": sink.bucket_reachable, "error": sink.bucket_error, "target": shared.lake.describe(), "createOnly": shared.lake.supports_create_only()},
             "placement": {"givingBack": shared.give_back.lock().unwrap_or_else(PoisonError::into_inner).clone(), "held": held, "nodes": sink.nodes, "queues": n_queues, "share": share},
-            "memory": {"bufferedBytes": shared.buffered_total.load(Ordering::Relaxed), "budgetBytes": shared.budget()},
+            "memory": {
+                "bufferedBytes": shared.buffered_total.load(Ordering::Relaxed),
+                "peakBytes": shared.buffered_peak.load(Ordering::Relaxed),
+                "budgetBytes": shared.budget(),
+            },
             "queues": rows,
         }],
     })

@@ -35,6 +35,10 @@ use super::{QueueStatus, Shared};
 const POLL: Duration = Duration::from_millis(200);
 /// Most bytes read from one partition per look.
 const READ_CHUNK: usize = 4 << 20;
+/// Memory a buffered record takes beyond what `record_size` counts for the window's size: its
+/// slot in the window's vector (which may be twice as long as it is full) and the allocator's
+/// share of its three heap strings.
+const RECORD_MEMORY_EXTRA: u64 = (2 * std::mem::size_of::<SinkRecord>() + 3 * 16) as u64 - 64;
 /// A drain commits the filling window when it holds this much...
 const DRAIN_MIN_BYTES: u64 = 1 << 20;
 /// ... or has been open this long on the broker's clock.
@@ -212,7 +216,7 @@ impl QueueTask {
             Format::Parquet => format!("parquet+{}", s.parquet_codec.as_str()),
         };
         let layout = if s.layout == Layout::PerPartition { " per-partition" } else { "" };
-        format!("queen-s3/{} {enc}{layout}", env!("CARGO_PKG_VERSION"))
+        format!("queen-s3/{} {enc}/{}{layout}", env!("CARGO_PKG_VERSION"), queen_lake::encode::ENCODING)
     }
 
     /// Read the queue's lease row: free, written under this instance's name (a run of this
@@ -453,7 +457,12 @@ impl QueueTask {
     /// closed one until its objects are uploaded.
     fn buffered(&self) -> u64 {
         let closed = self.pending.as_ref().and_then(|p| p.closed.as_ref());
-        self.builder.bytes() + closed.map_or(0, |c| c.records.iter().map(record_size).sum())
+        self.filling_memory() + closed.map_or(0, |c| c.records.iter().map(|r| record_size(r) + RECORD_MEMORY_EXTRA).sum())
+    }
+
+    /// What the filling window holds in memory.
+    fn filling_memory(&self) -> u64 {
+        self.builder.bytes() + self.builder.len() as u64 * RECORD_MEMORY_EXTRA
     }
 
     /// One look: refresh the lease when due, move a pending window on, or read and maybe close.
@@ -477,7 +486,7 @@ impl QueueTask {
         if self.pending.is_some() {
             return self.advance().await.map(|()| None);
         }
-        let pressure = !draining && self.shared.memory_pressure(&self.queue, self.builder.bytes());
+        let pressure = !draining && self.shared.memory_pressure(&self.queue, self.filling_memory());
         let close = if draining {
             self.drain_close()
         } else {
@@ -505,7 +514,11 @@ impl QueueTask {
             return Ok(false);
         };
         shared.telemetry.metrics().s3().fetch_call(&self.queue);
-        let budget_full = |b: &Builder| b.bytes() >= rules(&shared.settings).target_bytes || shared.over_budget();
+        // A window being redone must be read whole, whatever the budget says now (it closed
+        // within the budget of its first run), and nothing past its end is needed yet.
+        let redo_end = self.pending.as_ref().filter(|p| p.stage == Stage::Rebuild).map(|p| Stamp(p.intent.t_end));
+        let pending_bytes = self.buffered() - self.filling_memory();
+        let budget_full = |b: &Builder| redo_end.is_none() && (b.bytes() >= rules(&shared.settings).target_bytes || shared.over_budget());
         // Each partition's cursor and the stamp of its first unread record (None at its head).
         let mut heads: Vec<(usize, u64, Option<Stamp>)> = Vec::with_capacity(view.partitions.len());
         for (i, p) in view.partitions.iter().enumerate() {
@@ -523,17 +536,22 @@ impl QueueTask {
             heads.push((i, cursor, next));
         }
         // Read in stamp order: always from the partition whose first unread record is oldest, so
-        // what is buffered is the oldest part of the log across partitions and a window can close
-        // once the buffer is full. Stop when every partition is at its head, or when the buffer
-        // is full and a window can close with what it holds.
+        // what is buffered is the oldest part of the log across partitions and a window can
+        // close with what it holds once the buffer is full (when its records are older than the
+        // guard; until then reading waits, and the budget holds). Stop when every partition is
+        // at its head, or when the buffer is full. A full buffer still takes the unread records
+        // stamped like its newest one (the rest of one log entry, at most a request's worth):
+        // a window ends between stamps, so without them it could never close.
+        let mut newest = self.builder.newest();
+        // Once full: read nothing stamped after the newest record buffered at that moment.
+        let mut limit: Option<Option<Stamp>> = None;
         while let Some(at) = heads.iter().enumerate().filter(|(_, h)| h.2.is_some()).min_by_key(|(_, h)| h.2).map(|(j, _)| j) {
-            if budget_full(&self.builder) {
-                for (i, _, next) in &heads {
-                    self.builder.set_partial(&view.partitions[*i].name, *next);
-                }
-                if self.builder.poll(self.safe, true).is_some() {
-                    break;
-                }
+            let next = heads[at].2;
+            if limit.is_none() && budget_full(&self.builder) {
+                limit = Some(newest);
+            }
+            if limit.is_some_and(|l| next > l) || redo_end.is_some_and(|end| next.is_some_and(|t| t >= end)) {
+                break;
             }
             let h = &mut heads[at];
             let p = &view.partitions[h.0];
@@ -544,9 +562,12 @@ impl QueueTask {
             };
             h.1 = last + 1;
             for (offset, m) in msgs {
+                newest = newest.max(Some(m.stamp));
                 self.builder.push(SinkRecord { partition: p.name.clone(), offset, transaction_id: m.transaction_id, ts: m.stamp, payload: m.payload });
             }
             h.2 = peek(&*state, p, h.1).map_err(err)?;
+            // The node-wide total the other queues look at, as this queue reads.
+            shared.set_buffered(&self.queue, pending_bytes + self.filling_memory());
         }
         for (i, cursor, next) in heads {
             let name = &view.partitions[i].name;
@@ -776,9 +797,11 @@ impl QueueTask {
     fn publish(&self) {
         let now = self.shared.broker.now();
         // Everything below the pointer is committed; above it, nothing is committed below the
-        // oldest record still on its way (the window being committed, the filling one, the
-        // first unread). With none of those the queue is complete up to the window limit.
-        let on_its_way = [self.pending.as_ref().map(|p| Stamp(p.intent.t_start)), self.builder.start(), self.builder.read_through()].into_iter().flatten().min();
+        // oldest record still on its way (in the window being committed, the filling one, or
+        // the first unread). With none of those the queue is complete up to the window limit.
+        // Records' own stamps, not window bounds: a first window starts at the hour.
+        let pending = self.pending.as_ref().and_then(|p| p.closed.as_ref()).and_then(|c| c.records.iter().map(|r| r.ts).min());
+        let on_its_way = [pending, self.builder.oldest(), self.builder.read_through()].into_iter().flatten().min();
         let through = match on_its_way {
             Some(t) => t.max(Stamp(self.pointer.t_end)),
             None => self.builder.complete_through(self.safe),

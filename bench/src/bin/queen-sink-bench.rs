@@ -292,10 +292,11 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let lake_secs = t0.elapsed().as_secs_f64();
+    let peak_buffered = get_json(port, "/status").and_then(|s| s["s3"]["sinks"][0]["memory"]["peakBytes"].as_u64()).unwrap_or(0);
     let cpu = cpu_seconds(pid) - cpu0;
     let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
     println!(
-        "{queues:>2} queue(s) | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | lake complete after {lake_secs:.1} s: {records} records, {:.0} rec/s, {:.1} MB/s uncompressed, {:.1} MB/s stored ({} MB objects) | CPU {:.2} s per MB (whole node) | peak RSS {:.0} MiB (QUEEN_S3_MEMORY_MB={}, QUEEN_S3_TARGET_MB={}) | max lag {max_lag:.1} s{}",
+        "{queues:>2} queue(s) | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | lake complete after {lake_secs:.1} s: {records} records, {:.0} rec/s, {:.1} MB/s uncompressed, {:.1} MB/s stored ({} MB objects) | CPU {:.2} s per MB (whole node) | peak RSS {:.0} MiB, sink buffers at most {:.0} MiB (QUEEN_S3_MEMORY_MB={}, QUEEN_S3_TARGET_MB={}) | max lag {max_lag:.1} s{}",
         pushed as f64 / push_secs,
         records as f64 / lake_secs,
         mb / lake_secs,
@@ -303,6 +304,7 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
         bytes / (1024 * 1024),
         cpu / mb.max(1.0),
         peak_mib(pid),
+        peak_buffered as f64 / (1024.0 * 1024.0),
         args.memory_mb,
         args.target_mb,
         if records < pushed { "  (INCOMPLETE: timed out)" } else { "" },

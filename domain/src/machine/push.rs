@@ -2,7 +2,7 @@
 
 use crate::command::{PushItem, PushOutcome, PushStatus};
 use crate::keys;
-use crate::model::{DedupRec, MessageRec};
+use crate::model::{DedupRec, MessageRec, PartitionRec, QueueRec};
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
@@ -10,15 +10,36 @@ use super::queue::{ensure_partition, ensure_queue};
 use super::{get_rec, put_rec};
 
 /// Push every item; each gets its own answer, in order. All records share `stamp`.
+///
+/// The queue and partition records a batch touches are read once and written once, at the end
+/// (a batch usually goes to a few partitions); only the dedup lookup is per item.
 pub(crate) fn push(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     items: &[PushItem],
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
+    let mut queues: Vec<QueueRec> = Vec::new();
+    // (index in `queues`, partition record, whether a message went to it)
+    let mut parts: Vec<(usize, PartitionRec, bool)> = Vec::new();
     for item in items {
-        let mut q = ensure_queue(txn, &item.queue, stamp)?;
-        let mut p = ensure_partition(txn, &mut q, &item.partition, stamp)?;
+        let qi = match queues.iter().position(|q| q.name == item.queue.as_str()) {
+            Some(i) => i,
+            None => {
+                queues.push(ensure_queue(txn, &item.queue, stamp)?);
+                queues.len() - 1
+            }
+        };
+        let pi = match parts.iter().position(|(i, p, _)| *i == qi && p.name == item.partition.as_str()) {
+            Some(i) => i,
+            None => {
+                let p = ensure_partition(txn, &mut queues[qi], &item.partition, stamp)?;
+                parts.push((qi, p, false));
+                parts.len() - 1
+            }
+        };
+        let q = &mut queues[qi];
+        let (_, p, touched) = &mut parts[pi];
         let mut answer = PushOutcome {
             status: PushStatus::Queued,
             message_id: item.message_id,
@@ -63,11 +84,22 @@ pub(crate) fn push(
         put_rec(txn, dedup_key, &DedupRec { offset, id: item.message_id });
         p.next_offset += 1;
         p.last_write = stamp;
-        put_rec(txn, keys::partition(p.pid), &p);
+        *touched = true;
         q.messages += 1;
-        put_rec(txn, keys::queue(&q.name), &q);
         answer.offset = offset;
         out.push(answer);
+    }
+    let mut touched_queues = vec![false; queues.len()];
+    for (qi, p, touched) in &parts {
+        if *touched {
+            put_rec(txn, keys::partition(p.pid), p);
+            touched_queues[*qi] = true;
+        }
+    }
+    for (q, touched) in queues.iter().zip(touched_queues) {
+        if touched {
+            put_rec(txn, keys::queue(&q.name), q);
+        }
     }
     Ok(out)
 }

@@ -105,6 +105,18 @@ impl Builder {
         first.into_iter().map(|(p, o)| (p.to_owned(), o)).collect()
     }
 
+    /// The stamp of the oldest buffered record.
+    #[must_use]
+    pub fn oldest(&self) -> Option<Stamp> {
+        self.records.iter().map(|r| r.ts).min()
+    }
+
+    /// The stamp of the newest buffered record.
+    #[must_use]
+    pub fn newest(&self) -> Option<Stamp> {
+        self.records.iter().map(|r| r.ts).max()
+    }
+
     /// Buffered bytes.
     #[must_use]
     pub fn bytes(&self) -> u64 {

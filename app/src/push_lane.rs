@@ -1,0 +1,194 @@
+//! Group commit for pushes: push requests that arrive while the log is busy share one entry.
+//!
+//! Every entry costs the same fixed work whatever it holds (the raft core, the log write, the
+//! replication round, the apply transaction), so many clients sending one message each make
+//! the log, not the messages, the limit. The lane keeps a few entries in flight; requests that
+//! arrive while all of them are taken wait together and go out as one entry when the next slot
+//! frees. Under light load a request goes out alone at once, so nothing waits that would not
+//! have waited anyway.
+//!
+//! Nothing about a push changes: each request still gets its own answers in its item order,
+//! items of one entry share a stamp as the items of one request always did, and a failure of
+//! the entry is every request's failure (the same error each would have got alone).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use queen_domain::command::{PushItem, PushOutcome};
+use queen_http::ApiError;
+use tokio::sync::{Notify, Semaphore, oneshot};
+
+/// Entries in flight at once.
+pub(crate) const SLOTS: usize = 8;
+/// At most this many items in one entry.
+const MAX_ITEMS: usize = 4_096;
+/// At most this many payload bytes in one entry (a request larger than this goes alone).
+const MAX_BYTES: usize = 4 << 20;
+
+type Reply = oneshot::Sender<Result<Vec<PushOutcome>, ApiError>>;
+
+struct Waiting {
+    items: Vec<PushItem>,
+    bytes: usize,
+    reply: Reply,
+}
+
+/// The requests waiting for an entry, and the slots for entries in flight.
+pub(crate) struct PushLane {
+    waiting: Mutex<Vec<Waiting>>,
+    wake: Notify,
+    slots: Arc<Semaphore>,
+}
+
+/// Requests taken together for one entry: the items, and how many each request gave.
+pub(crate) struct Batch {
+    pub(crate) items: Vec<PushItem>,
+    parts: Vec<(usize, Reply)>,
+}
+
+impl PushLane {
+    pub(crate) fn new() -> Self {
+        Self { waiting: Mutex::default(), wake: Notify::new(), slots: Arc::new(Semaphore::new(SLOTS)) }
+    }
+
+    /// Queue a request; the receiver answers once its entry has committed and applied.
+    pub(crate) fn submit(&self, items: Vec<PushItem>) -> oneshot::Receiver<Result<Vec<PushOutcome>, ApiError>> {
+        let (reply, rx) = oneshot::channel();
+        let bytes = items.iter().map(|i| i.payload.len() + i.transaction_id.len() + 64).sum();
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).push(Waiting { items, bytes, reply });
+        self.wake.notify_one();
+        rx
+    }
+
+    /// Wait for a free slot and for requests, and take as many as fit in one entry (always at
+    /// least one). The slot is held until the permit drops.
+    pub(crate) async fn next(&self) -> (tokio::sync::OwnedSemaphorePermit, Batch) {
+        let permit = self.slots.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("the lane never closes its slots"));
+        loop {
+            if let Some(batch) = self.take() {
+                return (permit, batch);
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    fn take(&self) -> Option<Batch> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.is_empty() {
+            return None;
+        }
+        let (mut n, mut items, mut bytes) = (0, 0, 0);
+        for w in waiting.iter() {
+            if n > 0 && (items + w.items.len() > MAX_ITEMS || bytes + w.bytes > MAX_BYTES) {
+                break;
+            }
+            n += 1;
+            items += w.items.len();
+            bytes += w.bytes;
+        }
+        let taken: Vec<Waiting> = waiting.drain(..n).collect();
+        let more = !waiting.is_empty();
+        drop(waiting);
+        if more {
+            // Another slot may take the rest.
+            self.wake.notify_one();
+        }
+        let mut batch = Batch { items: Vec::with_capacity(items), parts: Vec::with_capacity(n) };
+        for w in taken {
+            batch.parts.push((w.items.len(), w.reply));
+            batch.items.extend(w.items);
+        }
+        Some(batch)
+    }
+}
+
+impl Batch {
+    /// Hand each request its own answers (or the entry's error).
+    pub(crate) fn answer(self, result: Result<Vec<PushOutcome>, ApiError>) {
+        match result {
+            Ok(out) => {
+                // Answers come back in item order: hand them out front to back.
+                let mut out = out.into_iter();
+                for (n, reply) in self.parts {
+                    let _ = reply.send(Ok(out.by_ref().take(n).collect()));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in self.parts {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use queen_domain::command::PushStatus;
+    use queen_domain::names::{PartitionName, QueueName};
+
+    use super::*;
+
+    fn item(t: &str, bytes: usize) -> PushItem {
+        PushItem {
+            queue: QueueName::new("q").unwrap(),
+            partition: PartitionName::new("Default").unwrap(),
+            transaction_id: t.to_owned(),
+            message_id: [0; 16],
+            trace_id: None,
+            payload: vec![b'x'; bytes],
+        }
+    }
+
+    fn outcome(t: &str) -> PushOutcome {
+        PushOutcome { status: PushStatus::Queued, message_id: [0; 16], offset: 0, partition_id: 1, transaction_id: t.to_owned(), queue: "q".into() }
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_together_share_an_entry_and_get_their_own_answers() {
+        let lane = PushLane::new();
+        let a = lane.submit(vec![item("a1", 10), item("a2", 10)]);
+        let b = lane.submit(vec![item("b1", 10)]);
+        let (_slot, batch) = lane.next().await;
+        let ids: Vec<&str> = batch.items.iter().map(|i| i.transaction_id.as_str()).collect();
+        assert_eq!(ids, ["a1", "a2", "b1"]);
+        let out = batch.items.iter().map(|i| outcome(&i.transaction_id)).collect();
+        batch.answer(Ok(out));
+        let a: Vec<String> = a.await.unwrap().unwrap().into_iter().map(|o| o.transaction_id).collect();
+        let b: Vec<String> = b.await.unwrap().unwrap().into_iter().map(|o| o.transaction_id).collect();
+        assert_eq!((a, b), (vec!["a1".to_owned(), "a2".to_owned()], vec!["b1".to_owned()]));
+    }
+
+    #[tokio::test]
+    async fn an_entry_stays_within_its_limits_and_a_failure_reaches_every_request() {
+        let lane = PushLane::new();
+        let big = lane.submit(vec![item("big", MAX_BYTES)]);
+        let small = lane.submit(vec![item("small", 10)]);
+        let (_s1, first) = lane.next().await;
+        assert_eq!(first.items.len(), 1, "a request at the byte limit goes alone");
+        let (_s2, second) = lane.next().await;
+        assert_eq!(second.items[0].transaction_id, "small");
+        first.answer(Err(ApiError::new(503, "timeout", "t")));
+        second.answer(Err(ApiError::new(503, "timeout", "t")));
+        assert_eq!(big.await.unwrap().unwrap_err().code, "timeout");
+        assert_eq!(small.await.unwrap().unwrap_err().code, "timeout");
+    }
+
+    #[tokio::test]
+    async fn no_more_entries_in_flight_than_slots() {
+        let lane = PushLane::new();
+        let mut held = Vec::new();
+        let mut rx = Vec::new();
+        for i in 0..SLOTS + 3 {
+            rx.push(lane.submit(vec![item(&format!("t{i}"), 1)]));
+            if held.len() < SLOTS {
+                held.push(lane.next().await);
+            }
+        }
+        // Every slot is taken: the three late requests wait, then go out together.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), lane.next()).await;
+        assert!(waiting.is_err(), "a ninth entry went out with every slot taken");
+        drop(held.pop());
+        let (_slot, batch) = lane.next().await;
+        assert_eq!(batch.items.len(), 3);
+    }
+}
