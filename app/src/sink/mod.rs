@@ -27,6 +27,8 @@ use queue::{Ended, Look, QueueTask};
 
 /// How often discovery looks for queues.
 const DISCOVER_EVERY: Duration = Duration::from_secs(5);
+/// A presence row rewritten within this long is a node running the sink.
+const PRESENCE_FRESH: Duration = Duration::from_secs(12);
 
 /// One queue's row on the status page.
 #[derive(Debug, Clone, Default)]
@@ -407,8 +409,12 @@ async fn presence(shared: &Shared) {
     if let Ok(out) = shared.broker.kv(ops).await
         && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
     {
-        let n = rows.len().max(1) as u64;
-        let present: Vec<PresenceDoc> = rows.iter().filter_map(|r| serde_json::from_slice(&r.value).ok()).collect();
+        // A running node rewrites its row every discovery period (and at each claim); a row
+        // older than two of them is a node that died and whose row has not expired yet: it
+        // runs nothing and claims nothing, so it counts for neither the share nor the wait.
+        let fresh_from = shared.broker.now().0.saturating_sub(u64::try_from(PRESENCE_FRESH.as_micros()).unwrap_or(u64::MAX));
+        let present: Vec<PresenceDoc> = rows.iter().filter(|r| r.updated.0 >= fresh_from).filter_map(|r| serde_json::from_slice(&r.value).ok()).collect();
+        let n = present.len().max(1) as u64;
         shared.set_sink(|st| {
             st.nodes = n;
             st.someone_under = documents::someone_under_share(&present, &s.instance, st.queues);
