@@ -325,7 +325,14 @@ impl Broker {
 impl Api for Broker {
     async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, ApiError> {
         let out = match &self.push_lane {
-            Some(lane) => lane.submit(items).await.map_err(|_| ApiError::new(503, "unavailable", "the node is stopping"))??,
+            // The request's deadline covers its wait in the lane too; past it the outcome is
+            // unknown, as for any proposal that timed out (a retry with the same
+            // transactionIds is safe).
+            Some(lane) => match tokio::time::timeout(self.request_timeout, lane.submit(items)).await {
+                Err(_) => return Err(ApiError::timeout()),
+                Ok(Err(_)) => return Err(ApiError::new(503, "unavailable", "the node is stopping")),
+                Ok(Ok(out)) => out?,
+            },
             None => {
                 let r = self.propose(Command::Push(items)).await?;
                 let Outcome::Push(out) = r.outcome else {

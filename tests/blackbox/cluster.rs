@@ -431,6 +431,24 @@ fn a_partitioned_leader_loses_its_quorum_and_rejoins_without_losing_anything() {
     let stranded = nodes[old].post("/api/v1/push", &json!({"items": [{"queue": "partition", "transactionId": "stranded", "payload": 1}]}));
     assert_eq!(stranded.status, 503, "{}", stranded.text);
     assert!(t.elapsed() < Duration::from_secs(20), "the write was not answered within its deadline: {:?}", t.elapsed());
+    // More writes at once than the node keeps entries in flight (8): the ones that wait for a
+    // slot are answered within their own deadline (5 s here) too, not after the others'.
+    let port = nodes[old].port;
+    let waves: Vec<_> = (0..12)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let body = json!({"items": [{"queue": "partition", "transactionId": format!("stranded-{i}"), "payload": i}]}).to_string();
+                let status = queen_tests::post_url(&format!("http://127.0.0.1:{port}/api/v1/push"), &body).map(|(s, _)| s);
+                (status, t.elapsed())
+            })
+        })
+        .collect();
+    for w in waves {
+        let (status, took) = w.join().unwrap();
+        assert_eq!(status, Ok(503), "a concurrent stranded write");
+        assert!(took < Duration::from_secs(9), "a concurrent stranded write was answered after {took:?}, past its 5 s deadline");
+    }
 
     // Heal: the old leader rejoins as a follower and catches up.
     partition(&nodes, None);
