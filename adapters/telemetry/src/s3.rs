@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableGauge};
+use opentelemetry::metrics::{AsyncInstrument, Counter, Histogram, Meter, ObservableGauge};
 
 /// One queue's gauges, as the sink last computed them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -44,30 +44,22 @@ pub struct S3Metrics {
     _int_gauges: Vec<ObservableGauge<u64>>,
 }
 
-fn observed_f64(meter: &Meter, table: &Table, name: &'static str, help: &'static str, pick: fn(&S3QueueGauges) -> f64) -> ObservableGauge<f64> {
+/// A callback that reports `pick` of every running queue's gauges, labelled by queue.
+fn per_queue<T: 'static>(table: &Table, pick: fn(&S3QueueGauges) -> T) -> impl Fn(&dyn AsyncInstrument<T>) + Send + Sync + 'static {
     let table = Arc::clone(table);
-    meter
-        .f64_observable_gauge(name)
-        .with_description(help)
-        .with_callback(move |o| {
-            for (queue, g) in table.lock().unwrap_or_else(PoisonError::into_inner).iter() {
-                o.observe(pick(g), &[KeyValue::new("queue", queue.clone())]);
-            }
-        })
-        .build()
+    move |o| {
+        for (queue, g) in table.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            o.observe(pick(g), &[KeyValue::new("queue", queue.clone())]);
+        }
+    }
+}
+
+fn observed_f64(meter: &Meter, table: &Table, name: &'static str, help: &'static str, pick: fn(&S3QueueGauges) -> f64) -> ObservableGauge<f64> {
+    meter.f64_observable_gauge(name).with_description(help).with_callback(per_queue(table, pick)).build()
 }
 
 fn observed_u64(meter: &Meter, table: &Table, name: &'static str, help: &'static str, pick: fn(&S3QueueGauges) -> u64) -> ObservableGauge<u64> {
-    let table = Arc::clone(table);
-    meter
-        .u64_observable_gauge(name)
-        .with_description(help)
-        .with_callback(move |o| {
-            for (queue, g) in table.lock().unwrap_or_else(PoisonError::into_inner).iter() {
-                o.observe(pick(g), &[KeyValue::new("queue", queue.clone())]);
-            }
-        })
-        .build()
+    meter.u64_observable_gauge(name).with_description(help).with_callback(per_queue(table, pick)).build()
 }
 
 impl S3Metrics {
