@@ -30,3 +30,50 @@ pub fn escape(key: &[u8]) -> String {
         .map(char::from)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde::{Deserialize, Serialize};
+
+    use crate::model::MessageRec;
+    use crate::time::Stamp;
+
+    /// `MessageRec` as builds before byte-string payloads declared it: the payload a sequence
+    /// of `u8`.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct MessageRecBefore {
+        transaction_id: String,
+        id: [u8; 16],
+        trace_id: Option<String>,
+        stamp: Stamp,
+        payload: Vec<u8>,
+    }
+
+    /// Payloads are encoded as one byte string; stores and logs written when they were a
+    /// sequence of bytes must still read, and the other way round (a rolling upgrade).
+    #[test]
+    fn byte_string_payloads_keep_the_encoding() {
+        for len in [0usize, 1, 127, 128, 300, 70_000] {
+            let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let stamp = Stamp(1_700_000_000_000_007);
+            let before = MessageRecBefore {
+                transaction_id: "t-1".to_owned(),
+                id: [3; 16],
+                trace_id: Some("x".to_owned()),
+                stamp,
+                payload: payload.clone(),
+            };
+            let now = MessageRec {
+                transaction_id: "t-1".to_owned(),
+                id: [3; 16],
+                trace_id: Some("x".to_owned()),
+                stamp,
+                payload,
+            };
+            let old_bytes = super::encode(&before);
+            assert_eq!(old_bytes, super::encode(&now), "payload of {len} bytes");
+            let read: MessageRec = super::decode(b"k", &old_bytes).expect("decodes");
+            assert_eq!(read, now);
+        }
+    }
+}

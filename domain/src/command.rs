@@ -57,6 +57,7 @@ pub struct PushItem {
     /// Message id minted by the receiving node (UUIDv7 bytes).
     pub message_id: [u8; 16],
     /// Payload as JSON text.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Optional trace id.
     pub trace_id: Option<String>,
@@ -267,6 +268,7 @@ pub struct Delivered {
     /// Its trace id.
     pub trace_id: Option<String>,
     /// Payload JSON text.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Push stamp.
     pub created: Stamp,

@@ -163,6 +163,7 @@ pub struct KvRowView {
     /// The key.
     pub key: String,
     /// JSON text (empty when keys only).
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     /// Version (the log index of its last write).
     pub version: u64,

@@ -260,6 +260,7 @@ pub struct MessageRec {
     /// The push's stamp.
     pub stamp: Stamp,
     /// The payload as JSON text, verbatim.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 
@@ -389,6 +390,7 @@ pub struct DlqRec {
     /// Failed deliveries.
     pub retries: u32,
     /// The payload, verbatim.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// When it was pushed.
     pub created: Stamp,

@@ -42,6 +42,7 @@ pub enum TimerOp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimerRec {
     /// Message bytes.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Not before.
     pub deliver_at: Stamp,

@@ -103,6 +103,7 @@ pub(crate) struct Forwarded {
     /// Index of the entry that carried the command.
     pub(crate) index: u64,
     /// The state machine's response.
+    #[serde(with = "serde_bytes")]
     pub(crate) data: Vec<u8>,
 }
 

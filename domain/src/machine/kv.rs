@@ -13,6 +13,7 @@ use super::{get_rec, put_rec};
 /// A stored row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct KvRow {
+    #[serde(with = "serde_bytes")]
     pub(crate) value: Vec<u8>,
     pub(crate) version: u64,
     pub(crate) expires: Option<Stamp>,
