@@ -411,16 +411,15 @@ impl QueueTask {
                 self.builder = Builder::at(r, Stamp(i.t_start));
                 self.pending = Some(Pending { intent: i, closed: None, lost: Vec::new(), stage: Stage::Rebuild, objects: Vec::new() });
             }
-            Recovery::CommitUploaded(i) => {
+            Recovery::CommitUploaded { intent: i, manifest: m } => {
                 tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "committing a window another run uploaded");
-                let m = manifest.unwrap_or_else(|| unreachable_manifest(&i));
                 self.builder = Builder::new(r, Stamp(i.t_end));
                 self.pending = Some(Pending {
                     intent: i,
                     closed: None,
-                    lost: m.lost.clone(),
+                    lost: m.lost,
                     stage: Stage::Commit,
-                    objects: m.objects.clone(),
+                    objects: m.objects,
                 });
             }
         }
@@ -866,32 +865,6 @@ impl QueueTask {
         }
         self.shared.set_buffered(&self.queue, 0);
         Ended::Drained
-    }
-}
-
-/// A manifest that the recovery decision said exists; only reached if the decision and the
-/// read disagree, in which case an empty object list makes the commit refuse nothing but
-/// count nothing.
-fn unreachable_manifest(i: &Intent) -> Manifest {
-    Manifest {
-        sink: String::new(),
-        tenant: String::new(),
-        queue: String::new(),
-        k: i.k,
-        t_start: i.t_start,
-        t_end: i.t_end,
-        format: String::new(),
-        compression: String::new(),
-        layout: String::new(),
-        objects: Vec::new(),
-        records: 0,
-        bytes: 0,
-        partitions: 0,
-        min_ts: 0,
-        max_ts: 0,
-        lost: Vec::new(),
-        writer: i.writer.clone(),
-        committed_at: String::new(),
     }
 }
 

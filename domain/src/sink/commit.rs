@@ -118,7 +118,12 @@ pub enum Recovery {
     /// Rebuild the intent's window and upload it again: same records, same bytes, same keys.
     Redo(Intent),
     /// The upload finished (its manifest names the intent): move the pointer, upload nothing.
-    CommitUploaded(Intent),
+    CommitUploaded {
+        /// The pending window.
+        intent: Intent,
+        /// The manifest that names it: the objects and lost records the commit records.
+        manifest: Box<Manifest>,
+    },
 }
 
 /// The stored state cannot be recovered without a person.
@@ -158,8 +163,8 @@ pub fn recover(pointer: Option<&Pointer>, intent: Option<&Intent>, manifest: Opt
     if i.k != done_k + 1 {
         return Err(RecoveryError::Gap { intent: i.k, pointer: done_k });
     }
-    if manifest.is_some_and(|m| m.names(i)) {
-        return Ok(Recovery::CommitUploaded(i.clone()));
+    if let Some(m) = manifest.filter(|m| m.names(i)) {
+        return Ok(Recovery::CommitUploaded { intent: i.clone(), manifest: Box::new(m.clone()) });
     }
     if i.writer != writer {
         return Err(RecoveryError::Writer { k: i.k, found: i.writer.clone(), ours: writer.to_owned() });
@@ -212,7 +217,7 @@ mod tests {
         // 3. After some objects, no manifest: redo (same keys, same bytes overwrite).
         assert_eq!(recover(Some(&p2), Some(&i3), None, W), Ok(Recovery::Redo(i3.clone())));
         // 4. After the manifest, before the pointer: commit what was uploaded.
-        assert_eq!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), W), Ok(Recovery::CommitUploaded(i3.clone())));
+        assert_eq!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), W), Ok(Recovery::CommitUploaded { intent: i3.clone(), manifest: Box::new(manifest_for(&i3)) }));
         // 5. After the pointer: continue with window 4.
         assert_eq!(recover(Some(&Pointer { k: 3, t_end: 40 }), Some(&i3), Some(&manifest_for(&i3)), W), Ok(Recovery::Continue { next_k: 4, from: 40 }));
         // A stale manifest of an older attempt with other bounds does not count.
@@ -229,7 +234,7 @@ mod tests {
         let i3 = intent(3);
         assert!(matches!(recover(Some(&p2), Some(&i3), None, "queen-s3/0.2.0 jsonl+zstd"), Err(RecoveryError::Writer { .. })));
         // A finished upload is committed whatever this build writes.
-        assert!(matches!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), "other"), Ok(Recovery::CommitUploaded(_))));
+        assert!(matches!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), "other"), Ok(Recovery::CommitUploaded { .. })));
         assert!(matches!(recover(Some(&p2), Some(&intent(5)), None, W), Err(RecoveryError::Gap { .. })));
     }
 
