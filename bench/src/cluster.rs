@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use bytes::Bytes;
 
-use crate::load::{Proc, Procs, Stats, drive};
+use queen_bench::load::{Proc, Procs, Stats, drive};
 use crate::{Args, Target, free_port, http_client, payload_of, push_phase, queen_bin, target_dir};
 
 #[derive(clap::Args, Debug)]
@@ -167,7 +167,7 @@ fn cores(st: &Stats, server_s: f64, bench_s: f64) -> (f64, f64) {
 }
 
 fn bench_cpu() -> f64 {
-    crate::load::cpu_seconds("self")
+    queen_bench::load::cpu_seconds("self")
 }
 
 fn print_row(r: &Row, mode: &str) {

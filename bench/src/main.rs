@@ -8,7 +8,6 @@
 //! run) and compares push throughput and latency; see `cluster.rs`.
 
 mod cluster;
-mod load;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use load::{Proc, Procs, Stats, drive};
+use queen_bench::load::{self, Proc, Procs, Stats, drive};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark queen on loopback: one node (default), or a three-node cluster against NATS JetStream")]

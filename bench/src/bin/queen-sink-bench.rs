@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use queen_bench::load::{cpu_seconds, peak_rss_kib};
 use serde_json::Value;
 
 #[derive(Parser, Debug)]
@@ -186,23 +187,9 @@ fn start(args: &Args, bin: &PathBuf, sink: bool) -> NodeProc {
     panic!("queen did not become healthy");
 }
 
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 /// Peak resident memory (VmHWM), in MiB.
 fn peak_mib(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    peak_rss_kib(pid) as f64 / 1024.0
 }
 
 /// Records and object bytes the sink committed, and the largest lag among queues.
@@ -224,7 +211,7 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
     let payload = format!("{{\"data\":\"{}\"}}", "x".repeat(args.record_bytes.saturating_sub(11)));
     let next = Arc::new(AtomicU64::new(0));
     let pushed = Arc::new(AtomicU64::new(0));
-    let cpu0 = cpu_seconds(pid);
+    let cpu0 = cpu_seconds(&pid.to_string());
     let t0 = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.connections {
@@ -264,7 +251,7 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
     let push_secs = t0.elapsed().as_secs_f64();
     let pushed = pushed.load(Ordering::Relaxed);
     if !sink {
-        let cpu = cpu_seconds(pid) - cpu0;
+        let cpu = cpu_seconds(&pid.to_string()) - cpu0;
         let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
         let push_peak = peak_mib(pid);
         // A consumer reading every record once fills the store's block cache as the sink's
@@ -293,7 +280,7 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
     }
     let lake_secs = t0.elapsed().as_secs_f64();
     let peak_buffered = get_json(port, "/status").and_then(|s| s["s3"]["sinks"][0]["memory"]["peakBytes"].as_u64()).unwrap_or(0);
-    let cpu = cpu_seconds(pid) - cpu0;
+    let cpu = cpu_seconds(&pid.to_string()) - cpu0;
     let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
     println!(
         "{queues:>2} queue(s) | pushed {pushed} records ({mb:.0} MB) in {push_secs:.1} s = {:.0} rec/s | lake complete after {lake_secs:.1} s: {records} records, {:.0} rec/s, {:.1} MB/s uncompressed, {:.1} MB/s stored ({} MB objects) | CPU {:.2} s per MB (whole node) | peak RSS {:.0} MiB, sink buffers at most {:.0} MiB (QUEEN_S3_MEMORY_MB={}, QUEEN_S3_TARGET_MB={}) | max lag {max_lag:.1} s{}",
