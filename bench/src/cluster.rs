@@ -68,6 +68,13 @@ struct Row {
     bench_cores: f64,
 }
 
+impl Row {
+    /// The three nodes' log fsyncs per second, or "-" for NATS (not counted).
+    fn fsync_rate(&self) -> String {
+        self.fsyncs.map_or("-".to_owned(), |f| format!("{:.0}", f as f64 / self.st.seconds))
+    }
+}
+
 struct Queen {
     procs: Procs,
     ports: Vec<u16>,
@@ -179,7 +186,7 @@ fn print_row(r: &Row, mode: &str) {
         r.st.msg_per_s(),
         r.st.pct_ms(0.50),
         r.st.pct_ms(0.99),
-        r.fsyncs.map_or("-".to_owned(), |f| format!("{:.0}", f as f64 / r.st.seconds)),
+        r.fsync_rate(),
         r.server_cores,
         r.bench_cores,
         r.st.errors,
@@ -205,7 +212,7 @@ fn table(rows: &[Row], modes: &[String], rounds: usize) -> String {
                 r.st.msg_per_s(),
                 r.st.pct_ms(0.50),
                 r.st.pct_ms(0.99),
-                r.fsyncs.map_or("-".to_owned(), |f| format!("{:.0}", f as f64 / r.st.seconds)),
+                r.fsync_rate(),
                 r.server_cores,
                 r.bench_cores,
             );
