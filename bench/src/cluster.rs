@@ -5,6 +5,9 @@
 //! for each mode, one system then the other (the order alternates per round), so both see the
 //! same machine at nearly the same time. Prints one row per phase and the ratio queen/NATS.
 //!
+//! With `--floor`, a third system joins the same rotation: a server that answers pushes like
+//! queen but stores nothing (`noop.rs`), the ceiling of the HTTP requests alone.
+//!
 //! Modes (256-byte messages by default):
 //! - "1/request": queen: one message per HTTP push, 128 requests in flight. NATS: one JetStream
 //!   publish awaiting its PubAck, 128 in flight.
@@ -40,6 +43,12 @@ pub struct ClusterArgs {
     /// Rounds; each runs every phase once per system, alternating which system goes first.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Also run, in the same run, a server that parses and answers pushes the way queen does but
+    /// stores, replicates and fsyncs nothing (this binary, hidden `noop-server` command): the
+    /// throughput of the HTTP requests alone on this machine, a ceiling for any broker behind
+    /// the same HTTP/JSON contract.
+    #[arg(long)]
+    floor: bool,
     /// Requests in flight in the one-message-per-request mode.
     #[arg(long, default_value_t = 128)]
     inflight: usize,
@@ -57,6 +66,24 @@ enum To {
 const TOKEN: &str = "queen-bench-cluster-token";
 const SUBJECT: &str = "bench.push";
 
+/// The systems a run can measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum System {
+    Queen,
+    Nats,
+    Floor,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Queen => "queen",
+            System::Nats => "NATS",
+            System::Floor => "floor",
+        }
+    }
+}
+
 /// One measured phase, for the final table.
 struct Row {
     round: usize,
@@ -69,7 +96,8 @@ struct Row {
 }
 
 impl Row {
-    /// The three nodes' log fsyncs per second, or "-" for NATS (not counted).
+    /// The three queen nodes' log fsyncs per second, or "-" for the others (NATS's are not
+    /// counted, the floor has none).
     fn fsync_rate(&self) -> String {
         self.fsyncs.map_or("-".to_owned(), |f| format!("{:.0}", f as f64 / self.st.seconds))
     }
@@ -87,12 +115,19 @@ struct Nats {
     leader: String,
 }
 
+struct Floor {
+    procs: Procs,
+    target: Arc<Target>,
+}
+
 pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
     // Declared first so it is removed last, after every process below has stopped.
     let dir = tempfile::tempdir_in(".").or_else(|_| tempfile::tempdir()).map_err(|e| format!("a temp dir: {e}"))?;
     let bin = queen_bin(args.bin.as_ref());
     let mut queen = start_queen(&bin, dir.path()).await?;
     let mut nats = if c.vs_nats { Some(start_nats(&nats_bin(c.nats_server.as_ref())?, dir.path()).await?) } else { None };
+    let mut floor = if c.floor { Some(start_floor(dir.path()).await?) } else { None };
+    let systems: Vec<System> = [Some(System::Queen), nats.as_ref().map(|_| System::Nats), floor.as_ref().map(|_| System::Floor)].into_iter().flatten().collect();
 
     let http = http_client();
     let all = Target::new(http.clone(), &queen.ports);
@@ -118,31 +153,46 @@ pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
     if let Some(n) = &nats {
         println!("nats: 3 servers, pids {:?}, JetStream file stream with replicas 3 and sync_interval: always; client connected to the stream leader {}", n.procs.pids(), n.leader);
     }
+    if let Some(f) = &floor {
+        println!("floor: one server, pid {:?}, that parses and answers pushes like queen but stores nothing (the HTTP cost alone)", f.procs.pids());
+    }
     println!("data in {}", dir.path().display());
 
     let mut rows: Vec<Row> = Vec::new();
     for round in 0..c.rounds.max(1) {
         for (mode, name) in modes.iter().enumerate() {
             let (inflight, count) = if mode == 0 { (c.inflight, 1) } else { (c.batch_inflight, 100) };
-            let queen_first = round % 2 == 0;
-            for turn in 0..2 {
-                if let Some(e) = queen.procs.exited().or_else(|| nats.as_mut().and_then(|n| n.procs.exited())) {
+            // Each system goes first in turn, one round after another.
+            let mut order = systems.clone();
+            order.rotate_left(round % systems.len());
+            for system in order {
+                let exited = [Some(&mut queen.procs), nats.as_mut().map(|n| &mut n.procs), floor.as_mut().map(|f| &mut f.procs)];
+                if let Some(e) = exited.into_iter().flatten().find_map(|p| p.exited()) {
                     return Err(e);
                 }
-                let row = if (turn == 0) == queen_first {
-                    let (cpu0, b0) = (queen.procs.cpu_seconds(), bench_cpu());
-                    let tag = format!("r{round}m{mode}-");
-                    let (st, f) = push_phase(&clients, &all, &tag, inflight, count, args.seconds, &payload).await;
-                    let (server_cores, bench_cores) = cores(&st, queen.procs.cpu_seconds() - cpu0, bench_cpu() - b0);
-                    Row { round, system: "queen", mode, st, fsyncs: Some(f), server_cores, bench_cores }
-                } else if let Some(n) = &nats {
-                    let (cpu0, b0) = (n.procs.cpu_seconds(), bench_cpu());
-                    let st = nats_phase(&n.js, inflight, count, args.seconds, &raw).await;
-                    let (server_cores, bench_cores) = cores(&st, n.procs.cpu_seconds() - cpu0, bench_cpu() - b0);
-                    Row { round, system: "NATS", mode, st, fsyncs: None, server_cores, bench_cores }
-                } else {
-                    continue;
+                let b0 = bench_cpu();
+                let (st, fsyncs, cpu0, cpu) = match (system, &nats, &floor) {
+                    (System::Queen, _, _) => {
+                        let cpu0 = queen.procs.cpu_seconds();
+                        let tag = format!("r{round}m{mode}-");
+                        let (st, f) = push_phase(&clients, Some(&all), &tag, inflight, count, args.seconds, &payload).await;
+                        (st, Some(f), cpu0, queen.procs.cpu_seconds())
+                    }
+                    (System::Nats, Some(n), _) => {
+                        let cpu0 = n.procs.cpu_seconds();
+                        let st = nats_phase(&n.js, inflight, count, args.seconds, &raw).await;
+                        (st, None, cpu0, n.procs.cpu_seconds())
+                    }
+                    (System::Floor, _, Some(f)) => {
+                        let cpu0 = f.procs.cpu_seconds();
+                        let tag = format!("f{round}m{mode}-");
+                        let (st, _) = push_phase(&f.target, None, &tag, inflight, count, args.seconds, &payload).await;
+                        (st, None, cpu0, f.procs.cpu_seconds())
+                    }
+                    _ => continue,
                 };
+                let (server_cores, bench_cores) = cores(&st, cpu - cpu0, bench_cpu() - b0);
+                let row = Row { round, system: system.name(), mode, st, fsyncs, server_cores, bench_cores };
                 print_row(&row, name);
                 rows.push(row);
             }
@@ -163,6 +213,9 @@ pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
     println!("\n{}", table(&rows, &modes, c.rounds.max(1)));
     if let Some(n) = nats.as_mut() {
         n.procs.stop_all();
+    }
+    if let Some(f) = floor.as_mut() {
+        f.procs.stop_all();
     }
     queen.procs.stop_all();
     Ok(())
@@ -218,19 +271,21 @@ fn table(rows: &[Row], modes: &[String], rounds: usize) -> String {
             );
         }
     }
-    for (m, name) in modes.iter().enumerate() {
-        let mut ratios: Vec<f64> = (0..rounds)
-            .filter_map(|round| {
-                let of = |s: &str| rows.iter().find(|r| r.round == round && r.mode == m && r.system == s).map(|r| r.st.msg_per_s());
-                Some(of("queen")? / of("NATS")?.max(1e-9))
-            })
-            .collect();
-        if ratios.is_empty() {
-            continue;
+    for system in ["queen", "floor"] {
+        for (m, name) in modes.iter().enumerate() {
+            let mut ratios: Vec<f64> = (0..rounds)
+                .filter_map(|round| {
+                    let of = |s: &str| rows.iter().find(|r| r.round == round && r.mode == m && r.system == s).map(|r| r.st.msg_per_s());
+                    Some(of(system)? / of("NATS")?.max(1e-9))
+                })
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let each = ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(", ");
+            ratios.sort_by(f64::total_cmp);
+            let _ = writeln!(out, "ratio {system}/NATS msg/s, {name}: {each} (median {:.2}x)", ratios[ratios.len() / 2]);
         }
-        let each = ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(", ");
-        ratios.sort_by(f64::total_cmp);
-        let _ = writeln!(out, "ratio queen/NATS msg/s, {name}: {each} (median {:.2}x)", ratios[ratios.len() / 2]);
     }
     out
 }
@@ -287,6 +342,36 @@ async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The no-op push server (this binary's hidden `noop-server` command) on a free port; waits
+/// until it answers an empty push.
+async fn start_floor(dir: &Path) -> Result<Floor, String> {
+    let port = free_port()?;
+    let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    let log = dir.join("floor.log");
+    let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(&exe)
+        .args(["noop-server", "--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start {} noop-server: {e}", exe.display()))?;
+    let mut procs = Procs(vec![Proc { name: "floor (noop-server)".into(), child, log: Some(log) }]);
+    let target = Arc::new(Target::new(http_client(), &[port]));
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(target.call("POST", "/api/v1/push", Some(r#"{"items":[]}"#.into())).await, Ok((200, _))) {
+        if let Some(e) = procs.exited() {
+            return Err(e);
+        }
+        if Instant::now() > until {
+            return Err("the floor server did not answer within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Floor { procs, target })
 }
 
 /// `--nats-server`, else the venv in this binary's target dir, installing it with

@@ -8,6 +8,7 @@
 //! run) and compares push throughput and latency; see `cluster.rs`.
 
 mod cluster;
+mod noop;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -44,6 +45,12 @@ struct Args {
 enum Cmd {
     /// Three queen nodes on loopback; with --vs-nats, also three NATS JetStream servers.
     Cluster(cluster::ClusterArgs),
+    /// A push server that stores nothing (started by `cluster --floor`).
+    #[command(hide = true)]
+    NoopServer {
+        #[arg(long)]
+        port: u16,
+    },
 }
 
 /// The target dir this binary was built into (`<target>/release/queen-bench` → `<target>`).
@@ -142,10 +149,13 @@ fn payload_of(size: usize) -> Arc<str> {
 }
 
 /// Push `count` messages per request for `seconds` with `inflight` requests, request `n` going
-/// to node `n % nodes` of `t`; `status` reads the fsync counters (every node of the cluster).
-/// `tag` prefixes the transaction ids.
-async fn push_phase(t: &Arc<Target>, status: &Target, tag: &str, inflight: usize, count: usize, seconds: u64, payload: &Arc<str>) -> (Stats, u64) {
-    let f0 = status.fsyncs().await;
+/// to node `n % nodes` of `t`; `status` reads the fsync counters (every node of the cluster),
+/// if there are any. `tag` prefixes the transaction ids.
+async fn push_phase(t: &Arc<Target>, status: Option<&Target>, tag: &str, inflight: usize, count: usize, seconds: u64, payload: &Arc<str>) -> (Stats, u64) {
+    let f0 = match status {
+        Some(s) => s.fsyncs().await,
+        None => 0,
+    };
     let (t, payload, tag): (_, _, Arc<str>) = (t.clone(), payload.clone(), Arc::from(tag));
     let st = drive(inflight, seconds, move |n| {
         let (t, payload, tag) = (t.clone(), payload.clone(), tag.clone());
@@ -158,7 +168,10 @@ async fn push_phase(t: &Arc<Target>, status: &Target, tag: &str, inflight: usize
         }
     })
     .await;
-    let fsyncs = status.fsyncs().await.saturating_sub(f0);
+    let fsyncs = match status {
+        Some(s) => s.fsyncs().await.saturating_sub(f0),
+        None => 0,
+    };
     (st, fsyncs)
 }
 
@@ -217,9 +230,9 @@ async fn single_node(args: &Args) -> Result<(), String> {
     let payload = payload_of(args.size);
     println!("queen-bench: {} s per phase, {}-byte messages, node pid {pid}, data in {}", args.seconds, args.size, dir.path().display());
 
-    let (single, f) = push_phase(&t, &t, "s", 128, 1, args.seconds, &payload).await;
+    let (single, f) = push_phase(&t, Some(&t), "s", 128, 1, args.seconds, &payload).await;
     print_phase("push 1/request, 128 in flight", &single, f);
-    let (batched, f) = push_phase(&t, &t, "b", 8, 100, args.seconds, &payload).await;
+    let (batched, f) = push_phase(&t, Some(&t), "b", 8, 100, args.seconds, &payload).await;
     print_phase("push 100/request, 8 in flight", &batched, f);
 
     let f0 = t.fsyncs().await;
@@ -269,6 +282,7 @@ async fn main() {
             match &args.cmd {
                 None => single_node(&args).await,
                 Some(Cmd::Cluster(c)) => cluster::run(&args, c).await,
+                Some(Cmd::NoopServer { port }) => noop::serve(*port).await,
             }
         } => r,
         _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
