@@ -8,7 +8,7 @@ use queen_domain::Txn;
 use queen_domain::machine::apply_encoded;
 use queen_ports::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
 
-use crate::snapshot::{Chunks, decode_chunk};
+use crate::snapshot::{Chunks, Row, decode_chunk};
 use crate::store::{FjallStore, INSTALLING_KEY, META_KEY};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
@@ -68,7 +68,7 @@ impl StateMachineBackend for FjallStore {
         for chunk in chunks {
             let rows = decode_chunk(&chunk)?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            for (k, v) in rows {
+            for Row(k, v) in rows {
                 batch.insert(&self.state, k, v);
             }
             batch.commit().map_err(storage)?;
