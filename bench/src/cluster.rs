@@ -249,7 +249,8 @@ fn print_row(r: &Row, mode: &str) {
     }
 }
 
-/// The summary: every row, then the ratio queen/NATS per mode (per round, and the median).
+/// The summary: every row, then the ratios queen/NATS and floor/NATS per mode (per round, and
+/// the median).
 fn table(rows: &[Row], modes: &[String], rounds: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "| system | mode | round | msg/s | p50 ms | p99 ms | fsync/s | server cores | bench cores |");
