@@ -700,33 +700,25 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
     Ok(())
 }
 
-impl RaftLogReader<TypeConfig> for LogReader {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, io::Error> {
-        let (start, end) = bounds(&range);
-        self.shared.read_range(start, end)
-    }
+/// The store and its readers are both handles on `Shared`, and read the log the same way.
+macro_rules! read_the_shared_log {
+    ($($handle:ty),+) => {$(
+        impl RaftLogReader<TypeConfig> for $handle {
+            async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+                &mut self,
+                range: RB,
+            ) -> Result<Vec<Entry>, io::Error> {
+                let (start, end) = bounds(&range);
+                self.shared.read_range(start, end)
+            }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.shared.lock()?.vote)
-    }
+            async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+                Ok(self.shared.lock()?.vote)
+            }
+        }
+    )+};
 }
-
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, io::Error> {
-        let (start, end) = bounds(&range);
-        self.shared.read_range(start, end)
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.shared.lock()?.vote)
-    }
-}
+read_the_shared_log!(LogReader, LogStore);
 
 /// `[start, end)` of a range of log indexes.
 fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
