@@ -18,6 +18,7 @@ use queen_store::FjallStore;
 use queen_telemetry::Telemetry;
 use serde_json::json;
 
+use crate::message_size;
 use crate::waiters::Waiters;
 
 /// The highest log format this build reads (entries are versioned by their command set).
@@ -59,6 +60,8 @@ pub struct Broker {
     kinds: u32,
     /// Group commit for pushes, when the node runs its lane (`run_push_lane`).
     push_lane: Option<crate::push_lane::PushLane>,
+    /// Largest payload of one message, KV value or timer payload (`QUEEN_MAX_MESSAGE_BYTES`).
+    max_message_bytes: usize,
     /// The S3 sink's block of `/status`, when the sink runs.
     s3_status: std::sync::OnceLock<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
@@ -132,6 +135,7 @@ impl Broker {
             client_offload: true,
             kinds: LOG_KINDS,
             push_lane: None,
+            max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
         }
     }
@@ -161,6 +165,13 @@ impl Broker {
                 drop(slot);
             });
         }
+    }
+
+    /// Set the largest payload one message, KV value or timer may carry.
+    #[must_use]
+    pub fn with_max_message_bytes(mut self, max: usize) -> Self {
+        self.max_message_bytes = max;
+        self
     }
 
     /// Show the S3 sink's block on `/status`.
@@ -324,6 +335,7 @@ impl Broker {
 
 impl Api for Broker {
     async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, ApiError> {
+        message_size::check_push(&items, self.max_message_bytes)?;
         let out = match &self.push_lane {
             // The request's deadline covers its wait in the lane too; past it the outcome is
             // unknown, as for any proposal that timed out (a retry with the same
@@ -444,6 +456,7 @@ impl Api for Broker {
     }
 
     async fn kv(&self, ops: Vec<KvOp>) -> Result<KvOutcome, ApiError> {
+        message_size::check_kv(&ops, self.max_message_bytes, "operations")?;
         match self.propose(Command::Kv(ops)).await?.outcome {
             Outcome::Kv(o) => Ok(o),
             _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
@@ -464,6 +477,7 @@ impl Api for Broker {
         kv: Vec<KvOp>,
         timers: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<TxnOutcome, ApiError> {
+        message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
         let r = self.propose(Command::Transaction { ops, required_leases, kv, timers }).await?;
         let Outcome::Transaction(t) = r.outcome else {
             return Err(ApiError::new(500, "internal", "unexpected outcome"));
@@ -506,6 +520,7 @@ impl Api for Broker {
     }
 
     async fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> Result<Vec<queen_domain::timers::TimerResult>, ApiError> {
+        message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
         match self.propose(Command::Timers(ops)).await?.outcome {
             Outcome::Timers(r) => Ok(r),
             _ => Err(ApiError::new(500, "internal", "unexpected outcome")),

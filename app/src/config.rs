@@ -26,6 +26,12 @@ pub struct RawConfig {
     pub max_body_bytes: Option<String>,
     /// `QUEEN_REQUEST_TIMEOUT_MS`
     pub request_timeout_ms: Option<String>,
+    /// `QUEEN_MAX_MESSAGE_BYTES`
+    pub max_message_bytes: Option<String>,
+    /// `QUEEN_BODY_TIMEOUT_MS`
+    pub body_timeout_ms: Option<String>,
+    /// `QUEEN_BODY_BUDGET_BYTES`
+    pub body_budget_bytes: Option<String>,
     /// `QUEEN_RAFT_DISK_HIGH_PCT`
     pub disk_high_pct: Option<String>,
     /// `QUEEN_RAFT_JOIN`
@@ -74,6 +80,12 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Deadline of a request that has to commit.
     pub request_timeout: Duration,
+    /// Largest payload of one message, and of one KV value or timer payload.
+    pub max_message_bytes: usize,
+    /// How long a request body may take to arrive (client and raft ports).
+    pub body_timeout: Duration,
+    /// Bytes of request bodies held in memory at once, per port (client, raft).
+    pub body_budget_bytes: usize,
     /// Above this disk use (percent) the node answers its own clients' writes 507.
     pub disk_high_pct: u8,
     /// Start empty and wait to be added as a learner.
@@ -102,6 +114,9 @@ impl std::fmt::Debug for Config {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_body_bytes", &self.max_body_bytes)
             .field("request_timeout", &self.request_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("body_timeout", &self.body_timeout)
+            .field("body_budget_bytes", &self.body_budget_bytes)
             .field("disk_high_pct", &self.disk_high_pct)
             .field("join", &self.join)
             .finish()
@@ -117,6 +132,14 @@ pub struct ConfigError {
     /// What is wrong (never echoes a secret).
     pub problem: String,
 }
+
+/// Default largest message payload: one message always fits in the 8 MiB a fetch reads per
+/// entry by default, and one large message cannot hold up everyone else's reads for long.
+const DEFAULT_MAX_MESSAGE: usize = 8 << 20;
+/// Default budget of request bodies in memory per port (or `QUEEN_MAX_BODY_BYTES` if larger).
+const DEFAULT_BODY_BUDGET: usize = 256 << 20;
+/// Largest budget of request bodies in memory per port.
+const MAX_BODY_BUDGET: usize = 16 << 30;
 
 fn bad(variable: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError { variable, problem: problem.into() }
@@ -217,6 +240,21 @@ impl RawConfig {
         if !(100..=600_000).contains(&timeout_ms) {
             return Err(bad("QUEEN_REQUEST_TIMEOUT_MS", format!("{timeout_ms} is outside 100..=600000")));
         }
+        let max_message_bytes: usize = number(&self.max_message_bytes, "QUEEN_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE.min(max_body_bytes), "a byte count")?;
+        if !(1024..=max_body_bytes).contains(&max_message_bytes) {
+            return Err(bad("QUEEN_MAX_MESSAGE_BYTES", format!("{max_message_bytes} is outside 1024..={max_body_bytes} (a message must fit in a body: at most QUEEN_MAX_BODY_BYTES)")));
+        }
+        let body_timeout_ms: u64 = number(&self.body_timeout_ms, "QUEEN_BODY_TIMEOUT_MS", 30_000, "milliseconds")?;
+        if !(1000..=600_000).contains(&body_timeout_ms) {
+            return Err(bad("QUEEN_BODY_TIMEOUT_MS", format!("{body_timeout_ms} is outside 1000..=600000")));
+        }
+        let body_budget_bytes: usize = number(&self.body_budget_bytes, "QUEEN_BODY_BUDGET_BYTES", DEFAULT_BODY_BUDGET.max(max_body_bytes), "a byte count")?;
+        if !(max_body_bytes..=MAX_BODY_BUDGET).contains(&body_budget_bytes) {
+            return Err(bad(
+                "QUEEN_BODY_BUDGET_BYTES",
+                format!("{body_budget_bytes} is outside {max_body_bytes}..={MAX_BODY_BUDGET} (at least QUEEN_MAX_BODY_BYTES, so one largest body fits)"),
+            ));
+        }
         let disk_high_pct: u8 = number(&self.disk_high_pct, "QUEEN_RAFT_DISK_HIGH_PCT", 85, "a percentage (1-100)")?;
         if !(1..=100).contains(&disk_high_pct) {
             return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
@@ -249,6 +287,9 @@ impl RawConfig {
             token,
             max_body_bytes,
             request_timeout: Duration::from_millis(timeout_ms),
+            max_message_bytes,
+            body_timeout: Duration::from_millis(body_timeout_ms),
+            body_budget_bytes,
         })
     }
 }
@@ -270,6 +311,25 @@ mod tests {
             .unwrap();
         assert_eq!(c.node_id, 3);
         assert_eq!(RawConfig { port: Some("  ".into()), ..RawConfig::default() }.validate().unwrap().port, 6632);
+    }
+
+    #[test]
+    fn body_bounds_have_defaults_and_ranges() {
+        let c = RawConfig::default().validate().unwrap();
+        assert_eq!((c.body_timeout, c.body_budget_bytes), (Duration::from_secs(30), 256 << 20));
+        let big = RawConfig { max_body_bytes: Some((512u64 << 20).to_string()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(big.body_budget_bytes, 512 << 20, "the default budget holds one largest body");
+        assert_eq!(c.max_message_bytes, 8 << 20);
+        let small = RawConfig { max_body_bytes: Some("4096".into()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(small.max_message_bytes, 4096, "a message never exceeds the body limit");
+        let e = RawConfig { max_message_bytes: Some((128u64 << 20).to_string()), ..RawConfig::default() }.validate().unwrap_err();
+        assert_eq!(e.variable, "QUEEN_MAX_MESSAGE_BYTES");
+        let e = RawConfig { body_budget_bytes: Some("1000".into()), ..RawConfig::default() }.validate().unwrap_err();
+        assert_eq!(e.variable, "QUEEN_BODY_BUDGET_BYTES");
+        for bad in ["999", "600001", "soon"] {
+            let e = RawConfig { body_timeout_ms: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            assert_eq!(e.variable, "QUEEN_BODY_TIMEOUT_MS", "{bad}");
+        }
     }
 
     #[test]

@@ -101,6 +101,12 @@ pub async fn run(
     raft_cfg.join = cfg.join;
     raft_cfg.log_kinds = kinds;
     raft_cfg.faults_file = knobs.faults_file;
+    // The raft port carries one client body per forwarded command, and appends split at
+    // `MAX_APPEND_BYTES` unless one entry is larger: bound its bodies by the largest client
+    // body plus room for the entry's own framing.
+    raft_cfg.max_body_bytes = cfg.max_body_bytes.saturating_add(1 << 20).max(queen_raft::MAX_APPEND_BYTES);
+    raft_cfg.body_timeout = cfg.body_timeout;
+    raft_cfg.body_budget_bytes = cfg.body_budget_bytes.max(raft_cfg.max_body_bytes);
     raft_cfg.peers = cfg
         .peers
         .iter()
@@ -118,6 +124,7 @@ pub async fn run(
             Arc::new(move || fsync_source.fsync_count()),
         )
         .with_disk_gate(cfg.disk_high_pct)
+        .with_max_message_bytes(cfg.max_message_bytes)
         .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
         .with_client_offload(cfg.client_offload)
         .with_log_kinds(kinds)
@@ -192,7 +199,13 @@ pub async fn run(
     queen_http::serve(
         listener,
         broker.clone(),
-        queen_http::ServeConfig { max_body_bytes: cfg.max_body_bytes, drain: DRAIN },
+        queen_http::ServeConfig {
+            max_body_bytes: cfg.max_body_bytes,
+            body_timeout: cfg.body_timeout,
+            body_budget_bytes: cfg.body_budget_bytes,
+            admin_token: cfg.token.clone(),
+            drain: DRAIN,
+        },
         handover,
     )
     .await;

@@ -82,6 +82,15 @@ struct ServeArgs {
     /// Deadline of a request that has to commit, in ms [default: 30000].
     #[arg(long, env = "QUEEN_REQUEST_TIMEOUT_MS")]
     request_timeout_ms: Option<String>,
+    /// Largest payload of one message, KV value or timer payload, in bytes [default: 8388608].
+    #[arg(long, env = "QUEEN_MAX_MESSAGE_BYTES")]
+    max_message_bytes: Option<String>,
+    /// How long a request body may take to arrive, in ms (client and raft ports) [default: 30000].
+    #[arg(long, env = "QUEEN_BODY_TIMEOUT_MS")]
+    body_timeout_ms: Option<String>,
+    /// Bytes of request bodies held in memory at once, per port [default: 268435456].
+    #[arg(long, env = "QUEEN_BODY_BUDGET_BYTES")]
+    body_budget_bytes: Option<String>,
     /// Disk use (percent) above which client writes answer 507 [default: 85].
     #[arg(long, env = "QUEEN_RAFT_DISK_HIGH_PCT")]
     disk_high_pct: Option<String>,
@@ -133,6 +142,9 @@ fn main() -> ExitCode {
         replicator: args.replicator,
         max_body_bytes: args.max_body_bytes,
         request_timeout_ms: args.request_timeout_ms,
+        max_message_bytes: args.max_message_bytes,
+        body_timeout_ms: args.body_timeout_ms,
+        body_budget_bytes: args.body_budget_bytes,
         disk_high_pct: args.disk_high_pct,
         join: args.join,
         client_offload: args.client_offload,

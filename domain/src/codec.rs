@@ -22,6 +22,18 @@ pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreE
     })
 }
 
+/// Decode the leading fields of a stored record as a `T` and leave the rest unread (postcard
+/// encodes fields in order, so a struct of a record's first fields reads its head).
+///
+/// # Errors
+/// `StoreError::Corrupt` when the bytes do not start with a `T`.
+pub fn decode_head<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
+    postcard::take_from_bytes(bytes).map(|(head, _rest)| head).map_err(|e| StoreError::Corrupt {
+        key: escape(key),
+        detail: e.to_string(),
+    })
+}
+
 /// A key shown printable for errors and logs.
 #[must_use]
 pub fn escape(key: &[u8]) -> String {
@@ -47,6 +59,16 @@ mod tests {
         trace_id: Option<String>,
         stamp: Stamp,
         payload: Vec<u8>,
+    }
+
+    /// A message's head reads without its payload, and gives the same fields as the whole record.
+    #[test]
+    fn a_message_head_reads_the_fields_before_the_payload() {
+        let m = MessageRec { transaction_id: "t-9".to_owned(), id: [7; 16], trace_id: None, stamp: Stamp(42), payload: vec![b'x'; 10_000] };
+        let bytes = super::encode(&m);
+        let head: crate::model::MessageHead = super::decode_head(b"k", &bytes).unwrap();
+        assert_eq!((head.transaction_id.as_str(), head.id, head.trace_id, head.stamp), ("t-9", [7; 16], None, Stamp(42)));
+        assert!(super::decode_head::<crate::model::MessageHead>(b"k", &bytes[..5]).is_err());
     }
 
     /// Payloads are encoded as one byte string; stores and logs written when they were a

@@ -264,6 +264,21 @@ pub struct MessageRec {
     pub payload: Vec<u8>,
 }
 
+/// The fields of a stored message before its payload, decoded without reading the payload
+/// (postcard encodes fields in order and the payload is last), for rules that need only the
+/// stamp or the transactionId.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct MessageHead {
+    /// The producer's idempotency key.
+    pub transaction_id: String,
+    /// UUIDv7 bytes minted by the proposing node.
+    pub id: [u8; 16],
+    /// Optional trace id.
+    pub trace_id: Option<String>,
+    /// The push's stamp.
+    pub stamp: Stamp,
+}
+
 /// A dedup index row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRec {

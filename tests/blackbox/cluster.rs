@@ -235,6 +235,48 @@ fn a_rolling_restart_under_a_writer_loses_and_doubles_nothing() {
     eprintln!("rolling restart: {} acknowledged writes, all on every node once", acked.len());
 }
 
+/// A client without the cluster's raft token can neither add a learner (so the leader never
+/// connects to an address a stranger chose, where it would send the token) nor remove a voter.
+#[test]
+fn membership_changes_need_the_raft_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let leader = leader_index(&nodes, None).expect("a leader");
+    // A listener of the stranger's: the address it asks the cluster to replicate to.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let trap_addr = trap.local_addr().unwrap().to_string();
+    let learner = json!({"id": 4, "raft": trap_addr, "http": trap_addr});
+    let learners = "/api/v1/system/raft/membership/learners";
+    for n in &nodes {
+        let none = n.post(learners, &learner);
+        assert_eq!(none.status, 401, "{}", none.text);
+        assert_eq!(none.json["code"], "unauthorized", "{}", none.text);
+        assert!(none.text.contains("x-queen-raft-token"), "the error says what is missing: {}", none.text);
+        let wrong = n.try_request_with("POST", learners, Some(&learner.to_string()), &[("x-queen-raft-token", "guess")]).unwrap();
+        assert_eq!(wrong.status, 401, "{}", wrong.text);
+        let wrong_len = n.try_request_with("POST", learners, Some(&learner.to_string()), &[("x-queen-raft-token", &format!("{TOKEN}x"))]).unwrap();
+        assert_eq!(wrong_len.status, 401, "{}", wrong_len.text);
+        let remove = n.request("DELETE", "/api/v1/system/raft/membership/members/3", None);
+        assert_eq!(remove.status, 401, "{}", remove.text);
+        let promote = n.post("/api/v1/system/raft/membership/promote", &json!({"ids": [3]}));
+        assert_eq!(promote.status, 401, "{}", promote.text);
+        // Reading the membership stays open.
+        assert_eq!(n.get("/api/v1/system/raft/membership").status, 200);
+    }
+    // Nothing was added or removed, and nobody ever connected to the stranger's address.
+    std::thread::sleep(Duration::from_secs(2));
+    let list = nodes[leader].get("/api/v1/system/raft/membership");
+    let members = list.json["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{}", list.text);
+    assert!(members.iter().all(|m| m["voter"] == true), "{}", list.text);
+    assert!(trap.accept().is_err(), "the leader connected to an address a client without the token chose");
+    // The token opens the route (here: a bad body, refused on its own merits).
+    let ok = nodes[leader].admin("POST", learners, Some(&json!({"id": 4})));
+    assert_eq!(ok.status, 400, "{}", ok.text);
+    assert!(nodes.iter().all(|n| !n.log_text().contains(TOKEN)), "the token never reaches a log line");
+}
+
 #[test]
 fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,10 +293,10 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
     assert_eq!(members.len(), 3, "{}", list.text);
     assert!(members.iter().all(|m| m["live"] == true), "the leader's view of liveness: {}", list.text);
     // Remove the member, wipe its disk, start it empty with QUEEN_RAFT_JOIN, add and promote it.
-    let r = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    let r = nodes[other].admin("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["members"].as_array().unwrap().len(), 2, "{}", r.text);
-    let again = nodes[other].request("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
+    let again = nodes[other].admin("DELETE", &format!("/api/v1/system/raft/membership/members/{gone_id}"), None);
     assert_eq!(again.status, 200, "idempotent: {}", again.text);
     assert_eq!(again.json["members"].as_array().unwrap().len(), 2, "{}", again.text);
     nodes[gone].kill9();
@@ -270,14 +312,14 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
         .and_then(|p| p.split_once('=').map(|(_, a)| a.split('/').next().unwrap_or_default().to_owned()))
         .unwrap();
     let learner = json!({"id": gone_id, "raft": raft_addr, "http": format!("127.0.0.1:{}", nodes[gone].port)});
-    let add = nodes[other].post("/api/v1/system/raft/membership/learners", &learner);
+    let add = nodes[other].admin("POST", "/api/v1/system/raft/membership/learners", Some(&learner));
     assert_eq!(add.status, 200, "{}", add.text);
-    let add_again = nodes[other].post("/api/v1/system/raft/membership/learners", &learner);
+    let add_again = nodes[other].admin("POST", "/api/v1/system/raft/membership/learners", Some(&learner));
     assert_eq!(add_again.status, 200, "idempotent: {}", add_again.text);
-    let promote = nodes[other].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]}));
+    let promote = nodes[other].admin("POST", "/api/v1/system/raft/membership/promote", Some(&json!({"ids": [gone_id]})));
     assert!(promote.status == 200 || promote.json["code"] == "learner_behind", "{}", promote.text);
     assert!(
-        eventually(Duration::from_secs(30), || nodes[other].post("/api/v1/system/raft/membership/promote", &json!({"ids": [gone_id]})).status == 200),
+        eventually(Duration::from_secs(30), || nodes[other].admin("POST", "/api/v1/system/raft/membership/promote", Some(&json!({"ids": [gone_id]}))).status == 200),
         "the learner was never promoted"
     );
     let after = nodes[leader].get("/api/v1/system/raft/membership");
@@ -286,7 +328,7 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
     let f = nodes[gone].post("/api/v1/fetch", &json!({"entries": [{"queue": "m", "partition": "Default", "offset": 0}]}));
     assert_eq!(f.json["entries"][0]["records"][0]["transactionId"], "before", "{}", f.text);
     // Bad requests name the field.
-    let bad = nodes[leader].post("/api/v1/system/raft/membership/learners", &json!({"id": 9, "raft": "nowhere"}));
+    let bad = nodes[leader].admin("POST", "/api/v1/system/raft/membership/learners", Some(&json!({"id": 9, "raft": "nowhere"})));
     assert_eq!(bad.status, 400);
     assert!(bad.text.contains("raft"), "{}", bad.text);
 

@@ -166,13 +166,33 @@ impl Node {
     /// # Errors
     /// Connection failures.
     pub fn try_request(&self, method: &str, path: &str, body: Option<&str>) -> Result<Answer, String> {
+        self.try_request_with(method, path, body, &[])
+    }
+
+    /// One request with extra headers; transport errors are returned.
+    ///
+    /// # Errors
+    /// Connection failures.
+    pub fn try_request_with(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Result<Answer, String> {
         let url = self.url(path);
+        let with = |mut r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| {
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r
+        };
+        let with_body = |mut r: ureq::RequestBuilder<ureq::typestate::WithBody>| {
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r
+        };
         let resp = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            ("POST", Some(b)) => self.agent.post(&url).header("content-type", "application/json").send(b),
-            ("POST", None) => self.agent.post(&url).send_empty(),
-            ("PUT", Some(b)) => self.agent.put(&url).header("content-type", "application/json").send(b),
+            ("GET", _) => with(self.agent.get(&url)).call(),
+            ("DELETE", _) => with(self.agent.delete(&url)).call(),
+            ("POST", Some(b)) => with_body(self.agent.post(&url)).header("content-type", "application/json").send(b),
+            ("POST", None) => with_body(self.agent.post(&url)).send_empty(),
+            ("PUT", Some(b)) => with_body(self.agent.put(&url)).header("content-type", "application/json").send(b),
             _ => return Err(format!("unsupported {method}")),
         };
         let mut resp = resp.map_err(|e| e.to_string())?;
@@ -182,6 +202,18 @@ impl Node {
         resp.body_mut().as_reader().read_to_string(&mut text).map_err(|e| e.to_string())?;
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
         Ok(Answer { status, json, text, retry_after })
+    }
+
+    /// An admin request (membership changes): carries this node's raft token in
+    /// `x-queen-raft-token`, as an operator's curl does.
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub fn admin(&self, method: &str, path: &str, body: Option<&Value>) -> Answer {
+        let token = self.env_value("QUEEN_RAFT_TOKEN").unwrap_or_default();
+        let text = body.map(Value::to_string);
+        self.try_request_with(method, path, text.as_deref(), &[("x-queen-raft-token", &token)])
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// A request that must reach the node.

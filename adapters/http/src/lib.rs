@@ -2,12 +2,14 @@
 //!
 //! Owns: routing (every path segment percent-decoded, `+` read as a space in queries), the JSON
 //! wire shapes of the contract (`shared/spec/API.md`), input validation that names the bad
-//! field, body size limits (413), the error envelope `{"error", "code"}`, and minting of ids a
+//! field, body bounds (413 too large, 408 too slow, 503 over the node's body budget), the
+//! admin credential of `/api/v1/system/*` changes, the error envelope `{"error", "code"}`, and minting of ids a
 //! request left out (transactionId, message id) before anything is proposed.
 //! Must never depend on: openraft or the storage engine. It calls the application through the
 //! `Api` trait, so it can be tested with any implementation.
 
 mod api;
+mod body;
 mod error;
 mod json;
 mod kv_json;
@@ -19,4 +21,5 @@ mod server;
 mod timers_json;
 
 pub use api::{Api, ApiError, HealthView, MembershipOp, PopRequest};
-pub use server::{ServeConfig, serve};
+pub use body::BodyBudget;
+pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};

@@ -13,11 +13,17 @@ use crate::api::{Api, ApiError};
 use crate::error::{error_response, json_response, no_content, text_response};
 use crate::{json, kv_json, pop_query, reads, render};
 
-/// Decode every path segment; empty segments (doubled slashes) are dropped.
-pub(crate) fn segments(path: &str) -> Vec<String> {
+/// Decode every path segment; empty segments (doubled slashes) are dropped. A segment whose
+/// percent-escapes do not decode to UTF-8 (`%ff`) is a 400, never a replacement character.
+pub(crate) fn segments(path: &str) -> Result<Vec<String>, ApiError> {
     path.split('/')
         .filter(|s| !s.is_empty())
-        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
+        .enumerate()
+        .map(|(i, s)| {
+            percent_encoding::percent_decode_str(s).decode_utf8().map(std::borrow::Cow::into_owned).map_err(|_| {
+                ApiError::new(400, "bad_path", format!("path segment {} does not decode to UTF-8 (a bad percent-escape)", i + 1))
+            })
+        })
         .collect()
 }
 

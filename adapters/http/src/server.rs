@@ -1,5 +1,6 @@
 //! The listener: one hyper HTTP/1.1 connection task per client, a tower service per request,
-//! body limits, and a graceful stop that lets requests in flight finish.
+//! the admin credential check, body bounds (size, deadline, node-wide budget), and a graceful
+//! stop that lets requests in flight finish.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -7,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
+use subtle::ConstantTimeEq;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -16,55 +18,124 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::api::{Api, ApiError};
+use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
 use crate::router::{finish, handle, route_label, segments};
 
 /// Listener settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeConfig {
     /// Largest request body accepted, in bytes (larger: 413).
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive, from the end of its headers (then 408).
+    pub body_timeout: Duration,
+    /// Bytes of request bodies held in memory at once, over every connection (then 503).
+    pub body_budget_bytes: usize,
+    /// The credential of the state-changing admin routes (`/api/v1/system/*`): the cluster's
+    /// raft token, sent in `x-queen-raft-token`. Unset: those routes are refused.
+    pub admin_token: Option<String>,
     /// How long a stop waits for requests in flight.
     pub drain: Duration,
 }
 
-async fn serve_one<A: Api>(api: Arc<A>, max_body: usize, req: Request<Incoming>) -> Response<Full<Bytes>> {
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("body_timeout", &self.body_timeout)
+            .field("body_budget_bytes", &self.body_budget_bytes)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("drain", &self.drain)
+            .finish()
+    }
+}
+
+/// The header that carries the admin credential (the raft token).
+pub const ADMIN_TOKEN_HEADER: &str = "x-queen-raft-token";
+
+/// What every request of one listener shares.
+struct Shared<A> {
+    api: Arc<A>,
+    limits: BodyLimits,
+    budget: BodyBudget,
+    admin_token: Option<String>,
+}
+
+/// Whether a route changes the cluster's administration (membership): those need the admin
+/// credential. Reading the membership does not.
+fn is_admin_change(method: &hyper::Method, segs: &[&str]) -> bool {
+    method != hyper::Method::GET && matches!(segs, ["api", "v1", "system", ..])
+}
+
+/// The admin credential check, before any body byte is read (so a stranger's request holds no
+/// memory and reaches no membership code).
+fn check_admin(expected: Option<&str>, given: Option<&hyper::header::HeaderValue>) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Err(ApiError::new(
+            403,
+            "forbidden",
+            "membership changes are refused on this node: it has no QUEEN_RAFT_TOKEN, the credential they need",
+        ));
+    };
+    let Some(given) = given else {
+        return Err(ApiError::new(401, "unauthorized", format!("membership changes need the cluster's raft token in the {ADMIN_TOKEN_HEADER} header")));
+    };
+    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::new(401, "unauthorized", format!("the {ADMIN_TOKEN_HEADER} header does not hold this cluster's raft token")))
+    }
+}
+
+async fn serve_one<A: Api>(shared: Arc<Shared<A>>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
-    let segs_owned = segments(&path);
-    let segs: Vec<&str> = segs_owned.iter().map(String::as_str).collect();
-    let label = route_label(&method, &segs);
-    let too_large = || ApiError::new(413, "payload_too_large", format!("body must be at most {max_body} bytes"));
-    let declared = req
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let response = if declared.is_some_and(|n| n > max_body) {
-        error_response(&too_large())
-    } else {
-        match Limited::new(req.into_body(), max_body).collect().await {
-            Ok(body) => {
-                let body = body.to_bytes();
-                finish(handle(&api, &method, &segs, &query, &body).await)
-            }
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => error_response(&too_large()),
-            Err(e) => error_response(&ApiError::new(400, "bad_body", format!("body could not be read: {e}"))),
+    let (response, label) = match segments(&path) {
+        Err(e) => (error_response(&e), "other"),
+        Ok(segs_owned) => {
+            let segs: Vec<&str> = segs_owned.iter().map(String::as_str).collect();
+            let label = route_label(&method, &segs);
+            (answer(&shared, &method, &segs, &query, req).await, label)
         }
     };
     let status = response.status().as_u16();
-    api.observe_request(label, status, started.elapsed().as_secs_f64());
+    shared.api.observe_request(label, status, started.elapsed().as_secs_f64());
     if status >= 500 {
         tracing::warn!(target: "queen-http", %method, route = label, status, "request failed");
     }
     response
 }
 
+async fn answer<A: Api>(shared: &Shared<A>, method: &hyper::Method, segs: &[&str], query: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if is_admin_change(method, segs)
+        && let Err(e) = check_admin(shared.admin_token.as_deref(), req.headers().get(ADMIN_TOKEN_HEADER))
+    {
+        tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
+        return error_response(&e);
+    }
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
+        // The body's budget is held until the answer is built.
+        Ok(body) => finish(handle(&shared.api, method, segs, query, &body.bytes).await),
+        Err(e) => error_response(&e),
+    }
+}
+
 /// Serve the API on `listener` until `shutdown` resolves, then stop accepting and let the
 /// requests in flight finish (at most `cfg.drain`).
 pub async fn serve<A: Api>(listener: TcpListener, api: Arc<A>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) {
+    let shared = Arc::new(Shared {
+        api,
+        limits: BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout },
+        budget: BodyBudget::new(cfg.body_budget_bytes),
+        admin_token: cfg.admin_token.clone(),
+    });
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(Duration::from_secs(30));
@@ -81,11 +152,10 @@ pub async fn serve<A: Api>(listener: TcpListener, api: Arc<A>, cfg: ServeConfig,
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let api = api.clone();
-                let max_body = cfg.max_body_bytes;
+                let shared = shared.clone();
                 let svc = tower::service_fn(move |req: Request<Incoming>| {
-                    let api = api.clone();
-                    async move { Ok::<_, Infallible>(serve_one(api, max_body, req).await) }
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(serve_one(shared, req).await) }
                 });
                 let svc = tower::ServiceBuilder::new().concurrency_limit(1024).service(svc);
                 let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));

@@ -61,7 +61,19 @@ pub struct RaftNodeConfig {
     /// Test only: a file listing the node ids (comma separated) this node drops all raft-port
     /// traffic to. `None` (the default, and always outside tests) means no fault layer at all.
     pub faults_file: Option<PathBuf>,
+    /// Largest request body the raft port accepts (larger: 413). Appends are split below
+    /// [`MAX_APPEND_BYTES`] unless one entry is larger, so this must hold the largest entry.
+    pub max_body_bytes: usize,
+    /// How long a request body may take to arrive on the raft port (then 408).
+    pub body_timeout: std::time::Duration,
+    /// Bytes of request bodies the raft port holds in memory at once (then 503, and the sender
+    /// retries); snapshot streams are bounded per frame instead.
+    pub body_budget_bytes: usize,
 }
+
+/// An append sent to one follower carries entries up to this many bytes of commands (at least
+/// one entry, whatever its size); the rest follow in the next append.
+pub const MAX_APPEND_BYTES: usize = 8 << 20;
 
 impl RaftNodeConfig {
     /// A single-voter node with the default timings.
@@ -78,6 +90,9 @@ impl RaftNodeConfig {
             join: false,
             log_kinds: 1,
             faults_file: None,
+            max_body_bytes: 64 << 20,
+            body_timeout: std::time::Duration::from_secs(30),
+            body_budget_bytes: 256 << 20,
         }
     }
 

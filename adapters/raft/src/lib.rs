@@ -29,6 +29,7 @@ pub use config::DEFAULT_ELECTION_MAX_MS;
 pub use config::DEFAULT_ELECTION_MIN_MS;
 pub use config::DEFAULT_HEARTBEAT_MS;
 pub use config::DEFAULT_SNAPSHOT_EVERY_ENTRIES;
+pub use config::MAX_APPEND_BYTES;
 pub use config::Peer;
 pub use config::RaftNodeConfig;
 pub use error::RaftConfigError;

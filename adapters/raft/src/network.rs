@@ -35,6 +35,7 @@ use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 
+use crate::config::MAX_APPEND_BYTES;
 use crate::state_machine::SnapshotData;
 use crate::type_config::NodeInfo;
 use crate::type_config::Snapshot;
@@ -215,6 +216,22 @@ impl Transport {
     }
 }
 
+/// How many leading entries fit in `limit` bytes of commands (at least one).
+fn entries_within(entries: &[crate::type_config::Entry], limit: usize) -> usize {
+    let mut total = 0usize;
+    for (i, e) in entries.iter().enumerate() {
+        let size = match &e.payload {
+            openraft::EntryPayload::Normal(c) => c.0.len(),
+            _ => 64,
+        };
+        total = total.saturating_add(size);
+        if total > limit && i > 0 {
+            return i;
+        }
+    }
+    entries.len()
+}
+
 /// A complete body.
 pub(crate) fn full(b: Bytes) -> ReqBody {
     Full::new(b).map_err(|never| match never {}).boxed()
@@ -255,12 +272,25 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.transport
+        // Bodies on the raft port are bounded: send the entries that fit in MAX_APPEND_BYTES
+        // (at least one) and tell openraft how far this append went; it sends the rest next.
+        let keep = entries_within(&rpc.entries, MAX_APPEND_BYTES);
+        let cut = keep < rpc.entries.len();
+        if cut {
+            rpc.entries.truncate(keep);
+        }
+        let last = rpc.entries.last().map(|e| e.log_id);
+        let resp: AppendEntriesResponse<TypeConfig> = self
+            .transport
             .call(self.target, &self.addr, wire::APPEND, &rpc, option.soft_ttl())
-            .await
+            .await?;
+        Ok(match resp {
+            AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
+            other => other,
+        })
     }
 
     async fn vote(

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use openraft::ReadPolicy;
+use tokio::sync::Semaphore;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
@@ -34,6 +35,7 @@ use crate::network::CallError;
 use crate::network::NetworkFactory;
 use crate::network::Transport;
 use crate::network::full;
+use crate::server::BodyLimits;
 use crate::server::RaftServer;
 use crate::state_machine::StateMachineStore;
 use crate::type_config::Command;
@@ -156,7 +158,8 @@ impl RaftNode {
                 .find(|p| p.id == cfg.node_id)
                 .map(|p| p.raft_addr.clone())
                 .unwrap_or_default();
-            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id, transport.clone(), cfg.log_kinds).await {
+            let limits = BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout, budget: Arc::new(Semaphore::new(cfg.body_budget_bytes)) };
+            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id, transport.clone(), cfg.log_kinds, limits).await {
                 Ok(s) => server = Some(s),
                 Err(source) => {
                     // Stop the core so the log directory is released.

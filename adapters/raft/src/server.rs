@@ -21,6 +21,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use openraft::ReadPolicy;
 use tokio::net::TcpListener;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::Semaphore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -40,8 +42,21 @@ use crate::wire;
 /// How long the receiver waits for the next piece of a streamed snapshot.
 const SNAPSHOT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The bounds of request bodies on the raft port.
+pub(crate) struct BodyLimits {
+    /// Largest body (413 above).
+    pub(crate) max_bytes: usize,
+    /// How long a whole body may take to arrive (408 after); a snapshot stream's frames one by
+    /// one instead.
+    pub(crate) timeout: Duration,
+    /// Bytes of bodies held at once, one permit per byte (503 when out: the sender retries).
+    pub(crate) budget: Arc<Semaphore>,
+}
+
 /// What the handlers need.
 struct Ctx {
+    /// Body bounds.
+    limits: BodyLimits,
     /// The local raft node.
     raft: Raft,
     /// The expected token.
@@ -71,10 +86,12 @@ impl RaftServer {
         node_id: u64,
         transport: Arc<Transport>,
         log_kinds: u32,
+        limits: BodyLimits,
     ) -> std::io::Result<RaftServer> {
         let listener = TcpListener::bind(addr).await?;
         tracing::info!(node_id, addr, "raft port listening");
         let ctx = Arc::new(Ctx {
+            limits,
             raft,
             token,
             node_id,
@@ -170,9 +187,9 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
     if path == wire::SNAPSHOT {
         return receive_snapshot(&ctx, req.into_body()).await;
     }
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return fail(StatusCode::BAD_REQUEST, e),
+    let (body, _held) = match read_body(&ctx.limits, req).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     let raft = &ctx.raft;
     match path.as_str() {
@@ -235,6 +252,38 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
         },
         _ => fail(StatusCode::NOT_FOUND, "no such route"),
     }
+}
+
+/// Read a whole body within the port's bounds; the permit holds its bytes in the budget until
+/// the answer is built.
+async fn read_body(limits: &BodyLimits, req: Request<Incoming>) -> Result<(Bytes, OwnedSemaphorePermit), Response<Full<Bytes>>> {
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || fail(StatusCode::PAYLOAD_TOO_LARGE, format!("raft-port bodies are at most {} bytes", limits.max_bytes));
+    // Raft RPCs declare their length (full bodies; hyper leaves it out only when empty): the
+    // whole of it is reserved before a byte is read. An undeclared body is read up to the limit
+    // and then takes its budget.
+    let len = declared.unwrap_or(0);
+    if len > limits.max_bytes {
+        return Err(too_large());
+    }
+    let busy = || fail(StatusCode::SERVICE_UNAVAILABLE, "the raft port holds its limit of request bodies in memory; retry");
+    let reserve = |n: usize| u32::try_from(n).ok().and_then(|n| limits.budget.clone().try_acquire_many_owned(n).ok());
+    let mut permit = reserve(len).ok_or_else(busy)?;
+    let limited = http_body_util::Limited::new(req.into_body(), if declared.is_some() { len } else { limits.max_bytes });
+    let bytes = match tokio::time::timeout(limits.timeout, limited.collect()).await {
+        Err(_) => return Err(fail(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time")),
+        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+        Ok(Err(e)) => return Err(fail(StatusCode::BAD_REQUEST, e)),
+        Ok(Ok(b)) => b.to_bytes(),
+    };
+    if bytes.len() > len {
+        permit.merge(reserve(bytes.len() - len).ok_or_else(busy)?);
+    }
+    Ok((bytes, permit))
 }
 
 /// Collect a streamed snapshot (header, chunks, end marker) and install it.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::keys;
-use crate::model::{CursorRec, LeaseRec, MessageRec, PartitionRec, QueueRec};
+use crate::model::{CursorRec, LeaseRec, MessageHead, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
@@ -139,16 +139,20 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
         };
         let hold = sink_hold(txn, &o, &p.queue, stamp)?;
         let budget = (*deletes / 2).max(1);
-        let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
-            txn,
-            &keys::message(p.pid, p.log_start),
-            &keys::message(p.pid, p.next_offset),
-            budget,
-        )?;
-        let before = p.log_start;
-        let mut purged = None;
-        for (k, m) in msgs {
-            let offset = keys::offset_of_message_key(&k).unwrap_or(p.log_start);
+        // Walk from the oldest message and stop at the first one retention keeps: only the
+        // messages deleted here (and that one) are read, and only their heads are decoded, so a
+        // large payload is never copied for a stamp.
+        let mut doomed: Vec<(Vec<u8>, u64, MessageHead)> = Vec::new();
+        let mut failed = None;
+        StateRead::scan(&*txn, &keys::message(p.pid, p.log_start), &keys::message(p.pid, p.next_offset), &mut |k, v| {
+            let m = match crate::codec::decode_head::<MessageHead>(k, v) {
+                Ok(m) => m,
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
+            };
+            let offset = keys::offset_of_message_key(k).unwrap_or(p.log_start);
             let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
             let held = hold.is_some_and(|h| m.stamp > h);
             let expired = aged(o.max_wait_time_seconds)
@@ -156,8 +160,17 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
                     && (aged(o.retention_seconds)
                         || (min_cursor.is_some_and(|mc| offset < mc) && aged(o.completed_retention_seconds))));
             if !expired {
-                break;
+                return false;
             }
+            doomed.push((k.to_vec(), offset, m));
+            doomed.len() < budget
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let before = p.log_start;
+        let mut purged = None;
+        for (k, offset, m) in doomed {
             purged = Some(m.stamp);
             txn.delete(k);
             txn.delete(keys::dedup(p.pid, &m.transaction_id));
