@@ -10,7 +10,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::RowAccessor;
 use parquet::schema::parser::parse_message_type;
 use queen_domain::sink::commit::Manifest;
-use queen_domain::sink::keys::encode;
+use queen_domain::sink::keys::{encode_queue, encode_tenant};
 use queen_domain::time::Stamp;
 use serde::{Deserialize, Serialize};
 
@@ -130,7 +130,7 @@ pub async fn verify(lake: &Lake, prefix: &str) -> Result<VerifyReport, LakeError
                 continue;
             }
         };
-        if encode(&manifest.tenant) != tenant || encode(&manifest.queue) != queue || manifest.k != k {
+        if encode_tenant(&manifest.tenant) != tenant || encode_queue(&manifest.queue) != queue || manifest.k != k {
             report.problems.push(format!(
                 "{key}: holds tenant {} queue {} window {}, not what its key says",
                 manifest.tenant, manifest.queue, manifest.k

@@ -47,8 +47,23 @@ pub(crate) struct QueueStatus {
     buffered: u64,
     partitions: u64,
     checkpoint_age: u64,
+    /// The last error of this queue on this node; kept once the queue recovers, with its time.
     last_error: Option<String>,
+    /// When `last_error` happened (ISO 8601, this node's clock).
+    last_error_at: Option<String>,
+    /// Whether the queue's last attempt on this node failed: set at the first failure, cleared
+    /// when a later attempt succeeds, so the sink's health turns red at once.
+    failing: bool,
     running: bool,
+}
+
+impl QueueStatus {
+    /// Record a failure: the row shows it and counts as failing until an attempt succeeds.
+    fn fail(&mut self, error: String) {
+        self.last_error = Some(error);
+        self.last_error_at = Some(queue::wall_iso());
+        self.failing = true;
+    }
 }
 
 /// What the supervisor and the queue tasks share.
@@ -486,6 +501,7 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                     q.state = "held";
                     q.held_by = Some(shared.settings.instance.clone());
                     q.running = true;
+                    q.failing = false;
                 });
                 // Counted in `held` now: tell the other nodes, then the next claim on this node
                 // may go.
@@ -494,9 +510,11 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                 }
                 drop(turn.take());
                 let ended = task.run().await;
+                // The queue is no longer this node's to write: its health is the next owner's.
                 shared.update_queue(&queue, |q| {
                     q.state = ended.state();
                     q.running = false;
+                    q.failing = false;
                 });
                 shared.set_buffered(&queue, 0);
                 match ended {
@@ -516,11 +534,13 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                     q.state = if fenced { "fenced" } else { "held" };
                     q.held_by = Some(holder);
                     q.running = false;
+                    q.failing = false;
                 });
                 ttl / 3
             }
             Err(e) => {
-                shared.update_queue(&queue, |q| q.last_error = Some(e));
+                tracing::warn!(target: "queen-s3", queue = %queue, error = %e, "sink queue claim failed");
+                shared.update_queue(&queue, |q| q.fail(e));
                 Duration::from_secs(1)
             }
         };
@@ -537,7 +557,10 @@ fn status_json(shared: &Shared) -> Value {
     let queues = shared.queues.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let max_lag = 3.0 * (shared.settings.max_window_ms as f64 / 1000.0).max(10.0);
     let lagging = queues.values().filter(|q| q.running && q.lag_seconds > max_lag).count();
-    let health_ok = lagging == 0;
+    // A queue this node cannot write is unhealthy from its first failed attempt: waiting for
+    // the lag to pass `max_lag` would keep the sink green for minutes while nothing lands.
+    let failing = queues.values().filter(|q| q.failing).count();
+    let health_ok = lagging == 0 && failing == 0;
     let held = queues.values().filter(|q| q.running).count() as u64;
     let n_queues = queues.len() as u64;
     let share = n_queues.div_ceil(sink.nodes.max(1));
@@ -560,6 +583,8 @@ fn status_json(shared: &Shared) -> Value {
                 "bufferedBytes": q.buffered,
                 "partitions": q.partitions,
                 "lastError": q.last_error,
+                "lastErrorAt": q.last_error_at,
+                "failing": q.failing,
             })
         })
         .collect();
@@ -574,7 +599,7 @@ fn status_json(shared: &Shared) -> Value {
             "phase": sink.phase,
             "error": sink.bucket_error,
             "ok": health_ok && sink.bucket_reachable,
-            "health": {"ok": health_ok, "queues": n_queues, "lagging": lagging},
+            "health": {"ok": health_ok, "queues": n_queues, "lagging": lagging, "failing": failing},
             "bucket": {"reachable": sink.bucket_reachable, "error": sink.bucket_error, "target": shared.lake.describe(), "createOnly": shared.lake.supports_create_only()},
             "placement": {"givingBack": shared.give_back.lock().unwrap_or_else(PoisonError::into_inner).clone(), "held": held, "nodes": sink.nodes, "queues": n_queues, "share": share},
             "memory": {

@@ -146,6 +146,20 @@ pub(super) struct QueueTask {
     pending: Option<Pending>,
     since_checkpoint: u64,
     safe: Stamp,
+    /// What failed last, while the row says `failing`.
+    failure: Option<Failure>,
+}
+
+/// What kind of attempt failed, so that only a later attempt that proves the same thing (or a
+/// committed window) turns the queue green again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// A restore or a step: any later successful step clears it.
+    Step,
+    /// A checkpoint: the next checkpoint or committed window clears it.
+    Checkpoint,
+    /// Only as a success: a window committed.
+    Window,
 }
 
 fn rules(s: &super::config::SinkSettings) -> WindowRules {
@@ -157,7 +171,7 @@ fn rules(s: &super::config::SinkSettings) -> WindowRules {
     }
 }
 
-fn wall_iso() -> String {
+pub(super) fn wall_iso() -> String {
     let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
     Stamp(u64::try_from(micros).unwrap_or(u64::MAX)).iso_micros()
 }
@@ -184,6 +198,7 @@ impl QueueTask {
             pending: None,
             since_checkpoint: 0,
             safe: Stamp(0),
+            failure: None,
         }
     }
 
@@ -191,10 +206,22 @@ impl QueueTask {
         self.shared.update_queue(&self.queue, f);
     }
 
-    fn error(&self, e: &str) {
+    /// A failed attempt (restore, read, a commit step, the lease refresh): logged once, and the
+    /// queue's row turns red at once (`failing`, `lastError`) until an attempt succeeds.
+    fn error(&mut self, e: &str) {
         tracing::warn!(target: "queen-s3", queue = %self.queue, error = %e, "sink queue error");
+        self.failure = Some(Failure::Step);
         let e = e.to_owned();
-        self.set(|q| q.last_error = Some(e));
+        self.set(|q| q.fail(e));
+    }
+
+    /// An attempt of `kind` succeeded: a failure of that kind is over. A committed window (which
+    /// wrote the lake and the KV store) ends a failure of any kind.
+    fn succeeded(&mut self, kind: Failure) {
+        if self.failure.is_some_and(|f| f == kind || kind == Failure::Window) {
+            self.failure = None;
+            self.set(|q| q.failing = false);
+        }
     }
 
     fn ttl_secs(&self) -> u64 {
@@ -305,7 +332,10 @@ impl QueueTask {
         self.set(|q| q.state = "restoring");
         loop {
             match self.restore().await {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.succeeded(Failure::Step);
+                    break;
+                }
                 Err(BatchError::Fenced) => return Ended::Fenced,
                 Err(BatchError::Retry(e)) => {
                     self.error(&e);
@@ -339,7 +369,10 @@ impl QueueTask {
             }
             match self.step(false).await {
                 Ok(Some(end)) => return end,
-                Ok(None) => backoff = POLL,
+                Ok(None) => {
+                    self.succeeded(Failure::Step);
+                    backoff = POLL;
+                }
                 Err(BatchError::Fenced) => return Ended::Fenced,
                 Err(BatchError::Retry(e)) => {
                     self.error(&e);
@@ -667,6 +700,7 @@ impl QueueTask {
                         q.bytes += bytes;
                     });
                     self.since_checkpoint += 1;
+                    self.succeeded(Failure::Window);
                     if k.is_multiple_of(s.checkpoint_every) {
                         self.checkpoint(k, t_end).await;
                     }
@@ -780,15 +814,23 @@ impl QueueTask {
         let c = Checkpoint { k, t_end, offsets };
         let key = self.keys(k, 0, 0).get().checkpoint();
         let body = serde_json::to_vec(&c).unwrap_or_default();
-        match queen_lake::encode::compress(&body, queen_lake::Compression::Zstd) {
-            Ok(z) => match self.shared.lake.put_create(&key, Bytes::from(z)).await {
-                Ok(_) => {
-                    self.since_checkpoint = 0;
-                    crash_point("checkpoint");
-                }
-                Err(e) => tracing::info!(target: "queen-s3", queue = %self.queue, k, error = %e, "checkpoint not written"),
-            },
-            Err(e) => tracing::info!(target: "queen-s3", queue = %self.queue, k, error = %e, "checkpoint not encoded"),
+        let written = match queen_lake::encode::compress(&body, queen_lake::Compression::Zstd) {
+            Ok(z) => self.shared.lake.put_create(&key, Bytes::from(z)).await.map_err(|e| format!("checkpoint of window {k} not written: {e}")),
+            Err(e) => Err(format!("checkpoint of window {k} not encoded: {e}")),
+        };
+        match written {
+            Ok(_) => {
+                self.since_checkpoint = 0;
+                self.succeeded(Failure::Checkpoint);
+                crash_point("checkpoint");
+            }
+            // The window is committed either way; the queue shows the failure until the next
+            // checkpoint or window lands, since a lake that refuses a checkpoint will likely
+            // refuse the next window too.
+            Err(e) => {
+                self.error(&e);
+                self.failure = Some(Failure::Checkpoint);
+            }
         }
     }
 
@@ -838,7 +880,7 @@ impl QueueTask {
         while Instant::now() < deadline {
             match self.step(true).await {
                 Ok(Some(e)) => return e,
-                Ok(None) => {}
+                Ok(None) => self.succeeded(Failure::Step),
                 Err(BatchError::Fenced) => return Ended::Fenced,
                 Err(BatchError::Retry(e)) => self.error(&e),
             }

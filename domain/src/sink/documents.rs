@@ -107,6 +107,19 @@ mod tests {
         assert!(crate::kv::check_ns(NS).is_ok());
     }
 
+    // The KV rows keep the whole encoded queue (at most 3 x 255 bytes), which always fits the
+    // store's 1024-byte keys, so these keys never needed shortening and none of them moved.
+    #[test]
+    fn document_keys_of_the_longest_queue_names_fit_the_kv_store() {
+        for queue in ["q".repeat(255), "漢".repeat(85), ".".repeat(255), "\u{1F600}".repeat(63)] {
+            assert!(crate::names::QueueName::new(queue.clone()).is_ok());
+            for key in [lease_key("default", &queue), intent_key("default", &queue), pointer_key("default", &queue)] {
+                assert!(key.len() <= 1024 - 200, "{} bytes", key.len());
+                assert!(crate::kv::check_key(&key).is_ok());
+            }
+        }
+    }
+
     fn present(held: &[u64]) -> Vec<PresenceDoc> {
         held.iter().enumerate().map(|(i, h)| PresenceDoc { instance: format!("node-{}", i + 1), held: *h }).collect()
     }

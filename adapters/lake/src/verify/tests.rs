@@ -192,3 +192,25 @@ fn jsonl_lines_must_be_canonical() {
     assert!(decode_jsonl(b"{\"partition\":\"p\",\"offset\":0,\"ts\":\"2026-10-03T06:37:37.501942Z\"}").is_err());
     assert!(decode_jsonl(b"").is_ok_and(|rows| rows.is_empty()));
 }
+
+/// Queues whose names are too long for a key component (255 bytes, 85 CJK characters) are
+/// stored under shortened keys on a real file system, and verify maps them back through the
+/// manifest's full name.
+#[tokio::test]
+async fn queues_with_names_too_long_for_a_component_verify_on_a_local_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(&LakeTarget::Local(dir.path().to_path_buf())).unwrap();
+    let long = "q".repeat(255);
+    let cjk = "漢".repeat(85);
+    for queue in [long.as_str(), cjk.as_str()] {
+        commit(&lake, queue, 1, (T0, T0 + 10), vec![rec("p", 0, T0 + 1)], Enc::Jsonl(Compression::Zstd), keep).await;
+        commit(&lake, queue, 2, (T0 + 10, T0 + 20), vec![rec("p", 1, T0 + 11)], Enc::Parquet, keep).await;
+    }
+    let report = verify(&lake, "queen").await.unwrap();
+    assert!(report.ok(), "{report:#?}");
+    let mut queues: Vec<(&str, u64)> = report.queues.iter().map(|q| (q.queue.as_str(), q.windows)).collect();
+    queues.sort_unstable();
+    let mut want = vec![(long.as_str(), 2), (cjk.as_str(), 2)];
+    want.sort_unstable();
+    assert_eq!(queues, want);
+}
