@@ -275,4 +275,64 @@ mod tests {
         assert_eq!(a.status, "completed");
         assert!(ack_single(br#"{"transactionId":"t"}"#).unwrap_err().message.contains("partitionId"));
     }
+
+
+    #[test]
+    fn push_stores_every_payload_as_written() {
+        for p in crate::raw::ODD_PAYLOADS {
+            let body = format!(r#"{{"items":[{{"queue":"q","payload": {p} , "unknown": 1e999}}, {{"queue":"q","data":{p}}}]}}"#);
+            let v = push_items(body.as_bytes()).unwrap_or_else(|e| panic!("{p}: {e}"));
+            assert_eq!(String::from_utf8_lossy(&v[0].payload), *p);
+            assert_eq!(String::from_utf8_lossy(&v[1].payload), *p, "data is the payload's other name");
+        }
+        let v = push_items(br#"{"items":[{"queue":"q"}]}"#).unwrap();
+        assert_eq!(v[0].payload, b"null");
+        let e = push_items(br#"{"items":[{"queue":1e400}]}"#).unwrap_err();
+        assert_eq!(e.message, "items[0].queue holds a number out of range");
+        assert_eq!(push_items(br#"{"items":{}}"#).unwrap_err().message, "items must be a list");
+        assert_eq!(push_items(br#"{"items":null}"#).unwrap_err().message, "items is required");
+        assert_eq!(push_items(br#"{"items":[7]}"#).unwrap_err().message, "items[0] must be an object");
+    }
+
+    #[test]
+    fn transaction_pushes_keep_payloads_and_errors_name_the_exact_path() {
+        let body = format!(r#"{{"operations":[{{"type":"push","items":[{{"queue":"q","payload":{}}}]}}]}}"#, crate::raw::ODD_PAYLOADS[0]);
+        let (ops, _, _, _) = transaction(body.as_bytes()).unwrap();
+        let TxnOp::Push(p) = &ops[0] else { panic!("{ops:?}") };
+        assert_eq!(p.payload, crate::raw::ODD_PAYLOADS[0].as_bytes());
+        let msg = |b: &str| transaction(b.as_bytes()).unwrap_err().message;
+        assert_eq!(msg(r#"{"operations":[{"type":"push","items":[{"queue":"q"},{"queue":5}]}]}"#), "operations[0].items[1].queue must be a string");
+        assert_eq!(msg(r#"{"operations":[{"type":"push"}]}"#), "operations[0].items is required");
+        assert_eq!(msg(r#"{"operations":[{"type":"ack"}]}"#), "operations[0].transactionId is required");
+        assert_eq!(msg(r#"{"operations":[5]}"#), "operations[0] must be an object");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":1,"forever":true},{"ns":"a"}]}"#;
+        assert_eq!(msg(kv), "kv[1].op is required");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"nope"}]}"#;
+        assert_eq!(msg(kv), "kv[0].op 'nope' is not a KV operation");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"incr","ns":"a","key":"k","forever":true,"delta":1e400}]}"#;
+        assert!(msg(kv).starts_with("kv[0].delta must be a finite number"));
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"ttlSeconds":9223372036854775807}]}"#;
+        assert_eq!(msg(kv), "kv[0].ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"forever":true}]}"#;
+        let (_, _, kv_ops, _) = transaction(kv.as_bytes()).unwrap();
+        let queen_domain::kv::KvOp::Put { value, .. } = &kv_ops[0] else { panic!() };
+        assert_eq!(value, br#"{"x": 1e400}"#);
+        let t = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"timers":[{"op":"schedule","queue":"q","timerKey":"k","payload":"MQ==","delayMs":315360000001}]}"#;
+        assert_eq!(msg(t), "timers[0].delayMs must be 0 to 315360000000 ms (ten years)");
+    }
+
+    #[test]
+    fn configure_bounds_what_reaches_replicated_state() {
+        let msg = |b: String| configure(b.as_bytes()).unwrap_err().message;
+        assert_eq!(msg(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(256))), "namespace must be at most 255 bytes");
+        assert_eq!(msg(format!(r#"{{"queue":"q","task":"{}"}}"#, "t".repeat(1 << 20))), "task must be at most 255 bytes");
+        assert_eq!(msg(r#"{"queue":"q","task":"a\u0000b"}"#.to_owned()), "task must not contain control characters");
+        let (_, ns, _, _) = configure(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(255)).as_bytes()).unwrap();
+        assert_eq!(ns.map(|n| n.len()), Some(255));
+        assert_eq!(msg(r#"{"queue":"q","options":{"leaseTime":9223372036854775807}}"#.to_owned()), "options.leaseTime must be 0 to 315360000 seconds (ten years)");
+        assert_eq!(msg(format!(r#"{{"queue":"q","options":{{"custom":"{}"}}}}"#, "x".repeat(1 << 20))), "options.custom is an unknown option; its value must be at most 4096 bytes of JSON");
+        let many: Vec<String> = (0..100_000).map(|i| format!(r#""k{i}":1"#)).collect();
+        assert!(msg(format!(r#"{{"queue":"q","options":{{{}}}}}"#, many.join(","))).contains("at most 64 are kept"));
+    }
 }
+

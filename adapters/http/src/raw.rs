@@ -132,6 +132,19 @@ impl Serialize for StoredJson<'_> {
     }
 }
 
+/// Payloads a probe found re-encoded: each must be stored and answered exactly as written.
+#[cfg(test)]
+pub(crate) const ODD_PAYLOADS: &[&str] = &[
+    "123456789012345678901234567890",
+    "42.00",
+    "-0",
+    "18446744073709551616",
+    "1e400",
+    "{ \"z\" : 1 ,\n\t\"a\":[ 1.10, -0.0e-0 ] , \"m\" : {\"y\":null,\"b\":true} }",
+    r#""caf\u00e9 \ud83d\ude00 \"q\" \/""#,
+    r#"{"\u0041":"\u00e9"}"#,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
