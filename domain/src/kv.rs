@@ -138,7 +138,9 @@ pub enum KvOp {
         /// A lost precondition rolls the whole call back.
         required: bool,
     },
-    /// Add to a number (absent or expired counts as 0).
+    /// Add to a number (absent or expired counts as 0). Integers add exactly in i64; a float
+    /// is used only when the stored value or the delta has a fraction or exponent. A sum that
+    /// does not fit (or is not finite) is not applied, reason `overflow`.
     Incr {
         /// Namespace.
         ns: String,
@@ -146,7 +148,7 @@ pub enum KvOp {
         key: String,
         /// What to add.
         delta: Num,
-        /// Lowest allowed result.
+        /// Lowest allowed result (integer sums are compared with it exactly).
         min: Option<f64>,
         /// Highest allowed result.
         max: Option<f64>,
@@ -202,7 +204,8 @@ pub enum KvResult {
     Write {
         /// Whether it took effect.
         applied: bool,
-        /// Why not: version, absent, exists, limit, type, rolled_back.
+        /// Why not: version, absent, exists, limit, type, overflow (an `incr` whose exact sum
+        /// is outside i64, or whose float sum is not finite), rolled_back.
         reason: Option<String>,
         /// The row now (the winner's when not applied).
         current: Option<KvRowView>,

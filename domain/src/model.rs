@@ -80,6 +80,19 @@ pub struct OptionError {
     pub problem: String,
 }
 
+/// The longest duration a request may give in seconds (a lease, a TTL, a delay, a retention):
+/// ten years of 365 days. Longer values are refused rather than capped, so a time shown back is
+/// never a saturated one.
+pub const MAX_DURATION_SECONDS: u64 = 315_360_000;
+/// The same ten years in milliseconds, for durations given in milliseconds.
+pub const MAX_DURATION_MS: u64 = MAX_DURATION_SECONDS * 1000;
+/// Most option keys this broker does not interpret that one queue may keep.
+pub const MAX_EXTRA_OPTIONS: usize = 64;
+/// Longest such key, in bytes.
+pub const MAX_EXTRA_OPTION_KEY_BYTES: usize = 255;
+/// Longest such value, as JSON text, in bytes.
+pub const MAX_EXTRA_OPTION_VALUE_BYTES: usize = 4096;
+
 fn uint(field: &str, v: &serde_json::Value) -> Result<u64, OptionError> {
     if v.is_null() {
         return Ok(0);
@@ -88,6 +101,22 @@ fn uint(field: &str, v: &serde_json::Value) -> Result<u64, OptionError> {
         field: field.to_owned(),
         problem: "must be a non-negative integer".to_owned(),
     })
+}
+
+/// A duration option: a non-negative integer up to `max` (in the option's own unit).
+fn duration(field: &str, v: &serde_json::Value, max: u64, unit: &str) -> Result<u64, OptionError> {
+    let n = uint(field, v)?;
+    if n > max {
+        return Err(OptionError {
+            field: field.to_owned(),
+            problem: format!("must be 0 to {max} {unit} (ten years)"),
+        });
+    }
+    Ok(n)
+}
+
+fn seconds(field: &str, v: &serde_json::Value) -> Result<u64, OptionError> {
+    duration(field, v, MAX_DURATION_SECONDS, "seconds")
 }
 
 fn boolean(field: &str, v: &serde_json::Value) -> Result<bool, OptionError> {
@@ -111,7 +140,7 @@ impl QueueOptions {
             }
             match key.as_str() {
                 "leaseTime" => {
-                    o.lease_time = uint(key, v)?;
+                    o.lease_time = seconds(key, v)?;
                     if o.lease_time == 0 {
                         return Err(OptionError {
                             field: key.clone(),
@@ -131,17 +160,18 @@ impl QueueOptions {
                         problem: "must be an integer".to_owned(),
                     })?;
                 }
-                "delayedProcessing" => o.delayed_processing = uint(key, v)?,
-                "windowBuffer" => o.window_buffer = uint(key, v)?,
+                "delayedProcessing" => o.delayed_processing = seconds(key, v)?,
+                "windowBuffer" => o.window_buffer = seconds(key, v)?,
                 "maxSize" => o.max_size = uint(key, v)?,
-                "retentionSeconds" => o.retention_seconds = uint(key, v)?,
-                "completedRetentionSeconds" => o.completed_retention_seconds = uint(key, v)?,
+                "retentionSeconds" => o.retention_seconds = seconds(key, v)?,
+                "completedRetentionSeconds" => o.completed_retention_seconds = seconds(key, v)?,
                 "encryptionEnabled" => o.encryption_enabled = boolean(key, v)?,
                 "dlqAfterMaxRetries" => o.dlq_after_max_retries = boolean(key, v)?,
                 "retentionEnabled" => o.retention_enabled = boolean(key, v)?,
-                "maxWaitTimeSeconds" => o.max_wait_time_seconds = uint(key, v)?,
-                "retryDelay" => o.retry_delay = uint(key, v)?,
-                "ttl" => o.ttl = uint(key, v)?,
+                "maxWaitTimeSeconds" => o.max_wait_time_seconds = seconds(key, v)?,
+                // Clients of the original broker send it in milliseconds.
+                "retryDelay" => o.retry_delay = duration(key, v, MAX_DURATION_MS, "milliseconds")?,
+                "ttl" => o.ttl = seconds(key, v)?,
                 "retentionSinkHold" => {
                     o.retention_sink_hold = Some(
                         v.as_str()
@@ -152,9 +182,29 @@ impl QueueOptions {
                             .to_owned(),
                     );
                 }
-                "retentionSinkHoldMaxSeconds" => o.retention_sink_hold_max_seconds = uint(key, v)?,
+                "retentionSinkHoldMaxSeconds" => o.retention_sink_hold_max_seconds = seconds(key, v)?,
                 _ => {
-                    o.extra.insert(key.clone(), v.to_string());
+                    // Kept in replicated state and echoed, so bounded in count and size.
+                    let text = v.to_string();
+                    if key.len() > MAX_EXTRA_OPTION_KEY_BYTES {
+                        return Err(OptionError {
+                            field: key.chars().take(64).collect(),
+                            problem: format!("is an unknown option whose name is longer than {MAX_EXTRA_OPTION_KEY_BYTES} bytes"),
+                        });
+                    }
+                    if text.len() > MAX_EXTRA_OPTION_VALUE_BYTES {
+                        return Err(OptionError {
+                            field: key.clone(),
+                            problem: format!("is an unknown option; its value must be at most {MAX_EXTRA_OPTION_VALUE_BYTES} bytes of JSON"),
+                        });
+                    }
+                    if o.extra.len() == MAX_EXTRA_OPTIONS && !o.extra.contains_key(key) {
+                        return Err(OptionError {
+                            field: key.clone(),
+                            problem: format!("is one unknown option too many: at most {MAX_EXTRA_OPTIONS} are kept"),
+                        });
+                    }
+                    o.extra.insert(key.clone(), text);
                 }
             }
         }
@@ -430,5 +480,37 @@ mod tests {
         assert_eq!(e.field, "leaseTime");
         let zero = serde_json::json!({"leaseTime": 0});
         assert!(QueueOptions::from_json(zero.as_object().unwrap()).is_err());
+    }
+
+    #[test]
+    fn durations_are_bounded_to_ten_years() {
+        let parse = |v: serde_json::Value| QueueOptions::from_json(v.as_object().unwrap());
+        assert_eq!(parse(serde_json::json!({"leaseTime": MAX_DURATION_SECONDS})).unwrap().lease_time, MAX_DURATION_SECONDS);
+        for key in ["leaseTime", "delayedProcessing", "windowBuffer", "retentionSeconds", "completedRetentionSeconds", "maxWaitTimeSeconds", "ttl", "retentionSinkHoldMaxSeconds"] {
+            let e = parse(serde_json::json!({key: MAX_DURATION_SECONDS + 1})).unwrap_err();
+            assert_eq!(e.field, key);
+            assert_eq!(e.problem, "must be 0 to 315360000 seconds (ten years)");
+            assert!(parse(serde_json::json!({key: 9_223_372_036_854_775_807_u64})).is_err(), "{key}");
+        }
+        assert_eq!(parse(serde_json::json!({"retryDelay": MAX_DURATION_MS})).unwrap().retry_delay, MAX_DURATION_MS);
+        assert_eq!(parse(serde_json::json!({"retryDelay": MAX_DURATION_MS + 1})).unwrap_err().field, "retryDelay");
+    }
+
+    #[test]
+    fn unknown_options_are_bounded() {
+        let parse = |v: serde_json::Value| QueueOptions::from_json(v.as_object().unwrap());
+        let mut many = serde_json::Map::new();
+        for i in 0..MAX_EXTRA_OPTIONS {
+            many.insert(format!("k{i:03}"), serde_json::json!(i));
+        }
+        assert_eq!(QueueOptions::from_json(&many).unwrap().extra.len(), MAX_EXTRA_OPTIONS);
+        many.insert("k999".to_owned(), serde_json::json!(1));
+        let e = QueueOptions::from_json(&many).unwrap_err();
+        assert_eq!(e.field, "k999");
+        let e = parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES)})).unwrap_err();
+        assert_eq!(e.field, "big");
+        assert!(parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES - 2)})).is_ok());
+        let e = parse(serde_json::json!({"k".repeat(300): 1})).unwrap_err();
+        assert_eq!(e.field.len(), 64);
     }
 }

@@ -532,6 +532,65 @@ mod kv_rules {
         assert_eq!(applied(&kv(&mut s, vec![incr(1, None)]).results[0]).1.as_deref(), Some("type"));
     }
 
+    fn incr_op(delta: Num, min: Option<f64>, max: Option<f64>) -> KvOp {
+        KvOp::Incr { ns: "app".into(), key: "c".into(), delta, min, max, expiry: Expiry::Forever, required: false }
+    }
+
+    /// The row's text after an incr, or `refused: <reason>`.
+    fn incr_text(s: &mut Sim, op: KvOp) -> String {
+        match &kv(s, vec![op]).results[0] {
+            KvResult::Write { applied: true, current: Some(row), .. } => String::from_utf8_lossy(&row.value).into_owned(),
+            KvResult::Write { applied: false, reason, .. } => format!("refused: {}", reason.clone().unwrap_or_default()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn incr_is_exact_for_integers_and_refuses_overflow() {
+        let mut s = Sim::new();
+        kv(&mut s, vec![put("c", "9007199254740992", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "9007199254740993", "2^53 + 1 is kept");
+        kv(&mut s, vec![put("c", "9223372036854775806", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "9223372036854775807");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "i64::MAX + 1 is not applied");
+        kv(&mut s, vec![put("c", "-9223372036854775808", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(-1), None, None)), "refused: overflow");
+        kv(&mut s, vec![put("c", "18446744073709551616", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "a stored integer outside i64");
+        kv(&mut s, vec![put("c", "-0", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "1");
+    }
+
+    #[test]
+    fn incr_uses_floats_only_for_fractions_and_refuses_infinity() {
+        let mut s = Sim::new();
+        kv(&mut s, vec![put("c", "1e308", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Float(1e308), None, None)), "refused: overflow", "1e308 + 1e308");
+        kv(&mut s, vec![put("c", "1e400", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "a stored 1e400 is infinite");
+        kv(&mut s, vec![put("c", "42.00", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "43.0");
+        kv(&mut s, vec![put("c", "2", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Float(0.5), None, None)), "2.5");
+        kv(&mut s, vec![put("c", "true", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: type");
+    }
+
+    #[test]
+    fn incr_limits_compare_integers_exactly() {
+        let mut s = Sim::new();
+        kv(&mut s, vec![put("c", "9007199254740992", None, false)]);
+        // 2^53 + 1 is above the float 2^53 although it rounds to it.
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(9_007_199_254_740_992.0))), "refused: limit");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), None, Some(9_007_199_254_740_992.0))), "9007199254740992");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(9.3e18))), "9007199254740993");
+        kv(&mut s, vec![put("c", "4503599627370495", None, false)]);
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), Some(4_503_599_627_370_495.5), None)), "refused: limit");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), None, Some(4_503_599_627_370_494.5))), "refused: limit");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(4_503_599_627_370_496.5))), "4503599627370496");
+        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), Some(-1e300), Some(1e300))), "4503599627370497");
+    }
+
     #[test]
     fn locks_are_exclusive_renewals_move_the_token_and_release_needs_it() {
         let mut s = Sim::new();

@@ -19,13 +19,26 @@ pub(crate) fn error_response(e: &ApiError) -> Response<Full<Bytes>> {
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::from_static(b"{}"))))
 }
 
-/// A JSON answer.
+/// A JSON answer from a value.
 pub(crate) fn json_response(status: u16, v: &serde_json::Value) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(v.to_string())))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+    json_answer(status, v)
+}
+
+/// A JSON answer from anything serializable. Answers that carry stored text (payloads, KV
+/// values) are built as structs holding it raw, so it is written verbatim; never route them
+/// through `serde_json::to_value`, which would parse the text again.
+pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(status: u16, v: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(v) {
+        Ok(body) => Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
+        Err(e) => {
+            tracing::error!(target: "queen-http", error = %e, "an answer could not be encoded");
+            error_response(&ApiError::new(500, "internal", "the answer could not be encoded; see the node's log"))
+        }
+    }
 }
 
 /// A text answer.

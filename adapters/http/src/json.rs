@@ -3,9 +3,11 @@
 use queen_domain::command::{AckItem, PushItem, TxnOp};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::api::ApiError;
+use crate::raw::{RawObject, path};
 
 /// Most items one push may carry.
 pub(crate) const MAX_PUSH_ITEMS: usize = 10_000;
@@ -20,35 +22,40 @@ pub(crate) const MAX_TXN_OPS: usize = 10_000;
 /// A parsed transaction: operations, required leases, KV rider.
 pub(crate) type TxnRequest = (Vec<TxnOp>, Vec<String>, Vec<queen_domain::kv::KvOp>, Vec<queen_domain::timers::TimerOp>);
 
-/// `{"operations": [...], "requiredLeases": [...], "kv"?: [...]}` to a transaction.
+/// Fields of a transaction operation read as values (push items stay raw).
+const TXN_OP_FIELDS: &[&str] = &["type", "consumerGroup", "transactionId", "partitionId", "status", "error", "leaseId"];
+
+/// `{"operations": [...], "requiredLeases": [...], "kv"?: [...], "timers"?: [...]}` to a
+/// transaction. Push payloads and KV values are kept as the client wrote them.
 pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
-    let m = object(body, false)?;
-    let ops = list(&m, "operations", MAX_TXN_OPS)?;
+    let top = RawObject::body(body, false)?;
+    let ops = top.list("operations", "operations", MAX_TXN_OPS)?.ok_or_else(|| ApiError::bad_request("operations", "is required"))?;
     if ops.is_empty() {
         return Err(ApiError::bad_request("operations", "must not be empty"));
     }
     let mut out = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
-        let f = |k: &str| format!("operations[{i}].{k}");
-        let Value::Object(o) = op else {
-            return Err(ApiError::bad_request(&format!("operations[{i}]"), "must be an object"));
-        };
-        match opt_str(o, "type", &f("type"))?.as_deref() {
+        let at = format!("operations[{i}]");
+        let f = |k: &str| path(&at, k);
+        let raw_op = RawObject::of(op, &at)?;
+        let o = raw_op.values(TXN_OP_FIELDS, &at)?;
+        match opt_str(&o, "type", &f("type"))?.as_deref() {
             Some("ack") => {
-                let group = GroupName::or_queue_mode(opt_str(o, "consumerGroup", &f("consumerGroup"))?.as_deref())
+                let group = GroupName::or_queue_mode(opt_str(&o, "consumerGroup", &f("consumerGroup"))?.as_deref())
                     .map_err(|e| ApiError::bad_request(&f("consumerGroup"), &e.to_string()))?;
-                out.push(TxnOp::Ack { group, item: ack_item(o, &f)? });
+                out.push(TxnOp::Ack { group, item: ack_item(&o, &f)? });
             }
             Some("push") => {
-                let items = serde_json::to_vec(&serde_json::json!({ "items": o.get("items").cloned().unwrap_or(Value::Null) }))
-                    .unwrap_or_default();
-                let parsed = push_items(&items).map_err(|e| ApiError::bad_request(&f(""), &e.message))?;
-                out.extend(parsed.into_iter().map(TxnOp::Push));
+                let items = raw_op.list("items", &f("items"), MAX_PUSH_ITEMS)?.ok_or_else(|| ApiError::bad_request(&f("items"), "is required"))?;
+                for (j, item) in items.iter().enumerate() {
+                    out.push(TxnOp::Push(push_item(item, &format!("{at}.items[{j}]"))?));
+                }
             }
             Some(other) => return Err(ApiError::bad_request(&f("type"), &format!("must be ack or push, not '{other}'"))),
             None => return Err(ApiError::bad_request(&f("type"), "is required")),
         }
     }
+    let m = top.values(&["requiredLeases", "timers"], "")?;
     let leases = match m.get("requiredLeases") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a
@@ -61,11 +68,10 @@ pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::bad_request("requiredLeases", "must be a list")),
     };
-    let kv = match m.get("kv") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.is_empty() => Vec::new(),
-        Some(Value::Array(a)) => crate::kv_json::kv_list(a, true, "kv")?,
-        Some(_) => return Err(ApiError::bad_request("kv", "must be a list")),
+    let kv = match top.list("kv", "kv", usize::MAX)? {
+        None => Vec::new(),
+        Some(a) if a.is_empty() => Vec::new(),
+        Some(a) => crate::kv_json::kv_list(&a, true, "kv")?,
     };
     let timers = match m.get("timers") {
         None | Some(Value::Null) => Vec::new(),
@@ -128,61 +134,46 @@ pub(crate) fn uuid_v7() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
 
-/// The push body's payloads as the producer wrote them: stored byte for byte, so `42.00` stays
-/// `42.00` (a parsed value would print it again as `42.0`).
-#[derive(serde::Deserialize)]
-struct RawPayloads<'a> {
-    #[serde(borrow)]
-    items: Vec<RawPayload<'a>>,
-}
+/// Fields of a push item read as values; `payload` (or `data`) stays raw.
+const PUSH_FIELDS: &[&str] = &["queue", "partition", "transactionId", "traceId"];
 
-#[derive(serde::Deserialize)]
-struct RawPayload<'a> {
-    #[serde(borrow, default)]
-    payload: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default)]
-    data: Option<&'a serde_json::value::RawValue>,
-}
-
-/// `{"items": [...]}` to push items; a missing transactionId gets a UUIDv7.
+/// `{"items": [...]}` to push items; a missing transactionId gets a UUIDv7. The body is never
+/// parsed into a value as a whole: each payload is stored as the producer wrote it, byte for
+/// byte (so `42.00`, `-0`, `1e400` and integers of any length stay as they are).
 pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
-    let m = object(body, false)?;
-    let items = list(&m, "items", MAX_PUSH_ITEMS)?;
-    let raw: Vec<Option<&serde_json::value::RawValue>> = serde_json::from_slice::<RawPayloads<'_>>(body)
-        .map(|r| r.items.into_iter().map(|p| p.payload.or(p.data)).collect())
-        .unwrap_or_default();
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let f = |k: &str| format!("items[{i}].{k}");
-        let Value::Object(it) = item else {
-            return Err(ApiError::bad_request(&format!("items[{i}]"), "must be an object"));
-        };
-        let queue = name(req_str(it, "queue", &f("queue"))?, &f("queue"), QueueName::new)?;
-        let partition = match opt_str(it, "partition", &f("partition"))? {
-            Some(p) => name(p, &f("partition"), PartitionName::new)?,
-            None => PartitionName::default_partition(),
-        };
-        let id = uuid_v7();
-        let transaction_id = match it.get("transactionId") {
-            None | Some(Value::Null) => id.to_string(),
-            Some(Value::String(s)) if s.is_empty() => {
-                return Err(ApiError::bad_request(&f("transactionId"), "must not be empty"));
-            }
-            Some(Value::String(s)) if s.len() > MAX_TXN_BYTES => {
-                return Err(ApiError::bad_request(&f("transactionId"), &format!("must be at most {MAX_TXN_BYTES} bytes")));
-            }
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => return Err(ApiError::bad_request(&f("transactionId"), "must be a string")),
-        };
-        let payload = match (raw.get(i).copied().flatten(), it.get("payload").or_else(|| it.get("data"))) {
-            (Some(text), _) => text.get().as_bytes().to_vec(),
-            (None, Some(v)) => serde_json::to_vec(v).unwrap_or_default(),
-            (None, None) => b"null".to_vec(),
-        };
-        let trace_id = opt_str(it, "traceId", &f("traceId"))?;
-        out.push(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id });
-    }
-    Ok(out)
+    let top = RawObject::body(body, false)?;
+    let items = top.list("items", "items", MAX_PUSH_ITEMS)?.ok_or_else(|| ApiError::bad_request("items", "is required"))?;
+    items.iter().enumerate().map(|(i, item)| push_item(item, &format!("items[{i}]"))).collect()
+}
+
+/// One push item; `at` is its path in the body (`items[2]`, `operations[0].items[2]`).
+fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
+    let f = |k: &str| path(at, k);
+    let obj = RawObject::of(raw, at)?;
+    let it = obj.values(PUSH_FIELDS, at)?;
+    let queue = name(req_str(&it, "queue", &f("queue"))?, &f("queue"), QueueName::new)?;
+    let partition = match opt_str(&it, "partition", &f("partition"))? {
+        Some(p) => name(p, &f("partition"), PartitionName::new)?,
+        None => PartitionName::default_partition(),
+    };
+    let id = uuid_v7();
+    let transaction_id = match it.get("transactionId") {
+        None | Some(Value::Null) => id.to_string(),
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(ApiError::bad_request(&f("transactionId"), "must not be empty"));
+        }
+        Some(Value::String(s)) if s.len() > MAX_TXN_BYTES => {
+            return Err(ApiError::bad_request(&f("transactionId"), &format!("must be at most {MAX_TXN_BYTES} bytes")));
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(ApiError::bad_request(&f("transactionId"), "must be a string")),
+    };
+    let payload = match obj.raw("payload").or_else(|| obj.raw("data")) {
+        Some(text) => text.get().as_bytes().to_vec(),
+        None => b"null".to_vec(),
+    };
+    let trace_id = opt_str(&it, "traceId", &f("traceId"))?;
+    Ok(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id })
 }
 
 fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckItem, ApiError> {
@@ -225,12 +216,24 @@ pub(crate) fn ack_batch(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiErr
     Ok((group, out))
 }
 
+/// A namespace or task tag: at most 255 bytes (as names), no control characters. It is kept in
+/// replicated state, so its size is bounded here.
+fn tag(value: Option<String>, field: &str) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(t) if t.len() > queen_domain::names::MAX_NAME_BYTES => {
+            Err(ApiError::bad_request(field, &format!("must be at most {} bytes", queen_domain::names::MAX_NAME_BYTES)))
+        }
+        Some(t) if t.chars().any(char::is_control) => Err(ApiError::bad_request(field, "must not contain control characters")),
+        other => Ok(other),
+    }
+}
+
 /// A configure request.
 pub(crate) fn configure(body: &[u8]) -> Result<(QueueName, Option<String>, Option<String>, QueueOptions), ApiError> {
     let m = object(body, false)?;
     let queue = name(req_str(&m, "queue", "queue")?, "queue", QueueName::new)?;
-    let namespace = opt_str(&m, "namespace", "namespace")?;
-    let task = opt_str(&m, "task", "task")?;
+    let namespace = tag(opt_str(&m, "namespace", "namespace")?, "namespace")?;
+    let task = tag(opt_str(&m, "task", "task")?, "task")?;
     let options = match m.get("options") {
         None | Some(Value::Null) => QueueOptions::default(),
         Some(Value::Object(o)) => QueueOptions::from_json(o).map_err(|e| ApiError::bad_request(&format!("options.{}", e.field), &e.problem))?,
@@ -272,4 +275,64 @@ mod tests {
         assert_eq!(a.status, "completed");
         assert!(ack_single(br#"{"transactionId":"t"}"#).unwrap_err().message.contains("partitionId"));
     }
+
+
+    #[test]
+    fn push_stores_every_payload_as_written() {
+        for p in crate::raw::ODD_PAYLOADS {
+            let body = format!(r#"{{"items":[{{"queue":"q","payload": {p} , "unknown": 1e999}}, {{"queue":"q","data":{p}}}]}}"#);
+            let v = push_items(body.as_bytes()).unwrap_or_else(|e| panic!("{p}: {e}"));
+            assert_eq!(String::from_utf8_lossy(&v[0].payload), *p);
+            assert_eq!(String::from_utf8_lossy(&v[1].payload), *p, "data is the payload's other name");
+        }
+        let v = push_items(br#"{"items":[{"queue":"q"}]}"#).unwrap();
+        assert_eq!(v[0].payload, b"null");
+        let e = push_items(br#"{"items":[{"queue":1e400}]}"#).unwrap_err();
+        assert_eq!(e.message, "items[0].queue holds a number out of range");
+        assert_eq!(push_items(br#"{"items":{}}"#).unwrap_err().message, "items must be a list");
+        assert_eq!(push_items(br#"{"items":null}"#).unwrap_err().message, "items is required");
+        assert_eq!(push_items(br#"{"items":[7]}"#).unwrap_err().message, "items[0] must be an object");
+    }
+
+    #[test]
+    fn transaction_pushes_keep_payloads_and_errors_name_the_exact_path() {
+        let body = format!(r#"{{"operations":[{{"type":"push","items":[{{"queue":"q","payload":{}}}]}}]}}"#, crate::raw::ODD_PAYLOADS[0]);
+        let (ops, _, _, _) = transaction(body.as_bytes()).unwrap();
+        let TxnOp::Push(p) = &ops[0] else { panic!("{ops:?}") };
+        assert_eq!(p.payload, crate::raw::ODD_PAYLOADS[0].as_bytes());
+        let msg = |b: &str| transaction(b.as_bytes()).unwrap_err().message;
+        assert_eq!(msg(r#"{"operations":[{"type":"push","items":[{"queue":"q"},{"queue":5}]}]}"#), "operations[0].items[1].queue must be a string");
+        assert_eq!(msg(r#"{"operations":[{"type":"push"}]}"#), "operations[0].items is required");
+        assert_eq!(msg(r#"{"operations":[{"type":"ack"}]}"#), "operations[0].transactionId is required");
+        assert_eq!(msg(r#"{"operations":[5]}"#), "operations[0] must be an object");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":1,"forever":true},{"ns":"a"}]}"#;
+        assert_eq!(msg(kv), "kv[1].op is required");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"nope"}]}"#;
+        assert_eq!(msg(kv), "kv[0].op 'nope' is not a KV operation");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"incr","ns":"a","key":"k","forever":true,"delta":1e400}]}"#;
+        assert!(msg(kv).starts_with("kv[0].delta must be a finite number"));
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"ttlSeconds":9223372036854775807}]}"#;
+        assert_eq!(msg(kv), "kv[0].ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"forever":true}]}"#;
+        let (_, _, kv_ops, _) = transaction(kv.as_bytes()).unwrap();
+        let queen_domain::kv::KvOp::Put { value, .. } = &kv_ops[0] else { panic!() };
+        assert_eq!(value, br#"{"x": 1e400}"#);
+        let t = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"timers":[{"op":"schedule","queue":"q","timerKey":"k","payload":"MQ==","delayMs":315360000001}]}"#;
+        assert_eq!(msg(t), "timers[0].delayMs must be 0 to 315360000000 ms (ten years)");
+    }
+
+    #[test]
+    fn configure_bounds_what_reaches_replicated_state() {
+        let msg = |b: String| configure(b.as_bytes()).unwrap_err().message;
+        assert_eq!(msg(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(256))), "namespace must be at most 255 bytes");
+        assert_eq!(msg(format!(r#"{{"queue":"q","task":"{}"}}"#, "t".repeat(1 << 20))), "task must be at most 255 bytes");
+        assert_eq!(msg(r#"{"queue":"q","task":"a\u0000b"}"#.to_owned()), "task must not contain control characters");
+        let (_, ns, _, _) = configure(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(255)).as_bytes()).unwrap();
+        assert_eq!(ns.map(|n| n.len()), Some(255));
+        assert_eq!(msg(r#"{"queue":"q","options":{"leaseTime":9223372036854775807}}"#.to_owned()), "options.leaseTime must be 0 to 315360000 seconds (ten years)");
+        assert_eq!(msg(format!(r#"{{"queue":"q","options":{{"custom":"{}"}}}}"#, "x".repeat(1 << 20))), "options.custom is an unknown option; its value must be at most 4096 bytes of JSON");
+        let many: Vec<String> = (0..100_000).map(|i| format!(r#""k{i}":1"#)).collect();
+        assert!(msg(format!(r#"{{"queue":"q","options":{{{}}}}}"#, many.join(","))).contains("at most 64 are kept"));
+    }
 }
+

@@ -1,171 +1,217 @@
 //! KV and lock request bodies and answers.
+//!
+//! A KV value is the client's own text: `put` stores it byte for byte and every answer that
+//! shows a value writes the stored text back verbatim ([`StoredJson`]).
 
 use queen_domain::kv::{Expiry, Holder, KvOp, KvOutcome, KvResult, KvRowView, LOCKS_NS, LockOp, LockResult, Num, check_key, check_ns, permit_key};
+use queen_domain::model::MAX_DURATION_SECONDS;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::api::ApiError;
 use crate::json::{object, opt_str};
+use crate::raw::{RawNumber, RawObject, StoredJson, number, path};
 
 /// Most operations one KV or lock call may carry.
 const MAX_OPS: usize = 1000;
+
+/// Fields of a KV operation read as values; `value`, `delta`, `min` and `max` are read from
+/// the client's text.
+const KV_FIELDS: &[&str] = &["op", "ns", "key", "keys", "prefix", "after", "limit", "keysOnly", "expect", "required", "ttlSeconds", "forever"];
 
 fn field(i: usize, k: &str) -> String {
     format!("operations[{i}].{k}")
 }
 
-fn req_string(o: &Map<String, Value>, i: usize, k: &str) -> Result<String, ApiError> {
-    opt_str(o, k, &field(i, k))?.ok_or_else(|| ApiError::bad_request(&field(i, k), "is required"))
+fn req_string(o: &Map<String, Value>, at: &str, k: &str) -> Result<String, ApiError> {
+    opt_str(o, k, &path(at, k))?.ok_or_else(|| ApiError::bad_request(&path(at, k), "is required"))
 }
 
-fn opt_u64(o: &Map<String, Value>, i: usize, k: &str) -> Result<Option<u64>, ApiError> {
+fn opt_u64(o: &Map<String, Value>, at: &str, k: &str) -> Result<Option<u64>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| ApiError::bad_request(&field(i, k), "must be a non-negative integer")),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| ApiError::bad_request(&path(at, k), "must be a non-negative integer")),
     }
 }
 
-fn opt_f64(o: &Map<String, Value>, i: usize, k: &str) -> Result<Option<f64>, ApiError> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| ApiError::bad_request(&field(i, k), "must be a number")),
-    }
-}
-
-fn required(o: &Map<String, Value>, i: usize) -> Result<bool, ApiError> {
+fn required(o: &Map<String, Value>, at: &str) -> Result<bool, ApiError> {
     match o.get("required") {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(true)) => Ok(true),
-        Some(_) => Err(ApiError::bad_request(&field(i, "required"), "may only be true")),
+        Some(_) => Err(ApiError::bad_request(&path(at, "required"), "may only be true")),
     }
 }
 
-fn ns_key(o: &Map<String, Value>, i: usize) -> Result<(String, String), ApiError> {
-    let ns = req_string(o, i, "ns")?;
-    check_ns(&ns).map_err(|e| ApiError::bad_request(&field(i, "ns"), &e.to_string()))?;
-    let key = req_string(o, i, "key")?;
-    check_key(&key).map_err(|e| ApiError::bad_request(&field(i, "key"), &e.to_string()))?;
+fn ns_of(o: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
+    let ns = req_string(o, at, "ns")?;
+    check_ns(&ns).map_err(|e| ApiError::bad_request(&path(at, "ns"), &e.to_string()))?;
+    Ok(ns)
+}
+
+fn ns_key(o: &Map<String, Value>, at: &str) -> Result<(String, String), ApiError> {
+    let ns = ns_of(o, at)?;
+    let key = req_string(o, at, "key")?;
+    check_key(&key).map_err(|e| ApiError::bad_request(&path(at, "key"), &e.to_string()))?;
     Ok((ns, key))
 }
 
-/// Exactly one of `ttlSeconds` (> 0) or `forever: true`.
+/// A TTL in seconds: an integer from 1 to ten years.
+fn ttl_range(field: &str) -> ApiError {
+    ApiError::bad_request(field, &format!("must be 1 to {MAX_DURATION_SECONDS} seconds (ten years)"))
+}
+
+/// Exactly one of `ttlSeconds` (1 to ten years) or `forever: true`; `at` is the operation's
+/// path (`operations[2]`, `kv[0]`), empty for a body's top level.
 pub(crate) fn expiry(o: &Map<String, Value>, at: &str) -> Result<Expiry, ApiError> {
     let ttl = o.get("ttlSeconds").filter(|v| !v.is_null());
     let forever = o.get("forever").filter(|v| !v.is_null());
+    let whole = if at.is_empty() { "body" } else { at };
     let refuse = || {
-        ApiError::new(400, "kv_expiry_not_specified", format!("{at} needs exactly one of ttlSeconds (an integer above 0) or forever: true"))
+        ApiError::new(400, "kv_expiry_not_specified", format!("{whole} needs exactly one of ttlSeconds (an integer above 0) or forever: true"))
     };
     match (ttl, forever) {
-        (Some(t), None) => t.as_u64().filter(|t| *t > 0).map(Expiry::Ttl).ok_or_else(refuse),
+        (Some(t), None) => match (t.as_u64(), t.as_f64()) {
+            (Some(n), _) if n > MAX_DURATION_SECONDS => Err(ttl_range(&path(at, "ttlSeconds"))),
+            (None, Some(f)) if f > MAX_DURATION_SECONDS as f64 => Err(ttl_range(&path(at, "ttlSeconds"))),
+            (Some(n), _) if n > 0 => Ok(Expiry::Ttl(n)),
+            _ => Err(refuse()),
+        },
         (None, Some(Value::Bool(true))) => Ok(Expiry::Forever),
         _ => Err(refuse()),
     }
 }
 
-/// `{"operations": [...]}` to KV operations.
-pub(crate) fn kv_ops(body: &[u8], in_transaction: bool) -> Result<Vec<KvOp>, ApiError> {
-    let m = object(body, false)?;
-    match m.get("operations") {
-        Some(Value::Array(a)) => kv_list(a, in_transaction, "operations"),
-        None | Some(Value::Null) => Err(ApiError::bad_request("operations", "is required")),
-        Some(_) => Err(ApiError::bad_request("operations", "must be a list")),
+/// A value as the client wrote it (the text stored).
+fn value_text(raw: &RawObject<'_>, at: &str) -> Result<Vec<u8>, ApiError> {
+    raw.raw("value").map(|v| v.get().as_bytes().to_vec()).ok_or_else(|| ApiError::bad_request(&path(at, "value"), "is required"))
+}
+
+/// An `incr` bound: stored as a 64-bit float, so an integer bound must be one a float holds
+/// exactly (any integer up to 2^53 in magnitude), or the comparison could not be exact.
+fn bound(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, ApiError> {
+    match raw.map(|r| number(r, field)).transpose()? {
+        None => Ok(None),
+        Some(RawNumber::Float(f)) => Ok(Some(f)),
+        Some(RawNumber::Int(i)) => {
+            let f = i as f64;
+            if f as i128 == i128::from(i) {
+                Ok(Some(f))
+            } else {
+                Err(ApiError::bad_request(field, "must be an integer a 64-bit float holds exactly (any up to 9007199254740992 in magnitude)"))
+            }
+        }
     }
 }
 
-/// A list of KV operations (also a transaction's `kv` rider).
-pub(crate) fn kv_list(a: &[Value], in_transaction: bool, name: &str) -> Result<Vec<KvOp>, ApiError> {
+/// A KV put's fields: the path form's body (`at` empty) as one put.
+pub(crate) fn path_put(body: &[u8], ns: String, key: String) -> Result<KvOp, ApiError> {
+    let raw = RawObject::body(body, false)?;
+    let m = raw.values(&["expect", "ttlSeconds", "forever"], "")?;
+    let value = value_text(&raw, "")?;
+    let expect = opt_u64(&m, "", "expect")?;
+    Ok(KvOp::Put { ns, key, value, expiry: expiry(&m, "")?, expect, required: false })
+}
+
+/// `{"operations": [...]}` to KV operations.
+pub(crate) fn kv_ops(body: &[u8], in_transaction: bool) -> Result<Vec<KvOp>, ApiError> {
+    let top = RawObject::body(body, false)?;
+    match top.list("operations", "operations", usize::MAX)? {
+        Some(a) => kv_list(&a, in_transaction, "operations"),
+        None => Err(ApiError::bad_request("operations", "is required")),
+    }
+}
+
+/// A list of KV operations (also a transaction's `kv` rider); `name` is the list's path.
+pub(crate) fn kv_list(a: &[&RawValue], in_transaction: bool, name: &str) -> Result<Vec<KvOp>, ApiError> {
     if a.is_empty() || a.len() > MAX_OPS {
         return Err(ApiError::bad_request(name, &format!("must have 1 to {MAX_OPS} operations")));
     }
-    let mut out = Vec::with_capacity(a.len());
-    for (i, v) in a.iter().enumerate() {
-        let Value::Object(o) = v else {
-            return Err(ApiError::bad_request(&format!("{name}[{i}]"), "must be an object"));
-        };
-        let op = req_string(o, i, "op")?;
-        out.push(match op.as_str() {
-            "get" => {
-                let (ns, key) = ns_key(o, i)?;
-                KvOp::Get { ns, key }
+    a.iter().enumerate().map(|(i, v)| kv_op(v, in_transaction, &format!("{name}[{i}]"))).collect()
+}
+
+fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError> {
+    let f = |k: &str| path(at, k);
+    let raw = RawObject::of(v, at)?;
+    let o = raw.values(KV_FIELDS, at)?;
+    let op = req_string(&o, at, "op")?;
+    Ok(match op.as_str() {
+        "get" => {
+            let (ns, key) = ns_key(&o, at)?;
+            KvOp::Get { ns, key }
+        }
+        "getMany" => {
+            let ns = ns_of(&o, at)?;
+            let keys = match o.get("keys") {
+                Some(Value::Array(ks)) if !ks.is_empty() && ks.len() <= MAX_OPS => ks
+                    .iter()
+                    .map(|k| k.as_str().filter(|k| check_key(k).is_ok()).map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| ApiError::bad_request(&f("keys"), "must hold valid keys"))?,
+                _ => return Err(ApiError::bad_request(&f("keys"), "must be a non-empty list")),
+            };
+            KvOp::GetMany { ns, keys }
+        }
+        "getPrefix" => {
+            if in_transaction {
+                return Err(ApiError::bad_request(&f("op"), "getPrefix is refused inside a transaction"));
             }
-            "getMany" => {
-                let ns = req_string(o, i, "ns")?;
-                check_ns(&ns).map_err(|e| ApiError::bad_request(&field(i, "ns"), &e.to_string()))?;
-                let keys = match o.get("keys") {
-                    Some(Value::Array(ks)) if !ks.is_empty() && ks.len() <= MAX_OPS => ks
-                        .iter()
-                        .map(|k| k.as_str().filter(|k| check_key(k).is_ok()).map(str::to_owned))
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or_else(|| ApiError::bad_request(&field(i, "keys"), "must hold valid keys"))?,
-                    _ => return Err(ApiError::bad_request(&field(i, "keys"), "must be a non-empty list")),
-                };
-                KvOp::GetMany { ns, keys }
+            let ns = ns_of(&o, at)?;
+            let prefix = req_string(&o, at, "prefix")?;
+            if prefix.is_empty() {
+                return Err(ApiError::new(400, "kv_prefix_required", format!("{} must not be empty", f("prefix"))));
             }
-            "getPrefix" => {
-                if in_transaction {
-                    return Err(ApiError::bad_request(&field(i, "op"), "getPrefix is refused inside a transaction"));
+            let limit = opt_u64(&o, at, "limit")?.unwrap_or(100).clamp(1, 1000) as u32;
+            let keys_only = match o.get("keysOnly") {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(_) => return Err(ApiError::bad_request(&f("keysOnly"), "must be true")),
+            };
+            KvOp::GetPrefix { ns, prefix, after: opt_str(&o, "after", &f("after"))?, limit, keys_only }
+        }
+        "put" | "putIfAbsent" => {
+            let (ns, key) = ns_key(&o, at)?;
+            let value = value_text(&raw, at)?;
+            let mut expect = opt_u64(&o, at, "expect")?;
+            if op == "putIfAbsent" {
+                if expect.is_some_and(|e| e != 0) {
+                    return Err(ApiError::bad_request(&f("expect"), "must be absent or 0 on putIfAbsent"));
                 }
-                let ns = req_string(o, i, "ns")?;
-                check_ns(&ns).map_err(|e| ApiError::bad_request(&field(i, "ns"), &e.to_string()))?;
-                let prefix = req_string(o, i, "prefix")?;
-                if prefix.is_empty() {
-                    return Err(ApiError::new(400, "kv_prefix_required", format!("{} must not be empty", field(i, "prefix"))));
-                }
-                let limit = opt_u64(o, i, "limit")?.unwrap_or(100).clamp(1, 1000) as u32;
-                let keys_only = match o.get("keysOnly") {
-                    None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-                    Some(Value::Bool(true)) => true,
-                    Some(_) => return Err(ApiError::bad_request(&field(i, "keysOnly"), "must be true")),
-                };
-                KvOp::GetPrefix { ns, prefix, after: opt_str(o, "after", &field(i, "after"))?, limit, keys_only }
+                expect = Some(0);
             }
-            "put" | "putIfAbsent" => {
-                let (ns, key) = ns_key(o, i)?;
-                let value = match o.get("value") {
-                    Some(v) => serde_json::to_vec(v).unwrap_or_default(),
-                    None => return Err(ApiError::bad_request(&field(i, "value"), "is required")),
-                };
-                let mut expect = opt_u64(o, i, "expect")?;
-                if op == "putIfAbsent" {
-                    if expect.is_some_and(|e| e != 0) {
-                        return Err(ApiError::bad_request(&field(i, "expect"), "must be absent or 0 on putIfAbsent"));
-                    }
-                    expect = Some(0);
-                }
-                KvOp::Put { ns, key, value, expiry: expiry(o, &format!("operations[{i}]"))?, expect, required: required(o, i)? }
+            KvOp::Put { ns, key, value, expiry: expiry(&o, at)?, expect, required: required(&o, at)? }
+        }
+        "delete" => {
+            let (ns, key) = ns_key(&o, at)?;
+            KvOp::Delete { ns, key, expect: opt_u64(&o, at, "expect")?, required: required(&o, at)? }
+        }
+        "check" => {
+            let (ns, key) = ns_key(&o, at)?;
+            let expect = opt_u64(&o, at, "expect")?.ok_or_else(|| ApiError::bad_request(&f("expect"), "is required"))?;
+            KvOp::Check { ns, key, expect, required: required(&o, at)? }
+        }
+        "incr" => {
+            let (ns, key) = ns_key(&o, at)?;
+            if o.get("expect").is_some_and(|v| !v.is_null()) {
+                return Err(ApiError::bad_request(&f("expect"), "is not allowed on incr"));
             }
-            "delete" => {
-                let (ns, key) = ns_key(o, i)?;
-                KvOp::Delete { ns, key, expect: opt_u64(o, i, "expect")?, required: required(o, i)? }
+            let delta = match raw.present("delta").map(|d| number(d, &f("delta"))).transpose()? {
+                None => Num::Int(1),
+                Some(RawNumber::Int(i)) => Num::Int(i),
+                Some(RawNumber::Float(x)) => Num::Float(x),
+            };
+            KvOp::Incr {
+                ns,
+                key,
+                delta,
+                min: bound(raw.present("min"), &f("min"))?,
+                max: bound(raw.present("max"), &f("max"))?,
+                expiry: expiry(&o, at)?,
+                required: required(&o, at)?,
             }
-            "check" => {
-                let (ns, key) = ns_key(o, i)?;
-                let expect = opt_u64(o, i, "expect")?.ok_or_else(|| ApiError::bad_request(&field(i, "expect"), "is required"))?;
-                KvOp::Check { ns, key, expect, required: required(o, i)? }
-            }
-            "incr" => {
-                let (ns, key) = ns_key(o, i)?;
-                if o.get("expect").is_some_and(|v| !v.is_null()) {
-                    return Err(ApiError::bad_request(&field(i, "expect"), "is not allowed on incr"));
-                }
-                let delta = match o.get("delta") {
-                    None | Some(Value::Null) => Num::Int(1),
-                    Some(Value::Number(n)) => n.as_i64().map(Num::Int).or_else(|| n.as_f64().map(Num::Float)).unwrap_or(Num::Int(1)),
-                    Some(_) => return Err(ApiError::bad_request(&field(i, "delta"), "must be a number")),
-                };
-                KvOp::Incr {
-                    ns,
-                    key,
-                    delta,
-                    min: opt_f64(o, i, "min")?,
-                    max: opt_f64(o, i, "max")?,
-                    expiry: expiry(o, &format!("operations[{i}]"))?,
-                    required: required(o, i)?,
-                }
-            }
-            other => return Err(ApiError::bad_request(&field(i, "op"), &format!("'{other}' is not a KV operation"))),
-        });
-    }
-    Ok(out)
+        }
+        other => return Err(ApiError::bad_request(&f("op"), &format!("'{other}' is not a KV operation"))),
+    })
 }
 
 fn op_name(op: &KvOp) -> &'static str {
@@ -173,7 +219,6 @@ fn op_name(op: &KvOp) -> &'static str {
         KvOp::Get { .. } => "get",
         KvOp::GetMany { .. } => "getMany",
         KvOp::GetPrefix { .. } => "getPrefix",
-        KvOp::Put { expect: Some(0), .. } => "put",
         KvOp::Put { .. } => "put",
         KvOp::Delete { .. } => "delete",
         KvOp::Check { .. } => "check",
@@ -181,77 +226,163 @@ fn op_name(op: &KvOp) -> &'static str {
     }
 }
 
-fn value_of(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).unwrap_or(Value::Null)
+/// A row as answered; `value` is the stored text, verbatim (left out when keys only).
+#[derive(Serialize)]
+pub(crate) struct RowOut<'a> {
+    key: &'a str,
+    version: u64,
+    #[serde(rename = "expiresAt")]
+    expires_at: Option<String>,
+    #[serde(rename = "updatedAt")]
+    updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<StoredJson<'a>>,
 }
 
-/// A row as JSON.
-pub(crate) fn row(r: &KvRowView, keys_only: bool) -> Value {
-    let mut v = json!({
-        "key": r.key,
-        "version": r.version,
-        "expiresAt": r.expires.map(|e| e.iso_millis()),
-        "updatedAt": r.updated.iso_millis(),
-    });
-    if !keys_only {
-        v["value"] = value_of(&r.value);
+fn row(r: &KvRowView, keys_only: bool) -> RowOut<'_> {
+    RowOut {
+        key: &r.key,
+        version: r.version,
+        expires_at: r.expires.map(|e| e.iso_millis()),
+        updated_at: r.updated.iso_millis(),
+        value: (!keys_only).then_some(StoredJson(&r.value)),
     }
-    v
 }
 
-/// One KV result as JSON.
-pub(crate) fn result(i: usize, op: &KvOp, r: &KvResult) -> Value {
-    let mut v = match r {
-        KvResult::Get(Some(row_v)) => {
-            let mut v = row(row_v, false);
-            v["found"] = json!(true);
-            v
-        }
-        KvResult::Get(None) => json!({"found": false, "key": match op { KvOp::Get { key, .. } => key.clone(), _ => String::new() }}),
-        KvResult::Many { rows, missing } => json!({"rows": rows.iter().map(|r| row(r, false)).collect::<Vec<_>>(), "missing": missing, "truncated": false}),
+/// The shape of one result, by kind of operation.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ResultBody<'a> {
+    Found {
+        #[serde(flatten)]
+        row: RowOut<'a>,
+        found: bool,
+    },
+    Missing {
+        found: bool,
+        key: &'a str,
+    },
+    Many {
+        rows: Vec<RowOut<'a>>,
+        missing: &'a [String],
+        truncated: bool,
+    },
+    Prefix {
+        rows: Vec<RowOut<'a>>,
+        truncated: bool,
+        #[serde(rename = "nextAfter")]
+        next_after: Option<&'a str>,
+    },
+    Write {
+        applied: bool,
+        value: Option<StoredJson<'a>>,
+        version: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'a str>,
+        /// Present (maybe null) only when there is a current row.
+        #[serde(rename = "expiresAt", skip_serializing_if = "Option::is_none")]
+        expires_at: Option<Option<String>>,
+    },
+}
+
+/// One KV result as answered; a transaction adds `opIndex` and `type`.
+#[derive(Serialize)]
+pub(crate) struct ResultOut<'a> {
+    #[serde(flatten)]
+    body: ResultBody<'a>,
+    index: usize,
+    op: &'static str,
+    #[serde(rename = "opIndex", skip_serializing_if = "Option::is_none")]
+    op_index: Option<usize>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+}
+
+impl ResultOut<'_> {
+    /// The result as a transaction lists it: `index` counts every result before it.
+    pub(crate) fn in_transaction(mut self, index: usize) -> Self {
+        self.op_index = Some(self.index);
+        self.index = index;
+        self.kind = Some("kv");
+        self
+    }
+}
+
+/// One KV result.
+pub(crate) fn result<'a>(i: usize, op: &'a KvOp, r: &'a KvResult) -> ResultOut<'a> {
+    let body = match r {
+        KvResult::Get(Some(row_v)) => ResultBody::Found { row: row(row_v, false), found: true },
+        KvResult::Get(None) => ResultBody::Missing {
+            found: false,
+            key: match op {
+                KvOp::Get { key, .. } => key,
+                _ => "",
+            },
+        },
+        KvResult::Many { rows, missing } => ResultBody::Many { rows: rows.iter().map(|r| row(r, false)).collect(), missing, truncated: false },
         KvResult::Prefix { rows, truncated, next_after, keys_only } => {
-            json!({"rows": rows.iter().map(|r| row(r, *keys_only)).collect::<Vec<_>>(), "truncated": truncated, "nextAfter": next_after})
+            ResultBody::Prefix { rows: rows.iter().map(|r| row(r, *keys_only)).collect(), truncated: *truncated, next_after: next_after.as_deref() }
         }
-        KvResult::Write { applied, reason, current } => {
-            let mut v = json!({
-                "applied": applied,
-                "value": current.as_ref().map_or(Value::Null, |c| value_of(&c.value)),
-                "version": current.as_ref().map(|c| c.version),
-            });
-            if let Some(r) = reason {
-                v["reason"] = json!(r);
-            }
-            if let Some(c) = current {
-                v["expiresAt"] = json!(c.expires.map(|e| e.iso_millis()));
-            }
-            v
-        }
+        KvResult::Write { applied, reason, current } => ResultBody::Write {
+            applied: *applied,
+            value: current.as_ref().map(|c| StoredJson(&c.value)),
+            version: current.as_ref().map(|c| c.version),
+            reason: reason.as_deref(),
+            expires_at: current.as_ref().map(|c| c.expires.map(|e| e.iso_millis())),
+        },
     };
-    v["index"] = json!(i);
-    v["op"] = json!(op_name(op));
-    v
+    ResultOut { body, index: i, op: op_name(op), op_index: None, kind: None }
+}
+
+/// What a lost required precondition reports: its reason, and the current version and value.
+#[derive(Serialize)]
+pub(crate) struct Failure<'a> {
+    #[serde(rename = "kvReason")]
+    kv_reason: Option<&'a str>,
+    version: Option<u64>,
+    value: Option<StoredJson<'a>>,
+}
+
+/// The failure fields of a result (all null when it is not a write).
+pub(crate) fn failure(r: &KvResult) -> Failure<'_> {
+    match r {
+        KvResult::Write { reason, current, .. } => Failure {
+            kv_reason: reason.as_deref(),
+            version: current.as_ref().map(|c| c.version),
+            value: current.as_ref().map(|c| StoredJson(&c.value)),
+        },
+        _ => Failure { kv_reason: None, version: None, value: None },
+    }
 }
 
 /// A KV call's answer: index-aligned `results`, plus the verdict of a lost required precondition.
-pub(crate) fn outcome(ops: &[KvOp], o: &KvOutcome) -> Value {
-    let results: Vec<Value> = ops.iter().zip(&o.results).enumerate().map(|(i, (op, r))| result(i, op, r)).collect();
-    match o.failed {
-        None => json!({"ok": true, "results": results}),
-        Some(f) => {
-            let failed = &results[f];
-            json!({
-                "ok": false, "reason": "kv_precondition", "failedIndex": f,
-                "kvReason": failed.get("reason").cloned().unwrap_or(Value::Null),
-                "version": failed.get("version").cloned().unwrap_or(Value::Null),
-                "value": failed.get("value").cloned().unwrap_or(Value::Null),
-                "results": results,
-            })
-        }
+#[derive(Serialize)]
+pub(crate) struct OutcomeOut<'a> {
+    ok: bool,
+    results: Vec<ResultOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(rename = "failedIndex", skip_serializing_if = "Option::is_none")]
+    failed_index: Option<usize>,
+    #[serde(flatten)]
+    failure: Option<Failure<'a>>,
+}
+
+/// A KV call's answer.
+pub(crate) fn outcome<'a>(ops: &'a [KvOp], o: &'a KvOutcome) -> OutcomeOut<'a> {
+    let results = ops.iter().zip(&o.results).enumerate().map(|(i, (op, r))| result(i, op, r)).collect();
+    let failed = o.failed.filter(|f| *f < o.results.len());
+    OutcomeOut {
+        ok: failed.is_none(),
+        results,
+        reason: failed.map(|_| "kv_precondition"),
+        failed_index: failed,
+        failure: failed.map(|f| failure(&o.results[f])),
     }
 }
 
 fn lock_name(o: &Map<String, Value>, i: usize) -> Result<String, ApiError> {
-    let name = req_string(o, i, "name")?;
+    let name = req_string(o, &format!("operations[{i}]"), "name")?;
     if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c == '#') {
         return Err(ApiError::bad_request(&field(i, "name"), "must be 1 to 256 bytes without control characters or '#'"));
     }
@@ -259,7 +390,15 @@ fn lock_name(o: &Map<String, Value>, i: usize) -> Result<String, ApiError> {
 }
 
 fn positive(o: &Map<String, Value>, i: usize, k: &str) -> Result<u64, ApiError> {
-    opt_u64(o, i, k)?.filter(|v| *v > 0).ok_or_else(|| ApiError::bad_request(&field(i, k), "must be an integer above 0"))
+    opt_u64(o, &format!("operations[{i}]"), k)?.filter(|v| *v > 0).ok_or_else(|| ApiError::bad_request(&field(i, k), "must be an integer above 0"))
+}
+
+/// A lock's lifetime: 1 second to ten years.
+fn lock_ttl(o: &Map<String, Value>, i: usize) -> Result<u64, ApiError> {
+    match o.get("ttlSeconds").and_then(Value::as_f64) {
+        Some(t) if t > MAX_DURATION_SECONDS as f64 => Err(ttl_range(&field(i, "ttlSeconds"))),
+        _ => positive(o, i, "ttlSeconds"),
+    }
 }
 
 /// `{"operations": [...]}` to lock operations; `mint` gives an owner to acquires without one.
@@ -274,8 +413,8 @@ pub(crate) fn lock_ops(body: &[u8], mint: &dyn Fn() -> String) -> Result<Vec<Loc
         let Value::Object(o) = v else {
             return Err(ApiError::bad_request(&format!("operations[{i}]"), "must be an object"));
         };
-        let slot = u32::try_from(opt_u64(o, i, "slot")?.unwrap_or(0)).map_err(|_| ApiError::bad_request(&field(i, "slot"), "is too large"))?;
-        out.push(match req_string(o, i, "op")?.as_str() {
+        let slot = u32::try_from(opt_u64(o, &format!("operations[{i}]"), "slot")?.unwrap_or(0)).map_err(|_| ApiError::bad_request(&field(i, "slot"), "is too large"))?;
+        out.push(match req_string(o, &format!("operations[{i}]"), "op")?.as_str() {
             "acquire" => {
                 let owner = match opt_str(o, "owner", &field(i, "owner"))? {
                     Some(w) if w.is_empty() || w.len() > 256 || w.chars().any(char::is_control) => {
@@ -284,13 +423,13 @@ pub(crate) fn lock_ops(body: &[u8], mint: &dyn Fn() -> String) -> Result<Vec<Loc
                     Some(w) => w,
                     None => mint(),
                 };
-                let limit = opt_u64(o, i, "limit")?.unwrap_or(1);
+                let limit = opt_u64(o, &format!("operations[{i}]"), "limit")?.unwrap_or(1);
                 if !(1..=1024).contains(&limit) {
                     return Err(ApiError::bad_request(&field(i, "limit"), "must be 1 to 1024"));
                 }
-                LockOp::Acquire { name: lock_name(o, i)?, ttl: positive(o, i, "ttlSeconds")?, owner, limit: limit as u32 }
+                LockOp::Acquire { name: lock_name(o, i)?, ttl: lock_ttl(o, i)?, owner, limit: limit as u32 }
             }
-            "renew" => LockOp::Renew { name: lock_name(o, i)?, token: positive(o, i, "token")?, ttl: positive(o, i, "ttlSeconds")?, slot },
+            "renew" => LockOp::Renew { name: lock_name(o, i)?, token: positive(o, i, "token")?, ttl: lock_ttl(o, i)?, slot },
             "release" => LockOp::Release { name: lock_name(o, i)?, token: positive(o, i, "token")?, slot },
             "get" => LockOp::Get { name: lock_name(o, i)? },
             other => return Err(ApiError::bad_request(&field(i, "op"), &format!("'{other}' is not a lock operation"))),
@@ -338,4 +477,104 @@ pub(crate) fn lock_results(ops: &[LockOp], rs: &[LockResult]) -> Value {
         })
         .collect();
     json!({ "results": results })
+}
+
+#[cfg(test)]
+mod tests {
+    use queen_domain::kv::{KvOutcome, KvResult, KvRowView};
+    use queen_domain::time::Stamp;
+
+    use super::*;
+
+    fn one(op: &str) -> Result<KvOp, ApiError> {
+        kv_ops(format!(r#"{{"operations":[{op}]}}"#).as_bytes(), false).map(|mut v| v.remove(0))
+    }
+
+    fn view(value: &str) -> KvRowView {
+        KvRowView { key: "k".into(), value: value.as_bytes().to_vec(), version: 7, expires: None, updated: Stamp(1), created: Stamp(1) }
+    }
+
+    #[test]
+    fn put_stores_the_clients_text() {
+        for p in crate::raw::ODD_PAYLOADS {
+            let KvOp::Put { value, .. } = one(&format!(r#"{{"op":"put","ns":"a","key":"k","value": {p} ,"forever":true}}"#)).unwrap() else { panic!() };
+            assert_eq!(String::from_utf8_lossy(&value), *p);
+            let KvOp::Put { value, .. } = path_put(format!(r#"{{"value":{p},"ttlSeconds":5}}"#).as_bytes(), "a".into(), "k".into()).unwrap() else { panic!() };
+            assert_eq!(String::from_utf8_lossy(&value), *p, "path form");
+        }
+        assert_eq!(path_put(br#"{"forever":true}"#, "a".into(), "k".into()).unwrap_err().message, "value is required");
+        assert_eq!(path_put(br#"{"value":1,"ttlSeconds":315360001}"#, "a".into(), "k".into()).unwrap_err().message, "ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        assert_eq!(path_put(br#"{"value":1}"#, "a".into(), "k".into()).unwrap_err().code, "kv_expiry_not_specified");
+    }
+
+    #[test]
+    fn incr_reads_delta_and_bounds_exactly() {
+        let incr = |extra: &str| one(&format!(r#"{{"op":"incr","ns":"a","key":"k","forever":true{extra}}}"#));
+        let KvOp::Incr { delta, .. } = incr(r#","delta":9007199254740993"#).unwrap() else { panic!() };
+        assert_eq!(delta, Num::Int(9_007_199_254_740_993));
+        let KvOp::Incr { delta, min, max, .. } = incr(r#","delta":-2.5,"min":-9007199254740992,"max":1e300"#).unwrap() else { panic!() };
+        assert_eq!((delta, min, max), (Num::Float(-2.5), Some(-9_007_199_254_740_992.0), Some(1e300)));
+        let KvOp::Incr { delta, .. } = incr("").unwrap() else { panic!() };
+        assert_eq!(delta, Num::Int(1));
+        let msg = |extra: &str| incr(extra).unwrap_err().message;
+        assert!(msg(r#","delta":9223372036854775808"#).starts_with("operations[0].delta must be an integer from -9223372036854775808"));
+        assert!(msg(r#","delta":1e400"#).starts_with("operations[0].delta must be a finite number"));
+        assert_eq!(msg(r#","delta":"1""#), "operations[0].delta must be a number");
+        assert!(msg(r#","max":9007199254740993"#).starts_with("operations[0].max must be an integer a 64-bit float holds exactly"));
+        assert!(msg(r#","min":-1e400"#).starts_with("operations[0].min must be a finite number"));
+        assert_eq!(msg(r#","ttlSeconds":5"#), "operations[0] needs exactly one of ttlSeconds (an integer above 0) or forever: true");
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        let e = one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":9223372036854775807}"#).unwrap_err();
+        assert_eq!((e.status, e.message.as_str()), (400, "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)"));
+        assert!(one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":1e30}"#).unwrap_err().message.starts_with("operations[0].ttlSeconds must be 1 to"));
+        assert!(matches!(one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":315360000}"#), Ok(KvOp::Put { expiry: Expiry::Ttl(315_360_000), .. })));
+        let lock = |ttl: &str| lock_ops(format!(r#"{{"operations":[{{"op":"acquire","name":"n","ttlSeconds":{ttl}}}]}}"#).as_bytes(), &|| "me".to_owned());
+        assert_eq!(lock("9223372036854775807").unwrap_err().message, "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        assert!(lock("315360000").is_ok());
+        assert_eq!(lock("0").unwrap_err().message, "operations[0].ttlSeconds must be an integer above 0");
+        let renew = lock_ops(br#"{"operations":[{"op":"renew","name":"n","token":1,"ttlSeconds":315360001}]}"#, &|| "me".to_owned());
+        assert!(renew.unwrap_err().message.starts_with("operations[0].ttlSeconds must be 1 to"));
+    }
+
+    #[test]
+    fn answers_write_stored_values_verbatim() {
+        let op = KvOp::Get { ns: "a".into(), key: "k".into() };
+        for p in crate::raw::ODD_PAYLOADS {
+            let r = KvResult::Get(Some(view(p)));
+            let text = serde_json::to_string(&result(0, &op, &r)).unwrap();
+            assert!(text.contains(&format!(r#""value":{p}"#)), "{text}");
+            let v: Value = serde_json::from_str(&text.replace(&format!(r#""value":{p}"#), r#""value":0"#)).unwrap();
+            assert_eq!(v["found"], true);
+            assert_eq!(v["op"], "get");
+            assert_eq!(v["version"], 7);
+            assert_eq!(v["expiresAt"], Value::Null);
+        }
+        let missing = serde_json::to_value(result(0, &op, &KvResult::Get(None))).unwrap();
+        assert_eq!(missing, json!({"found": false, "key": "k", "index": 0, "op": "get"}));
+        let broken = serde_json::to_string(&result(0, &op, &KvResult::Get(Some(view("not json"))))).unwrap();
+        assert!(broken.contains(r#""value":"not json""#), "{broken}");
+        let keys_only = KvResult::Prefix { rows: vec![view("1")], truncated: false, next_after: None, keys_only: true };
+        let v = serde_json::to_value(result(0, &op, &keys_only)).unwrap();
+        assert!(v["rows"][0].get("value").is_none());
+        assert_eq!(v["nextAfter"], Value::Null);
+    }
+
+    #[test]
+    fn a_lost_precondition_reports_the_winners_text() {
+        let ops = vec![KvOp::Incr { ns: "a".into(), key: "k".into(), delta: Num::Int(1), min: None, max: None, expiry: Expiry::Forever, required: true }];
+        let out = KvOutcome { results: vec![KvResult::Write { applied: false, reason: Some("overflow".into()), current: Some(view("9223372036854775807")) }], failed: Some(0) };
+        let text = serde_json::to_string(&outcome(&ops, &out)).unwrap();
+        assert!(text.contains(r#""value":9223372036854775807"#), "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((v["ok"].clone(), v["reason"].clone(), v["failedIndex"].clone(), v["kvReason"].clone(), v["version"].clone()), (json!(false), json!("kv_precondition"), json!(0), json!("overflow"), json!(7)));
+        assert_eq!(v["results"][0]["reason"], "overflow");
+        assert_eq!(v["results"][0]["applied"], false);
+        assert_eq!(v["results"][0]["expiresAt"], Value::Null);
+        let ok = KvOutcome { results: vec![KvResult::Write { applied: true, reason: None, current: None }], failed: None };
+        let v = serde_json::to_value(outcome(&ops, &ok)).unwrap();
+        assert_eq!(v, json!({"ok": true, "results": [{"applied": true, "value": null, "version": null, "index": 0, "op": "incr"}]}));
+    }
 }

@@ -14,6 +14,7 @@ mod error;
 mod json;
 mod kv_json;
 mod pop_query;
+mod raw;
 mod reads;
 mod render;
 mod router;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use queen_domain::command::{PopCommand, Subscription};
+use queen_domain::model::MAX_DURATION_MS;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::time::Stamp;
 
@@ -71,7 +72,13 @@ pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> 
         None => 1,
     };
     let wait = flag(&q, "wait")?.unwrap_or(false);
-    let timeout = Duration::from_millis(number(&q, "timeout")?.unwrap_or(30_000).min(MAX_WAIT_MS));
+    // A long poll is held at most MAX_WAIT_MS; beyond ten years the value is a mistake.
+    let timeout = match number(&q, "timeout")? {
+        Some(t) if t > MAX_DURATION_MS => {
+            return Err(ApiError::bad_request("timeout", &format!("must be 0 to {MAX_DURATION_MS} ms (ten years; a long poll is held at most {MAX_WAIT_MS} ms)")));
+        }
+        t => Duration::from_millis(t.unwrap_or(30_000).min(MAX_WAIT_MS)),
+    };
     let auto_ack = flag(&q, "autoAck")?.unwrap_or(false);
     if auto_ack && flag(&q, "conflation")? == Some(true) {
         return Err(ApiError::bad_request("autoAck", "cannot be combined with conflation"));
@@ -104,5 +111,9 @@ mod tests {
         assert_eq!((r.command.batch, r.wait), (5, false));
         assert!(pop_request("orders", None, "batch=x").unwrap_err().message.starts_with("batch"));
         assert!(pop_request("orders", None, "subscriptionFrom=2026-01-01T00%3A00%3A00Z").is_ok());
+        let (r, _) = pop_request("orders", None, "timeout=315360000000").unwrap();
+        assert_eq!(r.timeout, Duration::from_millis(MAX_WAIT_MS), "held at most a minute");
+        assert!(pop_request("orders", None, "timeout=315360000001").unwrap_err().message.starts_with("timeout must be 0 to 315360000000 ms"));
+        assert!(pop_request("orders", None, "timeout=9223372036854775807").is_err());
     }
 }

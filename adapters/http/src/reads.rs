@@ -14,12 +14,14 @@ use queen_domain::names::{GroupName, QueueName};
 use queen_domain::reads;
 use queen_domain::time::Stamp;
 use queen_domain::{StateRead, StoreError};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::api::{Api, ApiError};
-use crate::error::json_response;
+use crate::error::{json_answer, json_response};
 use crate::json::{object, opt_str};
 use crate::pop_query::parse_query;
+use crate::raw::StoredJson;
 
 /// Most entries one fetch may carry.
 const MAX_FETCH_ENTRIES: usize = 1024;
@@ -39,8 +41,61 @@ fn q_num(q: &[(String, String)], k: &str, default: u64) -> Result<u64, ApiError>
     q_get(q, k).map_or(Ok(default), |v| v.parse().map_err(|_| ApiError::bad_request(k, "must be a non-negative integer")))
 }
 
-fn payload(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).unwrap_or(Value::Null)
+/// One fetched record; `payload` is the producer's text, verbatim.
+#[derive(Serialize)]
+struct FetchRecord<'a> {
+    offset: u64,
+    #[serde(rename = "transactionId")]
+    transaction_id: String,
+    payload: StoredJson<'a>,
+    ts: String,
+}
+
+/// One fetch entry's answer.
+#[derive(Serialize)]
+struct FetchEntry<'a> {
+    #[serde(rename = "highWatermark")]
+    high_watermark: u64,
+    #[serde(rename = "logStartOffset")]
+    log_start_offset: u64,
+    records: Vec<FetchRecord<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+}
+
+/// One dead letter; `data` is the producer's text, verbatim.
+#[derive(Serialize)]
+struct DlqMessage<'a> {
+    id: String,
+    #[serde(rename = "transactionId")]
+    transaction_id: &'a str,
+    #[serde(rename = "partitionId")]
+    partition_id: String,
+    queue: &'a str,
+    partition: &'a str,
+    #[serde(rename = "consumerGroup")]
+    consumer_group: Option<&'a str>,
+    #[serde(rename = "errorMessage")]
+    error_message: Option<&'a str>,
+    #[serde(rename = "retryCount")]
+    retry_count: u32,
+    data: StoredJson<'a>,
+    #[serde(rename = "createdAt")]
+    created_at: String,
+    #[serde(rename = "failedAt")]
+    failed_at: String,
+    offset: u64,
+}
+
+#[derive(Serialize)]
+struct FetchOut<'a> {
+    entries: Vec<FetchEntry<'a>>,
+}
+
+#[derive(Serialize)]
+struct DlqOut<'a> {
+    messages: Vec<DlqMessage<'a>>,
+    total: usize,
 }
 
 /// `POST /api/v1/fetch`.
@@ -71,33 +126,36 @@ pub(crate) async fn fetch<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<
     api.read_barrier().await?;
     let state = api.state();
     let mut budget = ceiling as usize;
-    let mut out = Vec::with_capacity(parsed.len());
+    // Read every entry first: the answer borrows the stored payloads.
+    let mut read = Vec::with_capacity(parsed.len());
     for (queue, partition, offset, max) in parsed {
         let Some(p) = reads::partition_by_name(&*state, &queue, &partition).map_err(|e| store_err(&e))? else {
-            out.push(json!({"highWatermark": 0, "logStartOffset": 0, "records": [], "error": "UNKNOWN_TOPIC_OR_PARTITION"}));
+            read.push((0, 0, Vec::new(), Some("UNKNOWN_TOPIC_OR_PARTITION")));
             continue;
         };
-        let mut v = json!({"highWatermark": p.next_offset, "logStartOffset": p.log_start, "records": []});
         if offset < p.log_start || offset > p.next_offset {
-            v["error"] = json!("OFFSET_OUT_OF_RANGE");
-            out.push(v);
+            read.push((p.next_offset, p.log_start, Vec::new(), Some("OFFSET_OUT_OF_RANGE")));
             continue;
         }
         let limit = (max as usize).min(budget.max(1));
         let msgs = reads::messages(&*state, &p, offset, limit, 100_000).map_err(|e| store_err(&e))?;
-        let mut used = 0;
-        let records: Vec<Value> = msgs
-            .into_iter()
-            .map(|(off, m)| {
-                used += m.payload.len() + 64;
-                json!({"offset": off, "transactionId": m.transaction_id, "payload": payload(&m.payload), "ts": m.stamp.iso_micros()})
-            })
-            .collect();
+        let used: usize = msgs.iter().map(|(_, m)| m.payload.len() + 64).sum();
         budget = budget.saturating_sub(used);
-        v["records"] = Value::Array(records);
-        out.push(v);
+        read.push((p.next_offset, p.log_start, msgs, None));
     }
-    Ok(json_response(200, &json!({ "entries": out })))
+    let entries: Vec<FetchEntry<'_>> = read
+        .iter()
+        .map(|(high, start, msgs, error)| FetchEntry {
+            high_watermark: *high,
+            log_start_offset: *start,
+            records: msgs
+                .iter()
+                .map(|(off, m)| FetchRecord { offset: *off, transaction_id: m.transaction_id.clone(), payload: StoredJson(&m.payload), ts: m.stamp.iso_micros() })
+                .collect(),
+            error: *error,
+        })
+        .collect();
+    Ok(json_answer(200, &FetchOut { entries }))
 }
 
 /// `POST /api/v1/partitions/changed`.
@@ -182,19 +240,24 @@ pub(crate) async fn dlq<A: Api>(api: &Arc<A>, query: &str) -> Result<Response<Fu
             && to.is_none_or(|t| d.failed <= t)
     };
     let (rows, total) = reads::dead_letters(&*state, qr.qid, &filter, offset, limit).map_err(|e| store_err(&e))?;
-    let messages: Vec<Value> = rows
+    let messages = rows
         .iter()
-        .map(|d| {
-            json!({
-                "id": uuid::Uuid::from_bytes(d.id).to_string(), "transactionId": d.transaction_id,
-                "partitionId": d.pid.to_string(), "queue": queue, "partition": d.partition,
-                "consumerGroup": if d.group == queen_domain::names::QUEUE_MODE_GROUP { Value::Null } else { json!(d.group) },
-                "errorMessage": d.error, "retryCount": d.retries, "data": payload(&d.payload),
-                "createdAt": d.created.iso_millis(), "failedAt": d.failed.iso_millis(), "offset": d.offset,
-            })
+        .map(|d| DlqMessage {
+            id: uuid::Uuid::from_bytes(d.id).to_string(),
+            transaction_id: &d.transaction_id,
+            partition_id: d.pid.to_string(),
+            queue: &queue,
+            partition: &d.partition,
+            consumer_group: (d.group != queen_domain::names::QUEUE_MODE_GROUP).then_some(d.group.as_str()),
+            error_message: d.error.as_deref(),
+            retry_count: d.retries,
+            data: StoredJson(&d.payload),
+            created_at: d.created.iso_millis(),
+            failed_at: d.failed.iso_millis(),
+            offset: d.offset,
         })
         .collect();
-    Ok(json_response(200, &json!({"messages": messages, "total": total})))
+    Ok(json_answer(200, &DlqOut { messages, total }))
 }
 
 struct GroupRow {
@@ -261,6 +324,9 @@ pub(crate) async fn groups<A: Api>(api: &Arc<A>, method: &str, rest: &[&str], qu
         }
         ("GET", ["lagging"]) => {
             let min = q_num(&q, "minLagSeconds", 60)?;
+            if min > queen_domain::model::MAX_DURATION_SECONDS {
+                return Err(ApiError::bad_request("minLagSeconds", &format!("must be 0 to {} seconds (ten years)", queen_domain::model::MAX_DURATION_SECONDS)));
+            }
             api.read_barrier().await?;
             let state = api.state();
             let rows = group_rows(&*state, now, None).map_err(|e| store_err(&e))?;
@@ -472,5 +538,37 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
             Ok(json_response(200, &json!({ "partitions": list })))
         }
         _ => Err(ApiError::new(404, "no_such_route", "no such resource")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetched_records_and_dead_letters_carry_the_producers_text() {
+        for p in crate::raw::ODD_PAYLOADS {
+            let record = FetchRecord { offset: 1, transaction_id: "t".into(), payload: StoredJson(p.as_bytes()), ts: "x".into() };
+            let entry = FetchOut { entries: vec![FetchEntry { high_watermark: 2, log_start_offset: 0, records: vec![record], error: None }] };
+            let text = serde_json::to_string(&entry).unwrap();
+            assert_eq!(text, format!(r#"{{"entries":[{{"highWatermark":2,"logStartOffset":0,"records":[{{"offset":1,"transactionId":"t","payload":{p},"ts":"x"}}]}}]}}"#));
+            let d = DlqMessage {
+                id: "i".into(),
+                transaction_id: "t",
+                partition_id: "1".into(),
+                queue: "q",
+                partition: "Default",
+                consumer_group: None,
+                error_message: Some("boom"),
+                retry_count: 3,
+                data: StoredJson(p.as_bytes()),
+                created_at: "c".into(),
+                failed_at: "f".into(),
+                offset: 0,
+            };
+            let text = serde_json::to_string(&DlqOut { messages: vec![d], total: 1 }).unwrap();
+            assert!(text.contains(&format!(r#""data":{p},"#)), "{text}");
+            assert!(text.contains(r#""consumerGroup":null,"errorMessage":"boom","retryCount":3"#), "{text}");
+        }
     }
 }

@@ -1,7 +1,10 @@
 //! Domain outcomes to the contract's JSON shapes.
 
 use queen_domain::command::{AckOutcome, PopOutcome, PushOutcome, PushStatus, TxnOutcome, TxnResult};
+use serde::Serialize;
 use serde_json::{Value, json};
+
+use crate::raw::StoredJson;
 
 fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).to_string()
@@ -58,98 +61,224 @@ pub(crate) fn acks(outcomes: &[AckOutcome]) -> Value {
     )
 }
 
+/// One delivered message; `data` is the producer's text, verbatim.
+#[derive(Serialize)]
+struct PopMessage<'a> {
+    id: String,
+    #[serde(rename = "transactionId")]
+    transaction_id: &'a str,
+    #[serde(rename = "traceId")]
+    trace_id: Option<&'a str>,
+    data: StoredJson<'a>,
+    #[serde(rename = "producerSub")]
+    producer_sub: Option<()>,
+    #[serde(rename = "createdAt")]
+    created_at: String,
+    queue: &'a str,
+    #[serde(rename = "partitionId")]
+    partition_id: String,
+    partition: &'a str,
+    #[serde(rename = "leaseId")]
+    lease_id: &'a str,
+    #[serde(rename = "consumerGroup")]
+    consumer_group: &'a str,
+    offset: u64,
+    #[serde(rename = "deliveryAttempt")]
+    delivery_attempt: u32,
+    #[serde(rename = "retryCount")]
+    retry_count: u32,
+}
+
+/// A pop's answer.
+#[derive(Serialize)]
+pub(crate) struct PopOut<'a> {
+    success: bool,
+    queue: &'a str,
+    partition: Option<&'a str>,
+    #[serde(rename = "partitionId")]
+    partition_id: Option<String>,
+    #[serde(rename = "leaseId")]
+    lease_id: &'a str,
+    #[serde(rename = "leaseExpiresAt")]
+    lease_expires_at: Option<String>,
+    #[serde(rename = "consumerGroup")]
+    consumer_group: &'a str,
+    messages: Vec<PopMessage<'a>>,
+    #[serde(rename = "partitionsClaimed")]
+    partitions_claimed: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    autopilot: Option<Value>,
+}
+
 /// A pop with messages.
-pub(crate) fn pop(queue: &str, group: &str, p: &PopOutcome, autopilot: Option<(u32, u32)>) -> Value {
+pub(crate) fn pop<'a>(queue: &'a str, group: &'a str, p: &'a PopOutcome, autopilot: Option<(u32, u32)>) -> PopOut<'a> {
     let group_out = if group == queen_domain::names::QUEUE_MODE_GROUP { "__QUEUE_MODE__" } else { group };
     let mut messages = Vec::new();
     for c in &p.claims {
         let pid = c.pid.to_string();
         for m in &c.messages {
-            let data: Value = serde_json::from_slice(&m.payload).unwrap_or(Value::Null);
-            messages.push(json!({
-                "id": uuid_text(&m.id),
-                "transactionId": m.transaction_id,
-                "traceId": m.trace_id,
-                "data": data,
-                "producerSub": null,
-                "createdAt": m.created.iso_millis(),
-                "queue": queue,
-                "partitionId": pid,
-                "partition": c.partition,
-                "leaseId": p.lease_id,
-                "consumerGroup": group_out,
-                "offset": m.offset,
-                "deliveryAttempt": m.attempt,
-                "retryCount": m.attempt.saturating_sub(1),
-            }));
+            messages.push(PopMessage {
+                id: uuid_text(&m.id),
+                transaction_id: &m.transaction_id,
+                trace_id: m.trace_id.as_deref(),
+                data: StoredJson(&m.payload),
+                producer_sub: None,
+                created_at: m.created.iso_millis(),
+                queue,
+                partition_id: pid.clone(),
+                partition: &c.partition,
+                lease_id: &p.lease_id,
+                consumer_group: group_out,
+                offset: m.offset,
+                delivery_attempt: m.attempt,
+                retry_count: m.attempt.saturating_sub(1),
+            });
         }
     }
     let first = p.claims.first();
-    let mut v = json!({
-        "success": true,
-        "queue": queue,
-        "partition": first.map(|c| c.partition.clone()),
-        "partitionId": first.map(|c| c.pid.to_string()),
-        "leaseId": p.lease_id,
-        "leaseExpiresAt": if p.lease_id.is_empty() { Value::Null } else { Value::String(p.lease_expires.iso_millis()) },
-        "consumerGroup": group_out,
-        "messages": messages,
-        "partitionsClaimed": p.claims.len(),
-    });
-    if let Some((batch, partitions)) = autopilot {
-        v["autopilot"] = json!({"batch": batch, "partitions": partitions, "waitMs": 0});
+    PopOut {
+        success: true,
+        queue,
+        partition: first.map(|c| c.partition.as_str()),
+        partition_id: first.map(|c| c.pid.to_string()),
+        lease_id: &p.lease_id,
+        lease_expires_at: (!p.lease_id.is_empty()).then(|| p.lease_expires.iso_millis()),
+        consumer_group: group_out,
+        messages,
+        partitions_claimed: p.claims.len(),
+        autopilot: autopilot.map(|(batch, partitions)| json!({"batch": batch, "partitions": partitions, "waitMs": 0})),
     }
-    v
+}
+
+/// One entry of a transaction's `results`: acks, pushes and timers as plain values, KV results
+/// with their stored text verbatim.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(crate) enum TxnEntry<'a> {
+    Plain(Value),
+    Kv(crate::kv_json::ResultOut<'a>),
 }
 
 /// A transaction's answer: always an object.
-pub(crate) fn transaction(t: &TxnOutcome, kv_ops: &[queen_domain::kv::KvOp], id: &str) -> Value {
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(crate) enum TxnOut<'a> {
+    /// Every part applied.
+    Done {
+        success: bool,
+        results: Vec<TxnEntry<'a>>,
+        #[serde(rename = "transactionId")]
+        transaction_id: &'a str,
+    },
+    /// A required KV precondition lost: nothing applied.
+    KvFailed {
+        success: bool,
+        reason: &'static str,
+        #[serde(rename = "failedIndex")]
+        failed_index: usize,
+        #[serde(flatten)]
+        failure: crate::kv_json::Failure<'a>,
+        #[serde(rename = "transactionId")]
+        transaction_id: &'a str,
+    },
+    /// Refused for another reason.
+    Failed {
+        success: bool,
+        error: Option<&'a str>,
+        #[serde(rename = "transactionId")]
+        transaction_id: &'a str,
+    },
+}
+
+/// A transaction's answer.
+pub(crate) fn transaction<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::KvOp], id: &'a str) -> TxnOut<'a> {
     if !t.success {
         if let Some(k) = &t.kv
             && let Some(f) = k.failed
+            && let Some(r) = k.results.get(f)
         {
-            let r = crate::kv_json::result(f, &kv_ops[f], &k.results[f]);
-            return json!({
-                "success": false, "reason": "kv_precondition", "failedIndex": t.results.len() + f,
-                "kvReason": r.get("reason").cloned().unwrap_or(Value::Null),
-                "version": r.get("version").cloned().unwrap_or(Value::Null),
-                "value": r.get("value").cloned().unwrap_or(Value::Null),
-                "transactionId": id,
-            });
+            return TxnOut::KvFailed {
+                success: false,
+                reason: "kv_precondition",
+                failed_index: t.results.len() + f,
+                failure: crate::kv_json::failure(r),
+                transaction_id: id,
+            };
         }
-        return json!({"success": false, "error": t.error, "transactionId": id});
+        return TxnOut::Failed { success: false, error: t.error.as_deref(), transaction_id: id };
     }
-    let results: Vec<Value> = t
+    let results: Vec<TxnEntry<'a>> = t
         .results
         .iter()
         .enumerate()
-        .map(|(i, r)| match r {
-            TxnResult::Ack(a) => json!({
-                "index": i, "type": "ack", "transactionId": a.transaction_id, "success": a.verdict.success,
-                "error": a.verdict.error, "leaseReleased": a.verdict.lease_released, "dlq": a.verdict.dlq,
-            }),
-            TxnResult::Push(p) => json!({
-                "index": i, "type": "push", "transactionId": p.transaction_id, "message_id": uuid_text(&p.message_id),
-                "status": match p.status { PushStatus::Queued => "queued", PushStatus::Duplicate => "duplicate", PushStatus::Failed(_) => "failed" },
-                "offset": p.offset, "queueName": p.queue, "partitionId": p.partition_id.to_string(),
-            }),
+        .map(|(i, r)| {
+            TxnEntry::Plain(match r {
+                TxnResult::Ack(a) => json!({
+                    "index": i, "type": "ack", "transactionId": a.transaction_id, "success": a.verdict.success,
+                    "error": a.verdict.error, "leaseReleased": a.verdict.lease_released, "dlq": a.verdict.dlq,
+                }),
+                TxnResult::Push(p) => json!({
+                    "index": i, "type": "push", "transactionId": p.transaction_id, "message_id": uuid_text(&p.message_id),
+                    "status": match p.status { PushStatus::Queued => "queued", PushStatus::Duplicate => "duplicate", PushStatus::Failed(_) => "failed" },
+                    "offset": p.offset, "queueName": p.queue, "partitionId": p.partition_id.to_string(),
+                }),
+            })
         })
         .chain(t.kv.iter().flat_map(|k| {
             let base = t.results.len();
-            kv_ops.iter().zip(&k.results).enumerate().map(move |(i, (op, r))| {
-                let mut v = crate::kv_json::result(i, op, r);
-                v["opIndex"] = json!(i);
-                v["index"] = json!(base + i);
-                v["type"] = json!("kv");
-                v
-            })
+            kv_ops
+                .iter()
+                .zip(&k.results)
+                .enumerate()
+                .map(move |(i, (op, r))| TxnEntry::Kv(crate::kv_json::result(i, op, r).in_transaction(base + i)))
         }))
         .chain(t.timers.iter().enumerate().map(|(i, r)| {
             let mut v = crate::timers_json::result(r);
             v["index"] = json!(t.results.len() + kv_ops.len() + i);
             v["type"] = json!("timer");
-            v
+            TxnEntry::Plain(v)
         }))
         .collect();
-    json!({"success": true, "results": results, "transactionId": id})
+    TxnOut::Done { success: true, results, transaction_id: id }
+}
+
+#[cfg(test)]
+mod tests {
+    use queen_domain::command::{Claim, Delivered};
+    use queen_domain::time::Stamp;
+
+    use super::*;
+
+    #[test]
+    fn pops_answer_the_producers_text() {
+        let messages = crate::raw::ODD_PAYLOADS
+            .iter()
+            .chain([&"not json"])
+            .enumerate()
+            .map(|(i, p)| Delivered { offset: i as u64, transaction_id: format!("t{i}"), id: [1; 16], trace_id: None, payload: p.as_bytes().to_vec(), created: Stamp(5), attempt: 1 })
+            .collect();
+        let out = PopOutcome { lease_id: "l".into(), lease_expires: Stamp(9), claims: vec![Claim { pid: 3, partition: "Default".into(), messages }] };
+        let text = serde_json::to_string(&pop("q", "g", &out, Some((200, 1)))).unwrap();
+        for p in crate::raw::ODD_PAYLOADS {
+            assert!(text.contains(&format!(r#""data":{p}"#)), "{p} in {text}");
+        }
+        assert!(text.contains(r#""data":"not json""#), "bytes that are not JSON come back as a string");
+        let mut readable = text.clone();
+        for p in crate::raw::ODD_PAYLOADS {
+            readable = readable.replace(&format!(r#""data":{p}"#), r#""data":0"#);
+        }
+        let v: Value = serde_json::from_str(&readable).unwrap();
+        assert_eq!(v["leaseExpiresAt"], Stamp(9).iso_millis());
+        assert_eq!(v["partitionId"], "3");
+        assert_eq!(v["autopilot"], json!({"batch": 200, "partitions": 1, "waitMs": 0}));
+        let m = &v["messages"][1];
+        for key in ["id", "transactionId", "traceId", "producerSub", "createdAt", "queue", "partitionId", "partition", "leaseId", "consumerGroup", "offset", "deliveryAttempt", "retryCount"] {
+            assert!(m.get(key).is_some(), "{key}");
+        }
+        assert_eq!((m["retryCount"].clone(), m["consumerGroup"].clone(), m["producerSub"].clone()), (json!(0), json!("g"), Value::Null));
+        let auto_ack = PopOutcome { lease_id: String::new(), lease_expires: Stamp(9), claims: vec![] };
+        let v = serde_json::to_value(pop("q", queen_domain::names::QUEUE_MODE_GROUP, &auto_ack, None)).unwrap();
+        assert_eq!(v["leaseExpiresAt"], Value::Null);
+        assert!(v.get("autopilot").is_none());
+    }
 }

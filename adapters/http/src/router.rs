@@ -10,7 +10,7 @@ use queen_domain::names::QueueName;
 use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
-use crate::error::{error_response, json_response, no_content, text_response};
+use crate::error::{error_response, json_answer, json_response, no_content, text_response};
 use crate::{json, kv_json, pop_query, reads, render};
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped. A segment whose
@@ -87,7 +87,7 @@ pub(crate) async fn handle<A: Api>(
             if out.is_empty() {
                 return Ok(no_content());
             }
-            Ok(json_response(200, &render::pop(&queue, &group, &out, echo)))
+            Ok(json_answer(200, &render::pop(&queue, &group, &out, echo)))
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, queue, Some(partition), query).await
@@ -109,12 +109,12 @@ pub(crate) async fn handle<A: Api>(
             let (ops, leases, kv, timers) = json::transaction(body)?;
             let id = json::uuid_v7().to_string();
             let out = api.transaction(ops, leases, kv.clone(), timers).await?;
-            Ok(json_response(200, &render::transaction(&out, &kv, &id)))
+            Ok(json_answer(200, &render::transaction(&out, &kv, &id)))
         }
         ("POST", ["api", "v1", "kv"]) => {
             let ops = kv_json::kv_ops(body, false)?;
             let out = api.kv(ops.clone()).await?;
-            Ok(json_response(200, &kv_json::outcome(&ops, &out)))
+            Ok(json_answer(200, &kv_json::outcome(&ops, &out)))
         }
         ("POST", ["api", "v1", "locks"]) => {
             let ops = kv_json::lock_ops(body, &|| format!("anon:{}", json::uuid_v7()))?;
@@ -246,15 +246,8 @@ async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: 
     let op = match method {
         "GET" => KvOp::Get { ns, key },
         "DELETE" => KvOp::Delete { ns, key, expect: None, required: false },
-        _ => {
-            let m = json::object(body, false)?;
-            let value = m.get("value").map(|v| serde_json::to_vec(v).unwrap_or_default()).ok_or_else(|| ApiError::bad_request("value", "is required"))?;
-            let expect = match m.get("expect") {
-                None | Some(serde_json::Value::Null) => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::bad_request("expect", "must be a non-negative integer"))?),
-            };
-            KvOp::Put { ns, key, value, expiry: kv_json::expiry(&m, "body")?, expect, required: false }
-        }
+        // The value is stored as the client wrote it.
+        _ => kv_json::path_put(body, ns, key)?,
     };
     let out = api.kv(vec![op.clone()]).await?;
     let Some(r) = out.results.first() else {
@@ -263,7 +256,7 @@ async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: 
     if matches!(r, KvResult::Get(None)) {
         return Err(ApiError::new(404, "not_found", "no such key"));
     }
-    Ok(json_response(200, &kv_json::result(0, &op, r)))
+    Ok(json_answer(200, &kv_json::result(0, &op, r)))
 }
 
 async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -274,7 +267,7 @@ async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: 
     if out.is_empty() {
         return Ok(no_content());
     }
-    Ok(json_response(200, &render::pop(queue, &group, &out, echo)))
+    Ok(json_answer(200, &render::pop(queue, &group, &out, echo)))
 }
 
 /// Turn a handler result into a response.

@@ -7,6 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Response;
+use queen_domain::model::MAX_DURATION_MS;
 use queen_domain::names::{PartitionName, QueueName};
 use queen_domain::reads;
 use queen_domain::timers::{TimerOp, TimerRec, TimerResult};
@@ -67,8 +68,13 @@ fn schedule(o: &Map<String, Value>, f: &dyn Fn(&str) -> String, queue: QueueName
     let b64 = opt_str(o, "payload", &f("payload"))?.ok_or_else(|| ApiError::bad_request(&f("payload"), "is required (base64)"))?;
     let raw = STANDARD.decode(b64.as_bytes()).map_err(|_| ApiError::bad_request(&f("payload"), "must be base64"))?;
     // The message keeps JSON as it is; other bytes are delivered as a JSON string of their base64.
-    let payload = if serde_json::from_slice::<Value>(&raw).is_ok() { raw } else { Value::String(b64).to_string().into_bytes() };
+    // Checked without parsing into a value, so JSON text of any numbers (`1e400`, long
+    // integers) is kept as it is.
+    let payload = if serde_json::from_slice::<serde::de::IgnoredAny>(&raw).is_ok() { raw } else { Value::String(b64).to_string().into_bytes() };
     let delay_ms = o.get("delayMs").and_then(Value::as_u64).ok_or_else(|| ApiError::bad_request(&f("delayMs"), "must be a non-negative integer (ms)"))?;
+    if delay_ms > MAX_DURATION_MS {
+        return Err(ApiError::bad_request(&f("delayMs"), &format!("must be 0 to {MAX_DURATION_MS} ms (ten years)")));
+    }
     let txn = opt_str(o, "txn", &f("txn"))?.filter(|t| !t.is_empty()).unwrap_or_else(|| uuid_v7().to_string());
     let partition = opt_str(o, "partition", &f("partition"))?
         .map(|p| PartitionName::new(p).map_err(|e| ApiError::bad_request(&f("partition"), &e.to_string())))

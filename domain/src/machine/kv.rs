@@ -90,12 +90,95 @@ fn precondition(expect: u64, current: Option<&KvRow>) -> Option<&'static str> {
     }
 }
 
-fn number_text(v: f64, ints: bool) -> Vec<u8> {
-    if ints && v.fract() == 0.0 && v.abs() < 9.0e15 {
-        format!("{}", v as i64).into_bytes()
-    } else {
-        serde_json::Number::from_f64(v).map_or_else(|| b"null".to_vec(), |n| n.to_string().into_bytes())
+/// A stored number as `incr` reads it.
+enum Stored {
+    /// An integer literal inside i64.
+    Int(i64),
+    /// A literal with a fraction or exponent, as a 64-bit float (maybe not finite: `1e400`).
+    Float(f64),
+}
+
+/// Read a stored value as a number: `Ok(None)` when it is not a JSON number, `Err(())` when it
+/// is an integer literal outside i64 (no exact sum exists).
+fn stored_number(bytes: &[u8]) -> Result<Option<Stored>, ()> {
+    let Ok(text) = std::str::from_utf8(bytes) else { return Ok(None) };
+    let t = text.trim();
+    if !t.starts_with(|c: char| c == '-' || c.is_ascii_digit()) || serde_json::from_str::<serde::de::IgnoredAny>(t).is_err() {
+        return Ok(None);
     }
+    if t.contains(['.', 'e', 'E']) {
+        return Ok(t.parse::<f64>().ok().map(Stored::Float));
+    }
+    t.parse::<i64>().map(|i| Some(Stored::Int(i))).map_err(|_| ())
+}
+
+/// `n` against `limit`, exactly (no rounding of `n` to a float).
+fn cmp_int_float(n: i64, limit: f64) -> Option<std::cmp::Ordering> {
+    use std::cmp::Ordering;
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if limit.is_nan() {
+        return None;
+    }
+    if limit >= TWO_63 {
+        return Some(Ordering::Less);
+    }
+    if limit < -TWO_63 {
+        return Some(Ordering::Greater);
+    }
+    let whole = limit.trunc();
+    // In [-2^63, 2^63) a whole float converts to i64 exactly.
+    Some(n.cmp(&(whole as i64)).then(if limit > whole {
+        Ordering::Less
+    } else if limit < whole {
+        Ordering::Greater
+    } else {
+        Ordering::Equal
+    }))
+}
+
+/// The result of an `incr` before its bounds are checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sum {
+    Int(i64),
+    Float(f64),
+}
+
+impl Sum {
+    fn above(self, max: f64) -> bool {
+        match self {
+            Sum::Int(n) => cmp_int_float(n, max) == Some(std::cmp::Ordering::Greater),
+            Sum::Float(f) => f > max,
+        }
+    }
+
+    fn below(self, min: f64) -> bool {
+        match self {
+            Sum::Int(n) => cmp_int_float(n, min) == Some(std::cmp::Ordering::Less),
+            Sum::Float(f) => f < min,
+        }
+    }
+
+    fn text(self) -> Vec<u8> {
+        match self {
+            Sum::Int(n) => n.to_string().into_bytes(),
+            // Finite by construction; `null` would only show a broken invariant.
+            Sum::Float(f) => serde_json::Number::from_f64(f).map_or_else(|| b"null".to_vec(), |n| n.to_string().into_bytes()),
+        }
+    }
+}
+
+/// `incr`'s arithmetic: exact in i64 when the stored value and the delta are integers (a sum
+/// outside i64 is `None`), else in 64-bit floats (a sum that is not finite is `None`).
+fn add(base: Stored, delta: Num) -> Option<Sum> {
+    match (base, delta) {
+        (Stored::Int(a), Num::Int(b)) => a.checked_add(b).map(Sum::Int),
+        (Stored::Int(a), Num::Float(b)) => finite(a as f64 + b),
+        (Stored::Float(a), d) => finite(a + d.as_f64()),
+    }
+}
+
+fn finite(f: f64) -> Option<Sum> {
+    f.is_finite().then_some(Sum::Float(f))
 }
 
 fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult, bool), StoreError> {
@@ -188,20 +271,22 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
         }
         KvOp::Incr { ns, key, delta, min, max, expiry, .. } => {
             let current = live_row(txn, ns, key, now)?;
-            let (base, base_int) = match &current {
-                None => (0.0, true),
-                Some(r) => match serde_json::from_slice::<serde_json::Value>(&r.value) {
-                    Ok(serde_json::Value::Number(n)) => (n.as_f64().unwrap_or(0.0), n.is_i64() || n.is_u64()),
-                    _ => return Ok((not_applied("type", current.as_ref(), key), false)),
+            let base = match &current {
+                None => Stored::Int(0),
+                Some(r) => match stored_number(&r.value) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => return Ok((not_applied("type", current.as_ref(), key), false)),
+                    Err(()) => return Ok((not_applied("overflow", current.as_ref(), key), false)),
                 },
             };
-            let next = base + delta.as_f64();
-            if max.is_some_and(|m| next > m) || min.is_some_and(|m| next < m) {
+            let Some(next) = add(base, *delta) else {
+                return Ok((not_applied("overflow", current.as_ref(), key), false));
+            };
+            if max.is_some_and(|m| next.above(m)) || min.is_some_and(|m| next.below(m)) {
                 return Ok((not_applied("limit", current.as_ref(), key), false));
             }
-            let ints = base_int && matches!(delta, Num::Int(_));
             let row = KvRow {
-                value: number_text(next, ints),
+                value: next.text(),
                 version: index,
                 expires: match &current {
                     Some(c) => c.expires,
