@@ -12,6 +12,7 @@
 mod broker;
 mod cluster;
 mod config;
+mod disk_gate;
 mod node;
 mod push_lane;
 mod sink;
