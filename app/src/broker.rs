@@ -33,6 +33,21 @@ const RECHECK: Duration = Duration::from_millis(250);
 /// A queue or group deletion this close to the disk gate (percentage points) reclaims the
 /// deleted rows' space at once.
 const RECLAIM_WITHIN_POINTS: u8 = 10;
+/// How long a reclaim waits for a deleted queue's rows to be swept.
+const RECLAIM_WAIT: Duration = Duration::from_secs(60);
+
+/// Whether rows of deleted queues are still waiting to be swept by housekeeping (a read
+/// failure counts as none: the reclaim then runs at once).
+fn graves_pending(store: &FjallStore) -> bool {
+    use queen_domain::StateRead;
+    use queen_domain::keys::{table, table_end, table_start};
+    let mut any = false;
+    let scanned = store.scan(&table_start(table::GRAVE), &table_end(table::GRAVE), &mut |_, _| {
+        any = true;
+        false
+    });
+    scanned.is_ok() && any
+}
 
 /// The broker: what every route of the client API does.
 pub struct Broker {
@@ -245,20 +260,27 @@ impl Broker {
             })
     }
 
-    /// After a deletion near the disk gate, give the deleted rows' space back now (one reclaim
-    /// at a time, off the async workers): otherwise it returns only when the store next
-    /// compacts those tables, and a node at a closed gate stopped writing the data that would
-    /// make it compact.
+    /// After a queue deletion near the disk gate, give the deleted rows' space back soon (one
+    /// reclaim at a time): otherwise it returns only when the store next compacts those tables,
+    /// and a node at a closed gate has stopped writing the data that would make it compact. The
+    /// queue's rows are deleted by the next ticks in bounded steps (its "graves"), so the
+    /// reclaim waits until none is left (at most `RECLAIM_WAIT`).
     fn reclaim_near_gate(&self) {
         if !self.disk.near_gate(RECLAIM_WITHIN_POINTS) || self.reclaiming.swap(true, Ordering::AcqRel) {
             return;
         }
         let (store, running) = (self.store.clone(), self.reclaiming.clone());
-        tokio::task::spawn_blocking(move || {
+        tokio::spawn(async move {
+            let until = Instant::now() + RECLAIM_WAIT;
+            while graves_pending(&store) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let started = Instant::now();
-            match store.reclaim() {
-                Ok(()) => tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), disk_bytes = store.disk_bytes(), "reclaimed deleted rows near the disk gate"),
-                Err(e) => tracing::warn!(target: "queen-app", error = %e, "reclaiming deleted rows failed"),
+            let done = tokio::task::spawn_blocking(move || store.reclaim().map(|()| store.disk_bytes())).await;
+            match done {
+                Ok(Ok(bytes)) => tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), store_bytes = bytes, "reclaimed deleted rows near the disk gate"),
+                Ok(Err(e)) => tracing::warn!(target: "queen-app", error = %e, "reclaiming deleted rows failed"),
+                Err(e) => tracing::warn!(target: "queen-app", error = %e, "the reclaim task failed"),
             }
             running.store(false, Ordering::Release);
         });
