@@ -54,10 +54,6 @@ impl Drop for Tmpfs {
 /// (size, used) of the file system holding `dir`, in bytes, from `statvfs` (via `stat -f`), used
 /// counted as the node counts it: size minus what an unprivileged writer may still use.
 fn disk_use(dir: &Path) -> (u64, u64) {
-    if std::env::var("DISK_GATE_DU").is_ok() {
-        let out = std::process::Command::new("sh").arg("-c").arg(format!("du -sb {0}/log {0}/state/* | tr '\\n' ' '", dir.display())).output().unwrap();
-        println!("du: {}", String::from_utf8_lossy(&out.stdout));
-    }
     let out = std::process::Command::new("stat").args(["-f", "-c", "%b %a %S"]).arg(dir).output().expect("stat -f");
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Vec<u64> = text.split_whitespace().filter_map(|s| s.parse().ok()).collect();
@@ -210,6 +206,55 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
     let peak = watch.peak();
     assert!(peak * 100 <= total * (HIGH_PCT + MARGIN_PCT), "the disk reached {}% during the drain", peak * 100 / total);
     println!("done in {:?}; disk now {:?}", started.elapsed(), disk_use(&mount.dir));
+    drop(watch);
+    n.kill9();
+    drop(mount);
+}
+
+#[test]
+fn with_the_gate_at_100_percent_the_reserve_stops_writes_before_the_store_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("n1");
+    let mount = match Tmpfs::mount(&data, 100) {
+        Ok(m) => m,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    // The default reserve (32 MiB). Without it (QUEEN_RAFT_DISK_RESERVE_BYTES=0) this disk fills
+    // and the state store fails a write: /health 503 and 500 for every write until a restart.
+    let mut n = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &data, &[("QUEEN_RAFT_DISK_HIGH_PCT", "100")]);
+    let watch = PeakWatch::start(&mount.dir);
+    let (total, _) = disk_use(&mount.dir);
+    let (mut accepted, mut refused_in_a_row, mut message) = (0u64, 0, String::new());
+    while refused_in_a_row < 10 {
+        assert!(accepted < 200, "the reserve never stopped pushes on a 100 MiB disk");
+        let a = n.post("/api/v1/push", &json!({"items": [{"queue": "q", "transactionId": format!("m{accepted}"), "payload": payload(accepted)}]}));
+        match a.status {
+            200 => {
+                accepted += 1;
+                refused_in_a_row = 0;
+            }
+            507 => {
+                refused_in_a_row += 1;
+                message = a.json["error"].as_str().unwrap_or_default().to_owned();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("push answered {other}: {}", a.text),
+        }
+    }
+    assert!(message.contains("QUEEN_RAFT_DISK_RESERVE_BYTES"), "names the reserve: {message}");
+    let free_at_peak = total - watch.peak();
+    println!("accepted {accepted}; least free {free_at_peak} bytes; {message}");
+    assert!(free_at_peak > 0, "the disk filled");
+    assert_eq!(n.get("/health").status, 200, "the store did not fail");
+    // Consumers still drain in the room above the reserve.
+    let got = n.get("/api/v1/pop/queue/q?batch=1&wait=false");
+    assert_eq!(got.status, 200, "{}", &got.text[..got.text.len().min(300)]);
+    let m = &got.json["messages"][0];
+    let a = n.post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
+    assert_eq!(a.json[0]["success"], true, "{}", a.text);
     drop(watch);
     n.kill9();
     drop(mount);
