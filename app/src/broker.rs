@@ -122,20 +122,6 @@ fn kind(c: &Command) -> &'static str {
     }
 }
 
-/// How a command meets the disk gate; `internal` marks the node's own writes (the S3 sink's).
-fn admission(c: &Command, internal: bool) -> crate::disk_gate::Admission {
-    use crate::disk_gate::Admission;
-    match c {
-        Command::DeleteQueue { .. } | Command::DeleteGroup { .. } => Admission::Frees,
-        Command::Push(_) | Command::Transaction { .. } | Command::Kv(_) | Command::Timers(_) | Command::Configure { .. } | Command::Locks(_)
-            if !internal =>
-        {
-            Admission::Adds
-        }
-        _ => Admission::Drains,
-    }
-}
-
 impl Broker {
     /// Assemble the use cases over a log, the local state and a clock.
     pub fn new(
@@ -305,7 +291,7 @@ impl Broker {
     /// `propose`, with `internal` set for the node's own writes that pass a closed disk gate.
     async fn propose_as(&self, command: Command, internal: bool) -> Result<Response, ApiError> {
         let kind = kind(&command);
-        let admission = admission(&command, internal);
+        let admission = crate::disk_gate::Admission::of(&command, internal);
         let bytes = Entry { proposed_at: self.clock.now_micros(), command }.encode();
         // After encoding, so the gate counts what the log will hold.
         let _admitted = self.gate(admission, kind, bytes.len())?;

@@ -26,6 +26,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use queen_domain::command::Command;
+
 /// How often the node samples the file system (one `statvfs`, a few microseconds).
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
@@ -50,6 +52,27 @@ pub(crate) enum Admission {
     Drains,
     /// A deletion, which frees space once applied: may use three quarters of the reserve.
     Frees,
+}
+
+impl Admission {
+    /// How a command meets the gate; `internal` marks the node's own writes (the S3 sink's
+    /// leases, intents, pointers and checkpoints), which drain like acks.
+    pub(crate) fn of(command: &Command, internal: bool) -> Admission {
+        match command {
+            Command::DeleteQueue { .. } | Command::DeleteGroup { .. } => Admission::Frees,
+            Command::Push(_)
+            | Command::Transaction { .. }
+            | Command::Kv(_)
+            | Command::Timers(_)
+            | Command::Configure { .. }
+            | Command::Locks(_)
+                if !internal =>
+            {
+                Admission::Adds
+            }
+            _ => Admission::Drains,
+        }
+    }
 }
 
 /// The gate's settings.
@@ -267,6 +290,15 @@ mod tests {
         assert!(matches!(decide(disk(1000 * MIB, 970 * MIB), MIB, Admission::Adds, limits), Err(Refusal::Reserve { .. })));
         // A command larger than the whole disk is refused, not wrapped around.
         assert!(decide(disk(1000 * MIB, 0), u64::MAX, Admission::Drains, limits).is_err());
+    }
+
+    #[test]
+    fn client_writes_stop_at_the_gate_and_the_sinks_own_kv_writes_drain() {
+        assert_eq!(Admission::of(&Command::Push(Vec::new()), false), Admission::Adds);
+        assert_eq!(Admission::of(&Command::Kv(Vec::new()), false), Admission::Adds);
+        assert_eq!(Admission::of(&Command::Kv(Vec::new()), true), Admission::Drains);
+        assert_eq!(Admission::of(&Command::Tick, false), Admission::Drains);
+        assert_eq!(Admission::of(&Command::ExtendLease { lease_id: "l".into() }, false), Admission::Drains);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! again.
 //!
 //! Needs root (it mounts a 300 MiB tmpfs as the node's data directory); elsewhere it prints
-//! `skipped: <why>` and passes.
+//! `skipped: <why>` and passes. A third test needs no mount: the S3 sink (to a local folder)
+//! keeps committing on a node whose gate is closed.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use queen_tests::Node;
+use queen_tests::{Node, eventually};
 use serde_json::json;
 
 /// Size of the test file system.
@@ -258,4 +259,43 @@ fn with_the_gate_at_100_percent_the_reserve_stops_writes_before_the_store_fails(
     drop(watch);
     n.kill9();
     drop(mount);
+}
+
+#[test]
+fn above_the_gate_the_sink_keeps_committing_its_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("n1");
+    let lake = dir.path().join("lake");
+    let bin = Path::new(env!("CARGO_BIN_EXE_queen"));
+    let mut n = Node::start(bin, &data, &[]);
+    let items: Vec<serde_json::Value> = (0..5).map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}})).collect();
+    let a = n.post("/api/v1/push", &json!({ "items": items }));
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert!(n.sigterm(Duration::from_secs(30)).success());
+    // 1% is past on any disk holding this checkout: the gate is closed from the start.
+    let endpoint = format!("file://{}", lake.display());
+    let sink = [
+        ("QUEEN_RAFT_DISK_HIGH_PCT", "1"),
+        ("QUEEN_S3_EMBEDDED", "true"),
+        ("QUEEN_S3_QUEUES", "*"),
+        ("QUEEN_S3_ENDPOINT", endpoint.as_str()),
+        ("QUEEN_S3_START", "earliest"),
+        ("QUEEN_S3_MAX_WINDOW_MS", "1000"),
+        ("QUEEN_S3_SAFE_GUARD_MS", "500"),
+    ];
+    let mut n = Node::start(bin, &data, &sink);
+    let refused = n.post("/api/v1/push", &json!({"items": [{"queue": "local", "partition": "p", "payload": {"i": 5}}]}));
+    assert_eq!(refused.status, 507, "the gate is closed: {}", refused.text);
+    let mut last = serde_json::Value::Null;
+    let committed = eventually(Duration::from_secs(60), || {
+        let s = n.get("/status").json;
+        last = s["s3"]["sinks"][0]["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "local").cloned()).unwrap_or_default();
+        last["windowsCommitted"].as_u64() >= Some(1) && last["records"] == 5
+    });
+    assert!(committed, "the sink committed its backlog at a closed gate: {last:#}\n{}", n.log_text());
+    assert!(n.sigterm(Duration::from_secs(60)).success());
+    let out = std::process::Command::new(bin).args(["lake", "verify", "--endpoint", &endpoint]).output().expect("verify");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(out.status.success(), "{report:#} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(report["queues"][0]["records"], 5, "{report:#}");
 }
