@@ -15,11 +15,12 @@
 //! and refuses with 507 `disk_full`:
 //! - a client command that adds data when `projected` passes `QUEEN_RAFT_DISK_HIGH_PCT` of the
 //!   file system, or leaves less than the reserve free;
-//! - any other command (pops, acks, lease extensions, ticks, the sink's own KV writes) only when
-//!   it would leave less than the reserve (`QUEEN_RAFT_DISK_RESERVE_BYTES`) free: the hard floor
+//! - any other command (pops, acks, lease extensions, the sink's own KV writes) only when it
+//!   would leave less than the reserve (`QUEEN_RAFT_DISK_RESERVE_BYTES`) free: the hard floor
 //!   below which the state store risks failing a write (which stops the node until a restart);
-//! - deletions (of a queue or a consumer group), which free space, only when they would leave
-//!   less than a quarter of the reserve free.
+//! - deletions (of a queue or a consumer group) and ticks (their housekeeping sweeps deleted
+//!   queues and applies retention), which free space, only when they would leave less than a
+//!   quarter of the reserve free.
 //!
 //! The arithmetic is [`decide`], a pure function; [`DiskGate`] keeps the shared figures.
 
@@ -48,9 +49,10 @@ pub(crate) enum Admission {
     /// the gate.
     Adds,
     /// Work that must go on at a closed gate so consumers drain (pop, ack, lease extension,
-    /// seek, tick, the sink's own KV writes): stops only at the reserve.
+    /// seek, the sink's own KV writes): stops only at the reserve.
     Drains,
-    /// A deletion, which frees space once applied: may use three quarters of the reserve.
+    /// A deletion, or a tick (whose housekeeping sweeps deleted queues and applies retention),
+    /// which frees space once applied: may use three quarters of the reserve.
     Frees,
 }
 
@@ -59,7 +61,8 @@ impl Admission {
     /// leases, intents, pointers and checkpoints), which drain like acks.
     pub(crate) fn of(command: &Command, internal: bool) -> Admission {
         match command {
-            Command::DeleteQueue { .. } | Command::DeleteGroup { .. } => Admission::Frees,
+            // A tick runs the housekeeping that sweeps deleted queues and applies retention.
+            Command::DeleteQueue { .. } | Command::DeleteGroup { .. } | Command::Tick => Admission::Frees,
             Command::Push(_)
             | Command::Transaction { .. }
             | Command::Kv(_)
@@ -297,7 +300,7 @@ mod tests {
         assert_eq!(Admission::of(&Command::Push(Vec::new()), false), Admission::Adds);
         assert_eq!(Admission::of(&Command::Kv(Vec::new()), false), Admission::Adds);
         assert_eq!(Admission::of(&Command::Kv(Vec::new()), true), Admission::Drains);
-        assert_eq!(Admission::of(&Command::Tick, false), Admission::Drains);
+        assert_eq!(Admission::of(&Command::Tick, false), Admission::Frees);
         assert_eq!(Admission::of(&Command::ExtendLease { lease_id: "l".into() }, false), Admission::Drains);
     }
 

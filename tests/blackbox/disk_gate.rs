@@ -160,6 +160,7 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
     let message = refusal.json["error"].as_str().unwrap_or_default();
     assert!(message.contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"), "names the setting and the limit: {message}");
     println!("gate held after {} pushes; disk {:?}", accepted.len(), disk_use(&mount.dir));
+    assert_eq!(n.get("/health").status, 200, "a closed gate is not a failure");
     let peak = watch.peak();
     let peak_pct = peak * 100 / total;
     println!("peak disk use while pushing: {peak} bytes ({peak_pct}%)");
