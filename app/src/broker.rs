@@ -30,8 +30,8 @@ const LEADER_QUORUM_MS: u64 = 2000;
 /// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
 /// signalled by a commit).
 const RECHECK: Duration = Duration::from_millis(250);
-/// A queue or group deletion this close to the disk gate (percentage points) reclaims the
-/// deleted rows' space at once.
+/// A queue deletion this close to the disk gate (percentage points) reclaims the deleted rows'
+/// space at once.
 const RECLAIM_WITHIN_POINTS: u8 = 10;
 /// How long a reclaim waits for a deleted queue's rows to be swept.
 const RECLAIM_WAIT: Duration = Duration::from_secs(60);
@@ -291,11 +291,12 @@ impl Broker {
     /// `propose`, with `internal` set for the node's own writes that pass a closed disk gate.
     async fn propose_as(&self, command: Command, internal: bool) -> Result<Response, ApiError> {
         let kind = kind(&command);
+        let is_tick = matches!(command, Command::Tick);
         let admission = crate::disk_gate::Admission::of(&command, internal);
         let bytes = Entry { proposed_at: self.clock.now_micros(), command }.encode();
         // After encoding, so the gate counts what the log will hold.
         let _admitted = self.gate(admission, kind, bytes.len())?;
-        if !self.client_offload && kind != "tick" {
+        if !self.client_offload && !is_tick {
             let p = self.log.progress();
             if p.role != RaftRole::Leader {
                 let mut err = ApiError::new(503, "not_leader", format!("this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}", p.leader));
