@@ -31,6 +31,24 @@ const LEADER_QUORUM_MS: u64 = 2000;
 /// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
 /// signalled by a commit).
 const RECHECK: Duration = Duration::from_millis(250);
+/// A queue deletion this close to the disk gate (percentage points) reclaims the deleted rows'
+/// space at once.
+const RECLAIM_WITHIN_POINTS: u8 = 10;
+/// How long a reclaim waits for a deleted queue's rows to be swept.
+const RECLAIM_WAIT: Duration = Duration::from_secs(60);
+
+/// Whether rows of deleted queues are still waiting to be swept by housekeeping (a read
+/// failure counts as none: the reclaim then runs at once).
+fn graves_pending(store: &FjallStore) -> bool {
+    use queen_domain::StateRead;
+    use queen_domain::keys::{table, table_end, table_start};
+    let mut any = false;
+    let scanned = store.scan(&table_start(table::GRAVE), &table_end(table::GRAVE), &mut |_, _| {
+        any = true;
+        false
+    });
+    scanned.is_ok() && any
+}
 
 /// The broker: what every route of the client API does.
 pub struct Broker {
@@ -42,10 +60,8 @@ pub struct Broker {
     request_timeout: Duration,
     fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
     started: Instant,
-    /// Disk use of the data directory in percent, sampled by the node.
-    pub(crate) disk_pct: std::sync::atomic::AtomicU8,
-    /// The disk gate's threshold.
-    disk_high_pct: u8,
+    /// The disk gate: the data directory's last sample and the bytes admitted since.
+    disk: crate::disk_gate::DiskGate,
     /// The raft node, for membership changes.
     raft: Option<queen_raft::RaftNode>,
     /// Promotion lag limit.
@@ -64,6 +80,8 @@ pub struct Broker {
     max_message_bytes: usize,
     /// The S3 sink's block of `/status`, when the sink runs.
     s3_status: std::sync::OnceLock<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
+    /// A store reclaim (after a deletion near the disk gate) is running.
+    reclaiming: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn not_committed(e: &ProposeError) -> ApiError {
@@ -126,8 +144,7 @@ impl Broker {
             request_timeout,
             fsyncs,
             started: Instant::now(),
-            disk_pct: std::sync::atomic::AtomicU8::new(0),
-            disk_high_pct: 85,
+            disk: crate::disk_gate::DiskGate::new(crate::disk_gate::Limits { high_pct: 85, reserve_bytes: crate::disk_gate::DEFAULT_RESERVE_BYTES }),
             raft: None,
             promote_max_lag: 1000,
             ready_lag_entries: READY_LAG_ENTRIES,
@@ -137,6 +154,7 @@ impl Broker {
             push_lane: None,
             max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
+            reclaiming: Arc::default(),
         }
     }
 
@@ -213,41 +231,83 @@ impl Broker {
         self
     }
 
-    /// Set the disk gate's threshold (percent).
+    /// Set the disk gate's threshold (percent) and the reserve it keeps free (bytes).
     #[must_use]
-    pub fn with_disk_gate(mut self, pct: u8) -> Self {
-        self.disk_high_pct = pct;
+    pub fn with_disk_gate(mut self, high_pct: u8, reserve_bytes: u64) -> Self {
+        self.disk = crate::disk_gate::DiskGate::new(crate::disk_gate::Limits { high_pct, reserve_bytes });
         self
     }
 
-    /// Record the data directory's disk use.
-    pub fn set_disk_use(&self, pct: u8) {
-        self.disk_pct.store(pct, Ordering::Relaxed);
+    /// Record a sample of the data directory's file system: its size and the bytes in use.
+    pub fn set_disk_use(&self, total_bytes: u64, used_bytes: u64) {
+        self.disk.sample(total_bytes, used_bytes);
     }
 
-    /// The disk gate: writes that add data are refused above the threshold; acks, pops, lease
-    /// extensions and deletions go on so consumers can drain.
-    fn gate(&self, command: &Command) -> Result<(), ApiError> {
-        let adds = matches!(
-            command,
-            Command::Push(_) | Command::Transaction { .. } | Command::Kv(_) | Command::Timers(_) | Command::Configure { .. } | Command::Locks(_)
-        );
-        let used = self.disk_pct.load(Ordering::Relaxed);
-        if adds && used > self.disk_high_pct {
-            return Err(ApiError::new(
-                507,
-                "disk_full",
-                format!("the node's disk is {used}% full (QUEEN_RAFT_DISK_HIGH_PCT is {}%)", self.disk_high_pct),
-            ));
+    /// The disk gate (see `disk_gate`): a client command that adds data is refused when what it
+    /// and everything admitted since the last sample will write would pass the threshold; every
+    /// command is refused when it would take the reserve. Pops, acks, lease extensions, ticks,
+    /// deletions and the sink's own writes (`internal`) pass a closed gate so consumers drain.
+    fn gate(&self, admission: crate::disk_gate::Admission, kind: &'static str, bytes: usize) -> Result<crate::disk_gate::Admitted<'_>, ApiError> {
+        let memtable = self.store.engine_stats().0;
+        self.disk
+            .admit(u64::try_from(bytes).unwrap_or(u64::MAX), admission, memtable)
+            .map_err(|refusal| {
+                tracing::debug!(target: "queen-app", kind, error = %refusal, "refused at the disk gate");
+                ApiError::new(507, "disk_full", refusal.to_string())
+            })
+    }
+
+    /// After a queue deletion near the disk gate, give the deleted rows' space back soon (one
+    /// reclaim at a time): otherwise it returns only when the store next compacts those tables,
+    /// and a node at a closed gate has stopped writing the data that would make it compact. The
+    /// queue's rows are deleted by the next ticks in bounded steps (its "graves"), so the
+    /// reclaim waits until none is left (at most `RECLAIM_WAIT`).
+    fn reclaim_near_gate(&self) {
+        if !self.disk.near_gate(RECLAIM_WITHIN_POINTS) || self.reclaiming.swap(true, Ordering::AcqRel) {
+            return;
         }
-        Ok(())
+        let (store, running) = (self.store.clone(), self.reclaiming.clone());
+        tokio::spawn(async move {
+            let until = Instant::now() + RECLAIM_WAIT;
+            while graves_pending(&store) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let started = Instant::now();
+            let done = tokio::task::spawn_blocking(move || store.reclaim().map(|()| store.disk_bytes())).await;
+            match done {
+                Ok(Ok(bytes)) => tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), store_bytes = bytes, "reclaimed deleted rows near the disk gate"),
+                Ok(Err(e)) => tracing::warn!(target: "queen-app", error = %e, "reclaiming deleted rows failed"),
+                Err(e) => tracing::warn!(target: "queen-app", error = %e, "the reclaim task failed"),
+            }
+            running.store(false, Ordering::Release);
+        });
+    }
+
+    /// KV operations of the node's own S3 sink (leases, intents, commit pointers, checkpoints):
+    /// they pass a closed disk gate, like acks, so a node above the gate keeps committing its
+    /// backlog to the lake; only the reserve stops them.
+    pub(crate) async fn kv_internal(&self, ops: Vec<KvOp>) -> Result<KvOutcome, ApiError> {
+        match self.propose_as(Command::Kv(ops), true).await?.outcome {
+            Outcome::Kv(o) => Ok(o),
+            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+        }
     }
 
     /// Propose a command and wait for its outcome, up to the request deadline. While no leader
     /// is known the proposal is held and retried (nothing was appended), not failed at once.
     pub async fn propose(&self, command: Command) -> Result<Response, ApiError> {
-        self.gate(&command)?;
-        if !self.client_offload && !matches!(command, Command::Tick) {
+        self.propose_as(command, false).await
+    }
+
+    /// `propose`, with `internal` set for the node's own writes that pass a closed disk gate.
+    async fn propose_as(&self, command: Command, internal: bool) -> Result<Response, ApiError> {
+        let kind = kind(&command);
+        let is_tick = matches!(command, Command::Tick);
+        let admission = crate::disk_gate::Admission::of(&command, internal);
+        let bytes = Entry { proposed_at: self.clock.now_micros(), command }.encode();
+        // After encoding, so the gate counts what the log will hold.
+        let _admitted = self.gate(admission, kind, bytes.len())?;
+        if !self.client_offload && !is_tick {
             let p = self.log.progress();
             if p.role != RaftRole::Leader {
                 let mut err = ApiError::new(503, "not_leader", format!("this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}", p.leader));
@@ -255,11 +315,8 @@ impl Broker {
                 return Err(err);
             }
         }
-        let kind = kind(&command);
         let started = Instant::now();
         let deadline = started + self.request_timeout;
-        let entry = Entry { proposed_at: self.clock.now_micros(), command };
-        let bytes = entry.encode();
         let result = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(remaining, self.log.propose(bytes.clone())).await {
@@ -513,6 +570,7 @@ impl Api for Broker {
         let name = queue.as_str().to_owned();
         let r = self.propose(Command::DeleteQueue { queue }).await?;
         self.waiters.forget(&name);
+        self.reclaim_near_gate();
         match r.outcome {
             Outcome::Deleted { existed } => Ok(existed),
             _ => Err(ApiError::new(500, "internal", "unexpected outcome")),

@@ -34,6 +34,8 @@ pub struct RawConfig {
     pub body_budget_bytes: Option<String>,
     /// `QUEEN_RAFT_DISK_HIGH_PCT`
     pub disk_high_pct: Option<String>,
+    /// `QUEEN_RAFT_DISK_RESERVE_BYTES`
+    pub disk_reserve_bytes: Option<String>,
     /// `QUEEN_RAFT_JOIN`
     pub join: Option<String>,
     /// `QUEEN_RAFT_CLIENT_OFFLOAD`
@@ -88,6 +90,9 @@ pub struct Config {
     pub body_budget_bytes: usize,
     /// Above this disk use (percent) the node answers its own clients' writes 507.
     pub disk_high_pct: u8,
+    /// Free space (bytes) no write may take: pops, acks and the sink's commits stop here too,
+    /// before the state store would fail a write.
+    pub disk_reserve_bytes: u64,
     /// Start empty and wait to be added as a learner.
     pub join: bool,
     /// Followers forward their clients' commands to the leader (else they answer 503).
@@ -118,6 +123,7 @@ impl std::fmt::Debug for Config {
             .field("body_timeout", &self.body_timeout)
             .field("body_budget_bytes", &self.body_budget_bytes)
             .field("disk_high_pct", &self.disk_high_pct)
+            .field("disk_reserve_bytes", &self.disk_reserve_bytes)
             .field("join", &self.join)
             .finish()
     }
@@ -140,6 +146,8 @@ const DEFAULT_MAX_MESSAGE: usize = 8 << 20;
 const DEFAULT_BODY_BUDGET: usize = 256 << 20;
 /// Largest budget of request bodies in memory per port.
 const MAX_BODY_BUDGET: usize = 16 << 30;
+/// Largest `QUEEN_RAFT_DISK_RESERVE_BYTES` (1 TiB).
+const MAX_RESERVE_BYTES: u64 = 1 << 40;
 
 fn bad(variable: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError { variable, problem: problem.into() }
@@ -259,6 +267,11 @@ impl RawConfig {
         if !(1..=100).contains(&disk_high_pct) {
             return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
         }
+        let disk_reserve_bytes: u64 =
+            number(&self.disk_reserve_bytes, "QUEEN_RAFT_DISK_RESERVE_BYTES", crate::disk_gate::DEFAULT_RESERVE_BYTES, "a byte count")?;
+        if disk_reserve_bytes > MAX_RESERVE_BYTES {
+            return Err(bad("QUEEN_RAFT_DISK_RESERVE_BYTES", format!("{disk_reserve_bytes} is outside 0..={MAX_RESERVE_BYTES}")));
+        }
         let join = flag(&self.join, "QUEEN_RAFT_JOIN", false)?;
         let client_offload = flag(&self.client_offload, "QUEEN_RAFT_CLIENT_OFFLOAD", true)?;
         if join && !peers.iter().any(|p| p.id == node_id) {
@@ -279,6 +292,7 @@ impl RawConfig {
             ready_lag_ms,
             max_clock_skew_ms,
             disk_high_pct,
+            disk_reserve_bytes,
             port,
             host,
             raft_dir,
@@ -340,6 +354,17 @@ mod tests {
         for bad in ["60001", "-1", "soon"] {
             let e = RawConfig { max_clock_skew_ms: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
             assert_eq!(e.variable, "QUEEN_RAFT_MAX_CLOCK_SKEW_MS", "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_disk_reserve_has_a_default_and_a_range() {
+        assert_eq!(RawConfig::default().validate().unwrap().disk_reserve_bytes, 32 << 20);
+        let c = RawConfig { disk_reserve_bytes: Some("0".into()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(c.disk_reserve_bytes, 0);
+        for bad in ["1099511627777", "-1", "lots"] {
+            let e = RawConfig { disk_reserve_bytes: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            assert_eq!(e.variable, "QUEEN_RAFT_DISK_RESERVE_BYTES", "{bad}");
         }
     }
 

@@ -12,6 +12,7 @@
 mod broker;
 mod cluster;
 mod config;
+mod disk_gate;
 mod message_size;
 mod node;
 mod push_lane;

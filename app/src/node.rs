@@ -123,14 +123,14 @@ pub async fn run(
             cfg.request_timeout,
             Arc::new(move || fsync_source.fsync_count()),
         )
-        .with_disk_gate(cfg.disk_high_pct)
+        .with_disk_gate(cfg.disk_high_pct, cfg.disk_reserve_bytes)
         .with_max_message_bytes(cfg.max_message_bytes)
         .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
         .with_client_offload(cfg.client_offload)
         .with_log_kinds(kinds)
         .with_push_lane(),
     );
-    broker.set_disk_use(disk_use_pct(&cfg.raft_dir));
+    sample_disk(&broker, &cfg.raft_dir);
     // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
     tokio::spawn(broker.clone().run_push_lane());
     let sink = match sink {
@@ -162,24 +162,35 @@ pub async fn run(
             }
         })
     };
-    let ticker = {
+    // The disk gate's sample, often: what was admitted since the last one is only estimated.
+    let disk_sampler = {
         let broker = broker.clone();
         let dir = cfg.raft_dir.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(crate::disk_gate::SAMPLE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => sample_disk(&broker, &dir),
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
+    let ticker = {
+        let broker = broker.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(TICK_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = every.tick() => {
-                        broker.set_disk_use(disk_use_pct(&dir));
-                        broker.tick().await;
-                    }
+                    _ = every.tick() => broker.tick().await,
                     _ = stop_rx.changed() => break,
                 }
             }
         })
     };
-
     // On SIGTERM a leader hands leadership over first (openraft's transfer, at most ~3 s), so
     // the cluster has a new leader before this node stops listening; requests still in flight
     // here are forwarded to it while the listener drains.
@@ -215,6 +226,7 @@ pub async fn run(
     }
     let _ = stop_tx.send(true);
     let _ = ticker.await;
+    let _ = disk_sampler.await;
     let _ = gate.await;
     let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {
@@ -225,13 +237,18 @@ pub async fn run(
     Ok(())
 }
 
-/// Percent of the data directory's file system in use (0 when it cannot be read).
-fn disk_use_pct(dir: &std::path::Path) -> u8 {
+/// Sample the data directory's file system for the disk gate: its size and the bytes in use
+/// (size minus what an unprivileged writer may still use). When it cannot be read, the gate
+/// keeps its previous sample.
+fn sample_disk(broker: &Broker, dir: &std::path::Path) {
     match rustix::fs::statvfs(dir) {
         Ok(s) if s.f_blocks > 0 => {
-            let used = s.f_blocks.saturating_sub(s.f_bavail);
-            u8::try_from(used.saturating_mul(100) / s.f_blocks).unwrap_or(100)
+            let block = s.f_frsize.max(1);
+            let total = s.f_blocks.saturating_mul(block);
+            let used = s.f_blocks.saturating_sub(s.f_bavail).saturating_mul(block);
+            broker.set_disk_use(total, used);
         }
-        _ => 0,
+        Ok(_) => {}
+        Err(e) => tracing::debug!(target: "queen-app", error = %e, dir = %dir.display(), "statvfs of the data directory failed"),
     }
 }

@@ -94,6 +94,9 @@ struct ServeArgs {
     /// Disk use (percent) above which client writes answer 507 [default: 85].
     #[arg(long, env = "QUEEN_RAFT_DISK_HIGH_PCT")]
     disk_high_pct: Option<String>,
+    /// Free bytes no write may take; pops and acks stop there too [default: 33554432].
+    #[arg(long, env = "QUEEN_RAFT_DISK_RESERVE_BYTES")]
+    disk_reserve_bytes: Option<String>,
     /// Start empty and wait to be added as a learner [default: false].
     #[arg(long, env = "QUEEN_RAFT_JOIN")]
     join: Option<String>,
@@ -146,6 +149,7 @@ fn main() -> ExitCode {
         body_timeout_ms: args.body_timeout_ms,
         body_budget_bytes: args.body_budget_bytes,
         disk_high_pct: args.disk_high_pct,
+        disk_reserve_bytes: args.disk_reserve_bytes,
         join: args.join,
         client_offload: args.client_offload,
         promote_max_lag: args.promote_max_lag,

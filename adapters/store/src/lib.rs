@@ -11,4 +11,4 @@ mod backend;
 mod snapshot;
 mod store;
 
-pub use store::{FjallStore, StateView, StoreConfig, StoreOpenError};
+pub use store::{FjallStore, ReclaimError, StateView, StoreConfig, StoreOpenError};

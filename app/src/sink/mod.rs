@@ -349,7 +349,7 @@ async fn supervise(shared: Arc<Shared>) {
         let _ = t.await;
     }
     let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
-    let _ = shared.broker.kv(vec![KvOp::Delete { ns: NS.into(), key, expect: None, required: false }]).await;
+    let _ = shared.broker.kv_internal(vec![KvOp::Delete { ns: NS.into(), key, expect: None, required: false }]).await;
     shared.set_sink(|s| s.phase = "stopped");
 }
 
@@ -421,7 +421,7 @@ async fn presence(shared: &Shared) {
         },
         KvOp::GetPrefix { ns: NS.into(), prefix: documents::presence_prefix(&s.name), after: None, limit: 1000, keys_only: false },
     ];
-    if let Ok(out) = shared.broker.kv(ops).await
+    if let Ok(out) = shared.broker.kv_internal(ops).await
         && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
     {
         // A running node rewrites its row every discovery period (and at each claim); a row

@@ -249,7 +249,7 @@ impl QueueTask {
     /// Read the queue's lease row: free, written under this instance's name (a run of this
     /// node before a restart), or held by another instance.
     pub(super) async fn look(&self) -> Result<Look, String> {
-        let got = self.shared.broker.kv(vec![KvOp::Get { ns: NS.into(), key: self.lease_key() }]).await.map_err(|e| e.message)?;
+        let got = self.shared.broker.kv_internal(vec![KvOp::Get { ns: NS.into(), key: self.lease_key() }]).await.map_err(|e| e.message)?;
         let current = match got.results.first() {
             Some(KvResult::Get(row)) => row.clone(),
             _ => None,
@@ -274,7 +274,7 @@ impl QueueTask {
             expect: Some(expect),
             required: true,
         };
-        let out = self.shared.broker.kv(vec![put]).await.map_err(|e| e.message)?;
+        let out = self.shared.broker.kv_internal(vec![put]).await.map_err(|e| e.message)?;
         match write_result(&out, 0) {
             Some((true, Some(row))) => {
                 self.lease_version = row.version;
@@ -300,7 +300,7 @@ impl QueueTask {
             required: true,
         }];
         ops.append(&mut rest);
-        let out = self.shared.broker.kv(ops).await.map_err(|e| BatchError::Retry(e.message))?;
+        let out = self.shared.broker.kv_internal(ops).await.map_err(|e| BatchError::Retry(e.message))?;
         if out.failed == Some(0) {
             self.shared.telemetry.metrics().s3().precondition_lost(&self.queue);
             return Err(BatchError::Fenced);
@@ -897,7 +897,7 @@ impl QueueTask {
         let until = Instant::now() + RELEASE_FOR;
         while Instant::now() < until {
             let op = KvOp::Delete { ns: NS.into(), key: self.lease_key(), expect: Some(self.lease_version), required: true };
-            match self.shared.broker.kv(vec![op]).await {
+            match self.shared.broker.kv_internal(vec![op]).await {
                 Ok(_) => break,
                 Err(e) => {
                     tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.message, "lease release failed; retrying");
