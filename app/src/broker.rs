@@ -631,7 +631,12 @@ impl Api for Broker {
             MembershipOp::Promote { ids, force } => MembershipChange::Promote { ids, force, max_lag: self.promote_max_lag },
             MembershipOp::Remove { id } => MembershipChange::Remove { id },
         };
-        match raft.membership(change).await {
+        // A membership change has the request deadline too: past it the outcome is unknown
+        // (every change is idempotent, so a retry is safe).
+        let Ok(result) = tokio::time::timeout(self.request_timeout, raft.membership(change)).await else {
+            return Err(ApiError::timeout());
+        };
+        match result {
             Ok(members) => Ok(json!({"success": true, "members": members})),
             Err(e) => {
                 let (status, code) = match &e {
