@@ -428,7 +428,7 @@ impl Api for Broker {
         let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
         let notify = self.waiters.of(req.command.queue.as_str());
         let mut cmd = req.command;
-        let mut parked = false;
+        let mut parked = None;
         let result = loop {
             // Register for a wake-up before looking, so a commit between the look and the wait
             // is not missed.
@@ -448,15 +448,12 @@ impl Api for Broker {
             if remaining.is_zero() {
                 break Ok(PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() });
             }
-            if !parked {
-                parked = true;
-                self.waiters.parked.fetch_add(1, Ordering::Relaxed);
+            if parked.is_none() {
+                parked = Some(self.waiters.park());
             }
             let _ = tokio::time::timeout(remaining.min(RECHECK), notified).await;
         };
-        if parked {
-            self.waiters.parked.fetch_sub(1, Ordering::Relaxed);
-        }
+        drop(parked);
         if let Ok(p) = &result {
             let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
             self.telemetry.metrics().messages_delivered(n as u64);

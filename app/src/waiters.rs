@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 pub(crate) struct Waiters {
     by_queue: Mutex<HashMap<String, Arc<Notify>>>,
     /// Pops currently parked.
-    pub(crate) parked: AtomicU64,
+    parked: AtomicU64,
 }
 
 impl Waiters {
@@ -48,5 +48,21 @@ impl Waiters {
 
     pub(crate) fn parked(&self) -> u64 {
         self.parked.load(Ordering::Relaxed)
+    }
+
+    /// Count one parked pop until the returned guard drops: at its end, or when the request is
+    /// cancelled because its client left.
+    pub(crate) fn park(&self) -> Parked<'_> {
+        self.parked.fetch_add(1, Ordering::Relaxed);
+        Parked(&self.parked)
+    }
+}
+
+/// One parked pop, counted while it lives.
+pub(crate) struct Parked<'a>(&'a AtomicU64);
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -136,12 +136,17 @@ fn kv_incr_is_exact_in_integers_and_refuses_overflow() {
     assert!(g.text.contains(r#""value":9007199254740993,"#), "{}", g.text);
 
     kv(&n, r#"{"op":"put","ns":"app","key":"c","value":9223372036854775807,"forever":true}"#);
+    // A call that wrote nothing because its incr overflowed is a 400 naming the operation.
     let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#);
-    assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!((r.json["results"][0]["applied"].clone(), r.json["results"][0]["reason"].clone()), (json!(false), json!("overflow")), "{}", r.text);
-    assert!(r.text.contains(r#""value":9223372036854775807,"#), "the current value is shown: {}", r.text);
+    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "{}", r.text);
+    assert!(r.text.contains("operations[0].delta"), "{}", r.text);
     let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true,"required":true}"#);
-    assert_eq!((r.json["ok"].clone(), r.json["kvReason"].clone()), (json!(false), json!("overflow")), "{}", r.text);
+    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "{}", r.text);
+    // In a call whose other writes took effect, the overflowed one says why in its result.
+    let r = kv(&n, r#"{"op":"put","ns":"app","key":"other","value":1,"forever":true},{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#);
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!((r.json["results"][1]["applied"].clone(), r.json["results"][1]["reason"].clone()), (json!(false), json!("overflow")), "{}", r.text);
+    assert!(r.text.contains(r#""value":9223372036854775807,"#), "the current value is shown: {}", r.text);
     let g = kv(&n, r#"{"op":"get","ns":"app","key":"c"}"#);
     assert!(g.text.contains(r#""value":9223372036854775807,"#), "nothing changed: {}", g.text);
 
@@ -151,7 +156,7 @@ fn kv_incr_is_exact_in_integers_and_refuses_overflow() {
 
     kv(&n, r#"{"op":"put","ns":"app","key":"f","value":1e308,"forever":true}"#);
     let r = kv(&n, r#"{"op":"incr","ns":"app","key":"f","delta":1e308,"forever":true}"#);
-    assert_eq!(r.json["results"][0]["reason"], "overflow", "1e308 + 1e308: {}", r.text);
+    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "1e308 + 1e308: {}", r.text);
     let g = kv(&n, r#"{"op":"get","ns":"app","key":"f"}"#);
     assert!(g.text.contains(r#""value":1e308,"#), "{}", g.text);
     let r = kv(&n, r#"{"op":"incr","ns":"app","key":"f","delta":-0.5e308,"forever":true}"#);

@@ -171,3 +171,19 @@ fn the_raft_port_bounds_bodies_even_with_the_token() {
     let a = nodes[1].post("/api/v1/push", &json!({"items": [{"queue": "q", "payload": 1}]}));
     assert_eq!(a.status, 200, "{}", a.text);
 }
+
+/// A request whose client leaves is cancelled at once, not served to the end: a long poll that
+/// would wait 30 s stops waiting when its connection closes.
+#[test]
+fn a_request_stops_when_its_client_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = Node::start(bin(), &dir.path().join("n1"), &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+    s.write_all(b"GET /api/v1/pop/queue/empty?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let waiting = || n.get("/status").json["pops"]["waiting"].as_u64().unwrap_or(0);
+    assert!(eventually(Duration::from_secs(5), || waiting() == 1), "the long poll never parked");
+    drop(s);
+    let left = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || waiting() == 0), "the long poll went on after its client left");
+    assert!(left.elapsed() < Duration::from_secs(5));
+}

@@ -114,6 +114,9 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "kv"]) => {
             let ops = kv_json::kv_ops(body, false)?;
             let out = api.kv(ops.clone()).await?;
+            if let Some(e) = overflow_refusal(&ops, &out) {
+                return Err(e);
+            }
             Ok(json_answer(200, &kv_json::outcome(&ops, &out)))
         }
         ("POST", ["api", "v1", "locks"]) => {
@@ -235,6 +238,27 @@ pub(crate) async fn handle<A: Api>(
         }
         _ => Err(ApiError::new(404, "no_such_route", format!("no route for {method} /{}", segs.join("/")))),
     }
+}
+
+/// A KV call that wrote nothing because an `incr` overflowed is a 400 naming the operation
+/// (overflow is known only when the entry applies, on every replica alike; the call then had
+/// no effect). A call in which other writes took effect answers 200 with the per-operation
+/// results instead, `reason: "overflow"` on the one that did not.
+fn overflow_refusal(ops: &[queen_domain::kv::KvOp], out: &queen_domain::kv::KvOutcome) -> Option<ApiError> {
+    use queen_domain::kv::{KvOp, KvResult};
+    let overflowed = out.results.iter().position(|r| matches!(r, KvResult::Write { applied: false, reason: Some(why), .. } if why == "overflow"))?;
+    let wrote = ops.iter().zip(&out.results).any(|(op, r)| {
+        !matches!(op, KvOp::Get { .. } | KvOp::GetMany { .. } | KvOp::GetPrefix { .. } | KvOp::Check { .. })
+            && matches!(r, KvResult::Write { applied: true, .. })
+    });
+    if wrote && out.failed.is_none() {
+        return None;
+    }
+    Some(ApiError::new(
+        400,
+        "kv_overflow",
+        format!("operations[{overflowed}].delta would take the value out of range (exact integers are 64-bit signed; a float sum must be finite); nothing was written"),
+    ))
 }
 
 /// The path form of KV: `PUT|GET|DELETE /api/v1/kv/<ns>/<key>`.
