@@ -183,7 +183,7 @@ fn main() -> ExitCode {
     };
     let telemetry = match Telemetry::init(TelemetryConfig {
         log_format,
-        log_filter: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+        log_filter: std::env::var("RUST_LOG").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| queen_telemetry::DEFAULT_LOG_FILTER.to_owned()),
         service_name: "queen".to_owned(),
         node_id: config.node_id,
         otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|s| !s.trim().is_empty()),

@@ -10,12 +10,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// The log filter when `RUST_LOG` is unset: our own targets at INFO (a line per subsystem at
+/// start, then what an operator should read), the engines' own INFO chatter (openraft's state
+/// dumps on every election, fjall's and lsm-tree's table housekeeping) only from WARN. Ask for
+/// it with `RUST_LOG=info,openraft=info`.
+pub const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,fjall=warn,lsm_tree=warn";
+
 /// Settings for [`crate::Telemetry::init`].
 #[derive(Debug, Clone)]
 pub struct TelemetryConfig {
     /// Human text or JSON lines.
     pub log_format: LogFormat,
-    /// RUST_LOG-style directives, e.g. `info` or `info,queen-raft=debug`; default `info`.
+    /// RUST_LOG-style directives, e.g. `info` or `info,queen-raft=debug`; default
+    /// [`DEFAULT_LOG_FILTER`].
     pub log_filter: String,
     /// `service.name` on exported traces and metrics; `queen` for the broker.
     pub service_name: String,
@@ -31,7 +38,7 @@ impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::Human,
-            log_filter: "info".to_owned(),
+            log_filter: DEFAULT_LOG_FILTER.to_owned(),
             service_name: "queen".to_owned(),
             node_id: 1,
             otlp_endpoint: None,

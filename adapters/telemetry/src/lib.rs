@@ -25,7 +25,7 @@ mod s3;
 pub mod targets;
 mod telemetry;
 
-pub use config::{LogFormat, TelemetryConfig};
+pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use error::TelemetryError;
 pub use metrics::Metrics;
 pub use s3::{S3Metrics, S3QueueGauges};

@@ -119,6 +119,20 @@ mod tests {
     }
 
     #[test]
+    fn the_default_filter_keeps_our_info_lines_and_drops_the_engines_chatter() {
+        let out = log_with(LogFormat::Human, crate::DEFAULT_LOG_FILTER, || {
+            tracing::info!(target: crate::targets::APP, "listening");
+            tracing::info!(target: "openraft::engine::engine_impl", "startup begin: state: RaftState {{ .. }}");
+            tracing::info!(target: "lsm_tree::tree::ingest", "Finished ingestion writer");
+            tracing::info!(target: "fjall::db", "Creating database");
+            tracing::warn!(target: "openraft::core", "a warning still shows");
+        });
+        assert!(out.contains("listening"), "{out}");
+        assert!(out.contains("a warning still shows"), "{out}");
+        assert!(!out.contains("RaftState") && !out.contains("ingestion") && !out.contains("Creating database"), "{out}");
+    }
+
+    #[test]
     fn human_format_is_not_json_and_carries_the_fields() {
         let out = log_with(LogFormat::Human, "info", || {
             tracing::info!(target: crate::targets::HTTP, route = "/api/v1/push", "request answered");
