@@ -40,14 +40,7 @@ const RECLAIM_WAIT: Duration = Duration::from_secs(60);
 /// Whether rows of deleted queues are still waiting to be swept by housekeeping (a read
 /// failure counts as none: the reclaim then runs at once).
 fn graves_pending(store: &FjallStore) -> bool {
-    use queen_domain::StateRead;
-    use queen_domain::keys::{table, table_end, table_start};
-    let mut any = false;
-    let scanned = store.scan(&table_start(table::GRAVE), &table_end(table::GRAVE), &mut |_, _| {
-        any = true;
-        false
-    });
-    scanned.is_ok() && any
+    reads::deletions_pending(store).unwrap_or(false)
 }
 
 /// The broker: what every route of the client API does.

@@ -228,3 +228,17 @@ pub fn timers(s: &dyn StateRead, queue: &str, after: Option<&str>, limit: usize)
         more,
     ))
 }
+
+/// Whether rows of deleted queues are still waiting for housekeeping to sweep them (their
+/// "graves").
+///
+/// # Errors
+/// Store failures.
+pub fn deletions_pending(s: &dyn StateRead) -> Result<bool, StoreError> {
+    let mut any = false;
+    s.scan(&keys::table_start(keys::table::GRAVE), &keys::table_end(keys::table::GRAVE), &mut |_, _| {
+        any = true;
+        false
+    })?;
+    Ok(any)
+}
