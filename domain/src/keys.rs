@@ -14,8 +14,9 @@ pub mod table {
     pub const PARTITION: u8 = 0x04;
     /// Messages by (partition id, offset).
     pub const MESSAGE: u8 = 0x05;
-    /// Dedup index by (partition id, transactionId).
-    pub const DEDUP: u8 = 0x06;
+    /// Dedup index of the first store format, by (partition id, transactionId text): read only
+    /// by the store's migration to the compact index (`DEDUP_HASH`).
+    pub const DEDUP_V1: u8 = 0x06;
     /// Consumer cursors by (partition id, group).
     pub const CURSOR: u8 = 0x07;
     /// Leases by id.
@@ -40,6 +41,16 @@ pub mod table {
     pub const TIMER_DUE: u8 = 0x11;
     /// The stamp of the newest message retention deleted, by partition id.
     pub const PURGED: u8 = 0x12;
+    /// Compact dedup index: (partition id, 16-byte hash of the transactionId) -> the offsets
+    /// stored under that hash (one, unless two transactionIds of a partition collide).
+    pub const DEDUP_HASH: u8 = 0x13;
+    /// Owned by the store adapter, never written by the domain: the sparse index of message
+    /// records by (partition id, base offset).
+    pub const SEGMENT_INDEX: u8 = 0x20;
+    /// Owned by the store adapter: live records per segment file.
+    pub const SEGMENT_FILE: u8 = 0x21;
+    /// Owned by the store adapter: where the segment log ends.
+    pub const SEGMENT_END: u8 = 0x22;
 }
 
 /// The stamp of the newest message retention deleted from a partition.
@@ -203,10 +214,21 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0xFF; prefix.len() + 1]
 }
 
-/// A dedup index key.
+/// A dedup index key: the partition and the first 16 bytes of the SHA-256 of the
+/// transactionId, so every row has the same small size whatever the id's length.
 #[must_use]
 pub fn dedup(pid: u64, transaction_id: &str) -> Vec<u8> {
-    let mut k = pid_prefix(table::DEDUP, pid);
+    use sha2::{Digest, Sha256};
+    let mut k = pid_prefix(table::DEDUP_HASH, pid);
+    let hash = Sha256::digest(transaction_id.as_bytes());
+    k.extend_from_slice(&hash[..16]);
+    k
+}
+
+/// A dedup key of the first store format (the transactionId's text), for the migration.
+#[must_use]
+pub fn dedup_v1(pid: u64, transaction_id: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::DEDUP_V1, pid);
     k.extend_from_slice(transaction_id.as_bytes());
     k
 }

@@ -329,7 +329,23 @@ pub struct MessageHead {
     pub stamp: Stamp,
 }
 
-/// A dedup index row.
+/// The stamp of an encoded message, read without copying anything out of it (a store that
+/// groups messages into records by stamp needs only this).
+#[must_use]
+pub fn message_stamp(bytes: &[u8]) -> Option<Stamp> {
+    #[derive(Deserialize)]
+    struct StampOnly<'a> {
+        #[serde(borrow)]
+        _transaction_id: &'a str,
+        _id: [u8; 16],
+        #[serde(borrow)]
+        _trace_id: Option<&'a str>,
+        stamp: Stamp,
+    }
+    postcard::take_from_bytes::<StampOnly<'_>>(bytes).ok().map(|(s, _)| s.stamp)
+}
+
+/// A dedup row of the first store format (by transactionId text), read by the migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRec {
     /// Offset of the original.

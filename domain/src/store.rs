@@ -47,16 +47,44 @@ pub trait StateRead {
 /// Pending writes: `Some(value)` puts, `None` deletes.
 pub type WriteSet = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// Rows appended to an append-only table (messages): written once, never overwritten, only
+/// ever removed from the front by a later delete.
+pub type Appends = BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// A write overlay on top of a readable state: reads see the overlay's own writes first.
+///
+/// Appends are kept apart from the other writes: a row appended and deleted in the same
+/// overlay is still handed to the store as appended (and then deleted), so that a store that
+/// keeps appended rows in a log writes the same log whatever the batch boundaries were.
 pub struct Txn<'a> {
     base: &'a dyn StateRead,
     writes: WriteSet,
+    appends: Appends,
 }
 
 impl<'a> Txn<'a> {
     /// An empty overlay on `base`.
     pub fn new(base: &'a dyn StateRead) -> Self {
-        Self { base, writes: WriteSet::new() }
+        Self { base, writes: WriteSet::new(), appends: Appends::new() }
+    }
+
+    /// Stage an append to an append-only table: `key` must be new (never stored, never
+    /// appended before).
+    pub fn append(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.appends.insert(key, value);
+    }
+
+    /// The staged writes and appends apart, for a store that keeps appends in a log. A delete
+    /// of an appended row is in the writes (as `None`).
+    #[must_use]
+    pub fn into_parts(self) -> (WriteSet, Appends) {
+        (self.writes, self.appends)
+    }
+
+    /// Merge a child's writes and appends into this overlay (the child committed).
+    pub fn absorb_parts(&mut self, (writes, appends): (WriteSet, Appends)) {
+        self.appends.extend(appends);
+        self.writes.extend(writes);
     }
 
     /// Stage a put.
@@ -69,10 +97,12 @@ impl<'a> Txn<'a> {
         self.writes.insert(key, None);
     }
 
-    /// The staged writes, to commit atomically.
+    /// The staged writes, appends included as puts, to commit atomically.
     #[must_use]
     pub fn into_writes(self) -> WriteSet {
-        self.writes
+        let mut all: WriteSet = self.appends.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        all.extend(self.writes);
+        all
     }
 
     /// Merge a child's writes into this overlay (the child committed).
@@ -80,24 +110,48 @@ impl<'a> Txn<'a> {
         self.writes.extend(writes);
     }
 
-    /// How many writes are staged.
+    /// How many writes and appends are staged.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.writes.len()
+        self.writes.len() + self.appends.len()
     }
 
     /// Whether nothing is staged.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
+        self.writes.is_empty() && self.appends.is_empty()
     }
+}
+
+/// The overlay's rows in `[start, end)`, writes taking precedence over appends of the same key.
+fn overlay_range<'s>(
+    writes: &'s WriteSet,
+    appends: &'s Appends,
+    start: &[u8],
+    end: &[u8],
+) -> impl Iterator<Item = (&'s [u8], Option<&'s [u8]>)> + 's {
+    let range = (Bound::Included(start), Bound::Excluded(end));
+    let mut w = writes.range::<[u8], _>(range).map(|(k, v)| (k.as_slice(), v.as_deref())).peekable();
+    let mut a = appends.range::<[u8], _>(range).map(|(k, v)| (k.as_slice(), Some(v.as_slice()))).peekable();
+    std::iter::from_fn(move || match (w.peek(), a.peek()) {
+        (Some(x), Some(y)) if x.0 == y.0 => {
+            a.next();
+            w.next()
+        }
+        (Some(x), Some(y)) if x.0 > y.0 => a.next(),
+        (Some(_), _) => w.next(),
+        (None, _) => a.next(),
+    })
 }
 
 impl StateRead for Txn<'_> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.writes.get(key) {
             Some(v) => Ok(v.clone()),
-            None => self.base.get(key),
+            None => match self.appends.get(key) {
+                Some(v) => Ok(Some(v.clone())),
+                None => self.base.get(key),
+            },
         }
     }
 
@@ -110,15 +164,12 @@ impl StateRead for Txn<'_> {
         if start >= end {
             return Ok(());
         }
-        let mut overlay = self
-            .writes
-            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
-            .peekable();
+        let mut overlay = overlay_range(&self.writes, &self.appends, start, end).peekable();
         let mut stopped = false;
         self.base.scan(start, end, &mut |k, v| {
             // Emit overlay entries that sort before this base key.
             while let Some((ok, ov)) = overlay.peek() {
-                if ok.as_slice() >= k {
+                if *ok >= k {
                     break;
                 }
                 if let Some(ov) = ov
@@ -129,7 +180,7 @@ impl StateRead for Txn<'_> {
                 overlay.next();
             }
             if let Some((ok, ov)) = overlay.peek()
-                && ok.as_slice() == k {
+                && *ok == k {
                     let keep = match ov {
                         Some(ov) => visit(k, ov),
                         None => true,
@@ -244,14 +295,19 @@ mod tests {
         #[test]
         fn overlay_scan_equals_committed_scan(
             base in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..3), any::<u8>(), 0..20),
-            ops in proptest::collection::vec((proptest::collection::vec(0u8..4, 1..3), proptest::option::of(any::<u8>())), 0..20),
-            lo in proptest::collection::vec(0u8..4, 0..2),
-            hi in proptest::collection::vec(0u8..5, 1..3),
+            ops in proptest::collection::vec((proptest::collection::vec(0u8..6, 1..3), proptest::option::of(any::<u8>())), 0..20),
+            appends in proptest::collection::btree_map(proptest::collection::vec(4u8..6, 1..3), any::<u8>(), 0..6),
+            lo in proptest::collection::vec(0u8..6, 0..2),
+            hi in proptest::collection::vec(0u8..7, 1..3),
             limit in 1usize..30,
         ) {
             let mut store = MemStore::new();
             store.commit(base.into_iter().map(|(k, v)| (k, Some(vec![v]))).collect());
             let mut txn = Txn::new(&store);
+            // Appends go to keys the base never had (first byte 4 or 5); later ops may delete them.
+            for (k, v) in appends {
+                txn.append(k, vec![v]);
+            }
             for (k, v) in ops {
                 match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
             }

@@ -8,8 +8,9 @@ use queen_domain::Txn;
 use queen_domain::machine::apply_encoded;
 use queen_ports::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
 
-use crate::snapshot::{Chunks, Row, decode_chunk};
-use crate::store::{FjallStore, INSTALLING_KEY, META_KEY};
+use crate::messages;
+use crate::snapshot::{Chunk, Chunks, decode_chunk};
+use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, read_err};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
     BackendError::Storage(e.to_string())
@@ -33,12 +34,16 @@ impl StateMachineBackend for FjallStore {
                 }
             }
         }
-        let writes = txn.into_writes();
-        self.rows_written.fetch_add(writes.len() as u64, Ordering::Relaxed);
+        let (mut writes, appends) = txn.into_parts();
+        // Messages go to the segment log (written here, before the batch that indexes them);
+        // what remains of `writes` and the index rows go into one engine batch.
+        let read_row = |k: &[u8]| Ok(self.state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
+        let staged = messages::stage(&self.state, &read_row, &self.segments, &mut writes, appends).map_err(storage)?;
+        self.rows_written.fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-        for (k, v) in writes {
+        for (k, v) in writes.into_iter().chain(staged.rows) {
             match v {
                 Some(v) => batch.insert(&self.state, k, v),
                 None => batch.remove(&self.state, k),
@@ -46,6 +51,9 @@ impl StateMachineBackend for FjallStore {
         }
         batch.insert(&self.raft, META_KEY, meta);
         batch.commit().map_err(storage)?;
+        for file in staged.released {
+            self.segments.release(file);
+        }
         Ok(responses)
     }
 
@@ -54,6 +62,8 @@ impl StateMachineBackend for FjallStore {
     }
 
     fn persist(&self) -> Result<(), BackendError> {
+        // Segments first: the engine must never be durable with index rows whose records are not.
+        self.segments.sync().map_err(storage)?;
         self.db.persist(PersistMode::SyncData).map_err(storage)
     }
 
@@ -65,14 +75,23 @@ impl StateMachineBackend for FjallStore {
         self.raft.insert(INSTALLING_KEY, b"1").map_err(storage)?;
         self.db.persist(PersistMode::SyncAll).map_err(storage)?;
         self.state.clear().map_err(storage)?;
+        self.segments.clear().map_err(storage)?;
         for chunk in chunks {
-            let rows = decode_chunk(&chunk)?;
-            let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            for Row(k, v) in rows {
-                batch.insert(&self.state, k, v);
+            match decode_chunk(&chunk)? {
+                Chunk::Rows(rows) => {
+                    let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
+                    for row in rows {
+                        batch.insert(&self.state, row.0, row.1);
+                    }
+                    batch.commit().map_err(storage)?;
+                }
+                Chunk::Segment { file, at, bytes } => self.segments.write_raw(file, at, &bytes).map_err(storage)?,
             }
-            batch.commit().map_err(storage)?;
         }
+        let end = self.state.get(messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        self.segments.reopen(end).map_err(storage)?;
+        // A snapshot from a node of layout 1 carries messages as rows.
+        self.migrate().map_err(storage)?;
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         batch.insert(&self.raft, META_KEY, meta);
         batch.remove(&self.raft, INSTALLING_KEY);

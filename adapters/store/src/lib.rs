@@ -8,7 +8,11 @@
 //! write-buffer settings, never by the backlog.
 
 mod backend;
+mod messages;
+mod migrate;
+mod segments;
 mod snapshot;
 mod store;
 
+pub use segments::SegmentError;
 pub use store::{FjallStore, ReclaimError, StateView, StoreConfig, StoreOpenError};

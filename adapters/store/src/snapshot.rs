@@ -1,10 +1,23 @@
-//! Snapshots: a pinned MVCC view read out in chunks of about 1 MiB of rows.
+//! Snapshots: a pinned MVCC view read out in chunks of about 1 MiB of rows, then the segment
+//! files that view's index points into, in chunks of 1 MiB of bytes.
+//!
+//! A chunk of this layout starts with `QSC2` and holds a postcard `Chunk`. A chunk without the
+//! magic is a bare list of rows, as nodes of store layout 1 send (their first byte is a row
+//! count and the first key's table byte, never `QS`); its message rows are migrated after the
+//! install.
+
+use std::sync::Arc;
 
 use fjall::Readable;
+use queen_domain::keys::table;
 use queen_ports::{BackendError, SnapshotChunks};
 use serde::{Deserialize, Serialize};
 
+use crate::messages;
+use crate::segments::{Pin, Segments};
 use crate::store::{FjallStore, META_KEY};
+
+const MAGIC: &[u8; 4] = b"QSC2";
 
 /// Rows per chunk are cut at this many bytes.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -17,28 +30,83 @@ pub(crate) struct Row(#[serde(with = "serde_bytes")] pub Vec<u8>, #[serde(with =
 
 type Rows = Vec<Row>;
 
-pub(crate) fn decode_chunk(bytes: &[u8]) -> Result<Rows, BackendError> {
-    postcard::from_bytes(bytes).map_err(|e| BackendError::BadSnapshot(e.to_string()))
+/// One chunk of a snapshot.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+pub(crate) enum Chunk {
+    /// Engine rows.
+    Rows(Rows),
+    /// Bytes of a segment file at an offset.
+    Segment {
+        file: u64,
+        at: u64,
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
+    },
 }
 
-/// A pinned view and the position reached in it.
+pub(crate) fn encode_chunk(c: &Chunk) -> Result<Vec<u8>, BackendError> {
+    let mut out = MAGIC.to_vec();
+    let body = postcard::to_stdvec(c).map_err(|e| BackendError::Storage(e.to_string()))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+pub(crate) fn decode_chunk(bytes: &[u8]) -> Result<Chunk, BackendError> {
+    let bad = |e: postcard::Error| BackendError::BadSnapshot(e.to_string());
+    match bytes.strip_prefix(MAGIC.as_slice()) {
+        Some(rest) => postcard::from_bytes(rest).map_err(bad),
+        None => postcard::from_bytes::<Rows>(bytes).map(Chunk::Rows).map_err(bad),
+    }
+}
+
+/// A pinned view and the position reached in it: rows first, then segment files.
 pub(crate) struct Chunks {
     snap: fjall::Snapshot,
     state: fjall::Keyspace,
+    segments: Arc<Segments>,
+    _pin: Pin,
     meta: Vec<u8>,
-    /// Next key to read from; `None` once the view is exhausted.
+    /// Next key to read from; `None` once the rows are sent.
     from: Option<Vec<u8>>,
+    /// Segment files still to send: (file, next byte, length to send).
+    files: Vec<(u64, u64, u64)>,
 }
 
 impl Chunks {
     pub(crate) fn new(store: &FjallStore) -> Result<Self, BackendError> {
+        let storage = |e: fjall::Error| BackendError::Storage(e.to_string());
+        // Pinned before the view: no file the view points into can go while the chunks live.
+        let pin = store.segments.pin();
         let snap = store.db.snapshot();
-        let meta = snap
-            .get(&store.raft, META_KEY)
-            .map_err(|e| BackendError::Storage(e.to_string()))?
-            .map(|v| v.to_vec())
-            .unwrap_or_default();
-        Ok(Self { snap, state: store.state.clone(), meta, from: Some(Vec::new()) })
+        let meta = snap.get(&store.raft, META_KEY).map_err(storage)?.map(|v| v.to_vec()).unwrap_or_default();
+        let end = snap.get(&store.state, messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        let mut files = Vec::new();
+        if let Some((end_file, end_len)) = end {
+            for g in snap.range(&store.state, [table::SEGMENT_FILE]..[table::SEGMENT_FILE + 1]) {
+                let (k, _) = g.into_inner().map_err(storage)?;
+                let Some(file) = queen_domain::keys::u64_at(&k, 1) else { continue };
+                if file != end_file {
+                    let len = store.segments.file_len(file).map_err(|e| BackendError::Storage(e.to_string()))?;
+                    files.push((file, 0, len));
+                }
+            }
+            files.push((end_file, 0, end_len));
+        }
+        Ok(Self { snap, state: store.state.clone(), segments: store.segments.clone(), _pin: pin, meta, from: Some(Vec::new()), files })
+    }
+
+    fn next_file_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
+        while let Some(&(file, at, len)) = self.files.first() {
+            if at >= len {
+                self.files.remove(0);
+                continue;
+            }
+            let n = (len - at).min(CHUNK_BYTES as u64);
+            let bytes = self.segments.read_raw(file, at, n as usize).map_err(|e| BackendError::Storage(e.to_string()))?;
+            self.files[0].1 += n;
+            return encode_chunk(&Chunk::Segment { file, at, bytes }).map(Some);
+        }
+        Ok(None)
     }
 }
 
@@ -48,7 +116,7 @@ impl SnapshotChunks for Chunks {
     }
 
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
-        let Some(from) = self.from.take() else { return Ok(None) };
+        let Some(from) = self.from.take() else { return self.next_file_chunk() };
         let mut rows: Rows = Vec::new();
         let mut bytes = 0;
         let mut next = None;
@@ -63,15 +131,15 @@ impl SnapshotChunks for Chunks {
         }
         self.from = next;
         if rows.is_empty() {
-            return Ok(None);
+            return self.next_file_chunk();
         }
-        postcard::to_stdvec(&rows).map(Some).map_err(|e| BackendError::Storage(e.to_string()))
+        encode_chunk(&Chunk::Rows(rows)).map(Some)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Row, decode_chunk};
+    use super::{Chunk, Row, decode_chunk, encode_chunk};
 
     /// Chunks keep the encoding of the tuple rows older nodes send and read, in both directions.
     #[test]
@@ -82,7 +150,7 @@ mod tests {
             let rows: Vec<Row> = tuples.iter().map(|(k, v)| Row(k.clone(), v.clone())).collect();
             let old = postcard::to_stdvec(&tuples).expect("encodes");
             assert_eq!(old, postcard::to_stdvec(&rows).expect("encodes"), "value of {len} bytes");
-            assert_eq!(decode_chunk(&old).expect("decodes"), rows);
+            assert_eq!(decode_chunk(&old).expect("decodes"), super::Chunk::Rows(rows));
         }
     }
 
@@ -91,5 +159,8 @@ mod tests {
         let rows = vec![Row(b"key".to_vec(), vec![7; 100])];
         let bytes = postcard::to_stdvec(&rows).expect("encodes");
         assert!(decode_chunk(&bytes[..bytes.len() - 1]).is_err());
+        let chunk = encode_chunk(&Chunk::Segment { file: 3, at: 16, bytes: vec![1; 100] }).expect("encodes");
+        assert!(matches!(decode_chunk(&chunk).expect("decodes"), Chunk::Segment { file: 3, at: 16, .. }));
+        assert!(decode_chunk(&chunk[..chunk.len() - 1]).is_err());
     }
 }

@@ -5,12 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use queen_domain::keys::table;
 use queen_domain::{StateRead, StoreError};
+
+use crate::messages::{self, IndexRead, ViewIndex};
+use crate::segments::{SegmentError, Segments};
 
 /// Engine settings that bound memory.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Where the engine keeps its files.
+    /// Where the engine keeps its files; the segment log of messages is in `dir/segments`.
     pub dir: PathBuf,
     /// Block cache in bytes.
     pub cache_bytes: u64,
@@ -30,14 +34,17 @@ pub struct StoreConfig {
     /// under sustained pushes, measured with `perf`). A node's flushes and compactions are
     /// serial anyway: they share one disk.
     pub workers: usize,
+    /// Segment files of messages roll before a record would take one past this size. Every
+    /// node of a cluster should use the same value, so replicas keep the same files.
+    pub segment_bytes: u64,
 }
 
 impl StoreConfig {
     /// Defaults sized for a broker node: 64 MiB cache, 32 MiB memtables, 256 MiB journal, one
-    /// background thread.
+    /// background thread, 64 MiB segment files.
     #[must_use]
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir, cache_bytes: 64 << 20, memtable_bytes: 32 << 20, journal_bytes: 256 << 20, workers: 1 }
+        Self { dir, cache_bytes: 64 << 20, memtable_bytes: 32 << 20, journal_bytes: 256 << 20, workers: 1, segment_bytes: crate::segments::SEGMENT_BYTES }
     }
 }
 
@@ -52,6 +59,22 @@ pub enum StoreOpenError {
         /// Why.
         source: fjall::Error,
     },
+    /// The segment log could not open or does not match the state.
+    #[error("cannot open the message segments of {dir}: {source}")]
+    Segments {
+        /// Where.
+        dir: String,
+        /// Why.
+        source: SegmentError,
+    },
+    /// The store was written by a newer build, or migrating an older layout failed.
+    #[error("the state store at {dir} {detail}")]
+    Format {
+        /// Where.
+        dir: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
 }
 
 /// Reclaiming space failed.
@@ -63,6 +86,11 @@ pub struct ReclaimError(fjall::Error);
 pub(crate) const META_KEY: &[u8] = b"meta";
 /// Marker written while a snapshot is being installed: found at open, the state is discarded.
 pub(crate) const INSTALLING_KEY: &[u8] = b"installing";
+/// The layout version of the store, in the `raft` keyspace. 1 (no key): messages and a
+/// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash.
+pub(crate) const FORMAT_KEY: &[u8] = b"format";
+/// The layout this build writes.
+pub(crate) const FORMAT: u32 = 2;
 
 /// The node's state store.
 #[derive(Clone)]
@@ -72,6 +100,8 @@ pub struct FjallStore {
     pub(crate) raft: Keyspace,
     /// Rows written by apply, for metrics.
     pub(crate) rows_written: Arc<AtomicU64>,
+    /// The message segment log.
+    pub(crate) segments: Arc<Segments>,
 }
 
 pub(crate) fn read_err(e: fjall::Error) -> StoreError {
@@ -95,21 +125,44 @@ impl FjallStore {
             .keyspace("state", || KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes))
             .map_err(err)?;
         let raft = db.keyspace("raft", KeyspaceCreateOptions::default).map_err(err)?;
-        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)) };
-        if store.raft.get(INSTALLING_KEY).map_err(err)?.is_some() {
+        if raft.get(INSTALLING_KEY).map_err(err)?.is_some() {
             tracing::warn!(target: "queen-store", "a snapshot install was interrupted: discarding the partial state");
-            store.state.clear().map_err(err)?;
-            store.raft.remove(META_KEY).map_err(err)?;
-            store.raft.remove(INSTALLING_KEY).map_err(err)?;
-            store.db.persist(PersistMode::SyncAll).map_err(err)?;
+            state.clear().map_err(err)?;
+            raft.remove(META_KEY).map_err(err)?;
+            raft.remove(INSTALLING_KEY).map_err(err)?;
+            db.persist(PersistMode::SyncAll).map_err(err)?;
         }
+        let format = match raft.get(FORMAT_KEY).map_err(err)? {
+            Some(v) => u32::from_le_bytes(v.as_ref().try_into().unwrap_or([0xFF; 4])),
+            None if state.is_empty().map_err(err)? => FORMAT,
+            None => 1,
+        };
+        if format > FORMAT {
+            return Err(StoreOpenError::Format {
+                dir: cfg.dir.display().to_string(),
+                detail: format!("has layout version {format}, written by a newer build of queen (this one reads up to {FORMAT}): run that build, or move the directory away to start this node empty"),
+            });
+        }
+        let end = state.get(messages::END_KEY).map_err(err)?.and_then(|v| messages::decode_end(&v));
+        let seg_dir = cfg.dir.join("segments");
+        let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
+        let segments = Segments::open(&seg_dir, cfg.segment_bytes, end, &live)
+            .map_err(|source| StoreOpenError::Segments { dir: seg_dir.display().to_string(), source })?;
+        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)), segments: Arc::new(segments) };
+        if format < FORMAT {
+            store.migrate().map_err(|e| StoreOpenError::Format {
+                dir: cfg.dir.display().to_string(),
+                detail: format!("has layout version {format} and could not be migrated to {FORMAT}: {e}; the migration resumes at the next start, or move the directory away to start this node empty"),
+            })?;
+        }
+        store.raft.insert(FORMAT_KEY, FORMAT.to_le_bytes()).map_err(err)?;
         Ok(store)
     }
 
-    /// Bytes the engine uses on disk.
+    /// Bytes the engine and the segment log use on disk.
     #[must_use]
     pub fn disk_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0)
+        self.db.disk_space().unwrap_or(0) + self.segments.disk_bytes()
     }
 
     /// Engine figures for status pages: (memtable bytes, flushes queued, sealed memtables of
@@ -149,50 +202,118 @@ impl FjallStore {
     /// A consistent read view of the current state (for multi-read queries).
     #[must_use]
     pub fn view(&self) -> StateView {
-        StateView { snap: self.db.snapshot(), state: self.state.clone() }
+        StateView { snap: self.db.snapshot(), state: self.state.clone(), segments: self.segments.clone() }
     }
+}
+
+/// A visitor of rows; false stops the scan.
+type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> bool + 'a;
+/// A scan of engine rows in a range; false when the visitor stopped.
+type EngineScan<'a> = dyn Fn(&[u8], &[u8], &mut Visit<'_>) -> Result<bool, StoreError> + 'a;
+/// A scan of message rows in a range.
+type LogScan<'a> = dyn Fn(&[u8], &[u8], &mut Visit<'_>) -> Result<(), StoreError> + 'a;
+
+/// A scan split at the message table: engine rows before it, the segment log inside it, engine
+/// rows after it.
+fn split_scan(
+    start: &[u8],
+    end: &[u8],
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    engine: &EngineScan<'_>,
+    log: &LogScan<'_>,
+) -> Result<(), StoreError> {
+    // The store's own tables (the segment index and its counters) are not the domain's.
+    let end = end.min(&[table::SEGMENT_INDEX][..]);
+    if start >= end {
+        return Ok(());
+    }
+    let lo: &[u8] = &[table::MESSAGE];
+    let hi: &[u8] = &[table::MESSAGE + 1];
+    let go = std::cell::Cell::new(true);
+    let mut guarded = |k: &[u8], v: &[u8]| {
+        let more = visit(k, v);
+        go.set(more);
+        more
+    };
+    if start < lo && !engine(start, end.min(lo), &mut guarded)? {
+        return Ok(());
+    }
+    if go.get() && end > lo && start < hi {
+        log(start.max(lo), end.min(hi), &mut guarded)?;
+    }
+    if go.get() && end > hi {
+        engine(start.max(hi), end, &mut guarded)?;
+    }
+    Ok(())
+}
+
+/// Visit an engine range; false when the visitor stopped.
+fn visit_engine(iter: fjall::Iter, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<bool, StoreError> {
+    for guard in iter {
+        let (k, v) = guard.into_inner().map_err(read_err)?;
+        if !visit(&k, &v) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn is_message(key: &[u8]) -> bool {
+    key.first() == Some(&table::MESSAGE)
+}
+
+fn is_own(key: &[u8]) -> bool {
+    key.first().is_some_and(|t| *t >= table::SEGMENT_INDEX)
 }
 
 impl StateRead for FjallStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if is_message(key) {
+            return messages::get(&self.state, &self.segments, key);
+        }
+        if is_own(key) {
+            return Ok(None);
+        }
         Ok(self.state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        if start >= end {
-            return Ok(());
-        }
-        visit_range(self.state.range(start..end), visit)
+        split_scan(
+            start,
+            end,
+            visit,
+            &|a, b, v| visit_engine(self.state.range(a..b), v),
+            &|a, b, v| messages::scan(&self.state, &self.segments, a, b, v),
+        )
     }
-}
-
-/// Visit the pairs of a range iterator until `visit` says stop (callers check the bounds:
-/// an empty or inverted range never reaches the engine).
-fn visit_range(iter: fjall::Iter, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-    for guard in iter {
-        let (k, v) = guard.into_inner().map_err(read_err)?;
-        if !visit(&k, &v) {
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// A pinned, consistent view of the state.
 pub struct StateView {
     pub(crate) snap: fjall::Snapshot,
     pub(crate) state: Keyspace,
+    pub(crate) segments: Arc<Segments>,
 }
 
 impl StateRead for StateView {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if is_message(key) {
+            return messages::get(&ViewIndex(&self.snap, &self.state), &self.segments, key);
+        }
+        if is_own(key) {
+            return Ok(None);
+        }
         Ok(self.snap.get(&self.state, key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        if start >= end {
-            return Ok(());
-        }
-        visit_range(self.snap.range(&self.state, start..end), visit)
+        let idx = ViewIndex(&self.snap, &self.state);
+        split_scan(
+            start,
+            end,
+            visit,
+            &|a, b, v| visit_engine(idx.index_range(a, b), v),
+            &|a, b, v| messages::scan(&idx, &self.segments, a, b, v),
+        )
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::command::{AckItem, AckOutcome, Outcome};
 use crate::keys;
-use crate::model::{AckVerdict, CursorRec, DedupRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec};
+use crate::model::{AckVerdict, CursorRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec};
 use crate::names::GroupName;
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
@@ -42,10 +42,9 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
     let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid) else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
-    let Some(d) = get_rec::<DedupRec>(txn, &keys::dedup(pid, &item.transaction_id))? else {
+    let Some(offset) = super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(txn, pid, &item.transaction_id)? else {
         return Ok(refused(format!("no message '{}' in partition {pid}", item.transaction_id)));
     };
-    let offset = d.offset;
     let cursor_key = keys::cursor(pid, group);
     let mut c = get_rec::<CursorRec>(txn, &cursor_key)?.unwrap_or_default();
 

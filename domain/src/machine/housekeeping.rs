@@ -81,7 +81,7 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
             continue;
         };
         let tables: &[u8] = if kind == 0 {
-            &[keys::table::MESSAGE, keys::table::DEDUP, keys::table::CURSOR]
+            &[keys::table::MESSAGE, keys::table::DEDUP_HASH, keys::table::CURSOR]
         } else {
             &[keys::table::GROUP, keys::table::DLQ]
         };
@@ -173,7 +173,7 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
         for (k, offset, m) in doomed {
             purged = Some(m.stamp);
             txn.delete(k);
-            txn.delete(keys::dedup(p.pid, &m.transaction_id));
+            super::dedup::forget(txn, p.pid, &m.transaction_id);
             *deletes = deletes.saturating_sub(2);
             p.log_start = offset + 1;
             q.messages = q.messages.saturating_sub(1);

@@ -322,7 +322,7 @@ pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> 
                 break;
             }
         }
-        (results, failed, child.into_writes())
+        (results, failed, child.into_parts())
     };
     if let Some(f) = failed {
         // Nothing is kept: every write that had applied now reads as rolled back, and the
@@ -341,7 +341,7 @@ pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> 
         }
         return Ok(KvOutcome { results, failed });
     }
-    txn.absorb(writes);
+    txn.absorb_parts(writes);
     Ok(KvOutcome { results, failed: None })
 }
 

@@ -5,6 +5,7 @@
 
 mod ack;
 pub mod cluster;
+mod dedup;
 mod groups;
 mod housekeeping;
 pub(crate) mod kv;

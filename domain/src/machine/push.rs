@@ -2,12 +2,13 @@
 
 use crate::command::{PushItem, PushOutcome, PushStatus};
 use crate::keys;
-use crate::model::{DedupRec, MessageRec, PartitionRec, QueueRec};
+use crate::model::{MessageRec, PartitionRec, QueueRec};
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
 use super::queue::{ensure_partition, ensure_queue};
-use super::{get_rec, put_rec};
+use super::dedup;
+use super::put_rec;
 
 /// Push every item; each gets its own answer, in order. All records share `stamp`.
 ///
@@ -53,8 +54,8 @@ pub(crate) fn push(
             out.push(answer);
             continue;
         }
-        let dedup_key = keys::dedup(p.pid, &item.transaction_id);
-        if let Some(orig) = get_rec::<DedupRec>(txn, &dedup_key)? {
+        let row = dedup::lookup(txn, p.pid, &item.transaction_id)?;
+        if let Some(orig) = row.original(txn, p.pid, &item.transaction_id)? {
             answer.status = PushStatus::Duplicate;
             answer.message_id = orig.id;
             answer.offset = orig.offset;
@@ -70,18 +71,17 @@ pub(crate) fn push(
             continue;
         }
         let offset = p.next_offset;
-        put_rec(
-            txn,
+        txn.append(
             keys::message(p.pid, offset),
-            &MessageRec {
+            crate::codec::encode(&MessageRec {
                 transaction_id: item.transaction_id.clone(),
                 id: item.message_id,
                 trace_id: item.trace_id.clone(),
                 stamp,
                 payload: item.payload.clone(),
-            },
+            }),
         );
-        put_rec(txn, dedup_key, &DedupRec { offset, id: item.message_id });
+        row.record(txn, offset);
         p.next_offset += 1;
         p.last_write = stamp;
         *touched = true;

@@ -75,8 +75,8 @@ pub(crate) fn apply(
             return Ok(TxnOutcome { success: false, error: Some("a required KV precondition was lost".to_owned()), results, kv, timers: Vec::new() });
         }
         let timers = super::timers::apply(&mut child, stamp, timer_ops)?;
-        (results, kv, timers, child.into_writes())
+        (results, kv, timers, child.into_parts())
     };
-    txn.absorb(writes);
+    txn.absorb_parts(writes);
     Ok(TxnOutcome { success: true, error: None, results, kv, timers })
 }

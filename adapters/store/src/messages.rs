@@ -1,0 +1,324 @@
+//! The domain's message table (`table::MESSAGE`, keys `(pid, offset)`) kept in the segment log
+//! instead of the LSM engine. The domain reads and writes it as ordered key-value rows; this
+//! module maps those rows onto records:
+//!
+//! - appends become one record per (partition, stamp) run, that is per log entry and partition,
+//!   written in (stamp, partition) order so the log's bytes do not depend on how entries were
+//!   batched;
+//! - the engine keeps one index row per record, `SEGMENT_INDEX | pid | base` -> location, count
+//!   and the number of leading messages already deleted (`skip`);
+//! - deletes of message rows are always from a partition's front (retention, queue deletion):
+//!   they raise `skip` or drop whole index rows; a file whose live record count reaches zero is
+//!   deleted;
+//! - `SEGMENT_FILE | file` counts live records per file, `SEGMENT_END` says where the log ends,
+//!   both in the same atomic batch as everything else an apply writes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use queen_domain::keys::{self, table};
+use queen_domain::{Appends, StoreError, WriteSet};
+
+use crate::segments::{Loc, NewRecord, SegmentError, Segments};
+use crate::store::read_err;
+
+/// An index row's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexVal {
+    pub loc: Loc,
+    pub count: u32,
+    pub skip: u32,
+}
+
+impl IndexVal {
+    pub(crate) fn encode(&self) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[0..8].copy_from_slice(&self.loc.file.to_le_bytes());
+        b[8..16].copy_from_slice(&self.loc.pos.to_le_bytes());
+        b[16..20].copy_from_slice(&self.loc.len.to_le_bytes());
+        b[20..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.skip.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(key: &[u8], b: &[u8]) -> Result<Self, StoreError> {
+        if b.len() != 28 {
+            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(key), detail: format!("segment index row of {} bytes", b.len()) });
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+        Ok(Self { loc: Loc { file: u64_at(0), pos: u64_at(8), len: u32_at(16) }, count: u32_at(20), skip: u32_at(24) })
+    }
+
+    fn first_live(&self, base: u64) -> u64 {
+        base + u64::from(self.skip)
+    }
+
+    fn end(&self, base: u64) -> u64 {
+        base + u64::from(self.count)
+    }
+}
+
+pub(crate) fn index_key(pid: u64, base: u64) -> Vec<u8> {
+    let mut k = keys::pid_prefix(table::SEGMENT_INDEX, pid);
+    k.extend_from_slice(&base.to_be_bytes());
+    k
+}
+
+pub(crate) fn file_key(file: u64) -> Vec<u8> {
+    let mut k = vec![table::SEGMENT_FILE];
+    k.extend_from_slice(&file.to_be_bytes());
+    k
+}
+
+pub(crate) const END_KEY: &[u8] = &[table::SEGMENT_END];
+
+pub(crate) fn encode_end((file, len): (u64, u64)) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&file.to_le_bytes());
+    b[8..16].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+pub(crate) fn decode_end(b: &[u8]) -> Option<(u64, u64)> {
+    (b.len() == 16).then(|| (u64::from_le_bytes(b[0..8].try_into().unwrap_or_default()), u64::from_le_bytes(b[8..16].try_into().unwrap_or_default())))
+}
+
+fn u64_be(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b.try_into().unwrap_or_default())
+}
+
+/// (pid, offset) of a message key.
+fn message_key_parts(key: &[u8]) -> Option<(u64, u64)> {
+    (key.len() == 17 && key[0] == table::MESSAGE).then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
+}
+
+fn segment_err(e: SegmentError) -> StoreError {
+    StoreError::Read(e.to_string())
+}
+
+/// Ordered access to the index rows: the engine's current state or a pinned view of it.
+pub(crate) trait IndexRead {
+    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter;
+}
+
+impl IndexRead for fjall::Keyspace {
+    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
+        self.range(lo..hi)
+    }
+}
+
+/// A pinned view's index.
+pub(crate) struct ViewIndex<'a>(pub &'a fjall::Snapshot, pub &'a fjall::Keyspace);
+
+impl IndexRead for ViewIndex<'_> {
+    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
+        use fjall::Readable;
+        self.0.range(self.1, lo..hi)
+    }
+}
+
+/// The record of `pid` that holds `offset`, if any: (base, index value).
+fn record_at(idx: &dyn IndexRead, pid: u64, offset: u64) -> Result<Option<(u64, IndexVal)>, StoreError> {
+    let lo = index_key(pid, 0);
+    let hi = match offset.checked_add(1) {
+        Some(n) => index_key(pid, n),
+        None => keys::prefix_end(&keys::pid_prefix(table::SEGMENT_INDEX, pid)),
+    };
+    match idx.index_range(&lo, &hi).next_back() {
+        None => Ok(None),
+        Some(g) => {
+            let (k, v) = g.into_inner().map_err(read_err)?;
+            Ok(Some((u64_be(&k[9..17]), IndexVal::decode(&k, &v)?)))
+        }
+    }
+}
+
+/// The stored value of a message key.
+pub(crate) fn get(idx: &dyn IndexRead, seg: &Segments, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some((pid, offset)) = message_key_parts(key) else { return Ok(None) };
+    let Some((base, v)) = record_at(idx, pid, offset)? else { return Ok(None) };
+    if offset < v.first_live(base) || offset >= v.end(base) {
+        return Ok(None);
+    }
+    let r = seg.read(v.loc).map_err(segment_err)?;
+    Ok(r.values().nth((offset - base) as usize).map(|(_, v)| v.to_vec()))
+}
+
+/// Visit the message rows in `[start, end)`, both inside the message table, in key order.
+pub(crate) fn scan(
+    idx: &dyn IndexRead,
+    seg: &Segments,
+    start: &[u8],
+    end: &[u8],
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+) -> Result<(), StoreError> {
+    let to_index = |k: &[u8]| {
+        let mut i = vec![table::SEGMENT_INDEX];
+        i.extend_from_slice(&k[1..]);
+        i
+    };
+    let ihi = if end.len() == 1 && end[0] > table::MESSAGE { vec![table::SEGMENT_INDEX + 1] } else { to_index(end) };
+    // The record holding `start` begins before it.
+    let mut ilo = to_index(start);
+    if let Some((pid, offset)) = message_key_parts(start)
+        && let Some((base, _)) = record_at(idx, pid, offset)?
+    {
+        ilo = index_key(pid, base);
+    }
+    if ilo >= ihi {
+        return Ok(());
+    }
+    let mut key = vec![table::MESSAGE; 17];
+    for g in idx.index_range(&ilo, &ihi) {
+        let (k, v) = g.into_inner().map_err(read_err)?;
+        if k.len() != 17 {
+            continue;
+        }
+        let (pid, base) = (u64_be(&k[1..9]), u64_be(&k[9..17]));
+        let val = IndexVal::decode(&k, &v)?;
+        let r = seg.read(val.loc).map_err(segment_err)?;
+        if r.pid != pid || r.base != base {
+            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: format!("the record at {:?} is partition {} base {}", val.loc, r.pid, r.base) });
+        }
+        key[1..9].copy_from_slice(&pid.to_be_bytes());
+        for (offset, value) in r.values().skip(val.skip as usize) {
+            key[9..17].copy_from_slice(&offset.to_be_bytes());
+            if key.as_slice() < start {
+                continue;
+            }
+            if key.as_slice() >= end {
+                return Ok(());
+            }
+            if !visit(&key, value) {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A point read of a committed engine row.
+pub(crate) type ReadRow<'a> = dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, StoreError> + 'a;
+
+/// Everything an apply's message rows turn into, ready to go into the engine's batch.
+pub(crate) struct Staged {
+    /// Engine rows to put (`Some`) or remove (`None`).
+    pub rows: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Files to delete once the batch is committed.
+    pub released: Vec<u64>,
+}
+
+/// Split the message rows out of `writes` (the other rows stay), append `appends` to the
+/// segment log and turn the deletes into index changes. `idx` is the committed index.
+pub(crate) fn stage(
+    idx: &dyn IndexRead,
+    read_row: &ReadRow<'_>,
+    seg: &Segments,
+    writes: &mut WriteSet,
+    appends: Appends,
+) -> Result<Staged, StoreError> {
+    // Deletes of message rows: the new first live offset per partition.
+    let mut cuts: BTreeMap<u64, u64> = BTreeMap::new();
+    let msg_lo = vec![table::MESSAGE];
+    let msg_hi = vec![table::MESSAGE + 1];
+    let doomed: Vec<Vec<u8>> = writes.range(msg_lo..msg_hi).map(|(k, _)| k.clone()).collect();
+    for k in doomed {
+        match writes.remove(&k) {
+            Some(None) => {
+                if let Some((pid, offset)) = message_key_parts(&k) {
+                    let e = cuts.entry(pid).or_insert(0);
+                    *e = (*e).max(offset + 1);
+                }
+            }
+            Some(Some(_)) => {
+                return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "message rows are appended, never put".to_owned() });
+            }
+            None => {}
+        }
+    }
+    if appends.is_empty() && cuts.is_empty() {
+        return Ok(Staged { rows: Vec::new(), released: Vec::new() });
+    }
+
+    // Appends: runs of consecutive offsets of one partition with one stamp.
+    struct Run<'a> {
+        pid: u64,
+        base: u64,
+        stamp: u64,
+        values: Vec<&'a [u8]>,
+    }
+    let mut runs: Vec<Run<'_>> = Vec::new();
+    for (k, v) in &appends {
+        let Some((pid, offset)) = message_key_parts(k) else {
+            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(k), detail: "an append outside the message table".to_owned() });
+        };
+        let stamp = queen_domain::model::message_stamp(v)
+            .ok_or_else(|| StoreError::Corrupt { key: queen_domain::codec::escape(k), detail: "an appended message without a stamp".to_owned() })?
+            .0;
+        match runs.last_mut() {
+            Some(r) if r.pid == pid && r.stamp == stamp && r.base + r.values.len() as u64 == offset => r.values.push(v),
+            _ => runs.push(Run { pid, base: offset, stamp, values: vec![v] }),
+        }
+    }
+    runs.sort_by_key(|r| (r.stamp, r.pid, r.base));
+    let records: Vec<NewRecord<'_>> = runs.into_iter().map(|r| NewRecord { pid: r.pid, base: r.base, stamp: r.stamp, values: r.values }).collect();
+    let (locs, sealed) = seg.append(&records).map_err(segment_err)?;
+
+    // The index after this apply, for the partitions it touches: new records, then cuts.
+    let mut index: BTreeMap<Vec<u8>, Option<IndexVal>> = BTreeMap::new();
+    let mut files: HashMap<u64, i64> = HashMap::new();
+    for (r, loc) in records.iter().zip(&locs) {
+        let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
+        index.insert(index_key(r.pid, r.base), Some(IndexVal { loc: *loc, count, skip: 0 }));
+        *files.entry(loc.file).or_default() += 1;
+    }
+    for (&pid, &start) in &cuts {
+        let lo = index_key(pid, 0);
+        let hi = index_key(pid, start);
+        let mut touched: Vec<(Vec<u8>, IndexVal)> = Vec::new();
+        for g in idx.index_range(&lo, &hi) {
+            let (k, v) = g.into_inner().map_err(read_err)?;
+            touched.push((k.to_vec(), IndexVal::decode(&k, &v)?));
+        }
+        for (k, v) in index.range(lo.clone()..hi.clone()) {
+            if let Some(v) = v {
+                touched.push((k.clone(), *v));
+            }
+        }
+        for (k, mut v) in touched {
+            let base = u64_be(&k[9..17]);
+            if v.end(base) <= start {
+                *files.entry(v.loc.file).or_default() -= 1;
+                index.insert(k, None);
+            } else if v.first_live(base) < start {
+                v.skip = u32::try_from(start - base).unwrap_or(u32::MAX);
+                index.insert(k, Some(v));
+            }
+        }
+    }
+
+    let end = seg.end();
+    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = index.into_iter().map(|(k, v)| (k, v.map(|v| v.encode().to_vec()))).collect();
+    let mut released = Vec::new();
+    let mut counted: Vec<u64> = files.keys().copied().collect();
+    counted.extend(sealed.iter().copied().filter(|f| !files.contains_key(f)));
+    counted.sort_unstable();
+    for file in counted {
+        let key = file_key(file);
+        let before = match read_row(&key)? {
+            Some(b) => u64::from_le_bytes(b.as_slice().try_into().unwrap_or_default()),
+            None => 0,
+        };
+        let after = i64::try_from(before).unwrap_or(i64::MAX) + files.get(&file).copied().unwrap_or(0);
+        if after > 0 {
+            rows.push((key, Some((after as u64).to_le_bytes().to_vec())));
+        } else {
+            rows.push((key, None));
+            if file != end.0 {
+                released.push(file);
+            }
+        }
+    }
+    rows.push((END_KEY.to_vec(), Some(encode_end(end).to_vec())));
+    Ok(Staged { rows, released })
+}
