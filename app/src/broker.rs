@@ -687,6 +687,8 @@ impl Api for Broker {
                 "flushesQueued": self.store.engine_stats().1,
                 "sealedMemtables": self.store.engine_stats().2,
                 "level0Tables": self.store.engine_stats().3,
+                "segmentFiles": self.store.segment_stats().0,
+                "segmentBytes": self.store.segment_stats().1,
             },
             "queues": {
                 "count": queues.len(),

@@ -441,8 +441,14 @@ impl Segments {
 
     /// Bytes of every segment file.
     pub(crate) fn disk_bytes(&self) -> u64 {
-        let Ok(ids) = Self::list(&self.dir) else { return 0 };
-        ids.iter().filter_map(|id| std::fs::metadata(self.path(*id)).ok()).map(|m| m.len()).sum()
+        self.stats().1
+    }
+
+    /// How many segment files there are and their bytes.
+    pub(crate) fn stats(&self) -> (usize, u64) {
+        let Ok(ids) = Self::list(&self.dir) else { return (0, 0) };
+        let bytes = ids.iter().filter_map(|id| std::fs::metadata(self.path(*id)).ok()).map(|m| m.len()).sum();
+        (ids.len(), bytes)
     }
 
     /// The length of a file as it is on disk.

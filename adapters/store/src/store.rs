@@ -177,6 +177,12 @@ impl FjallStore {
         )
     }
 
+    /// Message segment files and their bytes on disk.
+    #[must_use]
+    pub fn segment_stats(&self) -> (usize, u64) {
+        self.segments.stats()
+    }
+
     /// Give the space of deleted rows back to the file system now, instead of at the engine's
     /// next compaction of those tables (which a store that stopped growing may never run):
     /// flush both keyspaces' memtables (so deletions reach tables, and the journal behind them
