@@ -51,6 +51,13 @@ fn number(q: &[(String, String)], key: &str) -> Result<Option<u64>, ApiError> {
         .transpose()
 }
 
+/// Whether a pop asks for the framed answer (QPF1): `frames=true`, and not a conflating pop,
+/// which is always answered as JSON.
+pub(crate) fn wants_frames(query: &str) -> Result<bool, ApiError> {
+    let q = parse_query(query);
+    Ok(flag(&q, "frames")?.unwrap_or(false) && flag(&q, "conflation")? != Some(true))
+}
+
 /// A pop request from its path parts and query.
 pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> Result<(PopRequest, bool), ApiError> {
     let q = parse_query(query);

@@ -11,7 +11,19 @@ use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
 use crate::error::{error_response, json_answer, json_response, no_content, text_response};
-use crate::{json, kv_json, pop_query, reads, render};
+use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
+
+/// How a request body is written, from its `content-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// JSON (any content type but the binary one; the default).
+    Json,
+    /// `application/x-queen-push`: QPB1 on push, QTB1 on transaction.
+    Binary {
+        /// Most bytes the body may decompress to in all (the body limit).
+        max_decoded: usize,
+    },
+}
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped. A segment whose
 /// percent-escapes do not decode to UTF-8 (`%ff`) is a 400, never a replacement character.
@@ -61,7 +73,11 @@ pub(crate) async fn handle<A: Api>(
     segs: &[&str],
     query: &str,
     body: &[u8],
+    kind: BodyKind,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
+    if let BodyKind::Binary { max_decoded } = kind {
+        return binary(api, method, segs, body, max_decoded).await;
+    }
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
             let items = json::push_items(body)?;
@@ -84,10 +100,7 @@ pub(crate) async fn handle<A: Api>(
             let group = req.command.group.as_str().to_owned();
             let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
             let (queue, out) = api.pop_tagged(namespace, task, req).await?;
-            if out.is_empty() {
-                return Ok(no_content());
-            }
-            Ok(json_answer(200, &render::pop(&queue, &group, &out, echo)))
+            pop_answer(&queue, &group, &out, echo, query)
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, queue, Some(partition), query).await
@@ -288,10 +301,52 @@ async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: 
     let group = req.command.group.as_str().to_owned();
     let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
     let out = api.pop(req).await?;
+    pop_answer(queue, &group, &out, echo, query)
+}
+
+/// A pop's answer: 204 when empty, QPF1 when the query asked for `frames` and every message
+/// can be framed (never for a conflating pop), JSON otherwise.
+fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome, echo: Option<(u32, u32)>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
     if out.is_empty() {
         return Ok(no_content());
     }
-    Ok(json_answer(200, &render::pop(queue, &group, &out, echo)))
+    if pop_query::wants_frames(query)?
+        && let Some(framed) = pop_frames::encode(queue, group, out, echo)
+    {
+        return Ok(Response::builder()
+            .status(200)
+            .header("content-type", pop_frames::CONTENT_TYPE)
+            .body(Full::new(Bytes::from(framed)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))));
+    }
+    Ok(json_answer(200, &render::pop(queue, group, out, echo)))
+}
+
+/// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
+/// is read and checked before the use case is called, so a bad body stores nothing.
+async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8], max_decoded: usize) -> Result<Response<Full<Bytes>>, ApiError> {
+    match (method.as_str(), segs) {
+        ("POST", ["api", "v1", "push"]) => {
+            let push = push_binary::push(body, max_decoded)?;
+            let out = if push.items.is_empty() { Vec::new() } else { api.push(push.items).await? };
+            Ok(json_response(200, &if push.counts { render::push_counts(&out) } else { render::push(&out) }))
+        }
+        ("POST", ["api", "v1", "transaction"]) => {
+            let txn = push_binary::transaction(body, max_decoded)?;
+            let (ops, leases, kv, timers) = txn.request;
+            let id = json::uuid_v7().to_string();
+            let out = api.transaction(ops, leases, kv.clone(), timers).await?;
+            if txn.counts {
+                return Ok(json_answer(200, &render::transaction_counted(&out, &kv, &id)));
+            }
+            Ok(json_answer(200, &render::transaction(&out, &kv, &id)))
+        }
+        _ => Err(ApiError::new(
+            415,
+            "unsupported_media_type",
+            format!("{} bodies are read by POST /api/v1/push and POST /api/v1/transaction only; send JSON here", push_binary::CONTENT_TYPE),
+        )),
+    }
 }
 
 /// Turn a handler result into a response.
