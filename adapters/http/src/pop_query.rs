@@ -123,4 +123,12 @@ mod tests {
         assert!(pop_request("orders", None, "timeout=315360000001").unwrap_err().message.starts_with("timeout must be 0 to 315360000000 ms"));
         assert!(pop_request("orders", None, "timeout=9223372036854775807").is_err());
     }
+
+    #[test]
+    fn frames_are_asked_for_by_the_query_but_never_for_a_conflating_pop() {
+        assert!(wants_frames("batch=5&frames=true").unwrap());
+        assert!(!wants_frames("batch=5").unwrap());
+        assert!(!wants_frames("frames=true&conflation=true").unwrap());
+        assert_eq!(wants_frames("frames=maybe").unwrap_err().message, "frames must be true or false");
+    }
 }

@@ -97,10 +97,11 @@ pub(crate) async fn handle<A: Api>(
             }
             // The queue is chosen among the tagged ones; the placeholder name is never used.
             let (req, autopilot) = pop_query::pop_request("tagged", None, query)?;
+            let frames = pop_query::wants_frames(query)?;
             let group = req.command.group.as_str().to_owned();
             let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
             let (queue, out) = api.pop_tagged(namespace, task, req).await?;
-            pop_answer(&queue, &group, &out, echo, query)
+            Ok(pop_answer(&queue, &group, &out, echo, frames))
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, queue, Some(partition), query).await
@@ -298,28 +299,28 @@ async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: 
 
 async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
     let (req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    // Read before the pop: a bad value must be refused before anything is leased.
+    let frames = pop_query::wants_frames(query)?;
     let group = req.command.group.as_str().to_owned();
     let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
     let out = api.pop(req).await?;
-    pop_answer(queue, &group, &out, echo, query)
+    Ok(pop_answer(queue, &group, &out, echo, frames))
 }
 
 /// A pop's answer: 204 when empty, QPF1 when the query asked for `frames` and every message
-/// can be framed (never for a conflating pop), JSON otherwise.
-fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome, echo: Option<(u32, u32)>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
+/// can be framed, JSON otherwise.
+fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome, echo: Option<(u32, u32)>, frames: bool) -> Response<Full<Bytes>> {
     if out.is_empty() {
-        return Ok(no_content());
+        return no_content();
     }
-    if pop_query::wants_frames(query)?
-        && let Some(framed) = pop_frames::encode(queue, group, out, echo)
-    {
-        return Ok(Response::builder()
+    if frames && let Some(framed) = pop_frames::encode(queue, group, out, echo) {
+        return Response::builder()
             .status(200)
             .header("content-type", pop_frames::CONTENT_TYPE)
             .body(Full::new(Bytes::from(framed)))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))));
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     }
-    Ok(json_answer(200, &render::pop(queue, group, out, echo)))
+    json_answer(200, &render::pop(queue, group, out, echo))
 }
 
 /// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
