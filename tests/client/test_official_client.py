@@ -29,6 +29,11 @@ CLOSE_LIMIT_S = 40.0
 # leaseTime (s) for queues whose "nothing left" check must not be explained by a lease still
 # being held: the check waits past it.
 SHORT_LEASE_S = 2
+# The client's opt-in binary bodies (API.md 4.6): pushes as QPB1 with client-built zstd frames,
+# transactions as QTB1, pops answered as QPF1.
+BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
+PUSH_BINARY = "application/x-queen-push"
+POP_FRAMES = "application/x-queen-pop"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -165,7 +170,8 @@ def test_create_push_pop_ack_and_duplicate(node):
 # ----------------------------------------------------------------------------- 2. consume with a group
 
 
-def test_consume_with_group_processes_and_acks(node):
+@pytest.mark.parametrize("options", [{}, BINARY], ids=["json", "binary"])
+def test_consume_with_group_processes_and_acks(node, options):
     queue = unique("consume")
     group = unique("grp")
 
@@ -184,7 +190,7 @@ def test_consume_with_group_processes_and_acks(node):
         await asyncio.sleep(SHORT_LEASE_S + 1.5)
         assert await pop(client, queue, group=group, timeout_ms=1000) == []
 
-    run(node, body)
+    run(node, body, **options)
     assert_nothing_to_pop(node, queue, group=group)
 
 
@@ -221,18 +227,24 @@ def test_two_groups_each_see_every_message(node):
 # ----------------------------------------------------------------------------- 4. transaction
 
 
+async def one_popped(client: Queen, src: str, dst: str, lease_s: int):
+    """The start of a transaction test: both queues made, one message pushed to src and popped.
+    Returns (its transactionId, a fresh one for the push, the popped messages)."""
+    await client.queue(src).config({"leaseTime": lease_s}).create()
+    await client.queue(dst).create()
+    t_in, t_out = unique("txn"), unique("txn")
+    await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
+    msgs = await pop(client, src, batch=1)
+    assert txn_ids(msgs) == [t_in], msgs
+    return t_in, t_out, msgs
+
+
 def test_transaction_ack_and_push(node):
     src, dst = unique("tx-src"), unique("tx-dst")
     lease_s = 3
 
     async def body(client: Queen):
-        await client.queue(src).config({"leaseTime": lease_s}).create()
-        await client.queue(dst).create()
-        t_in, t_out = unique("txn"), unique("txn")
-        await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
-
-        msgs = await pop(client, src, batch=1)
-        assert txn_ids(msgs) == [t_in], msgs
+        t_in, t_out, msgs = await one_popped(client, src, dst, lease_s)
 
         result = await (
             client.transaction()
@@ -411,14 +423,9 @@ def test_lock_acquire_hold_contend_release(node):
 
 # ----------------------------------------------------------------------------- 9. binary bodies
 #
-# The same client constructed with the opt-in binary bodies (API.md 4.6): pushes as QPB1 with
-# client-built zstd frames, transactions as QTB1, pops answered as QPF1. Wire records what each
-# request and answer really were, so a test cannot pass on a silent JSON fallback.
-
-BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
-PUSH_BINARY = "application/x-queen-push"
-POP_FRAMES = "application/x-queen-pop"
-
+# The same client constructed with BINARY (consume() in a group runs with it too, in test 2).
+# Wire records what each request and answer really were, so a test cannot pass on a silent
+# JSON fallback.
 
 class Wire:
     """Every exchange of one client: (method, path, request content type, status, answer
@@ -535,26 +542,6 @@ def test_binary_push_without_compression_and_json_fallbacks(node):
     assert_nothing_to_pop(node, queue)
 
 
-def test_binary_consume_in_a_group(node):
-    queue = unique("bin-consume")
-    group = unique("grp")
-
-    async def body(client: Queen):
-        await client.queue(queue).config({"leaseTime": SHORT_LEASE_S}).create()
-        sent = [unique("txn") for _ in range(5)]
-        res = await client.queue(queue).push([{"data": {"i": i}, "transactionId": t} for i, t in enumerate(sent)])
-        assert [r.get("status") for r in res] == ["queued"] * 5, res
-
-        seen = await consume_bounded(client, queue, group, expected=5)
-        assert sorted(txn_ids(seen)) == sorted(sent) and len(seen) == 5, seen
-
-        await asyncio.sleep(SHORT_LEASE_S + 1.5)
-        assert await pop(client, queue, group=group, timeout_ms=1000) == []
-
-    run(node, body, **BINARY)
-    assert_nothing_to_pop(node, queue, group=group)
-
-
 def test_binary_transaction_push_then_ack(node):
     """A bundle whose push comes before its ack: QTB1 sends the ack in the JSON head and the
     push as frames; the client puts the results back in its own order."""
@@ -563,13 +550,7 @@ def test_binary_transaction_push_then_ack(node):
 
     async def body(client: Queen):
         wire = Wire(client)
-        await client.queue(src).config({"leaseTime": lease_s}).create()
-        await client.queue(dst).create()
-        t_in, t_out = unique("txn"), unique("txn")
-        await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
-        msgs = await pop(client, src, batch=1)
-        assert txn_ids(msgs) == [t_in], msgs
-
+        t_in, t_out, msgs = await one_popped(client, src, dst, lease_s)
         wire.clear()
         result = await (
             client.transaction()
