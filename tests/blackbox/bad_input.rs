@@ -29,6 +29,7 @@ fn malformed_and_invalid_requests_are_refused_with_named_fields() {
         ("GET", "/api/v1/pop/queue/q?batch=zero", String::new(), 400, "batch"),
         ("GET", "/api/v1/pop/queue/q?batch=0", String::new(), 400, "batch"),
         ("GET", "/api/v1/pop/queue/q?wait=maybe", String::new(), 400, "wait"),
+        ("GET", "/api/v1/pop/queue/q?frames=maybe", String::new(), 400, "frames"),
         ("GET", "/api/v1/pop/queue/q?subscriptionFrom=yesterday", String::new(), 400, "subscriptionFrom"),
         ("GET", "/api/v1/nowhere", String::new(), 404, "no_such_route"),
     ];
@@ -80,4 +81,80 @@ fn above_the_disk_gate_writes_answer_507_and_consumers_still_drain() {
     let a = gated.post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
     assert_eq!(a.json[0]["success"], true, "acks go on");
     gated.kill9();
+}
+
+/// One group of a QPB1 body in the TXN layout: queue, partition, (transactionId, payload)s.
+type TxnGroup<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+/// A QPB1 body (`Content-Type: application/x-queen-push`) in the TXN layout.
+fn qpb1_txn(groups: &[TxnGroup<'_>]) -> Vec<u8> {
+    let str16 = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&u16::try_from(s.len()).unwrap().to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    let mut b = b"QPB1\x04".to_vec();
+    b.extend_from_slice(&u32::try_from(groups.len()).unwrap().to_le_bytes());
+    for (queue, partition, items) in groups {
+        str16(&mut b, queue);
+        str16(&mut b, partition);
+        b.extend_from_slice(&u32::try_from(items.len()).unwrap().to_le_bytes());
+        for (txn, payload) in *items {
+            str16(&mut b, txn);
+            b.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
+            b.extend_from_slice(payload.as_bytes());
+        }
+    }
+    b
+}
+
+#[test]
+fn a_malformed_binary_push_is_a_400_naming_the_problem_and_stores_nothing() {
+    const BINARY: &str = "application/x-queen-push";
+    let dir = tempfile::tempdir().unwrap();
+    let n = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.path().join("n1"), &[("QUEEN_MAX_BODY_BYTES", "4096")]);
+    // The first group is valid; the second holds a payload that is not JSON. Nothing of the
+    // body may be stored, not even the first group.
+    let bad_payload = qpb1_txn(&[("q", "Default", &[("t1", "1")]), ("q", "p2", &[("t2", "{")])]);
+    let mut truncated = qpb1_txn(&[("q", "Default", &[("t1", "1"), ("t2", "2")])]);
+    truncated.truncate(truncated.len() - 1);
+    // One group whose zstd frame of stored frames would decompress to 1 MiB: far past the
+    // 4096-byte body limit, in a body of a few hundred bytes.
+    let mut frame = Vec::new();
+    let payload = format!("\"{}\"", "x".repeat(1 << 20));
+    frame.extend_from_slice(&u32::try_from(1 + 16 + 2 + 2 + payload.len()).unwrap().to_le_bytes());
+    frame.push(0);
+    frame.extend_from_slice(&[7; 16]);
+    frame.extend_from_slice(b"\x02\0t1");
+    frame.extend_from_slice(payload.as_bytes());
+    let z = zstd::bulk::compress(&frame, 1).unwrap();
+    let mut bomb = b"QPB1\x08\x01\0\0\0\x01\0q\x07\0Default\x01\0\0\0".to_vec();
+    bomb.extend_from_slice(&u32::try_from(z.len()).unwrap().to_le_bytes());
+    bomb.extend_from_slice(&z);
+    assert!(bomb.len() < 4096, "{}", bomb.len());
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("/api/v1/push", bad_payload, 400, "QPB1 group 1 (q/p2) message 0: the payload is not one JSON document"),
+        ("/api/v1/push", truncated, 400, "QPB1 group 0 (q/Default) message 1: ends inside its payload"),
+        ("/api/v1/push", br#"{"items":[{"queue":"q","payload":1}]}"#.to_vec(), 400, "the body does not start with QPB1"),
+        ("/api/v1/push", bomb, 413, "QPB1 group 0 (q/Default): would decompress to"),
+        ("/api/v1/transaction", b"QTB1\0\x02\0\0\0{}\x01\0\0\0".to_vec(), 400, "QTB1 group 0: ends inside the length of the queue name"),
+        ("/api/v1/ack", b"QPB1\0".to_vec(), 415, "unsupported_media_type"),
+    ];
+    for (path, body, status, needle) in &cases {
+        let a = n.post_bytes(path, BINARY, body);
+        assert_eq!(a.status, *status, "{path} {needle}: {}", a.text);
+        assert!(a.json["code"].is_string() && a.json["error"].is_string(), "error envelope: {}", a.text);
+        assert!(a.text.contains(needle), "{path}: error should say '{needle}': {}", a.text);
+    }
+    let s = n.get("/status");
+    assert_eq!(s.json["queues"]["count"], 0, "a refused binary body created a queue: {}", s.text);
+    // A valid body of the same shape is stored, and the JSON default still works beside it.
+    let ok = n.post_bytes("/api/v1/push", BINARY, &qpb1_txn(&[("q", "Default", &[("t1", r#"{"n":1}"#), ("", "null")])]));
+    assert_eq!(ok.status, 200, "{}", ok.text);
+    assert_eq!(ok.json[0]["status"], "queued", "{}", ok.text);
+    assert_eq!(ok.json[1]["transaction_id"], ok.json[1]["message_id"], "an empty transactionId is the minted id: {}", ok.text);
+    let json = n.post("/api/v1/push", &json!({"items": [{"queue": "q", "transactionId": "t3", "payload": 3}]}));
+    assert_eq!(json.status, 200, "{}", json.text);
+    let got = n.get("/api/v1/pop/queue/q?batch=10&wait=false");
+    let data: Vec<_> = got.json["messages"].as_array().unwrap().iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data, [json!({"n": 1}), json!(null), json!(3)], "{}", got.text);
 }

@@ -29,6 +29,11 @@ CLOSE_LIMIT_S = 40.0
 # leaseTime (s) for queues whose "nothing left" check must not be explained by a lease still
 # being held: the check waits past it.
 SHORT_LEASE_S = 2
+# The client's opt-in binary bodies (API.md 4.6): pushes as QPB1 with client-built zstd frames,
+# transactions as QTB1, pops answered as QPF1.
+BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
+PUSH_BINARY = "application/x-queen-push"
+POP_FRAMES = "application/x-queen-pop"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -38,11 +43,12 @@ def unique(prefix: str) -> str:
     return f"ct-{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def run(node, body: Callable[[Queen], Awaitable[Any]], limit: float = TEST_LIMIT_S) -> Any:
-    """Run one test body with a fresh client on a fresh event loop, bounded in time."""
+def run(node, body: Callable[[Queen], Awaitable[Any]], limit: float = TEST_LIMIT_S, **options: Any) -> Any:
+    """Run one test body with a fresh client on a fresh event loop, bounded in time. options go
+    to the client's constructor (the defaults when none: JSON bodies)."""
 
     async def main() -> Any:
-        client = Queen(node.url)
+        client = Queen(node.url, **options)
         try:
             return await asyncio.wait_for(body(client), limit)
         finally:
@@ -164,7 +170,8 @@ def test_create_push_pop_ack_and_duplicate(node):
 # ----------------------------------------------------------------------------- 2. consume with a group
 
 
-def test_consume_with_group_processes_and_acks(node):
+@pytest.mark.parametrize("options", [{}, BINARY], ids=["json", "binary"])
+def test_consume_with_group_processes_and_acks(node, options):
     queue = unique("consume")
     group = unique("grp")
 
@@ -183,7 +190,7 @@ def test_consume_with_group_processes_and_acks(node):
         await asyncio.sleep(SHORT_LEASE_S + 1.5)
         assert await pop(client, queue, group=group, timeout_ms=1000) == []
 
-    run(node, body)
+    run(node, body, **options)
     assert_nothing_to_pop(node, queue, group=group)
 
 
@@ -220,18 +227,24 @@ def test_two_groups_each_see_every_message(node):
 # ----------------------------------------------------------------------------- 4. transaction
 
 
+async def one_popped(client: Queen, src: str, dst: str, lease_s: int):
+    """The start of a transaction test: both queues made, one message pushed to src and popped.
+    Returns (its transactionId, a fresh one for the push, the popped messages)."""
+    await client.queue(src).config({"leaseTime": lease_s}).create()
+    await client.queue(dst).create()
+    t_in, t_out = unique("txn"), unique("txn")
+    await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
+    msgs = await pop(client, src, batch=1)
+    assert txn_ids(msgs) == [t_in], msgs
+    return t_in, t_out, msgs
+
+
 def test_transaction_ack_and_push(node):
     src, dst = unique("tx-src"), unique("tx-dst")
     lease_s = 3
 
     async def body(client: Queen):
-        await client.queue(src).config({"leaseTime": lease_s}).create()
-        await client.queue(dst).create()
-        t_in, t_out = unique("txn"), unique("txn")
-        await client.queue(src).push([{"data": {"order": 7}, "transactionId": t_in}])
-
-        msgs = await pop(client, src, batch=1)
-        assert txn_ids(msgs) == [t_in], msgs
+        t_in, t_out, msgs = await one_popped(client, src, dst, lease_s)
 
         result = await (
             client.transaction()
@@ -406,3 +419,161 @@ def test_lock_acquire_hold_contend_release(node):
         assert released.get("released") is True, released
 
     run(node, body)
+
+
+# ----------------------------------------------------------------------------- 9. binary bodies
+#
+# The same client constructed with BINARY (consume() in a group runs with it too, in test 2).
+# Wire records what each request and answer really were, so a test cannot pass on a silent
+# JSON fallback.
+
+class Wire:
+    """Every exchange of one client: (method, path, request content type, status, answer
+    content type). Hooks the client's own httpx client (queen-mq 2.6.0 keeps it at
+    Queen._http_client._client); it only observes."""
+
+    def __init__(self, client: Queen) -> None:
+        self.seen: List[tuple] = []
+
+        async def on_response(response) -> None:
+            req = response.request
+            self.seen.append(
+                (req.method, req.url.path, req.headers.get("content-type", ""), response.status_code,
+                 response.headers.get("content-type", ""))
+            )
+
+        client._http_client._client.event_hooks["response"].append(on_response)
+
+    def of(self, method: str, prefix: str) -> List[tuple]:
+        return [w for w in self.seen if w[0] == method and w[1].startswith(prefix)]
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+def test_binary_push_pop_ack_and_duplicate(node):
+    queue = unique("bin-basic")
+    lease_s = SHORT_LEASE_S
+
+    async def body(client: Queen):
+        wire = Wire(client)
+        await client.queue(queue).config({"leaseTime": lease_s}).create()
+        t1, t2, t3 = unique("txn"), unique("txn"), unique("txn")
+        sent = [
+            {"data": {"n": 1, "text": "caf\u00e9 \U0001F600"}, "transactionId": t1},
+            {"data": [1, 2.5, None, True], "transactionId": t2},
+            {"data": None, "transactionId": t3},
+        ]
+        pushed = await client.queue(queue).push(sent)
+        assert [r.get("status") for r in pushed] == ["queued"] * 3, pushed
+        assert [r.get("transaction_id") for r in pushed] == [t1, t2, t3], pushed
+        pushes = wire.of("POST", "/api/v1/push")
+        assert [(w[2], w[3]) for w in pushes] == [(PUSH_BINARY, 200)], wire.seen
+        # The ids are the client's own UUIDv7s, from its frames.
+        assert all(uuid.UUID(r["message_id"]).version == 7 for r in pushed), pushed
+
+        again = await client.queue(queue).push([{"data": {"n": 1}, "transactionId": t1}])
+        assert [r.get("status") for r in again] == ["duplicate"], again
+        assert again[0].get("message_id") == pushed[0].get("message_id"), (again, pushed)
+
+        wire.clear()
+        msgs = await pop(client, queue)
+        assert [(w[3], w[4]) for w in wire.of("GET", "/api/v1/pop")] == [(200, POP_FRAMES)], wire.seen
+        assert txn_ids(msgs) == [t1, t2, t3], msgs
+        assert [m.get("data") for m in msgs] == [s["data"] for s in sent], msgs
+        assert [m.get("id") for m in msgs] == [r["message_id"] for r in pushed], (msgs, pushed)
+        for m in msgs:
+            assert m.get("partitionId") and m.get("leaseId") and m.get("createdAt", "").endswith("Z"), m
+            assert m.get("deliveryAttempt") == 1, m
+
+        for m in msgs:
+            res = await client.ack(m, True)
+            assert res.get("success") is True, res
+
+        await asyncio.sleep(lease_s + 1.5)
+        assert await pop(client, queue, timeout_ms=1000) == []
+        # An empty pop is still 204, framed or not.
+        assert [w[3] for w in wire.of("GET", "/api/v1/pop")][-1] == 204, wire.seen
+
+    run(node, body, **BINARY)
+    assert_nothing_to_pop(node, queue)
+
+
+def test_binary_push_without_compression_and_json_fallbacks(node):
+    """binary_push alone sends QPB1 with flag 4 (one transactionId per item); an item with a
+    traceId travels as JSON (the client's rule), and a pop of a message whose traceId is not a
+    UUID in its canonical text is answered as JSON (the broker's rule), read as always."""
+    queue = unique("bin-plain")
+    trace = str(uuid.uuid4())
+    upper = str(uuid.uuid4()).upper()
+    t1, t2, t3, t4 = (unique("txn") for _ in range(4))
+
+    async def produce(client: Queen):
+        wire = Wire(client)
+        await client.queue(queue).create()
+        res = await client.queue(queue).push([{"data": {"k": 1}, "transactionId": t1}, {"data": "two", "transactionId": t2}])
+        assert [r.get("status") for r in res] == ["queued", "queued"], res
+        assert [w[2] for w in wire.of("POST", "/api/v1/push")] == [PUSH_BINARY], wire.seen
+        # Without push_compression the broker mints the ids.
+        wire.clear()
+        res = await client.queue(queue).push([{"data": 3, "transactionId": t3, "traceId": trace}])
+        res += await client.queue(queue).push([{"data": 4, "transactionId": t4, "traceId": upper}])
+        assert [r.get("status") for r in res] == ["queued", "queued"], res
+        assert [w[2].split(";")[0] for w in wire.of("POST", "/api/v1/push")] == ["application/json"] * 2, wire.seen
+
+    async def consume(client: Queen):
+        wire = Wire(client)
+        first = await pop(client, queue, batch=3)
+        assert txn_ids(first) == [t1, t2, t3], first
+        assert [m.get("data") for m in first] == [{"k": 1}, "two", 3], first
+        assert first[2].get("traceId") == trace, first
+        assert [w[4] for w in wire.of("GET", "/api/v1/pop")] == [POP_FRAMES], wire.seen
+        for m in first:
+            assert (await client.ack(m, True)).get("success") is True
+        wire.clear()
+        second = await pop(client, queue, batch=3)
+        assert txn_ids(second) == [t4] and second[0].get("data") == 4, second
+        assert second[0].get("traceId") == upper, second
+        assert [w[4].split(";")[0] for w in wire.of("GET", "/api/v1/pop")] == ["application/json"], wire.seen
+        assert (await client.ack(second[0], True)).get("success") is True
+
+    run(node, produce, binary_push=True)
+    run(node, consume, framed_pop=True)
+    assert_nothing_to_pop(node, queue)
+
+
+def test_binary_transaction_push_then_ack(node):
+    """A bundle whose push comes before its ack: QTB1 sends the ack in the JSON head and the
+    push as frames; the client puts the results back in its own order."""
+    src, dst = unique("btx-src"), unique("btx-dst")
+    lease_s = 3
+
+    async def body(client: Queen):
+        wire = Wire(client)
+        t_in, t_out, msgs = await one_popped(client, src, dst, lease_s)
+        wire.clear()
+        result = await (
+            client.transaction()
+            .queue(dst)
+            .push([{"data": {"derivedFrom": t_in}, "transactionId": t_out}])
+            .ack(msgs[0])
+            .commit()
+        )
+        assert [(w[2], w[3]) for w in wire.of("POST", "/api/v1/transaction")] == [(PUSH_BINARY, 200)], wire.seen
+        assert result.get("success") is True, result
+        results = result.get("results") or []
+        assert [(r.get("index"), r.get("type")) for r in results] == [(0, "push"), (1, "ack")], result
+        assert results[0].get("transactionId") == t_out and results[0].get("status") == "queued", result
+        assert uuid.UUID(results[0]["message_id"]).version == 7, result
+
+        out = await pop(client, dst)
+        assert txn_ids(out) == [t_out] and out[0].get("data") == {"derivedFrom": t_in}, out
+        assert out[0].get("id") == results[0]["message_id"], (out, result)
+        assert (await client.ack(out[0], True)).get("success") is True
+
+        await asyncio.sleep(lease_s + 1.5)
+        assert await pop(client, src, timeout_ms=1000) == []
+
+    run(node, body, **BINARY)
+    assert_nothing_to_pop(node, src)
+    assert_nothing_to_pop(node, dst)

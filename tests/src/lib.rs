@@ -239,6 +239,21 @@ impl Node {
         self.request("POST", path, Some(body))
     }
 
+    /// POST bytes with a content type (the binary bodies).
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub fn post_bytes(&self, path: &str, content_type: &str, body: &[u8]) -> Answer {
+        let resp = self.agent.post(&self.url(path)).header("content-type", content_type).send(body);
+        let mut resp = resp.unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let mut text = String::new();
+        resp.body_mut().as_reader().read_to_string(&mut text).unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Answer { status, json, text, retry_after }
+    }
+
     /// Every transactionId stored in a partition, in offset order, read through this node with
     /// `/api/v1/fetch` (bounded at 10,000 pages).
     #[must_use]

@@ -14,7 +14,7 @@ pub(crate) const MAX_PUSH_ITEMS: usize = 10_000;
 /// Most acknowledgements one batch may carry.
 pub(crate) const MAX_ACK_ITEMS: usize = 10_000;
 /// Longest transactionId, in bytes.
-const MAX_TXN_BYTES: usize = 512;
+pub(crate) const MAX_TXN_BYTES: usize = 512;
 
 /// Most operations one transaction may carry.
 pub(crate) const MAX_TXN_OPS: usize = 10_000;
@@ -28,9 +28,23 @@ const TXN_OP_FIELDS: &[&str] = &["type", "consumerGroup", "transactionId", "part
 /// `{"operations": [...], "requiredLeases": [...], "kv"?: [...], "timers"?: [...]}` to a
 /// transaction. Push payloads and KV values are kept as the client wrote them.
 pub(crate) fn transaction(body: &[u8]) -> Result<TxnRequest, ApiError> {
-    let top = RawObject::body(body, false)?;
-    let ops = top.list("operations", "operations", MAX_TXN_OPS)?.ok_or_else(|| ApiError::bad_request("operations", "is required"))?;
-    if ops.is_empty() {
+    transaction_parts(body, false)
+}
+
+/// The JSON head of a binary transaction body (QTB1): the same object, but it may be empty or
+/// hold no operations, because its pushes travel in the binary groups after it.
+pub(crate) fn transaction_head(head: &[u8]) -> Result<TxnRequest, ApiError> {
+    transaction_parts(head, true)
+}
+
+fn transaction_parts(body: &[u8], head: bool) -> Result<TxnRequest, ApiError> {
+    let top = RawObject::body(body, head)?;
+    let ops = match top.list("operations", "operations", MAX_TXN_OPS)? {
+        Some(ops) => ops,
+        None if head => Vec::new(),
+        None => return Err(ApiError::bad_request("operations", "is required")),
+    };
+    if ops.is_empty() && !head {
         return Err(ApiError::bad_request("operations", "must not be empty"));
     }
     let mut out = Vec::with_capacity(ops.len());

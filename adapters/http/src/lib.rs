@@ -4,16 +4,21 @@
 //! wire shapes of the contract (`shared/spec/API.md`), input validation that names the bad
 //! field, body bounds (413 too large, 408 too slow, 503 over the node's body budget), the
 //! admin credential of `/api/v1/system/*` changes, the error envelope `{"error", "code"}`, and minting of ids a
-//! request left out (transactionId, message id) before anything is proposed.
+//! request left out (transactionId, message id) before anything is proposed. Also the binary
+//! bodies of `shared/spec/API.md` 4.6: QPB1 and QTB1 requests (`application/x-queen-push`), read
+//! into the same push items and transactions as JSON, and the framed pop answer QPF1.
 //! Must never depend on: openraft or the storage engine. It calls the application through the
 //! `Api` trait, so it can be tested with any implementation.
 
 mod api;
 mod body;
 mod error;
+mod frame;
 mod json;
 mod kv_json;
+mod pop_frames;
 mod pop_query;
+mod push_binary;
 mod raw;
 mod reads;
 mod render;

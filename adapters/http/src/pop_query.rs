@@ -51,6 +51,13 @@ fn number(q: &[(String, String)], key: &str) -> Result<Option<u64>, ApiError> {
         .transpose()
 }
 
+/// Whether a pop asks for the framed answer (QPF1): `frames=true`, and not a conflating pop,
+/// which is always answered as JSON.
+pub(crate) fn wants_frames(query: &str) -> Result<bool, ApiError> {
+    let q = parse_query(query);
+    Ok(flag(&q, "frames")?.unwrap_or(false) && flag(&q, "conflation")? != Some(true))
+}
+
 /// A pop request from its path parts and query.
 pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> Result<(PopRequest, bool), ApiError> {
     let q = parse_query(query);
@@ -115,5 +122,13 @@ mod tests {
         assert_eq!(r.timeout, Duration::from_millis(MAX_WAIT_MS), "held at most a minute");
         assert!(pop_request("orders", None, "timeout=315360000001").unwrap_err().message.starts_with("timeout must be 0 to 315360000000 ms"));
         assert!(pop_request("orders", None, "timeout=9223372036854775807").is_err());
+    }
+
+    #[test]
+    fn frames_are_asked_for_by_the_query_but_never_for_a_conflating_pop() {
+        assert!(wants_frames("batch=5&frames=true").unwrap());
+        assert!(!wants_frames("batch=5").unwrap());
+        assert!(!wants_frames("frames=true&conflation=true").unwrap());
+        assert_eq!(wants_frames("frames=maybe").unwrap_err().message, "frames must be true or false");
     }
 }

@@ -40,6 +40,17 @@ pub(crate) fn push(outcomes: &[PushOutcome]) -> Value {
     )
 }
 
+/// The push answer a binary body asks for with its COUNTS flag.
+pub(crate) fn push_counts(outcomes: &[PushOutcome]) -> Value {
+    let of = |f: fn(&PushStatus) -> bool| outcomes.iter().filter(|o| f(&o.status)).count();
+    json!({
+        "count": outcomes.len(),
+        "queued": of(|s| matches!(s, PushStatus::Queued)),
+        "duplicate": of(|s| matches!(s, PushStatus::Duplicate)),
+        "error": of(|s| matches!(s, PushStatus::Failed(_))),
+    })
+}
+
 /// Ack answers: one object per item, in order.
 pub(crate) fn acks(outcomes: &[AckOutcome]) -> Value {
     Value::Array(
@@ -110,9 +121,19 @@ pub(crate) struct PopOut<'a> {
     autopilot: Option<Value>,
 }
 
+/// The consumer group as answers name it (queue mode's internal name is `__QUEUE_MODE__`).
+pub(crate) fn group_on_wire(group: &str) -> &str {
+    if group == queen_domain::names::QUEUE_MODE_GROUP { "__QUEUE_MODE__" } else { group }
+}
+
+/// The `autopilot` key of a pop answer: the batch and partitions the broker chose.
+pub(crate) fn autopilot_echo((batch, partitions): (u32, u32)) -> Value {
+    json!({"batch": batch, "partitions": partitions, "waitMs": 0})
+}
+
 /// A pop with messages.
 pub(crate) fn pop<'a>(queue: &'a str, group: &'a str, p: &'a PopOutcome, autopilot: Option<(u32, u32)>) -> PopOut<'a> {
-    let group_out = if group == queen_domain::names::QUEUE_MODE_GROUP { "__QUEUE_MODE__" } else { group };
+    let group_out = group_on_wire(group);
     let mut messages = Vec::new();
     for c in &p.claims {
         let pid = c.pid.to_string();
@@ -146,7 +167,7 @@ pub(crate) fn pop<'a>(queue: &'a str, group: &'a str, p: &'a PopOutcome, autopil
         consumer_group: group_out,
         messages,
         partitions_claimed: p.claims.len(),
-        autopilot: autopilot.map(|(batch, partitions)| json!({"batch": batch, "partitions": partitions, "waitMs": 0})),
+        autopilot: autopilot.map(autopilot_echo),
     }
 }
 
@@ -169,6 +190,9 @@ pub(crate) enum TxnOut<'a> {
         results: Vec<TxnEntry<'a>>,
         #[serde(rename = "transactionId")]
         transaction_id: &'a str,
+        /// A binary body's COUNTS: the pushes and acks counted instead of listed.
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        counts: Option<TxnCounts>,
     },
     /// A required KV precondition lost: nothing applied.
     KvFailed {
@@ -188,6 +212,33 @@ pub(crate) enum TxnOut<'a> {
         #[serde(rename = "transactionId")]
         transaction_id: &'a str,
     },
+}
+
+/// The pushes and acks of a transaction counted (QTB1's COUNTS flag).
+#[derive(Serialize)]
+pub(crate) struct TxnCounts {
+    /// Messages stored.
+    pushed: usize,
+    /// Messages already stored (same transactionId).
+    duplicate: usize,
+    /// Acknowledgements that took effect.
+    acked: usize,
+}
+
+/// A transaction's answer with its pushes and acks counted instead of listed; the riders'
+/// results stay (QTB1's COUNTS flag).
+pub(crate) fn transaction_counted<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::KvOp], id: &'a str) -> TxnOut<'a> {
+    let mut out = transaction(t, kv_ops, id);
+    if let TxnOut::Done { results, counts, .. } = &mut out {
+        let of = |f: &dyn Fn(&TxnResult) -> bool| t.results.iter().filter(|r| f(r)).count();
+        *counts = Some(TxnCounts {
+            pushed: of(&|r| matches!(r, TxnResult::Push(p) if p.status == PushStatus::Queued)),
+            duplicate: of(&|r| matches!(r, TxnResult::Push(p) if p.status == PushStatus::Duplicate)),
+            acked: of(&|r| matches!(r, TxnResult::Ack(a) if a.verdict.success)),
+        });
+        results.drain(..t.results.len().min(results.len()));
+    }
+    out
 }
 
 /// A transaction's answer.
@@ -239,7 +290,7 @@ pub(crate) fn transaction<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::
             TxnEntry::Plain(v)
         }))
         .collect();
-    TxnOut::Done { success: true, results, transaction_id: id }
+    TxnOut::Done { success: true, results, transaction_id: id, counts: None }
 }
 
 #[cfg(test)]

@@ -11,7 +11,19 @@ use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
 use crate::error::{error_response, json_answer, json_response, no_content, text_response};
-use crate::{json, kv_json, pop_query, reads, render};
+use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
+
+/// How a request body is written, from its `content-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// JSON (any content type but the binary one; the default).
+    Json,
+    /// `application/x-queen-push`: QPB1 on push, QTB1 on transaction.
+    Binary {
+        /// Most bytes the body may decompress to in all (the body limit).
+        max_decoded: usize,
+    },
+}
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped. A segment whose
 /// percent-escapes do not decode to UTF-8 (`%ff`) is a 400, never a replacement character.
@@ -61,7 +73,11 @@ pub(crate) async fn handle<A: Api>(
     segs: &[&str],
     query: &str,
     body: &[u8],
+    kind: BodyKind,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
+    if let BodyKind::Binary { max_decoded } = kind {
+        return binary(api, method, segs, body, max_decoded).await;
+    }
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
             let items = json::push_items(body)?;
@@ -81,13 +97,11 @@ pub(crate) async fn handle<A: Api>(
             }
             // The queue is chosen among the tagged ones; the placeholder name is never used.
             let (req, autopilot) = pop_query::pop_request("tagged", None, query)?;
+            let frames = pop_query::wants_frames(query)?;
             let group = req.command.group.as_str().to_owned();
             let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
             let (queue, out) = api.pop_tagged(namespace, task, req).await?;
-            if out.is_empty() {
-                return Ok(no_content());
-            }
-            Ok(json_answer(200, &render::pop(&queue, &group, &out, echo)))
+            Ok(pop_answer(&queue, &group, &out, echo, frames))
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, queue, Some(partition), query).await
@@ -285,13 +299,55 @@ async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: 
 
 async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
     let (req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    // Read before the pop: a bad value must be refused before anything is leased.
+    let frames = pop_query::wants_frames(query)?;
     let group = req.command.group.as_str().to_owned();
     let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
     let out = api.pop(req).await?;
+    Ok(pop_answer(queue, &group, &out, echo, frames))
+}
+
+/// A pop's answer: 204 when empty, QPF1 when the query asked for `frames` and every message
+/// can be framed, JSON otherwise.
+fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome, echo: Option<(u32, u32)>, frames: bool) -> Response<Full<Bytes>> {
     if out.is_empty() {
-        return Ok(no_content());
+        return no_content();
     }
-    Ok(json_answer(200, &render::pop(queue, &group, &out, echo)))
+    if frames && let Some(framed) = pop_frames::encode(queue, group, out, echo) {
+        return Response::builder()
+            .status(200)
+            .header("content-type", pop_frames::CONTENT_TYPE)
+            .body(Full::new(Bytes::from(framed)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+    }
+    json_answer(200, &render::pop(queue, group, out, echo))
+}
+
+/// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
+/// is read and checked before the use case is called, so a bad body stores nothing.
+async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8], max_decoded: usize) -> Result<Response<Full<Bytes>>, ApiError> {
+    match (method.as_str(), segs) {
+        ("POST", ["api", "v1", "push"]) => {
+            let push = push_binary::push(body, max_decoded)?;
+            let out = if push.items.is_empty() { Vec::new() } else { api.push(push.items).await? };
+            Ok(json_response(200, &if push.counts { render::push_counts(&out) } else { render::push(&out) }))
+        }
+        ("POST", ["api", "v1", "transaction"]) => {
+            let txn = push_binary::transaction(body, max_decoded)?;
+            let (ops, leases, kv, timers) = txn.request;
+            let id = json::uuid_v7().to_string();
+            let out = api.transaction(ops, leases, kv.clone(), timers).await?;
+            if txn.counts {
+                return Ok(json_answer(200, &render::transaction_counted(&out, &kv, &id)));
+            }
+            Ok(json_answer(200, &render::transaction(&out, &kv, &id)))
+        }
+        _ => Err(ApiError::new(
+            415,
+            "unsupported_media_type",
+            format!("{} bodies are read by POST /api/v1/push and POST /api/v1/transaction only; send JSON here", push_binary::CONTENT_TYPE),
+        )),
+    }
 }
 
 /// Turn a handler result into a response.

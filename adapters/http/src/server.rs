@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use crate::api::{Api, ApiError};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
-use crate::router::{finish, handle, route_label, segments};
+use crate::router::{BodyKind, finish, handle, route_label, segments};
 
 /// Listener settings.
 #[derive(Clone)]
@@ -120,9 +120,13 @@ async fn answer<A: Api>(shared: &Shared<A>, method: &hyper::Method, segs: &[&str
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
+    let kind = match req.headers().get(hyper::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        Some(t) if crate::push_binary::is_binary(t) => BodyKind::Binary { max_decoded: shared.limits.max_bytes },
+        _ => BodyKind::Json,
+    };
     match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
         // The body's budget is held until the answer is built.
-        Ok(body) => finish(handle(&shared.api, method, segs, query, &body.bytes).await),
+        Ok(body) => finish(handle(&shared.api, method, segs, query, &body.bytes, kind).await),
         Err(e) => error_response(&e),
     }
 }
