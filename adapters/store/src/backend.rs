@@ -45,7 +45,11 @@ impl StateMachineBackend for FjallStore {
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         for (k, v) in writes.into_iter().chain(staged.rows) {
             match v {
-                Some(v) => batch.insert(&self.state, k, v),
+                Some(v) => {
+                    // Before the commit: a reader that can see the row must not be told it is absent.
+                    self.dedup_filter.insert(&k);
+                    batch.insert(&self.state, k, v);
+                }
                 None => batch.remove(&self.state, k),
             }
         }
@@ -92,6 +96,7 @@ impl StateMachineBackend for FjallStore {
         self.segments.reopen(end).map_err(storage)?;
         // A snapshot from a node of layout 1 carries messages as rows.
         self.migrate().map_err(storage)?;
+        self.fill_dedup_filter().map_err(storage)?;
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         batch.insert(&self.raft, META_KEY, meta);
         batch.remove(&self.raft, INSTALLING_KEY);

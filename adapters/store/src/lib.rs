@@ -8,6 +8,7 @@
 //! write-buffer settings, never by the backlog.
 
 mod backend;
+mod filter;
 mod messages;
 mod migrate;
 mod segments;

@@ -87,6 +87,7 @@ impl FjallStore {
                 }
             }
             for (k, list) in lists {
+                self.dedup_filter.insert(&k);
                 batch.insert(&self.state, k, queen_domain::codec::encode(&list));
             }
             batch.commit().map_err(fjall_err)?;

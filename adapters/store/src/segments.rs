@@ -39,6 +39,11 @@ pub(crate) const BODY_FIXED: usize = 1 + 8 + 8 + 4 + 8;
 pub(crate) const CODEC_MESSAGES: u8 = 0;
 /// Open read handles kept at most.
 const OPEN_FILES: usize = 32;
+/// Records kept decoded after a read, at most (a pop reads the record its dry run just read,
+/// and consecutive pops of a partition read the same record).
+const CACHED_RECORDS: usize = 64;
+/// Bytes of records kept decoded, at most.
+const CACHED_BYTES: usize = 8 << 20;
 
 /// A failure of the segment log.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +174,8 @@ pub(crate) struct Segments {
     writer: Mutex<Writer>,
     open: Mutex<Vec<(u64, Arc<File>)>>,
     pins: Mutex<Pins>,
+    /// Recently read records, newest first.
+    recent: Mutex<std::collections::VecDeque<(Loc, Arc<Record>)>>,
 }
 
 /// While held, no segment file is deleted (deletions wait for the last pin).
@@ -279,6 +286,7 @@ impl Segments {
             writer: Mutex::new(Writer { id, len, file: file.clone(), unsynced: BTreeSet::new(), dir_unsynced: true }),
             open: Mutex::new(vec![(id, file)]),
             pins: Mutex::new(Pins { count: 0, doomed: Vec::new() }),
+            recent: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -398,8 +406,28 @@ impl Segments {
         Ok(f)
     }
 
-    /// Read and check the record at `loc`.
-    pub(crate) fn read(&self, loc: Loc) -> Result<Record, SegmentError> {
+    /// The record at `loc`, checked (from the recent records when it was read lately).
+    pub(crate) fn read(&self, loc: Loc) -> Result<Arc<Record>, SegmentError> {
+        if let Some(r) = lock(&self.recent).iter().find(|(l, _)| *l == loc).map(|(_, r)| r.clone()) {
+            return Ok(r);
+        }
+        let r = Arc::new(self.read_uncached(loc)?);
+        let mut recent = lock(&self.recent);
+        recent.push_front((loc, r.clone()));
+        let mut bytes = 0;
+        let mut keep = 0;
+        for (_, x) in recent.iter() {
+            bytes += x.body.len();
+            if keep >= CACHED_RECORDS || (keep > 0 && bytes > CACHED_BYTES) {
+                break;
+            }
+            keep += 1;
+        }
+        recent.truncate(keep);
+        Ok(r)
+    }
+
+    fn read_uncached(&self, loc: Loc) -> Result<Record, SegmentError> {
         let path = self.path(loc.file);
         let f = self.file(loc.file)?;
         let mut all = vec![0u8; loc.len as usize];
@@ -431,6 +459,7 @@ impl Segments {
 
     fn remove_file(&self, id: u64) {
         lock(&self.open).retain(|(i, _)| *i != id);
+        lock(&self.recent).retain(|(l, _)| l.file != id);
         if lock(&self.writer).id == id {
             return;
         }
@@ -468,6 +497,7 @@ impl Segments {
     /// Delete every file (a snapshot install replaces the log).
     pub(crate) fn clear(&self) -> Result<(), SegmentError> {
         lock(&self.open).clear();
+        lock(&self.recent).clear();
         for id in Self::list(&self.dir)? {
             let path = self.path(id);
             std::fs::remove_file(&path).map_err(io_err(&path))?;

@@ -8,6 +8,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use queen_domain::keys::table;
 use queen_domain::{StateRead, StoreError};
 
+use crate::filter::DedupFilter;
 use crate::messages::{self, IndexRead, ViewIndex};
 use crate::segments::{SegmentError, Segments};
 
@@ -102,6 +103,8 @@ pub struct FjallStore {
     pub(crate) rows_written: Arc<AtomicU64>,
     /// The message segment log.
     pub(crate) segments: Arc<Segments>,
+    /// Which dedup rows surely do not exist.
+    pub(crate) dedup_filter: Arc<DedupFilter>,
 }
 
 pub(crate) fn read_err(e: fjall::Error) -> StoreError {
@@ -148,7 +151,7 @@ impl FjallStore {
         let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
         let segments = Segments::open(&seg_dir, cfg.segment_bytes, end, &live)
             .map_err(|source| StoreOpenError::Segments { dir: seg_dir.display().to_string(), source })?;
-        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)), segments: Arc::new(segments) };
+        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)), segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) };
         if format < FORMAT {
             store.migrate().map_err(|e| StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
@@ -156,7 +159,18 @@ impl FjallStore {
             })?;
         }
         store.raft.insert(FORMAT_KEY, FORMAT.to_le_bytes()).map_err(err)?;
+        store.fill_dedup_filter().map_err(|e| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail: format!("could not read its dedup index: {e}") })?;
         Ok(store)
+    }
+
+    /// Rebuild the dedup filter from the dedup rows.
+    pub(crate) fn fill_dedup_filter(&self) -> Result<(), StoreError> {
+        self.dedup_filter.clear();
+        for g in self.state.range([table::DEDUP_HASH]..[table::DEDUP_HASH + 1]) {
+            let k = g.key().map_err(read_err)?;
+            self.dedup_filter.insert(&k);
+        }
+        Ok(())
     }
 
     /// Bytes the engine and the segment log use on disk.
@@ -208,7 +222,7 @@ impl FjallStore {
     /// A consistent read view of the current state (for multi-read queries).
     #[must_use]
     pub fn view(&self) -> StateView {
-        StateView { snap: self.db.snapshot(), state: self.state.clone(), segments: self.segments.clone() }
+        StateView { snap: self.db.snapshot(), state: self.state.clone(), segments: self.segments.clone(), dedup_filter: self.dedup_filter.clone() }
     }
 }
 
@@ -277,7 +291,7 @@ impl StateRead for FjallStore {
         if is_message(key) {
             return messages::get(&self.state, &self.segments, key);
         }
-        if is_own(key) {
+        if is_own(key) || self.dedup_filter.surely_absent(key) {
             return Ok(None);
         }
         Ok(self.state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
@@ -299,6 +313,7 @@ pub struct StateView {
     pub(crate) snap: fjall::Snapshot,
     pub(crate) state: Keyspace,
     pub(crate) segments: Arc<Segments>,
+    pub(crate) dedup_filter: Arc<DedupFilter>,
 }
 
 impl StateRead for StateView {
@@ -306,7 +321,7 @@ impl StateRead for StateView {
         if is_message(key) {
             return messages::get(&ViewIndex(&self.snap, &self.state), &self.segments, key);
         }
-        if is_own(key) {
+        if is_own(key) || self.dedup_filter.surely_absent(key) {
             return Ok(None);
         }
         Ok(self.snap.get(&self.state, key).map_err(read_err)?.map(|v| v.to_vec()))
