@@ -21,14 +21,55 @@ pub(crate) fn ack(
     items: &[AckItem],
 ) -> Result<Vec<AckOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
+    let mut leased = LeasedOffsets::default();
     for item in items {
-        let verdict = ack_one(txn, stamp, group.as_str(), item)?;
+        let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
         out.push(AckOutcome { transaction_id: item.transaction_id.clone(), verdict });
     }
     Ok(out)
 }
 
-pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem) -> Result<AckVerdict, StoreError> {
+/// The offsets of the transactionIds under a lease, read once per ack call from the leased
+/// messages themselves: an ack batch names messages its pop just delivered, and reading the
+/// record they share costs less than one dedup lookup per message.
+#[derive(Default)]
+pub(crate) struct LeasedOffsets {
+    /// (partition, lease id) -> transactionId -> offset.
+    by_lease: Vec<((u64, String), std::collections::HashMap<String, u64>)>,
+}
+
+impl LeasedOffsets {
+    const MAX_LEASED: u64 = 10_000;
+
+    fn find(&mut self, s: &dyn crate::store::StateRead, pid: u64, lease: &str, from: u64, end: u64, transaction_id: &str) -> Result<Option<u64>, StoreError> {
+        if let Some((_, m)) = self.by_lease.iter().find(|((p, l), _)| *p == pid && l == lease) {
+            return Ok(m.get(transaction_id).copied());
+        }
+        if end <= from || end - from > Self::MAX_LEASED {
+            return Ok(None);
+        }
+        let mut m = std::collections::HashMap::new();
+        let mut failed = None;
+        s.scan(&keys::message(pid, from), &keys::message(pid, end), &mut |k, v| match crate::codec::decode_head::<crate::model::MessageHead>(k, v) {
+            Ok(h) => {
+                m.insert(h.transaction_id, keys::offset_of_message_key(k).unwrap_or(from));
+                true
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let found = m.get(transaction_id).copied();
+        self.by_lease.push(((pid, lease.to_owned()), m));
+        Ok(found)
+    }
+}
+
+pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem, leased: &mut LeasedOffsets) -> Result<AckVerdict, StoreError> {
     let status = item.status.as_str();
     if !matches!(status, "completed" | "success" | "failed" | "dlq" | "retry") {
         return Ok(refused(format!("unknown status '{status}'")));
@@ -42,11 +83,21 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
     let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid) else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
-    let Some(offset) = super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(txn, pid, &item.transaction_id)? else {
-        return Ok(refused(format!("no message '{}' in partition {pid}", item.transaction_id)));
-    };
     let cursor_key = keys::cursor(pid, group);
     let mut c = get_rec::<CursorRec>(txn, &cursor_key)?.unwrap_or_default();
+    // Under the named live lease the leased messages say where the transactionId is; else
+    // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
+    let under_lease = match (&item.lease_id, &c.lease) {
+        (Some(id), Some(l)) if *id == l.id && l.expires > stamp => leased.find(txn, pid, id, c.next, l.end, &item.transaction_id)?,
+        _ => None,
+    };
+    let offset = match under_lease {
+        Some(o) => o,
+        None => match super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(txn, pid, &item.transaction_id)? {
+            Some(o) => o,
+            None => return Ok(refused(format!("no message '{}' in partition {pid}", item.transaction_id))),
+        },
+    };
 
     // A repeat of the last ack is answered as the first one was.
     if let Some(last) = &c.last_ack

@@ -11,7 +11,7 @@ use crate::model::LeaseRec;
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
-use super::ack::ack_one;
+use super::ack::{LeasedOffsets, ack_one};
 use super::get_rec;
 use super::push::push;
 
@@ -44,6 +44,7 @@ pub(crate) fn apply(
     let (results, kv, timers, writes) = {
         let mut child = Txn::new(&*txn);
         let mut results = Vec::with_capacity(ops.len());
+        let mut leased = LeasedOffsets::default();
         for (i, op) in ops.iter().enumerate() {
             match op {
                 TxnOp::Ack { group, item } => {
@@ -51,7 +52,7 @@ pub(crate) fn apply(
                     if item.lease_id.is_none() {
                         item.lease_id.clone_from(&borrowed);
                     }
-                    let verdict = ack_one(&mut child, stamp, group.as_str(), &item)?;
+                    let verdict = ack_one(&mut child, stamp, group.as_str(), &item, &mut leased)?;
                     if !verdict.success {
                         let why = verdict.error.unwrap_or_default();
                         return Ok(failed(format!("operation {i} (ack of {}): {why}", item.transaction_id)));
