@@ -50,42 +50,25 @@ where
     for _ in 0..inflight {
         let (stop, seq, one) = (stop.clone(), seq.clone(), one.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut msgs, mut reqs, mut errs, mut lat, mut first) = (0u64, 0u64, 0u64, Vec::new(), None);
+            let mut t = Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let n = seq.fetch_add(1, Ordering::Relaxed);
                 let s = Instant::now();
                 match one(n).await {
-                    Ok(m) => {
-                        msgs += m;
-                        reqs += 1;
-                        lat.push(s.elapsed());
-                    }
+                    Ok(m) => t.moved(m, s.elapsed()),
                     Err(e) => {
-                        errs += 1;
-                        first.get_or_insert(e);
-                        if errs > 1000 {
+                        if t.failed(e) {
                             break;
                         }
                     }
                 }
             }
-            (msgs, reqs, errs, lat, first)
+            t.done()
         }));
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    let mut st = Stats { messages: 0, requests: 0, errors: 0, seconds: 0.0, lat: Vec::new(), first_error: None };
-    for task in tasks {
-        if let Ok((m, r, e, l, f)) = task.await {
-            st.messages += m;
-            st.requests += r;
-            st.errors += e;
-            st.lat.extend(l);
-            if st.first_error.is_none() {
-                st.first_error = f;
-            }
-        }
-    }
+    let mut st = gather(tasks).await;
     st.seconds = started.elapsed().as_secs_f64();
     st.lat.sort_unstable();
     st
@@ -174,4 +157,209 @@ pub fn log_tail(log: Option<&Path>) -> String {
     let Some(text) = log.and_then(|l| std::fs::read_to_string(l).ok()) else { return String::new() };
     let lines: Vec<&str> = text.lines().collect();
     format!(":\n{}", lines[lines.len().saturating_sub(20)..].join("\n"))
+}
+
+/// Like `drive`, for a phase that drains what is there: `one(n)` answers `Ok(Some(moved))`, or
+/// `Ok(None)` when it found nothing to move. A loop ends after `empties` answers of nothing in
+/// a row (pausing 10 ms after each), or when the time is up; the phase's `seconds` run from its
+/// start to the end of the last request that moved something, so the idle tail of a drained
+/// backlog is not counted.
+pub async fn drain<F, Fut>(inflight: usize, seconds: u64, empties: u32, one: F) -> Stats
+where
+    F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
+    Fut: Future<Output = Result<Option<u64>, String>> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let seq = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    // Microseconds from `started` to the end of the last request that moved a message.
+    let last = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..inflight {
+        let (stop, seq, one, last) = (stop.clone(), seq.clone(), one.clone(), last.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut t, mut idle) = (Tally::default(), 0u32);
+            while !stop.load(Ordering::Relaxed) && idle < empties {
+                let n = seq.fetch_add(1, Ordering::Relaxed);
+                let s = Instant::now();
+                match one(n).await {
+                    Ok(Some(m)) if m > 0 => {
+                        idle = 0;
+                        t.moved(m, s.elapsed());
+                        last.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    }
+                    Ok(_) => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => {
+                        if t.failed(e) {
+                            break;
+                        }
+                    }
+                }
+            }
+            t.done()
+        }));
+    }
+    let watch = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    let mut st = gather(tasks).await;
+    watch.abort();
+    let moved_until = Duration::from_micros(last.load(Ordering::Relaxed)).as_secs_f64();
+    st.seconds = if st.messages > 0 { moved_until } else { started.elapsed().as_secs_f64() };
+    st.lat.sort_unstable();
+    st
+}
+
+/// What one loop of a phase moved: messages, requests, errors, latencies, its first error.
+type Loop = (u64, u64, u64, Vec<Duration>, Option<String>);
+
+/// What one loop has moved so far.
+#[derive(Default)]
+struct Tally {
+    msgs: u64,
+    reqs: u64,
+    errs: u64,
+    lat: Vec<Duration>,
+    first: Option<String>,
+}
+
+impl Tally {
+    fn moved(&mut self, messages: u64, took: Duration) {
+        self.msgs += messages;
+        self.reqs += 1;
+        self.lat.push(took);
+    }
+
+    /// Counts an error; true when the loop should give up (after 1000).
+    fn failed(&mut self, e: String) -> bool {
+        self.errs += 1;
+        self.first.get_or_insert(e);
+        self.errs > 1000
+    }
+
+    fn done(self) -> Loop {
+        (self.msgs, self.reqs, self.errs, self.lat, self.first)
+    }
+}
+
+/// The loops' figures added up (`seconds` is the caller's to set).
+async fn gather(tasks: Vec<tokio::task::JoinHandle<Loop>>) -> Stats {
+    let mut st = Stats { messages: 0, requests: 0, errors: 0, seconds: 0.0, lat: Vec::new(), first_error: None };
+    for task in tasks {
+        if let Ok((m, r, e, l, f)) = task.await {
+            st.messages += m;
+            st.requests += r;
+            st.errors += e;
+            st.lat.extend(l);
+            if st.first_error.is_none() {
+                st.first_error = f;
+            }
+        }
+    }
+    st
+}
+
+/// Bytes a process has caused to be written to storage so far (`/proc/<pid>/io` write_bytes
+/// less cancelled_write_bytes: pages it dirtied and that were not truncated before writeback;
+/// every thread of the process counted, background compaction included); 0 when it is gone.
+pub fn disk_write_bytes(pid: u32) -> u64 {
+    let Ok(io) = std::fs::read_to_string(format!("/proc/{pid}/io")) else { return 0 };
+    let field = |name: &str| io.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok()).unwrap_or(0);
+    field("write_bytes:").saturating_sub(field("cancelled_write_bytes:"))
+}
+
+/// A small fast random generator (wyrand) for payloads, message ids and run prefixes: the bench
+/// needs bytes that do not compress and ids that never repeat, cheaply, on the client's share
+/// of two cores. Not for anything secret.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from the clock, the process id and `salt`.
+    pub fn seeded(salt: u64) -> Rng {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let mut r = Rng(t ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        r.next_u64();
+        r
+    }
+
+    /// A generator derived from a seed and a stream number (e.g. a request's sequence number).
+    pub fn derived(seed: u64, stream: u64) -> Rng {
+        let mut r = Rng(seed ^ stream.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        r.next_u64();
+        r
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0xA076_1D64_78BD_642F);
+        let t = u128::from(self.0) * u128::from(self.0 ^ 0xE703_7ED1_A0B4_28DB);
+        ((t >> 64) as u64) ^ (t as u64)
+    }
+
+    pub fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+
+    /// Appends `len` random base64 characters (6 random bits each: JSON-safe, no escapes).
+    pub fn push_b64(&mut self, out: &mut String, len: usize) {
+        const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut left = len;
+        while left > 0 {
+            let mut v = self.next_u64();
+            for _ in 0..left.min(10) {
+                out.push(B64[(v & 63) as usize] as char);
+                v >>= 6;
+            }
+            left = left.saturating_sub(10);
+        }
+    }
+}
+
+/// A message's JSON payload of exactly `size` bytes (at least 10): `{"d":"<random base64>"}`,
+/// fresh random characters for every call, so that neither compression nor a cache of repeated
+/// bytes makes a message cheaper than a real one.
+pub fn random_payload(rng: &mut Rng, size: usize, out: &mut String) {
+    out.push_str("{\"d\":\"");
+    rng.push_b64(out, size.saturating_sub(8));
+    out.push_str("\"}");
+}
+
+/// A random run prefix for transaction ids (8 hex characters), so that ids are
+/// unique across runs against the same store as well as across the loops of one run.
+pub fn run_prefix(rng: &mut Rng) -> String {
+    format!("{:08x}", rng.next_u64() as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_are_exact_fresh_and_valid_json() {
+        let mut rng = Rng::seeded(1);
+        let (mut a, mut b) = (String::new(), String::new());
+        random_payload(&mut rng, 256, &mut a);
+        random_payload(&mut rng, 256, &mut b);
+        assert_eq!(a.len(), 256);
+        assert_ne!(a, b);
+        let v: serde_json::Value = serde_json::from_str(&a).expect("valid JSON");
+        assert_eq!(v["d"].as_str().map(str::len), Some(248));
+    }
+
+    #[test]
+    fn disk_bytes_of_self_read() {
+        // Reading our own counters works (the figure itself may be 0).
+        let _ = disk_write_bytes(std::process::id());
+        assert!(std::fs::read_to_string("/proc/self/io").is_ok());
+    }
 }

@@ -9,7 +9,9 @@
 
 mod cluster;
 mod noop;
+mod qpb1;
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -97,12 +99,17 @@ impl Target {
 
     /// A request to node `i` (modulo the number of nodes).
     async fn call_at(&self, i: u64, method: &str, path: &str, body: Option<String>) -> Result<(u16, Bytes), String> {
+        self.send_at(i, method, path, "application/json", Bytes::from(body.unwrap_or_default())).await
+    }
+
+    /// A request with a body of any content type to node `i` (modulo the number of nodes).
+    async fn send_at(&self, i: u64, method: &str, path: &str, content_type: &str, body: Bytes) -> Result<(u16, Bytes), String> {
         let base = &self.bases[(i % self.bases.len() as u64) as usize];
         let req = hyper::Request::builder()
             .method(method)
             .uri(format!("{base}{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .header("content-type", content_type)
+            .body(Full::new(body))
             .map_err(|e| e.to_string())?;
         let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
@@ -131,41 +138,85 @@ impl Target {
     }
 }
 
-/// A push request body: `count` messages of about `size` bytes of JSON payload each.
-/// Transaction ids start with `tag`, unique per phase (a repeated id would be deduplicated).
-fn push_body(tag: &str, n: u64, count: usize, payload: &str) -> String {
-    let items: Vec<Value> = (0..count)
+/// How a push request carries its messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// `{"items": [...]}`, Content-Type application/json.
+    Json,
+    /// QPB1 with FRAMES (API.md 4.6), Content-Type application/x-queen-push.
+    Qpb1,
+}
+
+/// The messages of push request `n`: `count` of them, as (transactionId, payload JSON). Every
+/// payload is `size` bytes of fresh random base64 in a JSON string (`load::random_payload`), so
+/// nothing compresses or repeats; the transactionId `{tag}{n}-{i}` is unique in the run (`tag`
+/// holds a random run prefix and the phase, `n` is the phase's request sequence number shared
+/// by all its loops, `i` the message's place in the request).
+fn messages(tag: &str, n: u64, count: usize, size: usize) -> Vec<(String, String)> {
+    let mut rng = load::Rng::seeded(n);
+    (0..count)
         .map(|i| {
-            let txn = if count == 1 { format!("{tag}{n}") } else { format!("{tag}{n}-{i}") };
-            json!({"queue": "bench", "partition": format!("p{}", n % 8), "transactionId": txn, "payload": {"d": payload}})
+            let mut payload = String::with_capacity(size);
+            load::random_payload(&mut rng, size, &mut payload);
+            (format!("{tag}{n}-{i}"), payload)
         })
-        .collect();
-    json!({ "items": items }).to_string()
+        .collect()
 }
 
-/// A payload string that makes a message's JSON payload (`{"d":"…"}`) about `size` bytes.
-fn payload_of(size: usize) -> Arc<str> {
-    Arc::from("x".repeat(size.saturating_sub(12)))
+/// The partition push request `n` goes to (eight partitions, as many as the consumers).
+fn partition_of(n: u64) -> String {
+    format!("p{}", n % 8)
 }
 
-/// Push `count` messages per request for `seconds` with `inflight` requests, request `n` going
-/// to node `n % nodes` of `t`; `status` reads the fsync counters (every node of the cluster),
-/// if there are any. `tag` prefixes the transaction ids.
-async fn push_phase(t: &Arc<Target>, status: Option<&Target>, tag: &str, inflight: usize, count: usize, seconds: u64, payload: &Arc<str>) -> (Stats, u64) {
+/// A push request body and its content type: `count` messages for queue `bench`, partition
+/// `partition_of(n)`, in the given format.
+fn push_body(tag: &str, n: u64, count: usize, size: usize, format: Format) -> Result<(&'static str, Bytes), String> {
+    let msgs = messages(tag, n, count, size);
+    let partition = partition_of(n);
+    match format {
+        Format::Json => {
+            let mut out = String::with_capacity(count * (size + 80) + 12);
+            out.push_str("{\"items\":[");
+            for (i, (txn, payload)) in msgs.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                // Names, ids and payloads are JSON-safe by construction (no escapes needed).
+                let _ = write!(out, "{{\"queue\":\"bench\",\"partition\":\"{partition}\",\"transactionId\":\"{txn}\",\"payload\":{payload}}}");
+            }
+            out.push_str("]}");
+            Ok(("application/json", Bytes::from(out)))
+        }
+        Format::Qpb1 => {
+            let mut rng = load::Rng::seeded(n ^ 0x5150_4231);
+            let body = qpb1::encode(&[qpb1::Group { queue: "bench", partition: &partition, messages: &msgs }], &mut rng)?;
+            Ok((qpb1::CONTENT_TYPE, Bytes::from(body)))
+        }
+    }
+}
+
+/// The shape of a push phase: `count` messages of `size` bytes per request in `format`,
+/// `inflight` requests at a time; `tag` prefixes the transaction ids.
+struct Pushes<'a> {
+    tag: &'a str,
+    inflight: usize,
+    count: usize,
+    size: usize,
+    format: Format,
+}
+
+/// Push for `seconds` as `p` says, request `n` going to node `n % nodes` of `t`; `status` reads
+/// the fsync counters (every node of the cluster), if there are any.
+async fn push_phase(t: &Arc<Target>, status: Option<&Target>, p: &Pushes<'_>, seconds: u64) -> (Stats, u64) {
+    let Pushes { tag, inflight, count, size, format } = *p;
     let f0 = match status {
         Some(s) => s.fsyncs().await,
         None => 0,
     };
-    let (t, payload, tag): (_, _, Arc<str>) = (t.clone(), payload.clone(), Arc::from(tag));
+    let (t, tag): (_, Arc<str>) = (t.clone(), Arc::from(tag));
     let st = drive(inflight, seconds, move |n| {
-        let (t, payload, tag) = (t.clone(), payload.clone(), tag.clone());
-        async move {
-            let body = push_body(&tag, n, count, &payload);
-            match t.call_at(n, "POST", "/api/v1/push", Some(body)).await? {
-                (200, _) => Ok(count as u64),
-                (code, b) => Err(format!("push answered {code}: {}", String::from_utf8_lossy(&b))),
-            }
-        }
+        let (t, tag) = (t.clone(), tag.clone());
+        async move { push_one(&t, &tag, n, count, size, format).await }
     })
     .await;
     let fsyncs = match status {
@@ -173,6 +224,40 @@ async fn push_phase(t: &Arc<Target>, status: Option<&Target>, tag: &str, infligh
         None => 0,
     };
     (st, fsyncs)
+}
+
+/// Push request `n` (see `push_body`); the messages it stored, or what the node answered.
+async fn push_one(t: &Target, tag: &str, n: u64, count: usize, size: usize, format: Format) -> Result<u64, String> {
+    let (content_type, body) = push_body(tag, n, count, size, format)?;
+    match t.send_at(n, "POST", "/api/v1/push", content_type, body).await? {
+        (200, _) => Ok(count as u64),
+        (code, b) => Err(format!("push answered {code}: {}", String::from_utf8_lossy(&b[..b.len().min(300)]))),
+    }
+}
+
+/// Pop up to 100 messages of queue `bench` (its default group) from node `i` of `t`, then ack
+/// them all completed with one `ack/batch` to the same node: the messages acked, or `None` when
+/// the pop found nothing.
+async fn pop_ack_one(t: &Target, i: u64) -> Result<Option<u64>, String> {
+    let (status, body) = t.call_at(i, "GET", "/api/v1/pop/queue/bench?batch=100&wait=false", None).await?;
+    if status == 204 {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
+    let acks: Vec<Value> = v["messages"]
+        .as_array()
+        .ok_or_else(|| format!("pop answered {status} without messages"))?
+        .iter()
+        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": v["leaseId"], "status": "completed"}))
+        .collect();
+    let n = acks.len() as u64;
+    if n == 0 {
+        return Ok(None);
+    }
+    match t.call_at(i, "POST", "/api/v1/ack/batch", Some(json!({ "acknowledgments": acks }).to_string())).await? {
+        (200, _) => Ok(Some(n)),
+        (code, b) => Err(format!("ack/batch answered {code}: {}", String::from_utf8_lossy(&b[..b.len().min(300)]))),
+    }
 }
 
 fn print_phase(name: &str, st: &Stats, fsyncs: u64) {
@@ -227,36 +312,19 @@ async fn single_node(args: &Args) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let payload = payload_of(args.size);
+    let tag = format!("{}-", load::run_prefix(&mut load::Rng::seeded(0)));
     println!("queen-bench: {} s per phase, {}-byte messages, node pid {pid}, data in {}", args.seconds, args.size, dir.path().display());
 
-    let (single, f) = push_phase(&t, Some(&t), "s", 128, 1, args.seconds, &payload).await;
+    let (single, f) = push_phase(&t, Some(&t), &Pushes { tag: &format!("{tag}s"), inflight: 128, count: 1, size: args.size, format: Format::Json }, args.seconds).await;
     print_phase("push 1/request, 128 in flight", &single, f);
-    let (batched, f) = push_phase(&t, Some(&t), "b", 8, 100, args.seconds, &payload).await;
+    let (batched, f) = push_phase(&t, Some(&t), &Pushes { tag: &format!("{tag}b"), inflight: 8, count: 100, size: args.size, format: Format::Json }, args.seconds).await;
     print_phase("push 100/request, 8 in flight", &batched, f);
 
     let f0 = t.fsyncs().await;
     let tc = t.clone();
-    let consume = drive(8, args.seconds, move |_| {
+    let consume = load::drain(8, args.seconds, 3, move |n| {
         let t = tc.clone();
-        async move {
-            let (status, body) = t.call("GET", "/api/v1/pop/queue/bench?batch=100&wait=false", None).await?;
-            if status == 204 {
-                return Ok(0);
-            }
-            let v: Value = serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
-            let acks: Vec<Value> = v["messages"]
-                .as_array()
-                .ok_or_else(|| format!("pop answered {status} without messages"))?
-                .iter()
-                .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": v["leaseId"], "status": "completed"}))
-                .collect();
-            let n = acks.len() as u64;
-            match t.call("POST", "/api/v1/ack/batch", Some(json!({ "acknowledgments": acks }).to_string())).await? {
-                (200, _) => Ok(n),
-                (code, _) => Err(format!("ack/batch answered {code}")),
-            }
-        }
+        async move { pop_ack_one(&t, n).await }
     })
     .await;
     print_phase("pop 100 + ack/batch, 8 consumers", &consume, t.fsyncs().await.saturating_sub(f0));

@@ -208,15 +208,14 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
     let port = node.port;
     let total_records = (args.mb * 1024 * 1024) / args.record_bytes as u64;
     let requests = total_records.div_ceil(args.batch as u64);
-    let payload = format!("{{\"data\":\"{}\"}}", "x".repeat(args.record_bytes.saturating_sub(11)));
     let next = Arc::new(AtomicU64::new(0));
     let pushed = Arc::new(AtomicU64::new(0));
     let cpu0 = cpu_seconds(&pid.to_string());
     let t0 = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.connections {
-        let (next, pushed, payload) = (next.clone(), pushed.clone(), payload.clone());
-        let batch = args.batch;
+        let (next, pushed) = (next.clone(), pushed.clone());
+        let (batch, record_bytes) = (args.batch, args.record_bytes);
         workers.push(std::thread::spawn(move || {
             let mut c = connect(port).expect("connect");
             loop {
@@ -225,8 +224,15 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
                     return;
                 }
                 let q = i as usize % queues;
+                // A fresh random payload per record: a repeated one would compress to nothing in
+                // the sink's files and flatter its figures.
+                let mut rng = queen_bench::load::Rng::seeded(i);
                 let items: Vec<String> = (0..batch)
-                    .map(|j| format!("{{\"queue\":\"bench-{q}\",\"partition\":\"p{}\",\"payload\":{payload}}}", j % 4))
+                    .map(|j| {
+                        let mut payload = String::with_capacity(record_bytes);
+                        queen_bench::load::random_payload(&mut rng, record_bytes, &mut payload);
+                        format!("{{\"queue\":\"bench-{q}\",\"partition\":\"p{}\",\"payload\":{payload}}}", j % 4)
+                    })
                     .collect();
                 let body = format!("{{\"items\":[{}]}}", items.join(","));
                 match request(&mut c, "POST", "/api/v1/push", body.as_bytes()) {
