@@ -34,6 +34,14 @@ pub trait SnapshotChunks: Send {
     /// # Errors
     /// A storage failure while reading the pinned view.
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError>;
+
+    /// A new cursor on the same pinned view, positioned at its first chunk; it yields the same
+    /// chunks as this one did. Lets a reader go back without anyone keeping the chunks read so
+    /// far: the view stays pinned as long as any cursor on it lives.
+    ///
+    /// # Errors
+    /// A storage failure while opening the cursor.
+    fn restart(&self) -> Result<Box<dyn SnapshotChunks>, BackendError>;
 }
 
 /// The state machine as the replicated log sees it.
@@ -76,11 +84,16 @@ pub trait StateMachineBackend: Send + Sync + 'static {
     /// Replace the whole state with the chunks of a snapshot and store `meta` with it, atomically
     /// as seen by readers and durably (fsynced) before returning.
     ///
+    /// `chunks` is read lazily, one chunk at a time (a snapshot may be larger than memory). An
+    /// `Err` item means the chunks could not be read (the spooled copy failed): the install must
+    /// fail with it, never treat it as the end of the snapshot.
+    ///
     /// # Errors
-    /// A malformed snapshot or a storage failure; the old state stays in place.
+    /// A malformed snapshot, a chunk that could not be read, or a storage failure; the old state
+    /// stays in place.
     fn install_snapshot(
         &self,
-        chunks: &mut dyn Iterator<Item = Vec<u8>>,
+        chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>,
         meta: Vec<u8>,
     ) -> Result<(), BackendError>;
 }

@@ -28,6 +28,14 @@ pub enum RaftStartError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The directory where received snapshots are spooled could not be created or cleared.
+    #[error("snapshot spool at {path} failed to open: {source}")]
+    SnapshotSpool {
+        /// The spool's parent (the raft directory).
+        path: std::path::PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// The state machine backend could not be read.
     #[error("state machine failed to open: {0}")]
     StateMachine(std::io::Error),

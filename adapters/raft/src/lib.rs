@@ -2,7 +2,8 @@
 //!
 //! Owns: openraft's type configuration, the raft log store (a segmented append-only log with
 //! group commit under `dir/log`), the state machine adapter that drives a
-//! `queen_ports::StateMachineBackend`, snapshots, the raft port (an HTTP/1 server and a pooled
+//! `queen_ports::StateMachineBackend`, snapshots (streamed with bounded memory; received ones
+//! spooled under `dir/snapshot-spool`), the raft port (an HTTP/1 server and a pooled
 //! client: raft RPCs, streamed snapshots, forwarded follower proposals and read indexes), and
 //! `RaftNode`, which implements `queen_ports::ReplicatedLog`.
 //! Must never leak: any openraft type. The public API is `RaftNode`, its config and errors;
@@ -15,6 +16,7 @@ mod log_store;
 mod network;
 mod node;
 mod server;
+mod snapshot_spool;
 mod state_machine;
 mod type_config;
 mod wire;

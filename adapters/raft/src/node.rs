@@ -37,6 +37,7 @@ use crate::network::Transport;
 use crate::network::full;
 use crate::server::BodyLimits;
 use crate::server::RaftServer;
+use crate::snapshot_spool::SnapshotSpool;
 use crate::state_machine::StateMachineStore;
 use crate::type_config::Command;
 use crate::type_config::NodeInfo;
@@ -140,6 +141,21 @@ impl RaftNode {
             .await
             .map_err(RaftStartError::StateMachine)?;
 
+        let multi = !cfg.is_single_voter() || cfg.join;
+        // Only a node with peers receives snapshots; opening the spool deletes what a process
+        // that died mid-transfer or mid-install left there.
+        let spool = if multi {
+            let dir = cfg.dir.clone();
+            let spool_error = |source| RaftStartError::SnapshotSpool { path: cfg.dir.clone(), source };
+            let opened = tokio::task::spawn_blocking(move || SnapshotSpool::open(&dir))
+                .await
+                .map_err(|e| spool_error(std::io::Error::other(e.to_string())))?
+                .map_err(spool_error)?;
+            Some(opened)
+        } else {
+            None
+        };
+
         let faults = cfg.faults_file.clone().map(crate::network::Faults::new);
         let transport = Transport::new(cfg.token.clone(), faults);
         let factory = NetworkFactory {
@@ -149,16 +165,15 @@ impl RaftNode {
             .await
             .map_err(|e| RaftStartError::Raft(e.to_string()))?;
 
-        let multi = !cfg.is_single_voter() || cfg.join;
         let mut server = None;
-        if multi {
+        if let Some(snapshot_spool) = spool {
             let addr = cfg
                 .peers
                 .iter()
                 .find(|p| p.id == cfg.node_id)
                 .map(|p| p.raft_addr.clone())
                 .unwrap_or_default();
-            let limits = BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout, budget: Arc::new(Semaphore::new(cfg.body_budget_bytes)) };
+            let limits = BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout, budget: Arc::new(Semaphore::new(cfg.body_budget_bytes)), snapshot_spool };
             match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id, transport.clone(), cfg.log_kinds, limits).await {
                 Ok(s) => server = Some(s),
                 Err(source) => {

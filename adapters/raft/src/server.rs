@@ -31,6 +31,7 @@ use crate::node::MembershipChange;
 use crate::node::change_here;
 use crate::node::map_read_error;
 use crate::node::map_write_error;
+use crate::snapshot_spool::SnapshotSpool;
 use crate::state_machine::SnapshotData;
 use crate::type_config::Command;
 use crate::type_config::Raft;
@@ -51,6 +52,8 @@ pub(crate) struct BodyLimits {
     pub(crate) timeout: Duration,
     /// Bytes of bodies held at once, one permit per byte (503 when out: the sender retries).
     pub(crate) budget: Arc<Semaphore>,
+    /// Where a snapshot stream goes instead of memory: its bound is the disk.
+    pub(crate) snapshot_spool: SnapshotSpool,
 }
 
 /// What the handlers need.
@@ -286,11 +289,15 @@ async fn read_body(limits: &BodyLimits, req: Request<Incoming>) -> Result<(Bytes
     Ok((bytes, permit))
 }
 
-/// Collect a streamed snapshot (header, chunks, end marker) and install it.
+/// Receive a streamed snapshot (header, chunks, end marker), spooling its chunks to a file as
+/// they arrive (memory holds one frame at a time, the disk bounds the whole), and install it.
 async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>> {
     let mut buf = BytesMut::new();
     let mut header: Option<(Vote, SnapshotMeta)> = None;
-    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut spool = match ctx.limits.snapshot_spool.create().await {
+        Ok(w) => w,
+        Err(e) => return spool_failed(ctx, "create", &e),
+    };
     let mut ended = false;
     while !ended {
         let next = match tokio::time::timeout(SNAPSHOT_FRAME_TIMEOUT, body.frame()).await {
@@ -306,13 +313,22 @@ async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>
                 }
             }
         }
-        while let Some((tag, payload)) = wire::take_frame(&mut buf) {
+        while let Some(len) = wire::frame_len(&buf) {
+            // A chunk is a few MiB at most: a frame past the body limit is never buffered.
+            if len > ctx.limits.max_bytes {
+                return fail(StatusCode::PAYLOAD_TOO_LARGE, format!("snapshot frame of {len} bytes is above the raft port's limit of {}", ctx.limits.max_bytes));
+            }
+            let Some((tag, payload)) = wire::take_frame(&mut buf) else { break };
             match tag {
                 wire::FRAME_HEADER => match wire::decode(&payload) {
                     Ok(h) => header = Some(h),
                     Err(e) => return fail(StatusCode::BAD_REQUEST, e),
                 },
-                wire::FRAME_CHUNK => chunks.push(payload.to_vec()),
+                wire::FRAME_CHUNK => {
+                    if let Err(e) = spool.push(&payload).await {
+                        return spool_failed(ctx, "write", &e);
+                    }
+                }
                 wire::FRAME_END => {
                     ended = true;
                     break;
@@ -327,18 +343,30 @@ async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>
     let Some((vote, meta)) = header else {
         return fail(StatusCode::BAD_REQUEST, "snapshot stream has no header");
     };
+    let spooled = match spool.finish().await {
+        Ok(s) => s,
+        Err(e) => return spool_failed(ctx, "sync", &e),
+    };
     tracing::info!(
         node_id = ctx.node_id,
-        chunks = chunks.len(),
+        chunks = spooled.chunks(),
+        bytes = spooled.bytes(),
         last_log_id = ?meta.last_log_id,
         "snapshot received"
     );
     let snapshot = Snapshot {
         meta,
-        snapshot: SnapshotData::Received(chunks),
+        snapshot: SnapshotData::Received(spooled),
     };
     match ctx.raft.install_full_snapshot(vote, snapshot).await {
         Ok(r) => ok(wire::encode(&r)),
         Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
     }
+}
+
+/// A spool file that could not be written (a full disk among the causes): logged here, once, and
+/// answered 507 so the leader retries the transfer later. The partial file goes with its writer.
+fn spool_failed(ctx: &Ctx, step: &'static str, e: &std::io::Error) -> Response<Full<Bytes>> {
+    tracing::warn!(node_id = ctx.node_id, step, error = %e, "could not spool a received snapshot");
+    fail(StatusCode::INSUFFICIENT_STORAGE, format!("snapshot spool {step} failed: {e}"))
 }

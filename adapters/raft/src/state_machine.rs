@@ -3,11 +3,16 @@
 //!
 //! Snapshots are logical and lazy. Building one pins a consistent view of the backend
 //! (`StateMachineBackend::snapshot`) and makes everything applied durable (`persist`), so openraft
-//! may purge the log up to it. Nothing is written for the snapshot itself: the current one is
-//! kept in memory, and after a restart openraft finds none and builds a new one at the durable
-//! last-applied point. On the receiving side the raft port collects the streamed chunks in memory
-//! and they are installed through the backend.
+//! may purge the log up to it. Nothing is written for the snapshot itself: the current one's
+//! metadata is kept in memory, and after a restart openraft finds none and builds a new one at
+//! the durable last-applied point.
+//!
+//! Memory never grows with the snapshot. A sender reads the pinned view chunk by chunk, keeping
+//! only the last few (`PINNED_WINDOW_CHUNKS`); a reader that goes back gets a fresh cursor on the
+//! same view. The receiving raft port spools the streamed chunks to a file
+//! (`snapshot_spool`), and the install reads them back one at a time into the backend.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -26,6 +31,7 @@ use queen_ports::StateMachineBackend;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::snapshot_spool::SpooledSnapshot;
 use crate::type_config::LogId;
 use crate::type_config::Snapshot;
 use crate::type_config::SnapshotMeta;
@@ -78,12 +84,18 @@ impl AppliedMeta {
     }
 }
 
-/// A pinned backend view, shared by everyone who reads the current snapshot. The port's view is
-/// read once, front to back, so the chunks read so far are kept to serve later readers; this
-/// costs memory only when a snapshot is actually read (sent to a follower).
+/// How many of the chunks read last a pinned view keeps for its readers. A reader that asks
+/// again for one of them (a chunk it just read, or a second reader close behind) is served from
+/// here; one that asks for an earlier chunk gets a fresh cursor on the same pinned view. Chunks
+/// are about 1 MiB, so a view costs this many MiB however large the snapshot.
+const PINNED_WINDOW_CHUNKS: usize = 2;
+
+/// A pinned backend view, shared by everyone who reads the current snapshot. Memory is bounded
+/// by [`PINNED_WINDOW_CHUNKS`]: the view is re-read from its start (`SnapshotChunks::restart`)
+/// rather than kept.
 #[derive(Clone)]
 pub(crate) struct PinnedSnapshot {
-    /// The view and the chunks read from it so far.
+    /// The cursor and the window of chunks read last.
     inner: Arc<Mutex<PinnedInner>>,
     /// The meta bytes stored with the view's last applied batch.
     meta: Arc<Vec<u8>>,
@@ -91,10 +103,16 @@ pub(crate) struct PinnedSnapshot {
 
 /// The mutable part of a pinned view.
 struct PinnedInner {
-    /// The backend's view; `None` once it reported its end.
-    source: Option<Box<dyn SnapshotChunks>>,
-    /// Chunks read so far, in order.
-    read: Vec<Arc<Vec<u8>>>,
+    /// The backend's cursor on the view; it yields chunk number `next` next.
+    source: Box<dyn SnapshotChunks>,
+    /// The number of the chunk `source` yields next.
+    next: usize,
+    /// The chunks just before `next`, oldest first, at most `PINNED_WINDOW_CHUNKS`.
+    window: VecDeque<Arc<Vec<u8>>>,
+    /// How many chunks the view has, once a cursor reached its end.
+    total: Option<usize>,
+    /// Cursors opened after the first (reported by tests).
+    restarts: usize,
 }
 
 impl PinnedSnapshot {
@@ -102,51 +120,98 @@ impl PinnedSnapshot {
         let meta = Arc::new(view.meta());
         Self {
             inner: Arc::new(Mutex::new(PinnedInner {
-                source: Some(view),
-                read: Vec::new(),
+                source: view,
+                next: 0,
+                window: VecDeque::with_capacity(PINNED_WINDOW_CHUNKS),
+                total: None,
+                restarts: 0,
             })),
             meta,
         }
     }
 
-    /// Chunk number `i`, or `None` past the end.
-    pub(crate) fn chunk(&self, i: usize) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
-        let mut inner = self
-            .inner
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, PinnedInner>, BackendError> {
+        self.inner
             .lock()
-            .map_err(|_| BackendError::Storage("snapshot view lock poisoned".into()))?;
-        while inner.read.len() <= i {
-            let Some(source) = inner.source.as_mut() else {
-                return Ok(None);
-            };
-            match source.next_chunk()? {
-                Some(c) => inner.read.push(Arc::new(c)),
-                None => inner.source = None,
-            }
-        }
-        Ok(inner.read.get(i).cloned())
+            .map_err(|_| BackendError::Storage("snapshot view lock poisoned".into()))
     }
 
-    /// All chunks, in order.
-    pub(crate) fn collect_chunks(&self) -> Result<Vec<Vec<u8>>, BackendError> {
-        let mut out = Vec::new();
-        let mut i = 0;
-        while let Some(c) = self.chunk(i)? {
-            out.push(c.as_ref().clone());
-            i += 1;
+    /// Chunk number `i`, or `None` past the end (blocking: call off the async workers).
+    pub(crate) fn chunk(&self, i: usize) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
+        let mut inner = self.lock()?;
+        if inner.total.is_some_and(|total| i >= total) {
+            return Ok(None);
         }
-        Ok(out)
+        let first_kept = inner.next - inner.window.len();
+        if i < first_kept {
+            // Behind the window: read the same pinned view again from its start.
+            inner.source = inner.source.restart()?;
+            inner.next = 0;
+            inner.window.clear();
+            inner.restarts += 1;
+        }
+        while inner.next <= i {
+            match inner.source.next_chunk()? {
+                Some(c) => {
+                    if inner.window.len() == PINNED_WINDOW_CHUNKS {
+                        inner.window.pop_front();
+                    }
+                    inner.window.push_back(Arc::new(c));
+                    inner.next += 1;
+                }
+                None => {
+                    inner.total = Some(inner.next);
+                    return Ok(None);
+                }
+            }
+        }
+        let at = i + inner.window.len() - inner.next;
+        Ok(inner.window.get(at).cloned())
+    }
+
+    /// A cursor of its own on the same view, from the first chunk, for one reader that goes
+    /// front to back (an install of this node's own view); nothing is kept for others.
+    pub(crate) fn cursor(&self) -> Result<ChunkCursor, BackendError> {
+        Ok(ChunkCursor {
+            source: Some(self.lock()?.source.restart()?),
+        })
+    }
+
+    /// Cursors opened on the view after the first one.
+    #[cfg(test)]
+    fn restarts(&self) -> usize {
+        self.lock().map(|i| i.restarts).unwrap_or(0)
     }
 }
 
-/// The snapshot payload: a pinned view on the sending side, received chunks on the receiving
+/// The chunks of one cursor on a pinned view as the iterator `install_snapshot` takes: a read
+/// error is an `Err` item (then the end), never an early end.
+pub(crate) struct ChunkCursor {
+    /// The cursor; `None` after its end or an error.
+    source: Option<Box<dyn SnapshotChunks>>,
+}
+
+impl Iterator for ChunkCursor {
+    type Item = Result<Vec<u8>, BackendError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.source.as_mut()?.next_chunk().transpose();
+        if !matches!(item, Some(Ok(_))) {
+            self.source = None;
+        }
+        item
+    }
+}
+
+/// The snapshot payload: a pinned view on the sending side, a spooled file on the receiving
 /// side. Both sides share this type because openraft hands a snapshot from the state machine to
 /// the network and from the network to the state machine.
 pub(crate) enum SnapshotData {
     /// A consistent view of this node's state.
     Pinned(PinnedSnapshot),
-    /// Chunks received from a leader, in order, collected by the raft port's snapshot route.
-    Received(Vec<Vec<u8>>),
+    /// Chunks received from a leader, spooled to disk by the raft port's snapshot route (the
+    /// file goes when this is dropped).
+    Received(SpooledSnapshot),
 }
 
 /// The current snapshot, kept in memory only.
@@ -301,20 +366,25 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
-        let chunks = match snapshot {
-            SnapshotData::Received(chunks) => chunks,
-            SnapshotData::Pinned(view) => {
-                let view = view.clone();
-                blocking(move || view.collect_chunks()).await?
-            }
-        };
         let meta_bytes = AppliedMeta {
             last_applied: meta.last_log_id,
             last_membership: meta.last_membership.clone(),
         }
         .encode()?;
         let backend = self.backend.clone();
-        blocking(move || backend.install_snapshot(&mut chunks.into_iter(), meta_bytes)).await?;
+        // The chunks are read one at a time as the backend takes them, from the spooled file or
+        // a cursor of our own view; the spool file is deleted when `snapshot` drops, installed
+        // or not.
+        blocking(move || match snapshot {
+            SnapshotData::Received(spooled) => {
+                let mut chunks = spooled
+                    .reader()
+                    .map_err(|e| BackendError::Storage(format!("open spooled snapshot: {e}")))?;
+                backend.install_snapshot(&mut chunks, meta_bytes)
+            }
+            SnapshotData::Pinned(view) => backend.install_snapshot(&mut view.cursor()?, meta_bytes),
+        })
+        .await?;
         self.last_membership = meta.last_membership.clone();
         let mut current = lock_current(&self.current)?;
         *current = Some(CurrentSnapshot { meta: meta.clone() });
@@ -400,7 +470,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
 #[cfg(test)]
 mod tests {
-    //! Snapshot round trip through the receive-side representation, and meta decoding.
+    //! Snapshot round trips (spooled and streamed from a pinned view), the pinned view's bounded
+    //! window, read errors that must fail an install, and meta decoding.
 
     use std::sync::Arc;
 
@@ -409,21 +480,26 @@ mod tests {
     use openraft::storage::RaftStateMachine;
     use openraft::testing::log_id;
 
+    use queen_ports::BackendError;
+    use queen_ports::SnapshotChunks;
+
     use super::AppliedMeta;
+    use super::PINNED_WINDOW_CHUNKS;
+    use super::PinnedSnapshot;
     use super::SnapshotData;
     use super::StateMachineStore;
+    use crate::snapshot_spool::SnapshotSpool;
+    use crate::snapshot_spool::SpooledSnapshot;
     use crate::mem_backend::MemBackend;
     use crate::type_config::Command;
     use crate::type_config::Entry;
     use crate::type_config::TypeConfig;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn snapshot_received_as_chunks_installs_the_same_state() {
-        let leader_backend = Arc::new(MemBackend::new());
-        let mut leader = StateMachineStore::open(leader_backend.clone())
-            .await
-            .expect("open");
-        let entries: Vec<_> = (1..=300u64)
+    /// A store with commands 1..=n applied, on its in-memory backend.
+    async fn applied_store(n: u64) -> (Arc<MemBackend>, StateMachineStore) {
+        let backend = Arc::new(MemBackend::new());
+        let mut store = StateMachineStore::open(backend.clone()).await.expect("open");
+        let entries: Vec<_> = (1..=n)
             .map(|i| {
                 let e = Entry::new_normal(
                     log_id::<TypeConfig>(1, 1, i),
@@ -432,13 +508,41 @@ mod tests {
                 Ok((e, None))
             })
             .collect();
-        leader
+        store
             .apply(futures::stream::iter(entries))
             .await
             .expect("apply");
+        (backend, store)
+    }
 
-        let mut builder = leader.get_snapshot_builder().await;
-        let snap = builder.build_snapshot().await.expect("build");
+    /// A snapshot built now.
+    async fn built(store: &mut StateMachineStore) -> crate::type_config::Snapshot {
+        let mut builder = store.get_snapshot_builder().await;
+        builder.build_snapshot().await.expect("build")
+    }
+
+    /// Every chunk of a view through `chunk(i)`, front to back.
+    fn read_all(view: &PinnedSnapshot) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(c) = view.chunk(out.len()).expect("chunk") {
+            out.push(c.as_ref().clone());
+        }
+        out
+    }
+
+    /// Spool `chunks` as the raft port does with a received stream.
+    async fn spooled(spool: &SnapshotSpool, chunks: &[Vec<u8>]) -> SpooledSnapshot {
+        let mut w = spool.create().await.expect("create");
+        for c in chunks {
+            w.push(c).await.expect("push");
+        }
+        w.finish().await.expect("finish")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn snapshot_received_as_spooled_chunks_installs_the_same_state() {
+        let (leader_backend, mut leader) = applied_store(300).await;
+        let snap = built(&mut leader).await;
         assert_eq!(snap.meta.last_log_id, Some(log_id::<TypeConfig>(1, 1, 300)));
         assert_eq!(
             leader_backend.persists(),
@@ -448,22 +552,32 @@ mod tests {
         let SnapshotData::Pinned(view) = snap.snapshot else {
             panic!("a built snapshot is a pinned view");
         };
-        let chunks = view.collect_chunks().expect("chunks");
+        let chunks = read_all(&view);
         assert!(chunks.len() > 2, "expected several chunks");
         // A second reader of the same view sees the same chunks.
-        assert_eq!(view.collect_chunks().expect("chunks again"), chunks);
+        assert_eq!(read_all(&view), chunks);
 
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spool = SnapshotSpool::open(dir.path()).expect("spool");
+        let received = spooled(&spool, &chunks).await;
         let follower_backend = Arc::new(MemBackend::new());
         let mut follower = StateMachineStore::open(follower_backend.clone())
             .await
             .expect("open");
         follower
-            .install_snapshot(&snap.meta, SnapshotData::Received(chunks))
+            .install_snapshot(&snap.meta, SnapshotData::Received(received))
             .await
             .expect("install");
         assert_eq!(
             follower_backend.state().applied,
             leader_backend.state().applied
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("snapshot-spool"))
+                .expect("list")
+                .count(),
+            0,
+            "the spool file is deleted after the install"
         );
         let (applied, _) = follower.applied_state().await.expect("applied state");
         assert_eq!(applied, Some(log_id::<TypeConfig>(1, 1, 300)));
@@ -473,6 +587,145 @@ mod tests {
             .expect("current")
             .expect("some");
         assert_eq!(current.meta, snap.meta);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pinned_view_keeps_a_bounded_window_and_restarts_for_earlier_chunks() {
+        let (_, mut leader) = applied_store(2000).await;
+        let snap = built(&mut leader).await;
+        let SnapshotData::Pinned(view) = snap.snapshot else {
+            panic!("a built snapshot is a pinned view");
+        };
+        let chunks = read_all(&view);
+        assert!(chunks.len() > 10 * PINNED_WINDOW_CHUNKS, "{} chunks", chunks.len());
+        let window = || view.lock().expect("lock").window.len();
+        assert!(window() <= PINNED_WINDOW_CHUNKS, "the view kept {} chunks", window());
+        assert_eq!(view.restarts(), 0);
+
+        // The chunks just read are served again from the window, without a new cursor.
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.iter().enumerate().skip(last + 1 - PINNED_WINDOW_CHUNKS) {
+            assert_eq!(view.chunk(i).expect("chunk").as_deref(), Some(chunk));
+        }
+        assert!(view.chunk(last + 1).expect("past the end").is_none());
+        assert_eq!(view.restarts(), 0);
+
+        // An earlier chunk: a fresh cursor on the same pinned view gives the same bytes.
+        assert_eq!(view.chunk(3).expect("chunk").as_deref(), Some(&chunks[3]));
+        assert_eq!(view.restarts(), 1);
+        assert!(window() <= PINNED_WINDOW_CHUNKS);
+        // Two readers far apart take turns: each catch-up restarts, and the window stays small.
+        for i in 4..chunks.len() {
+            assert_eq!(view.chunk(i).expect("chunk").as_deref(), Some(&chunks[i]));
+            assert_eq!(view.chunk(i / 4).expect("chunk").as_deref(), Some(&chunks[i / 4]));
+            assert!(window() <= PINNED_WINDOW_CHUNKS);
+        }
+        // The view pinned before the writes below still reads as it was.
+        leader
+            .apply(futures::stream::iter(vec![Ok((
+                Entry::new_normal(log_id::<TypeConfig>(1, 1, 2001), Command(b"late".to_vec())),
+                None,
+            ))]))
+            .await
+            .expect("apply");
+        assert_eq!(read_all(&view), chunks);
+        let cursor: Vec<Vec<u8>> = view.cursor().expect("cursor").collect::<Result<_, _>>().expect("chunks");
+        assert_eq!(cursor, chunks);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_own_pinned_view_installs_by_streaming() {
+        let (leader_backend, mut leader) = applied_store(500).await;
+        let snap = built(&mut leader).await;
+        let (other_backend, mut other) = applied_store(7).await;
+        other
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(other_backend.state().applied, leader_backend.state().applied);
+    }
+
+    /// A view whose reads fail at chunk `fail_at`.
+    struct FailingChunks {
+        /// Chunks handed out so far.
+        given: usize,
+        /// The read that fails.
+        fail_at: usize,
+    }
+
+    impl SnapshotChunks for FailingChunks {
+        fn meta(&self) -> Vec<u8> {
+            Vec::new()
+        }
+
+        fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
+            if self.given == self.fail_at {
+                return Err(BackendError::Storage("disk went away".into()));
+            }
+            self.given += 1;
+            // The in-memory backend's header chunk (no index), then empty record chunks.
+            Ok(Some(if self.given == 1 { vec![0; 9] } else { Vec::new() }))
+        }
+
+        fn restart(&self) -> Result<Box<dyn SnapshotChunks>, BackendError> {
+            Ok(Box::new(FailingChunks {
+                given: 0,
+                fail_at: self.fail_at,
+            }))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_error_in_the_middle_fails_the_install_and_keeps_the_old_state() {
+        let (backend, mut store) = applied_store(50).await;
+        let before = backend.state();
+        let meta = crate::type_config::SnapshotMeta {
+            last_log_id: Some(log_id::<TypeConfig>(2, 1, 900)),
+            ..Default::default()
+        };
+
+        // Our own view, failing at its fourth chunk.
+        let view = PinnedSnapshot::new(Box::new(FailingChunks { given: 0, fail_at: 3 }));
+        let err = store
+            .install_snapshot(&meta, SnapshotData::Pinned(view))
+            .await
+            .expect_err("a failed read must fail the install");
+        assert!(err.to_string().contains("disk went away"), "{err}");
+
+        // A spooled file cut short.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spool = SnapshotSpool::open(dir.path()).expect("spool");
+        let chunks: Vec<Vec<u8>> = std::iter::once(vec![0; 9])
+            .chain((0..5).map(|i| {
+                let mut c = (1000u64 + i).to_le_bytes().to_vec();
+                c.extend_from_slice(&3u32.to_le_bytes());
+                c.extend_from_slice(b"abc");
+                c
+            }))
+            .collect();
+        let received = spooled(&spool, &chunks).await;
+        let file = std::fs::read_dir(dir.path().join("snapshot-spool"))
+            .expect("list")
+            .next()
+            .expect("one file")
+            .expect("entry")
+            .path();
+        let len = std::fs::metadata(&file).expect("stat").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .expect("open")
+            .set_len(len - 5)
+            .expect("cut");
+        let err = store
+            .install_snapshot(&meta, SnapshotData::Received(received))
+            .await
+            .expect_err("a short spool file must fail the install");
+        assert!(err.to_string().contains("spooled snapshot"), "{err}");
+        assert!(!file.exists(), "the spool file is deleted after a failed install too");
+
+        assert_eq!(backend.state(), before, "the old state stays in place");
+        assert_eq!(backend.installs(), 0);
     }
 
     #[test]

@@ -132,12 +132,15 @@ pub(crate) fn frame(tag: u8, payload: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// The payload length the frame at the front of `buf` declares, once its header arrived: lets a
+/// receiver refuse a frame too large to hold before it buffers it.
+pub(crate) fn frame_len(buf: &BytesMut) -> Option<usize> {
+    (buf.len() >= 5).then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize)
+}
+
 /// Take one complete frame off the front of `buf`, if there is one.
 pub(crate) fn take_frame(buf: &mut BytesMut) -> Option<(u8, Bytes)> {
-    if buf.len() < 5 {
-        return None;
-    }
-    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    let len = frame_len(buf)?;
     if buf.len() < 5 + len {
         return None;
     }

@@ -75,13 +75,13 @@ impl StateMachineBackend for FjallStore {
         Ok(Box::new(Chunks::new(self)?))
     }
 
-    fn install_snapshot(&self, chunks: &mut dyn Iterator<Item = Vec<u8>>, meta: Vec<u8>) -> Result<(), BackendError> {
+    fn install_snapshot(&self, chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>, meta: Vec<u8>) -> Result<(), BackendError> {
         self.raft.insert(INSTALLING_KEY, b"1").map_err(storage)?;
         self.db.persist(PersistMode::SyncAll).map_err(storage)?;
         self.state.clear().map_err(storage)?;
         self.segments.clear().map_err(storage)?;
         for chunk in chunks {
-            match decode_chunk(&chunk)? {
+            match decode_chunk(&chunk?)? {
                 Chunk::Rows(rows) => {
                     let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
                     for row in rows {

@@ -70,6 +70,8 @@ pub(crate) struct Chunks {
     from: Option<Vec<u8>>,
     /// Segment files still to send: (file, next byte, length to send).
     files: Vec<(u64, u64, u64)>,
+    /// The segment files of the view as `new` found them, for `restart`.
+    all_files: Vec<(u64, u64, u64)>,
 }
 
 impl Chunks {
@@ -92,7 +94,7 @@ impl Chunks {
             }
             files.push((end_file, 0, end_len));
         }
-        Ok(Self { snap, state: store.state.clone(), segments: store.segments.clone(), _pin: pin, meta, from: Some(Vec::new()), files })
+        Ok(Self { snap, state: store.state.clone(), segments: store.segments.clone(), _pin: pin, meta, from: Some(Vec::new()), all_files: files.clone(), files })
     }
 
     fn next_file_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
@@ -113,6 +115,21 @@ impl Chunks {
 impl SnapshotChunks for Chunks {
     fn meta(&self) -> Vec<u8> {
         self.meta.clone()
+    }
+
+    fn restart(&self) -> Result<Box<dyn SnapshotChunks>, BackendError> {
+        // Not a clone of this cursor: it has used up part of `files`. The new pin is taken
+        // while this cursor's is held, so no file of the view can go in between.
+        Ok(Box::new(Self {
+            snap: self.snap.clone(),
+            state: self.state.clone(),
+            segments: self.segments.clone(),
+            _pin: self.segments.pin(),
+            meta: self.meta.clone(),
+            from: Some(Vec::new()),
+            files: self.all_files.clone(),
+            all_files: self.all_files.clone(),
+        }))
     }
 
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {

@@ -71,9 +71,15 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
         chunks.push(c);
     }
     assert!(chunks.len() > 1, "5000 messages of 300 bytes span several 1 MiB chunks");
+    // A restarted cursor reads the same pinned view again, from its first chunk.
+    let mut again = snap.restart().unwrap();
+    for c in &chunks {
+        assert_eq!(again.next_chunk().unwrap().as_ref(), Some(c));
+    }
+    assert!(again.next_chunk().unwrap().is_none());
     let b = FjallStore::open(&StoreConfig::new(b_dir.path().to_path_buf())).unwrap();
     b.apply(vec![ApplyEntry { index: 1, command: Some(push_entry(77_777)) }], b"old".to_vec()).unwrap();
-    b.install_snapshot(&mut chunks.into_iter(), snap.meta()).unwrap();
+    b.install_snapshot(&mut chunks.into_iter().map(Ok), snap.meta()).unwrap();
     assert_eq!(b.load_meta().unwrap().as_deref(), Some(&b"m"[..]));
     assert_eq!(reads::queue(&b, "q").unwrap().unwrap().messages, 5000);
     // The installed state equals the same entries applied by the domain on a map.

@@ -152,7 +152,7 @@ impl StateMachineBackend for MemBackend {
 
     fn install_snapshot(
         &self,
-        chunks: &mut dyn Iterator<Item = Vec<u8>>,
+        chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>,
         meta: Vec<u8>,
     ) -> Result<(), BackendError> {
         let mut state = MemState {
@@ -161,6 +161,7 @@ impl StateMachineBackend for MemBackend {
         };
         let mut first = true;
         for chunk in chunks {
+            let chunk = chunk?;
             if first {
                 state.last_index = decode_header(&chunk)?;
                 first = false;
@@ -179,6 +180,7 @@ impl StateMachineBackend for MemBackend {
 }
 
 /// A snapshot view: one header chunk with the last index, then chunks of records.
+#[derive(Clone)]
 struct MemChunks {
     /// The meta bytes of the pinned state.
     meta: Vec<u8>,
@@ -195,6 +197,14 @@ struct MemChunks {
 impl SnapshotChunks for MemChunks {
     fn meta(&self) -> Vec<u8> {
         self.meta.clone()
+    }
+
+    fn restart(&self) -> Result<Box<dyn SnapshotChunks>, BackendError> {
+        Ok(Box::new(MemChunks {
+            pos: 0,
+            header_sent: false,
+            ..self.clone()
+        }))
     }
 
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
