@@ -30,6 +30,9 @@ pub(crate) struct TestKnobs {
     pub(crate) faults_file: Option<PathBuf>,
     /// `QUEEN_TEST_LOG_KINDS`: pretend this build reads up to this format.
     pub(crate) log_kinds: Option<u32>,
+    /// `QUEEN_TEST_SNAPSHOT_EVERY`: build a snapshot (and let the log be purged) every this many
+    /// entries instead of the default, so a test can strand a follower behind a purge quickly.
+    pub(crate) snapshot_every: Option<u64>,
 }
 
 impl TestKnobs {
@@ -41,6 +44,7 @@ impl TestKnobs {
         let knobs = Self {
             faults_file: Some(dir.join("test-faults")),
             log_kinds: std::env::var("QUEEN_TEST_LOG_KINDS").ok().and_then(|v| v.trim().parse().ok()),
+            snapshot_every: std::env::var("QUEEN_TEST_SNAPSHOT_EVERY").ok().and_then(|v| v.trim().parse().ok()),
         };
         tracing::warn!(target: "queen-app", ?knobs, "QUEEN_TEST_FAULTS=1: test-only switches are on; never use this in production");
         knobs

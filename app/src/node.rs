@@ -101,6 +101,9 @@ pub async fn run(
     raft_cfg.join = cfg.join;
     raft_cfg.log_kinds = kinds;
     raft_cfg.faults_file = knobs.faults_file;
+    if let Some(every) = knobs.snapshot_every {
+        raft_cfg.snapshot_every_entries = every;
+    }
     // The raft port carries one client body per forwarded command, and appends split at
     // `MAX_APPEND_BYTES` unless one entry is larger: bound its bodies by the largest client
     // body plus room for the entry's own framing.
