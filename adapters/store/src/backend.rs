@@ -1,6 +1,7 @@
 //! The state machine backend: applies committed entries through the domain, writing their
 //! effects and the raft metadata in one atomic batch.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use fjall::PersistMode;
@@ -8,9 +9,11 @@ use queen_domain::Txn;
 use queen_domain::machine::apply_encoded;
 use queen_ports::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
 
+use crate::filter::DedupFilter;
 use crate::messages;
+use crate::segments::Segments;
 use crate::snapshot::{Chunk, Chunks, decode_chunk};
-use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, read_err};
+use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, read_err};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
     BackendError::Storage(e.to_string())
@@ -35,10 +38,12 @@ impl StateMachineBackend for FjallStore {
             }
         }
         let (mut writes, appends) = txn.into_parts();
+        // Installs, which switch slots, run on the same caller as apply, never during it.
+        let Slot { state, segments, dedup_filter, .. } = self.slot();
         // Messages go to the segment log (written here, before the batch that indexes them);
         // what remains of `writes` and the index rows go into one engine batch.
-        let read_row = |k: &[u8]| Ok(self.state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
-        let staged = messages::stage(&self.state, &read_row, &self.segments, &mut writes, appends).map_err(storage)?;
+        let read_row = |k: &[u8]| Ok(state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
+        let staged = messages::stage(&state, &read_row, &segments, &mut writes, appends).map_err(storage)?;
         self.rows_written.fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
@@ -47,16 +52,16 @@ impl StateMachineBackend for FjallStore {
             match v {
                 Some(v) => {
                     // Before the commit: a reader that can see the row must not be told it is absent.
-                    self.dedup_filter.insert(&k);
-                    batch.insert(&self.state, k, v);
+                    dedup_filter.insert(&k);
+                    batch.insert(&state, k, v);
                 }
-                None => batch.remove(&self.state, k),
+                None => batch.remove(&state, k),
             }
         }
         batch.insert(&self.raft, META_KEY, meta);
         batch.commit().map_err(storage)?;
         for file in staged.released {
-            self.segments.release(file);
+            segments.release(file);
         }
         Ok(responses)
     }
@@ -67,7 +72,7 @@ impl StateMachineBackend for FjallStore {
 
     fn persist(&self) -> Result<(), BackendError> {
         // Segments first: the engine must never be durable with index rows whose records are not.
-        self.segments.sync().map_err(storage)?;
+        self.slot().segments.sync().map_err(storage)?;
         self.db.persist(PersistMode::SyncData).map_err(storage)
     }
 
@@ -75,32 +80,56 @@ impl StateMachineBackend for FjallStore {
         Ok(Box::new(Chunks::new(self)?))
     }
 
+    /// Staged: the chunks go into the inactive slot while the active one stays as it was; one
+    /// atomic batch then stores the new meta and makes that slot active. A crash before that
+    /// batch leaves the old state and meta (the next open discards the partial slot); after it,
+    /// the new ones.
     fn install_snapshot(&self, chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>, meta: Vec<u8>) -> Result<(), BackendError> {
+        let old = self.slot();
+        let name = old.name.other();
         self.raft.insert(INSTALLING_KEY, b"1").map_err(storage)?;
         self.db.persist(PersistMode::SyncAll).map_err(storage)?;
-        self.state.clear().map_err(storage)?;
-        self.segments.clear().map_err(storage)?;
+        let state = self.keyspaces[name as usize].clone();
+        state.clear().map_err(storage)?;
+        // Opened with no end: every file left in the slot's directory is deleted.
+        let segments = Segments::open(&self.dir.join(name.segment_dir()), self.segment_bytes, None, &|_| false).map_err(storage)?;
+        segments.clear().map_err(storage)?;
         for chunk in chunks {
             match decode_chunk(&chunk?)? {
                 Chunk::Rows(rows) => {
                     let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
                     for row in rows {
-                        batch.insert(&self.state, row.0, row.1);
+                        batch.insert(&state, row.0, row.1);
                     }
                     batch.commit().map_err(storage)?;
                 }
-                Chunk::Segment { file, at, bytes } => self.segments.write_raw(file, at, &bytes).map_err(storage)?,
+                Chunk::Segment { file, at, bytes } => segments.write_raw(file, at, &bytes).map_err(storage)?,
             }
         }
-        let end = self.state.get(messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
-        self.segments.reopen(end).map_err(storage)?;
+        let end = state.get(messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        // Fsyncs every file and the directory: they are durable before the batch below.
+        segments.reopen(end).map_err(storage)?;
+        let new = Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) };
         // A snapshot from a node of layout 1 carries messages as rows.
-        self.migrate().map_err(storage)?;
-        self.fill_dedup_filter().map_err(storage)?;
+        self.migrate(&new).map_err(storage)?;
+        Self::fill_dedup_filter(&new).map_err(storage)?;
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         batch.insert(&self.raft, META_KEY, meta);
+        batch.insert(&self.raft, SLOT_KEY, name.stored());
         batch.remove(&self.raft, INSTALLING_KEY);
         batch.commit().map_err(storage)?;
-        self.db.persist(PersistMode::SyncAll).map_err(storage)
+        self.db.persist(PersistMode::SyncAll).map_err(storage)?;
+        self.switch_to(new);
+        // The old slot is garbage now; if this fails the next open or install clears it.
+        if let Err(e) = clear_slot(&old) {
+            tracing::warn!(target: "queen-store", slot = ?old.name, error = %e, "could not clear the state slot an install replaced; it is cleared at the next start");
+        }
+        Ok(())
     }
+}
+
+/// Empty a slot that is no longer active (its segment files may wait for a pin, see `retire`).
+fn clear_slot(slot: &Slot) -> Result<(), BackendError> {
+    slot.state.clear().map_err(storage)?;
+    slot.segments.retire().map_err(storage)
 }

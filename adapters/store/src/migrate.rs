@@ -11,7 +11,7 @@ use queen_domain::model::DedupRec;
 use queen_domain::{Appends, StoreError, WriteSet};
 
 use crate::messages;
-use crate::store::{FjallStore, read_err};
+use crate::store::{FjallStore, Slot, read_err};
 
 /// A key and its value.
 type Pair = (Vec<u8>, Vec<u8>);
@@ -21,9 +21,9 @@ const STEP_ROWS: usize = 50_000;
 
 impl FjallStore {
     /// The first `STEP_ROWS` engine rows of table `t`.
-    fn first_rows(&self, t: u8) -> Result<Vec<Pair>, StoreError> {
+    fn first_rows(slot: &Slot, t: u8) -> Result<Vec<Pair>, StoreError> {
         let mut rows = Vec::new();
-        for g in self.state.range([t]..[t + 1]) {
+        for g in slot.state.range([t]..[t + 1]) {
             let (k, v) = g.into_inner().map_err(read_err)?;
             rows.push((k.to_vec(), v.to_vec()));
             if rows.len() >= STEP_ROWS {
@@ -33,12 +33,12 @@ impl FjallStore {
         Ok(rows)
     }
 
-    /// Move layout-1 rows into layout 2; a no-op on a store without any.
-    pub(crate) fn migrate(&self) -> Result<(), StoreError> {
+    /// Move layout-1 rows of `slot` into layout 2; a no-op on a slot without any.
+    pub(crate) fn migrate(&self, slot: &Slot) -> Result<(), StoreError> {
         let fjall_err = |e: fjall::Error| StoreError::Read(e.to_string());
         let mut messages_moved = 0u64;
         loop {
-            let rows = self.first_rows(table::MESSAGE)?;
+            let rows = Self::first_rows(slot, table::MESSAGE)?;
             if rows.is_empty() {
                 break;
             }
@@ -46,23 +46,23 @@ impl FjallStore {
             let removes: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
             let appends: Appends = rows.into_iter().collect();
             let mut writes = WriteSet::new();
-            let read_row = |k: &[u8]| Ok(self.state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
-            let staged = messages::stage(&self.state, &read_row, &self.segments, &mut writes, appends)?;
+            let read_row = |k: &[u8]| Ok(slot.state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
+            let staged = messages::stage(&slot.state, &read_row, &slot.segments, &mut writes, appends)?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
             for k in removes {
-                batch.remove(&self.state, k);
+                batch.remove(&slot.state, k);
             }
             for (k, v) in staged.rows {
                 match v {
-                    Some(v) => batch.insert(&self.state, k, v),
-                    None => batch.remove(&self.state, k),
+                    Some(v) => batch.insert(&slot.state, k, v),
+                    None => batch.remove(&slot.state, k),
                 }
             }
             batch.commit().map_err(fjall_err)?;
         }
         let mut dedup_moved = 0u64;
         loop {
-            let rows = self.first_rows(table::DEDUP_V1)?;
+            let rows = Self::first_rows(slot, table::DEDUP_V1)?;
             if rows.is_empty() {
                 break;
             }
@@ -70,12 +70,12 @@ impl FjallStore {
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
             let mut lists: std::collections::BTreeMap<Vec<u8>, Vec<u64>> = std::collections::BTreeMap::new();
             for (k, v) in rows {
-                batch.remove(&self.state, k.clone());
+                batch.remove(&slot.state, k.clone());
                 let (Some(pid), Some(txn)) = (keys::u64_at(&k, 1), k.get(9..).and_then(|t| std::str::from_utf8(t).ok())) else { continue };
                 let d: DedupRec = queen_domain::codec::decode(&k, &v)?;
                 let key = keys::dedup(pid, txn);
                 if !lists.contains_key(&key) {
-                    let have: Vec<u64> = match self.state.get(&key).map_err(read_err)? {
+                    let have: Vec<u64> = match slot.state.get(&key).map_err(read_err)? {
                         Some(b) => queen_domain::codec::decode(&key, &b)?,
                         None => Vec::new(),
                     };
@@ -87,12 +87,12 @@ impl FjallStore {
                 }
             }
             for (k, list) in lists {
-                self.dedup_filter.insert(&k);
-                batch.insert(&self.state, k, queen_domain::codec::encode(&list));
+                slot.dedup_filter.insert(&k);
+                batch.insert(&slot.state, k, queen_domain::codec::encode(&list));
             }
             batch.commit().map_err(fjall_err)?;
         }
-        self.segments.sync().map_err(|e| StoreError::Read(e.to_string()))?;
+        slot.segments.sync().map_err(|e| StoreError::Read(e.to_string()))?;
         self.db.persist(PersistMode::SyncAll).map_err(fjall_err)?;
         if messages_moved + dedup_moved > 0 {
             tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 2 (messages in segments)");

@@ -445,6 +445,19 @@ impl Segments {
         Pin(self.clone())
     }
 
+    /// The log of a slot an install replaced: delete every file now or, while a pin is held
+    /// (a snapshot being sent), leave them to the next install into this directory or the next
+    /// open, which delete every file there first. Pending deletions are dropped either way, so a
+    /// pin let go late never deletes a file a later install wrote under the same name.
+    pub(crate) fn retire(&self) -> Result<(), SegmentError> {
+        let pinned = {
+            let mut p = lock(&self.pins);
+            p.doomed.clear();
+            p.count > 0
+        };
+        if pinned { Ok(()) } else { self.clear() }
+    }
+
     /// Delete a file no live record is in (at once, or when the last pin goes).
     pub(crate) fn release(&self, id: u64) {
         {

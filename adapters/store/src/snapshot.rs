@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::messages;
 use crate::segments::{Pin, Segments};
-use crate::store::{FjallStore, META_KEY};
+use crate::store::{FjallStore, META_KEY, Slot};
 
 const MAGIC: &[u8; 4] = b"QSC2";
 
@@ -77,24 +77,26 @@ pub(crate) struct Chunks {
 impl Chunks {
     pub(crate) fn new(store: &FjallStore) -> Result<Self, BackendError> {
         let storage = |e: fjall::Error| BackendError::Storage(e.to_string());
+        // One slot throughout: an install may switch the store to the other meanwhile.
+        let Slot { state, segments, .. } = store.slot();
         // Pinned before the view: no file the view points into can go while the chunks live.
-        let pin = store.segments.pin();
+        let pin = segments.pin();
         let snap = store.db.snapshot();
         let meta = snap.get(&store.raft, META_KEY).map_err(storage)?.map(|v| v.to_vec()).unwrap_or_default();
-        let end = snap.get(&store.state, messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        let end = snap.get(&state, messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
         let mut files = Vec::new();
         if let Some((end_file, end_len)) = end {
-            for g in snap.range(&store.state, [table::SEGMENT_FILE]..[table::SEGMENT_FILE + 1]) {
+            for g in snap.range(&state, [table::SEGMENT_FILE]..[table::SEGMENT_FILE + 1]) {
                 let (k, _) = g.into_inner().map_err(storage)?;
                 let Some(file) = queen_domain::keys::u64_at(&k, 1) else { continue };
                 if file != end_file {
-                    let len = store.segments.file_len(file).map_err(|e| BackendError::Storage(e.to_string()))?;
+                    let len = segments.file_len(file).map_err(|e| BackendError::Storage(e.to_string()))?;
                     files.push((file, 0, len));
                 }
             }
             files.push((end_file, 0, end_len));
         }
-        Ok(Self { snap, state: store.state.clone(), segments: store.segments.clone(), _pin: pin, meta, from: Some(Vec::new()), all_files: files.clone(), files })
+        Ok(Self { snap, state, segments, _pin: pin, meta, from: Some(Vec::new()), all_files: files.clone(), files })
     }
 
     fn next_file_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {

@@ -1,7 +1,7 @@
 //! Opening the engine and reading state.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
@@ -15,7 +15,8 @@ use crate::segments::{SegmentError, Segments};
 /// Engine settings that bound memory.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Where the engine keeps its files; the segment log of messages is in `dir/segments`.
+    /// Where the engine keeps its files; the segment log of messages is in `dir/segments`
+    /// (or `dir/segments_b`, see [`SlotName`]).
     pub dir: PathBuf,
     /// Block cache in bytes.
     pub cache_bytes: u64,
@@ -85,26 +86,90 @@ pub struct ReclaimError(fjall::Error);
 
 /// Key under which the raft adapter's metadata lives in the `raft` keyspace.
 pub(crate) const META_KEY: &[u8] = b"meta";
-/// Marker written while a snapshot is being installed: found at open, the state is discarded.
+/// Marker written while a snapshot is being installed into the inactive slot: found at open,
+/// that slot's partial state is discarded and the active one is kept.
 pub(crate) const INSTALLING_KEY: &[u8] = b"installing";
+/// Which state slot is active, in the `raft` keyspace: `b"b"` for B; absent (or anything else)
+/// for A, so a directory written before slots existed opens on its own state.
+pub(crate) const SLOT_KEY: &[u8] = b"slot";
 /// The layout version of the store, in the `raft` keyspace. 1 (no key): messages and a
 /// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash.
 pub(crate) const FORMAT_KEY: &[u8] = b"format";
 /// The layout this build writes.
 pub(crate) const FORMAT: u32 = 2;
 
+/// One of the two places a whole state can live. A snapshot is installed into the inactive
+/// one while the active one stays readable and intact, then one atomic batch makes it active:
+/// a crash at any point leaves one complete state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotName {
+    /// Keyspace `state`, segments in `dir/segments` (where stores before slots kept theirs).
+    A,
+    /// Keyspace `state_b`, segments in `dir/segments_b`.
+    B,
+}
+
+impl SlotName {
+    fn from_stored(v: Option<&[u8]>) -> Self {
+        if v == Some(b"b") { Self::B } else { Self::A }
+    }
+
+    pub(crate) fn stored(self) -> &'static [u8] {
+        match self {
+            Self::A => b"a",
+            Self::B => b"b",
+        }
+    }
+
+    pub(crate) fn other(self) -> Self {
+        match self {
+            Self::A => Self::B,
+            Self::B => Self::A,
+        }
+    }
+
+    fn keyspace(self) -> &'static str {
+        match self {
+            Self::A => "state",
+            Self::B => "state_b",
+        }
+    }
+
+    pub(crate) fn segment_dir(self) -> &'static str {
+        match self {
+            Self::A => "segments",
+            Self::B => "segments_b",
+        }
+    }
+}
+
+/// A whole state: the engine rows and the segment log they index.
+#[derive(Clone)]
+pub(crate) struct Slot {
+    pub(crate) name: SlotName,
+    pub(crate) state: Keyspace,
+    pub(crate) segments: Arc<Segments>,
+    /// Which dedup rows of this slot surely do not exist.
+    pub(crate) dedup_filter: Arc<DedupFilter>,
+}
+
 /// The node's state store.
 #[derive(Clone)]
 pub struct FjallStore {
     pub(crate) db: Database,
-    pub(crate) state: Keyspace,
     pub(crate) raft: Keyspace,
+    /// The active slot, shared by every clone (the raft backend and the broker read the same
+    /// store). Each operation takes a clone of it once and works on that, so an install's
+    /// switch is seen whole: never rows of one slot with segments of the other.
+    pub(crate) active: Arc<RwLock<Slot>>,
+    /// Both slots' keyspaces, A then B (an install writes into the inactive one).
+    pub(crate) keyspaces: [Keyspace; 2],
+    /// The engine's directory, where each slot's segment directory is.
+    pub(crate) dir: PathBuf,
+    /// Segment files roll at this size.
+    pub(crate) segment_bytes: u64,
     /// Rows written by apply, for metrics.
     pub(crate) rows_written: Arc<AtomicU64>,
-    /// The message segment log.
-    pub(crate) segments: Arc<Segments>,
-    /// Which dedup rows surely do not exist.
-    pub(crate) dedup_filter: Arc<DedupFilter>,
 }
 
 pub(crate) fn read_err(e: fjall::Error) -> StoreError {
@@ -124,14 +189,32 @@ impl FjallStore {
             .worker_threads(cfg.workers.max(1))
             .open()
             .map_err(err)?;
-        let state = db
-            .keyspace("state", || KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes))
-            .map_err(err)?;
+        let open_state = |name: SlotName| {
+            db.keyspace(name.keyspace(), || KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes))
+        };
+        let keyspaces = [open_state(SlotName::A).map_err(err)?, open_state(SlotName::B).map_err(err)?];
         let raft = db.keyspace("raft", KeyspaceCreateOptions::default).map_err(err)?;
-        if raft.get(INSTALLING_KEY).map_err(err)?.is_some() {
-            tracing::warn!(target: "queen-store", "a snapshot install was interrupted: discarding the partial state");
-            state.clear().map_err(err)?;
-            raft.remove(META_KEY).map_err(err)?;
+        let name = SlotName::from_stored(raft.get(SLOT_KEY).map_err(err)?.as_deref());
+        let state = keyspaces[name as usize].clone();
+        // The inactive slot holds nothing worth keeping: an interrupted install's partial state,
+        // or the old state of a finished install that was not yet cleared.
+        let interrupted = raft.get(INSTALLING_KEY).map_err(err)?.is_some();
+        if interrupted {
+            tracing::warn!(target: "queen-store", "a snapshot install was interrupted: discarding its partial state and keeping the state from before it");
+        }
+        let spare = &keyspaces[name.other() as usize];
+        if interrupted || !spare.is_empty().map_err(err)? {
+            spare.clear().map_err(err)?;
+        }
+        let spare_dir = cfg.dir.join(name.other().segment_dir());
+        match std::fs::remove_dir_all(&spare_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                let source = SegmentError::Io { path: spare_dir.display().to_string(), source: e };
+                return Err(StoreOpenError::Segments { dir: spare_dir.display().to_string(), source });
+            }
+            _ => {}
+        }
+        if interrupted {
             raft.remove(INSTALLING_KEY).map_err(err)?;
             db.persist(PersistMode::SyncAll).map_err(err)?;
         }
@@ -147,54 +230,66 @@ impl FjallStore {
             });
         }
         let end = state.get(messages::END_KEY).map_err(err)?.and_then(|v| messages::decode_end(&v));
-        let seg_dir = cfg.dir.join("segments");
+        let seg_dir = cfg.dir.join(name.segment_dir());
         let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
         let segments = Segments::open(&seg_dir, cfg.segment_bytes, end, &live)
             .map_err(|source| StoreOpenError::Segments { dir: seg_dir.display().to_string(), source })?;
-        let store = Self { db, state, raft, rows_written: Arc::new(AtomicU64::new(0)), segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) };
+        let active = Arc::new(RwLock::new(Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) }));
+        let store = Self { db, raft, active, keyspaces, dir: cfg.dir.clone(), segment_bytes: cfg.segment_bytes, rows_written: Arc::new(AtomicU64::new(0)) };
         if format < FORMAT {
-            store.migrate().map_err(|e| StoreOpenError::Format {
+            store.migrate(&store.slot()).map_err(|e| StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
                 detail: format!("has layout version {format} and could not be migrated to {FORMAT}: {e}; the migration resumes at the next start, or move the directory away to start this node empty"),
             })?;
         }
         store.raft.insert(FORMAT_KEY, FORMAT.to_le_bytes()).map_err(err)?;
-        store.fill_dedup_filter().map_err(|e| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail: format!("could not read its dedup index: {e}") })?;
+        Self::fill_dedup_filter(&store.slot()).map_err(|e| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail: format!("could not read its dedup index: {e}") })?;
         Ok(store)
     }
 
-    /// Rebuild the dedup filter from the dedup rows.
-    pub(crate) fn fill_dedup_filter(&self) -> Result<(), StoreError> {
-        self.dedup_filter.clear();
-        for g in self.state.range([table::DEDUP_HASH]..[table::DEDUP_HASH + 1]) {
+    /// Rebuild the dedup filter of `slot` from its dedup rows.
+    pub(crate) fn fill_dedup_filter(slot: &Slot) -> Result<(), StoreError> {
+        slot.dedup_filter.clear();
+        for g in slot.state.range([table::DEDUP_HASH]..[table::DEDUP_HASH + 1]) {
             let k = g.key().map_err(read_err)?;
-            self.dedup_filter.insert(&k);
+            slot.dedup_filter.insert(&k);
         }
         Ok(())
+    }
+
+    /// The active slot, as one operation should use it throughout.
+    pub(crate) fn slot(&self) -> Slot {
+        self.active.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Make `slot` the active one for every clone of this store.
+    pub(crate) fn switch_to(&self, slot: Slot) {
+        *self.active.write().unwrap_or_else(std::sync::PoisonError::into_inner) = slot;
     }
 
     /// Bytes the engine and the segment log use on disk.
     #[must_use]
     pub fn disk_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0) + self.segments.disk_bytes()
+        self.db.disk_space().unwrap_or(0) + self.slot().segments.disk_bytes()
     }
 
     /// Engine figures for status pages: (memtable bytes, flushes queued, sealed memtables of
     /// the state keyspace, level-0 runs).
     #[must_use]
     pub fn engine_stats(&self) -> (u64, usize, usize, usize) {
+        let slot = self.slot();
         (
             self.db.write_buffer_size(),
             self.db.outstanding_flushes(),
-            self.state.sealed_memtable_count(),
-            self.state.l0_table_count(),
+            slot.state.sealed_memtable_count(),
+            slot.state.l0_table_count(),
         )
     }
 
     /// Message segment files and their bytes on disk.
     #[must_use]
     pub fn segment_stats(&self) -> (usize, u64) {
-        self.segments.stats()
+        self.slot().segments.stats()
     }
 
     /// Give the space of deleted rows back to the file system now, instead of at the engine's
@@ -208,9 +303,10 @@ impl FjallStore {
     pub fn reclaim(&self) -> Result<(), ReclaimError> {
         // fjall's own tests use these hidden calls; they are the engine's "flush now" and
         // "compact everything" (3.1).
-        self.state.rotate_memtable_and_wait().map_err(ReclaimError)?;
+        let state = self.slot().state;
+        state.rotate_memtable_and_wait().map_err(ReclaimError)?;
         self.raft.rotate_memtable_and_wait().map_err(ReclaimError)?;
-        self.state.major_compact().map_err(ReclaimError)
+        state.major_compact().map_err(ReclaimError)
     }
 
     /// Rows written by apply since start.
@@ -219,10 +315,12 @@ impl FjallStore {
         self.rows_written.load(Ordering::Relaxed)
     }
 
-    /// A consistent read view of the current state (for multi-read queries).
+    /// A consistent read view of the current state (for multi-read queries). It stays on the
+    /// slot active when it was taken, even if an install switches slots meanwhile.
     #[must_use]
     pub fn view(&self) -> StateView {
-        StateView { snap: self.db.snapshot(), state: self.state.clone(), segments: self.segments.clone(), dedup_filter: self.dedup_filter.clone() }
+        let Slot { state, segments, dedup_filter, .. } = self.slot();
+        StateView { snap: self.db.snapshot(), state, segments, dedup_filter }
     }
 }
 
@@ -288,22 +386,24 @@ fn is_own(key: &[u8]) -> bool {
 
 impl StateRead for FjallStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let Slot { state, segments, dedup_filter, .. } = self.slot();
         if is_message(key) {
-            return messages::get(&self.state, &self.segments, key);
+            return messages::get(&state, &segments, key);
         }
-        if is_own(key) || self.dedup_filter.surely_absent(key) {
+        if is_own(key) || dedup_filter.surely_absent(key) {
             return Ok(None);
         }
-        Ok(self.state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
+        Ok(state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
+        let Slot { state, segments, .. } = self.slot();
         split_scan(
             start,
             end,
             visit,
-            &|a, b, v| visit_engine(self.state.range(a..b), v),
-            &|a, b, v| messages::scan(&self.state, &self.segments, a, b, v),
+            &|a, b, v| visit_engine(state.range(a..b), v),
+            &|a, b, v| messages::scan(&state, &segments, a, b, v),
         )
     }
 }

@@ -93,3 +93,111 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     assert_eq!(dump(&b), expected);
     assert_ne!(dump(&a), expected, "a moved on after its snapshot");
 }
+
+/// A store in `dir` holding `n` messages pushed by entries `from..from + n`, with `meta`.
+fn store_with(dir: &std::path::Path, from: u64, n: u64, meta: &[u8]) -> FjallStore {
+    let s = FjallStore::open(&StoreConfig::new(dir.to_path_buf())).unwrap();
+    let entries = (from..from + n).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i)) }).collect();
+    s.apply(entries, meta.to_vec()).unwrap();
+    s
+}
+
+fn all_chunks(s: &FjallStore) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let mut snap = s.snapshot().unwrap();
+    let mut chunks = Vec::new();
+    while let Some(c) = snap.next_chunk().unwrap() {
+        chunks.push(c);
+    }
+    (chunks, snap.meta())
+}
+
+fn messages(s: &FjallStore) -> u64 {
+    reads::queue(s, "q").unwrap().map_or(0, |q| q.messages)
+}
+
+/// An install that fails part way (a chunk that cannot be read), or one a `kill -9` stopped
+/// (its marker and partial rows on disk), leaves the old state and meta, before and after a
+/// reopen; the next install then succeeds.
+#[test]
+fn an_interrupted_install_leaves_the_old_state_and_meta() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = store_with(src_dir.path(), 0, 5000, b"new");
+    let (chunks, meta) = all_chunks(&src);
+    assert!(chunks.len() > 2);
+    let dir = tempfile::tempdir().unwrap();
+    let old = store_with(dir.path(), 100_000, 300, b"old");
+    let before = dump(&old);
+
+    let mut failing = chunks.iter().take(2).cloned().map(Ok).chain([Err(queen_ports::BackendError::Storage("spool read failed".into()))]);
+    assert!(old.install_snapshot(&mut failing, meta.clone()).is_err());
+    assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(dump(&old), before);
+    drop(old);
+    let old = FjallStore::open(&StoreConfig::new(dir.path().to_path_buf())).unwrap();
+    assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(dump(&old), before);
+    invariants::check(&old).unwrap();
+    drop(old);
+
+    // What a kill -9 during the install leaves: the marker, rows and a segment file of the
+    // inactive slot (B, as this store never installed).
+    {
+        let db = fjall::Database::builder(dir.path()).open().unwrap();
+        let raft = db.keyspace("raft", fjall::KeyspaceCreateOptions::default).unwrap();
+        let spare = db.keyspace("state_b", fjall::KeyspaceCreateOptions::default).unwrap();
+        raft.insert(b"installing", b"1").unwrap();
+        spare.insert(b"\x01partial", b"row").unwrap();
+        db.persist(fjall::PersistMode::SyncAll).unwrap();
+        std::fs::create_dir_all(dir.path().join("segments_b")).unwrap();
+        std::fs::write(dir.path().join("segments_b").join(format!("{:020}.qseg", 1)), b"partial").unwrap();
+    }
+    let old = FjallStore::open(&StoreConfig::new(dir.path().to_path_buf())).unwrap();
+    assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(dump(&old), before);
+    assert!(!dir.path().join("segments_b").exists(), "the partial slot's files are deleted at open");
+
+    old.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
+    assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"new"[..]));
+    assert_eq!(messages(&old), 5000);
+}
+
+/// A finished install makes the other slot active: a reopen reads it, it takes new writes, and
+/// the install after it goes back into the first slot.
+#[test]
+fn installs_alternate_between_the_two_slots_across_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig::new(dir.path().to_path_buf());
+    let s = store_with(dir.path(), 100_000, 300, b"old");
+    let first_dir = tempfile::tempdir().unwrap();
+    let (chunks, meta) = all_chunks(&store_with(first_dir.path(), 0, 5000, b"first"));
+    let view = s.view();
+    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
+    assert_eq!(reads::queue(&view, "q").unwrap().unwrap().messages, 300, "a view keeps the slot it started on");
+    drop(view);
+    assert_eq!(messages(&s), 5000);
+    assert!(dir.path().join("segments_b").exists());
+    assert!(std::fs::read_dir(dir.path().join("segments")).unwrap().next().is_none(), "the old slot's files are deleted");
+    drop(s);
+
+    let s = FjallStore::open(&cfg).unwrap();
+    assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(messages(&s), 5000);
+    s.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(5000)) }], b"first+1".to_vec()).unwrap();
+    assert_eq!(messages(&s), 5001);
+    invariants::check(&s).unwrap();
+
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = store_with(second_dir.path(), 200_000, 1200, b"second");
+    let (chunks, meta) = all_chunks(&second);
+    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
+    assert!(!dir.path().join("segments_b").read_dir().unwrap().any(|_| true), "slot B is emptied");
+    drop(s);
+    let s = FjallStore::open(&cfg).unwrap();
+    assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"second"[..]));
+    assert_eq!(dump(&s), dump(&second));
+    s.apply(vec![ApplyEntry { index: 1201, command: Some(push_entry(7)) }], b"second+1".to_vec()).unwrap();
+    drop(s);
+    let s = FjallStore::open(&cfg).unwrap();
+    assert_eq!(messages(&s), 1201);
+    invariants::check(&s).unwrap();
+}
