@@ -636,7 +636,7 @@ fn snapshot_cluster(dir: &Path) -> (Vec<Node>, usize, usize) {
 #[test]
 fn a_follower_behind_a_purge_catches_up_by_snapshot_and_serves_every_message() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut nodes, leader, follower) = snapshot_cluster(dir.path());
+    let (mut nodes, _, follower) = snapshot_cluster(dir.path());
     let live: Vec<usize> = (0..3).filter(|i| *i != follower).collect();
     let mut acked = load(&nodes, &[0, 1, 2], "snap", "before", 20, 4);
     wait_caught_up(&nodes, follower, Duration::from_secs(30));
@@ -699,17 +699,16 @@ fn a_follower_killed_during_snapshot_transfer_and_install_converges_with_every_w
 
 /// As above, but the follower first snapshots and purges its own log, so an install cut short
 /// cannot be repaired by re-applying its log: the store must keep its old state (and meta) until
-/// the new one is complete. Today `FjallStore` discards the partial state at open and the node
-/// then refuses to start ("Cannot re-apply logs: need logs from index 0, but purged up to ...").
+/// the new one is complete (a store that discarded it at open left the node unable to start:
+/// "Cannot re-apply logs: need logs from index 0, but purged up to ...").
 #[test]
-#[ignore = "fails until the store keeps its old state through an interrupted install (issue 15, item 3)"]
 fn a_follower_with_a_purged_log_killed_during_snapshot_install_converges_with_every_write() {
     follower_killed_during_snapshot(true);
 }
 
 fn follower_killed_during_snapshot(own_purge_first: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut nodes, leader, follower) = snapshot_cluster(dir.path());
+    let (mut nodes, _, follower) = snapshot_cluster(dir.path());
     let live: Vec<usize> = (0..3).filter(|i| *i != follower).collect();
     let mut acked = load(&nodes, &[0, 1, 2], "k9snap", "before", if own_purge_first { 1600 } else { 20 }, 2);
     wait_caught_up(&nodes, follower, Duration::from_secs(60));
