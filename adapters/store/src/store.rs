@@ -22,10 +22,10 @@ pub struct StoreConfig {
     pub cache_bytes: u64,
     /// One memtable of the state keyspace, in bytes (sealed ones are flushed in the background).
     /// 8 MiB: since messages moved to the segment log, the engine's rows are small (a dedup row
-    /// is about 30 bytes), and fjall counts a memtable's bytes, not its skiplist nodes: 32 MiB of
-    /// such rows took the three-node bench's nodes to 220-290 MiB peak RSS, 8 MiB to 92-97 MiB
-    /// at the same batch rate. (With 300-byte message rows, 32 MiB against 16 had given a fifth
-    /// more batch pushes; fjall holds up to four sealed memtables besides the active one.)
+    /// is about 30 bytes), and fjall counts a memtable's bytes, not its skiplist nodes. In the
+    /// three-node bench with a 5M backlog (docs/performance.md), 32 MiB gave 219-238 MiB peak
+    /// RSS per node in the rounds and 227-288 in the backlog run; 8 MiB gave 163-176 and
+    /// 185-190, at the price of more compaction (3.0x -> 3.7x the message written per node).
     pub memtable_bytes: u64,
     /// Journal size cap on disk (also bounds replay after a crash).
     pub journal_bytes: u64,
