@@ -13,7 +13,7 @@ use crate::filter::DedupFilter;
 use crate::messages;
 use crate::segments::Segments;
 use crate::snapshot::{Chunk, Chunks, decode_chunk};
-use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, read_err};
+use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
     BackendError::Storage(e.to_string())
@@ -22,7 +22,10 @@ fn storage(e: impl std::fmt::Display) -> BackendError {
 impl StateMachineBackend for FjallStore {
     fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError> {
         let mut responses = Vec::with_capacity(entries.len());
-        let mut txn = Txn::new(self);
+        // One slot for the whole batch: installs, which switch slots, run on the same caller as
+        // apply, never during it.
+        let slot = self.slot();
+        let mut txn = Txn::new(&slot);
         for e in &entries {
             match &e.command {
                 Some(bytes) => {
@@ -38,30 +41,18 @@ impl StateMachineBackend for FjallStore {
             }
         }
         let (mut writes, appends) = txn.into_parts();
-        // Installs, which switch slots, run on the same caller as apply, never during it.
-        let Slot { state, segments, dedup_filter, .. } = self.slot();
         // Messages go to the segment log (written here, before the batch that indexes them);
         // what remains of `writes` and the index rows go into one engine batch.
-        let read_row = |k: &[u8]| Ok(state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
-        let staged = messages::stage(&state, &read_row, &segments, &mut writes, appends).map_err(storage)?;
+        let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends).map_err(storage)?;
         self.rows_written.fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-        for (k, v) in writes.into_iter().chain(staged.rows) {
-            match v {
-                Some(v) => {
-                    // Before the commit: a reader that can see the row must not be told it is absent.
-                    dedup_filter.insert(&k);
-                    batch.insert(&state, k, v);
-                }
-                None => batch.remove(&state, k),
-            }
-        }
+        slot.write_rows(&mut batch, writes.into_iter().chain(staged.rows));
         batch.insert(&self.raft, META_KEY, meta);
         batch.commit().map_err(storage)?;
         for file in staged.released {
-            segments.release(file);
+            slot.segments.release(file);
         }
         Ok(responses)
     }

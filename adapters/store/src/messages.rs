@@ -96,35 +96,46 @@ fn segment_err(e: SegmentError) -> StoreError {
     StoreError::Read(e.to_string())
 }
 
-/// Ordered access to the index rows: the engine's current state or a pinned view of it.
-pub(crate) trait IndexRead {
-    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter;
+/// Read access to a slot's engine rows (the index among them): its current state or a pinned
+/// view of it.
+pub(crate) trait EngineRead {
+    fn range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter;
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
-impl IndexRead for fjall::Keyspace {
-    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
-        self.range(lo..hi)
+impl EngineRead for fjall::Keyspace {
+    fn range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
+        fjall::Keyspace::range(self, lo..hi)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(fjall::Keyspace::get(self, key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 }
 
-/// A pinned view's index.
-pub(crate) struct ViewIndex<'a>(pub &'a fjall::Snapshot, pub &'a fjall::Keyspace);
+/// A pinned view of a slot's keyspace.
+pub(crate) struct View<'a>(pub &'a fjall::Snapshot, pub &'a fjall::Keyspace);
 
-impl IndexRead for ViewIndex<'_> {
-    fn index_range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
+impl EngineRead for View<'_> {
+    fn range(&self, lo: &[u8], hi: &[u8]) -> fjall::Iter {
         use fjall::Readable;
         self.0.range(self.1, lo..hi)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        use fjall::Readable;
+        Ok(self.0.get(self.1, key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 }
 
 /// The record of `pid` that holds `offset`, if any: (base, index value).
-fn record_at(idx: &dyn IndexRead, pid: u64, offset: u64) -> Result<Option<(u64, IndexVal)>, StoreError> {
+fn record_at(idx: &dyn EngineRead, pid: u64, offset: u64) -> Result<Option<(u64, IndexVal)>, StoreError> {
     let lo = index_key(pid, 0);
     let hi = match offset.checked_add(1) {
         Some(n) => index_key(pid, n),
         None => keys::prefix_end(&keys::pid_prefix(table::SEGMENT_INDEX, pid)),
     };
-    match idx.index_range(&lo, &hi).next_back() {
+    match idx.range(&lo, &hi).next_back() {
         None => Ok(None),
         Some(g) => {
             let (k, v) = g.into_inner().map_err(read_err)?;
@@ -134,7 +145,7 @@ fn record_at(idx: &dyn IndexRead, pid: u64, offset: u64) -> Result<Option<(u64, 
 }
 
 /// The stored value of a message key.
-pub(crate) fn get(idx: &dyn IndexRead, seg: &Segments, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+pub(crate) fn get(idx: &dyn EngineRead, seg: &Segments, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
     let Some((pid, offset)) = message_key_parts(key) else { return Ok(None) };
     let Some((base, v)) = record_at(idx, pid, offset)? else { return Ok(None) };
     if offset < v.first_live(base) || offset >= v.end(base) {
@@ -146,7 +157,7 @@ pub(crate) fn get(idx: &dyn IndexRead, seg: &Segments, key: &[u8]) -> Result<Opt
 
 /// Visit the message rows in `[start, end)`, both inside the message table, in key order.
 pub(crate) fn scan(
-    idx: &dyn IndexRead,
+    idx: &dyn EngineRead,
     seg: &Segments,
     start: &[u8],
     end: &[u8],
@@ -169,7 +180,7 @@ pub(crate) fn scan(
         return Ok(());
     }
     let mut key = vec![table::MESSAGE; 17];
-    for g in idx.index_range(&ilo, &ihi) {
+    for g in idx.range(&ilo, &ihi) {
         let (k, v) = g.into_inner().map_err(read_err)?;
         if k.len() != 17 {
             continue;
@@ -197,9 +208,6 @@ pub(crate) fn scan(
     Ok(())
 }
 
-/// A point read of a committed engine row.
-pub(crate) type ReadRow<'a> = dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, StoreError> + 'a;
-
 /// Everything an apply's message rows turn into, ready to go into the engine's batch.
 pub(crate) struct Staged {
     /// Engine rows to put (`Some`) or remove (`None`).
@@ -211,8 +219,7 @@ pub(crate) struct Staged {
 /// Split the message rows out of `writes` (the other rows stay), append `appends` to the
 /// segment log and turn the deletes into index changes. `idx` is the committed index.
 pub(crate) fn stage(
-    idx: &dyn IndexRead,
-    read_row: &ReadRow<'_>,
+    idx: &dyn EngineRead,
     seg: &Segments,
     writes: &mut WriteSet,
     appends: Appends,
@@ -276,7 +283,7 @@ pub(crate) fn stage(
         let lo = index_key(pid, 0);
         let hi = index_key(pid, start);
         let mut touched: Vec<(Vec<u8>, IndexVal)> = Vec::new();
-        for g in idx.index_range(&lo, &hi) {
+        for g in idx.range(&lo, &hi) {
             let (k, v) = g.into_inner().map_err(read_err)?;
             touched.push((k.to_vec(), IndexVal::decode(&k, &v)?));
         }
@@ -305,7 +312,7 @@ pub(crate) fn stage(
     counted.sort_unstable();
     for file in counted {
         let key = file_key(file);
-        let before = match read_row(&key)? {
+        let before = match idx.get(&key)? {
             Some(b) => u64::from_le_bytes(b.as_slice().try_into().unwrap_or_default()),
             None => 0,
         };

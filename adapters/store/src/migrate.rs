@@ -46,18 +46,9 @@ impl FjallStore {
             let removes: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
             let appends: Appends = rows.into_iter().collect();
             let mut writes = WriteSet::new();
-            let read_row = |k: &[u8]| Ok(slot.state.get(k).map_err(read_err)?.map(|v| v.to_vec()));
-            let staged = messages::stage(&slot.state, &read_row, &slot.segments, &mut writes, appends)?;
+            let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends)?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            for k in removes {
-                batch.remove(&slot.state, k);
-            }
-            for (k, v) in staged.rows {
-                match v {
-                    Some(v) => batch.insert(&slot.state, k, v),
-                    None => batch.remove(&slot.state, k),
-                }
-            }
+            slot.write_rows(&mut batch, removes.into_iter().map(|k| (k, None)).chain(staged.rows));
             batch.commit().map_err(fjall_err)?;
         }
         let mut dedup_moved = 0u64;
@@ -86,17 +77,16 @@ impl FjallStore {
                     list.push(d.offset);
                 }
             }
-            for (k, list) in lists {
-                slot.dedup_filter.insert(&k);
-                batch.insert(&slot.state, k, queen_domain::codec::encode(&list));
-            }
+            slot.write_rows(&mut batch, lists.into_iter().map(|(k, list)| (k, Some(queen_domain::codec::encode(&list)))));
             batch.commit().map_err(fjall_err)?;
+        }
+        // Nothing moved (a store of this layout, or a snapshot from a node of it): nothing to sync.
+        if messages_moved + dedup_moved == 0 {
+            return Ok(());
         }
         slot.segments.sync().map_err(|e| StoreError::Read(e.to_string()))?;
         self.db.persist(PersistMode::SyncAll).map_err(fjall_err)?;
-        if messages_moved + dedup_moved > 0 {
-            tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 2 (messages in segments)");
-        }
+        tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 2 (messages in segments)");
         Ok(())
     }
 }

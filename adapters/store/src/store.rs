@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use queen_domain::keys::table;
 use queen_domain::{StateRead, StoreError};
 
 use crate::filter::DedupFilter;
-use crate::messages::{self, IndexRead, ViewIndex};
+use crate::messages::{self, EngineRead, View};
 use crate::segments::{SegmentError, Segments};
 
 /// Engine settings that bound memory.
@@ -327,21 +327,22 @@ impl FjallStore {
 
 /// A visitor of rows; false stops the scan.
 type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> bool + 'a;
-/// A scan of engine rows in a range; false when the visitor stopped.
-type EngineScan<'a> = dyn Fn(&[u8], &[u8], &mut Visit<'_>) -> Result<bool, StoreError> + 'a;
-/// A scan of message rows in a range.
-type LogScan<'a> = dyn Fn(&[u8], &[u8], &mut Visit<'_>) -> Result<(), StoreError> + 'a;
 
-/// A scan split at the message table: engine rows before it, the segment log inside it, engine
-/// rows after it.
-fn split_scan(
-    start: &[u8],
-    end: &[u8],
-    visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    engine: &EngineScan<'_>,
-    log: &LogScan<'_>,
-) -> Result<(), StoreError> {
-    // The store's own tables (the segment index and its counters) are not the domain's.
+/// A point read of the domain's state: message rows from the segment log, the store's own
+/// tables hidden, dedup rows the filter rules out answered without the engine.
+fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    if key.first() == Some(&table::MESSAGE) {
+        return messages::get(engine, segments, key);
+    }
+    if key.first().is_some_and(|t| *t >= table::SEGMENT_INDEX) || filter.surely_absent(key) {
+        return Ok(None);
+    }
+    engine.get(key)
+}
+
+/// A scan of the domain's state, split at the message table: engine rows before it, the
+/// segment log inside it, engine rows after it; the store's own tables are not the domain's.
+fn routed_scan(engine: &dyn EngineRead, segments: &Segments, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
     let end = end.min(&[table::SEGMENT_INDEX][..]);
     if start >= end {
         return Ok(());
@@ -354,20 +355,20 @@ fn split_scan(
         go.set(more);
         more
     };
-    if start < lo && !engine(start, end.min(lo), &mut guarded)? {
+    if start < lo && !visit_engine(engine.range(start, end.min(lo)), &mut guarded)? {
         return Ok(());
     }
     if go.get() && end > lo && start < hi {
-        log(start.max(lo), end.min(hi), &mut guarded)?;
+        messages::scan(engine, segments, start.max(lo), end.min(hi), &mut guarded)?;
     }
     if go.get() && end > hi {
-        engine(start.max(hi), end, &mut guarded)?;
+        visit_engine(engine.range(start.max(hi), end), &mut guarded)?;
     }
     Ok(())
 }
 
 /// Visit an engine range; false when the visitor stopped.
-fn visit_engine(iter: fjall::Iter, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<bool, StoreError> {
+fn visit_engine(iter: fjall::Iter, visit: &mut Visit<'_>) -> Result<bool, StoreError> {
     for guard in iter {
         let (k, v) = guard.into_inner().map_err(read_err)?;
         if !visit(&k, &v) {
@@ -377,35 +378,39 @@ fn visit_engine(iter: fjall::Iter, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) 
     Ok(true)
 }
 
-fn is_message(key: &[u8]) -> bool {
-    key.first() == Some(&table::MESSAGE)
+impl Slot {
+    /// Stage engine rows (`Some` puts, `None` removes) in `batch`; dedup rows are added to the
+    /// filter first, so a reader that can see a row is never told it is absent.
+    pub(crate) fn write_rows(&self, batch: &mut fjall::OwnedWriteBatch, rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>) {
+        for (k, v) in rows {
+            match v {
+                Some(v) => {
+                    self.dedup_filter.insert(&k);
+                    batch.insert(&self.state, k, v);
+                }
+                None => batch.remove(&self.state, k),
+            }
+        }
+    }
 }
 
-fn is_own(key: &[u8]) -> bool {
-    key.first().is_some_and(|t| *t >= table::SEGMENT_INDEX)
+impl StateRead for Slot {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        routed_get(&self.state, &self.segments, &self.dedup_filter, key)
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        routed_scan(&self.state, &self.segments, start, end, visit)
+    }
 }
 
 impl StateRead for FjallStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let Slot { state, segments, dedup_filter, .. } = self.slot();
-        if is_message(key) {
-            return messages::get(&state, &segments, key);
-        }
-        if is_own(key) || dedup_filter.surely_absent(key) {
-            return Ok(None);
-        }
-        Ok(state.get(key).map_err(read_err)?.map(|v| v.to_vec()))
+        self.slot().get(key)
     }
 
-    fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        let Slot { state, segments, .. } = self.slot();
-        split_scan(
-            start,
-            end,
-            visit,
-            &|a, b, v| visit_engine(state.range(a..b), v),
-            &|a, b, v| messages::scan(&state, &segments, a, b, v),
-        )
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        self.slot().scan(start, end, visit)
     }
 }
 
@@ -419,23 +424,10 @@ pub struct StateView {
 
 impl StateRead for StateView {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if is_message(key) {
-            return messages::get(&ViewIndex(&self.snap, &self.state), &self.segments, key);
-        }
-        if is_own(key) || self.dedup_filter.surely_absent(key) {
-            return Ok(None);
-        }
-        Ok(self.snap.get(&self.state, key).map_err(read_err)?.map(|v| v.to_vec()))
+        routed_get(&View(&self.snap, &self.state), &self.segments, &self.dedup_filter, key)
     }
 
-    fn scan(&self, start: &[u8], end: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        let idx = ViewIndex(&self.snap, &self.state);
-        split_scan(
-            start,
-            end,
-            visit,
-            &|a, b, v| visit_engine(idx.index_range(a, b), v),
-            &|a, b, v| messages::scan(&idx, &self.segments, a, b, v),
-        )
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        routed_scan(&View(&self.snap, &self.state), &self.segments, start, end, visit)
     }
 }
