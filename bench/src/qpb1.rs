@@ -25,7 +25,8 @@ pub struct Group<'a> {
 }
 
 fn str16(out: &mut Vec<u8>, s: &str) -> Result<(), String> {
-    let len = u16::try_from(s.len()).map_err(|_| format!("a name of {} bytes does not fit a str16", s.len()))?;
+    let len = u16::try_from(s.len())
+        .map_err(|_| format!("a name of {} bytes does not fit a str16", s.len()))?;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(s.as_bytes());
     Ok(())
@@ -48,9 +49,17 @@ pub fn uuid_v7(ms: u64, rng: &mut Rng) -> [u8; 16] {
 
 /// The stored frames of one group, back to back (before compression).
 pub fn frames(messages: &[(String, String)], ms: u64, rng: &mut Rng) -> Result<Vec<u8>, String> {
-    let mut raw = Vec::with_capacity(messages.iter().map(|(t, p)| 4 + 19 + t.len() + p.len()).sum());
+    let mut raw = Vec::with_capacity(
+        messages
+            .iter()
+            .map(|(t, p)| 4 + 19 + t.len() + p.len())
+            .sum(),
+    );
     for (txn, payload) in messages {
-        let body_len = u32_of(1 + 16 + 2 + txn.len() + payload.len(), "a frame's body length")?;
+        let body_len = u32_of(
+            1 + 16 + 2 + txn.len() + payload.len(),
+            "a frame's body length",
+        )?;
         raw.extend_from_slice(&body_len.to_le_bytes());
         raw.push(0);
         raw.extend_from_slice(&uuid_v7(ms, rng));
@@ -62,7 +71,9 @@ pub fn frames(messages: &[(String, String)], ms: u64, rng: &mut Rng) -> Result<V
 
 /// A whole QPB1 body with FRAMES, one zstd frame (level 1) per group.
 pub fn encode(groups: &[Group<'_>], rng: &mut Rng) -> Result<Vec<u8>, String> {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let mut out = Vec::new();
     out.extend_from_slice(b"QPB1");
     out.push(FLAG_FRAMES);
@@ -91,8 +102,18 @@ mod tests {
     #[test]
     fn a_body_decodes_back_to_its_frames() {
         let mut rng = Rng::seeded(7);
-        let msgs: Vec<(String, String)> = (0..3).map(|i| (format!("t{i}"), format!("{{\"d\":\"{i}\"}}"))).collect();
-        let body = encode(&[Group { queue: "bench", partition: "p1", messages: &msgs }], &mut rng).unwrap();
+        let msgs: Vec<(String, String)> = (0..3)
+            .map(|i| (format!("t{i}"), format!("{{\"d\":\"{i}\"}}")))
+            .collect();
+        let body = encode(
+            &[Group {
+                queue: "bench",
+                partition: "p1",
+                messages: &msgs,
+            }],
+            &mut rng,
+        )
+        .unwrap();
         assert_eq!(&body[..5], b"QPB1\x08");
         assert_eq!(u32_at(&body, 5), 1);
         let mut at = 9;
@@ -107,7 +128,11 @@ mod tests {
         assert_eq!(z.len(), z_len);
         let size = zstd::zstd_safe::get_frame_content_size(z).unwrap();
         let raw = zstd::bulk::decompress(z, 1 << 20).unwrap();
-        assert_eq!(size, Some(raw.len() as u64), "the frame records its content size");
+        assert_eq!(
+            size,
+            Some(raw.len() as u64),
+            "the frame records its content size"
+        );
         let mut p = 0;
         for (txn, payload) in &msgs {
             let body_len = u32_at(&raw, p);
@@ -118,7 +143,10 @@ mod tests {
             assert_eq!(id[8] >> 6, 0b10, "variant");
             assert_eq!(&raw[p + 21..p + 23], &(txn.len() as u16).to_le_bytes());
             assert_eq!(&raw[p + 23..p + 23 + txn.len()], txn.as_bytes());
-            assert_eq!(&raw[p + 23 + txn.len()..p + 4 + body_len], payload.as_bytes());
+            assert_eq!(
+                &raw[p + 23 + txn.len()..p + 4 + body_len],
+                payload.as_bytes()
+            );
             p += 4 + body_len;
         }
         assert_eq!(p, raw.len());

@@ -21,13 +21,18 @@ fn drain(n: &Node, queue: &str) -> Vec<(String, String)> {
     let mut seen = Vec::new();
     let until = Instant::now() + Duration::from_secs(120);
     while Instant::now() < until {
-        let a = n.get(&format!("/api/v1/pop/queue/{queue}?batch=1000&partitions=16&wait=false&autoAck=true"));
+        let a = n.get(&format!(
+            "/api/v1/pop/queue/{queue}?batch=1000&partitions=16&wait=false&autoAck=true"
+        ));
         if a.status == 204 {
             return seen;
         }
         assert_eq!(a.status, 200, "{}", a.text);
         for m in a.json["messages"].as_array().unwrap() {
-            seen.push((m["transactionId"].as_str().unwrap().to_owned(), m["partitionId"].to_string()));
+            seen.push((
+                m["transactionId"].as_str().unwrap().to_owned(),
+                m["partitionId"].to_string(),
+            ));
         }
     }
     panic!("draining {queue} did not finish in time");
@@ -84,7 +89,8 @@ fn repeated_kill_9_during_batch_appends_keeps_every_acknowledged_message_once() 
             .collect();
         let before = acked.lock().unwrap().len();
         assert!(
-            queen_tests::eventually(Duration::from_secs(30), || acked.lock().unwrap().len() >= before + 1000),
+            queen_tests::eventually(Duration::from_secs(30), || acked.lock().unwrap().len()
+                >= before + 1000),
             "writers made no progress in round {round}:\n{}",
             n.log_text()
         );
@@ -101,13 +107,21 @@ fn repeated_kill_9_during_batch_appends_keeps_every_acknowledged_message_once() 
     assert_eq!(first.status, 200, "{}", first.text);
     n.kill9();
     n.restart();
-    assert_eq!(n.post("/api/v1/fetch", &fetch).json, first.json, "a restart changed what is stored at which offset");
+    assert_eq!(
+        n.post("/api/v1/fetch", &fetch).json,
+        first.json,
+        "a restart changed what is stored at which offset"
+    );
     let seen = drain(&n, "seg");
     let unique: BTreeSet<String> = seen.iter().map(|(t, _)| t.clone()).collect();
     eprintln!("acknowledged: {}, stored: {}", acked.len(), seen.len());
     assert_eq!(unique.len(), seen.len(), "a message was stored twice");
     let missing: Vec<_> = acked.difference(&unique).take(5).collect();
-    assert!(missing.is_empty(), "{} acknowledged pushes lost, e.g. {missing:?}", acked.difference(&unique).count());
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged pushes lost, e.g. {missing:?}",
+        acked.difference(&unique).count()
+    );
 }
 
 #[test]
@@ -122,15 +136,26 @@ fn bytes_past_the_committed_end_are_cut_at_start() {
     n.sigterm(Duration::from_secs(40));
     // A torn append: garbage after the last record, as a crash in the middle of a write leaves.
     let seg_dir = data.join("state").join("segments");
-    let last = std::fs::read_dir(&seg_dir).unwrap().map(|e| e.unwrap().path()).max().expect("a segment file");
+    let last = std::fs::read_dir(&seg_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .expect("a segment file");
     let size = std::fs::metadata(&last).unwrap().len();
     {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&last)
+            .unwrap();
         f.write_all(&[0xAB; 777]).unwrap();
     }
     n.restart();
-    assert_eq!(std::fs::metadata(&last).unwrap().len(), size, "the torn tail was cut back");
+    assert_eq!(
+        std::fs::metadata(&last).unwrap().len(),
+        size,
+        "the torn tail was cut back"
+    );
     let seen = drain(&n, "torn");
     assert_eq!(seen.len(), 20);
     // And the node appends after the cut as before.
@@ -163,5 +188,8 @@ fn ten_thousand_partitions_keep_memory_bounded() {
     assert!(per_partition.values().all(|c| *c == 1));
     let rss = peak_rss_kib(n.pid().unwrap());
     eprintln!("peak RSS with {parts} partitions: {} MiB", rss / 1024);
-    assert!(rss < 400 * 1024, "peak RSS {rss} KiB with {parts} partitions");
+    assert!(
+        rss < 400 * 1024,
+        "peak RSS {rss} KiB with {parts} partitions"
+    );
 }

@@ -35,7 +35,10 @@ impl<'a> Reader<'a> {
     /// The next `n` bytes, which hold `what`.
     pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
         if n > self.remaining() {
-            return Err(format!("ends inside {what} (needs {n} bytes, {} left)", self.remaining()));
+            return Err(format!(
+                "ends inside {what} (needs {n} bytes, {} left)",
+                self.remaining()
+            ));
         }
         let piece = &self.data[self.at..self.at + n];
         self.at += n;
@@ -100,18 +103,40 @@ pub(crate) struct Frame<'a> {
 pub(crate) fn read_frame<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, String> {
     let body_len = r.len32("body_len")?;
     if body_len < FRAME_FIXED {
-        return Err(format!("body_len {body_len} is shorter than a frame's fixed part ({FRAME_FIXED} bytes)"));
+        return Err(format!(
+            "body_len {body_len} is shorter than a frame's fixed part ({FRAME_FIXED} bytes)"
+        ));
     }
-    let mut b = Reader::new(r.take(body_len, &format!("its body of {body_len} bytes (body_len)"))?);
+    let mut b = Reader::new(r.take(
+        body_len,
+        &format!("its body of {body_len} bytes (body_len)"),
+    )?);
     let flags = b.u8("flags")?;
     if flags & !(FLAG_TRACE | FLAG_PRODUCER | FLAG_ENCRYPTED) != 0 {
-        return Err(format!("flags {flags} has unknown bits (known: 1 trace id, 2 producer, 4 encrypted)"));
+        return Err(format!(
+            "flags {flags} has unknown bits (known: 1 trace id, 2 producer, 4 encrypted)"
+        ));
     }
     let message_id = id16(b.take(16, "the message id")?);
-    let trace_id = if flags & FLAG_TRACE != 0 { Some(id16(b.take(16, "the trace id")?)) } else { None };
+    let trace_id = if flags & FLAG_TRACE != 0 {
+        Some(id16(b.take(16, "the trace id")?))
+    } else {
+        None
+    };
     let transaction_id = b.str16("the transactionId")?;
-    let producer = if flags & FLAG_PRODUCER != 0 { Some(b.str16("the producer")?) } else { None };
-    Ok(Frame { flags, message_id, trace_id, transaction_id, producer, payload: b.rest() })
+    let producer = if flags & FLAG_PRODUCER != 0 {
+        Some(b.str16("the producer")?)
+    } else {
+        None
+    };
+    Ok(Frame {
+        flags,
+        message_id,
+        trace_id,
+        transaction_id,
+        producer,
+        payload: b.rest(),
+    })
 }
 
 fn id16(b: &[u8]) -> [u8; 16] {
@@ -121,9 +146,18 @@ fn id16(b: &[u8]) -> [u8; 16] {
 }
 
 /// Append one frame. `None` when a text does not fit its `u16` length or the frame its `u32`.
-pub(crate) fn write_frame(out: &mut Vec<u8>, message_id: &[u8; 16], trace_id: Option<&[u8; 16]>, transaction_id: &str, payload: &[u8]) -> Option<()> {
+pub(crate) fn write_frame(
+    out: &mut Vec<u8>,
+    message_id: &[u8; 16],
+    trace_id: Option<&[u8; 16]>,
+    transaction_id: &str,
+    payload: &[u8],
+) -> Option<()> {
     let txn_len = u16::try_from(transaction_id.len()).ok()?;
-    let body_len = FRAME_FIXED + if trace_id.is_some() { 16 } else { 0 } + transaction_id.len() + payload.len();
+    let body_len = FRAME_FIXED
+        + if trace_id.is_some() { 16 } else { 0 }
+        + transaction_id.len()
+        + payload.len();
     out.extend_from_slice(&u32::try_from(body_len).ok()?.to_le_bytes());
     out.push(if trace_id.is_some() { FLAG_TRACE } else { 0 });
     out.extend_from_slice(message_id);
@@ -156,27 +190,50 @@ pub(crate) enum Inflate {
 /// it holds (QPB1's `raw_len`); without it the frame must record its content size. Either way
 /// the output buffer is that size, refused above `allowed`, and a frame that would write more
 /// fails instead of growing it: memory is bounded before the first byte is decompressed.
-pub(crate) fn inflate(z: &[u8], declared: Option<usize>, allowed: usize) -> Result<Vec<u8>, Inflate> {
-    let whole = zstd::zstd_safe::find_frame_compressed_size(z).map_err(|_| Inflate::Bad("is not a zstd frame".to_owned()))?;
+pub(crate) fn inflate(
+    z: &[u8],
+    declared: Option<usize>,
+    allowed: usize,
+) -> Result<Vec<u8>, Inflate> {
+    let whole = zstd::zstd_safe::find_frame_compressed_size(z)
+        .map_err(|_| Inflate::Bad("is not a zstd frame".to_owned()))?;
     if whole != z.len() {
-        return Err(Inflate::Bad(format!("holds {} bytes after its zstd frame (one frame expected)", z.len() - whole.min(z.len()))));
+        return Err(Inflate::Bad(format!(
+            "holds {} bytes after its zstd frame (one frame expected)",
+            z.len() - whole.min(z.len())
+        )));
     }
     let recorded = match zstd::zstd_safe::get_frame_content_size(z) {
         Ok(size) => size.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
         Err(_) => return Err(Inflate::Bad("is not a zstd frame".to_owned())),
     };
     let size = match (declared, recorded) {
-        (Some(d), Some(r)) if d != r => return Err(Inflate::Bad(format!("records a content size of {r} bytes, not the declared {d}"))),
+        (Some(d), Some(r)) if d != r => {
+            return Err(Inflate::Bad(format!(
+                "records a content size of {r} bytes, not the declared {d}"
+            )));
+        }
         (Some(d), _) => d,
         (None, Some(r)) => r,
-        (None, None) => return Err(Inflate::Bad("does not record its content size (compress with the content size written)".to_owned())),
+        (None, None) => {
+            return Err(Inflate::Bad(
+                "does not record its content size (compress with the content size written)"
+                    .to_owned(),
+            ));
+        }
     };
     if size > allowed {
-        return Err(Inflate::TooLarge(format!("would decompress to {size} bytes, more than the {allowed} this body may still hold (QUEEN_MAX_BODY_BYTES)")));
+        return Err(Inflate::TooLarge(format!(
+            "would decompress to {size} bytes, more than the {allowed} this body may still hold (QUEEN_MAX_BODY_BYTES)"
+        )));
     }
-    let out = zstd::bulk::decompress(z, size).map_err(|e| Inflate::Bad(format!("does not decompress to {size} bytes: {e}")))?;
+    let out = zstd::bulk::decompress(z, size)
+        .map_err(|e| Inflate::Bad(format!("does not decompress to {size} bytes: {e}")))?;
     if out.len() != size {
-        return Err(Inflate::Bad(format!("decompresses to {} bytes, not the declared {size}", out.len())));
+        return Err(Inflate::Bad(format!(
+            "decompresses to {} bytes, not the declared {size}",
+            out.len()
+        )));
     }
     Ok(out)
 }
@@ -193,7 +250,10 @@ mod tests {
             let mut r = Reader::new(&out);
             let f = read_frame(&mut r).unwrap();
             assert_eq!(r.remaining(), 0);
-            assert_eq!((f.message_id, f.trace_id, f.transaction_id, f.payload), ([7; 16], trace, "t-1", &br#"{"a":1}"#[..]));
+            assert_eq!(
+                (f.message_id, f.trace_id, f.transaction_id, f.payload),
+                ([7; 16], trace, "t-1", &br#"{"a":1}"#[..])
+            );
             assert_eq!(f.flags, u8::from(trace.is_some()));
         }
     }
@@ -203,7 +263,10 @@ mod tests {
         let mut good = Vec::new();
         write_frame(&mut good, &[7; 16], None, "t", b"1").unwrap();
         let err = |b: &[u8]| read_frame(&mut Reader::new(b)).unwrap_err();
-        assert_eq!(err(&good[..2]), "ends inside body_len (needs 4 bytes, 2 left)");
+        assert_eq!(
+            err(&good[..2]),
+            "ends inside body_len (needs 4 bytes, 2 left)"
+        );
         assert!(err(&good[..good.len() - 1]).starts_with("ends inside its body of"));
         assert!(err(&[3, 0, 0, 0, 0, 0, 0]).starts_with("body_len 3 is shorter"));
         let mut flags = good.clone();
@@ -222,19 +285,31 @@ mod tests {
         let raw = vec![b'x'; 100_000];
         let z = zstd::bulk::compress(&raw, 1).unwrap();
         assert_eq!(inflate(&z, None, 100_000).unwrap(), raw);
-        assert!(matches!(inflate(&z, None, 99_999), Err(Inflate::TooLarge(_))));
-        assert!(matches!(inflate(&z, Some(10), 100_000), Err(Inflate::Bad(m)) if m.contains("not the declared 10")));
+        assert!(matches!(
+            inflate(&z, None, 99_999),
+            Err(Inflate::TooLarge(_))
+        ));
+        assert!(
+            matches!(inflate(&z, Some(10), 100_000), Err(Inflate::Bad(m)) if m.contains("not the declared 10"))
+        );
         let mut two = z.clone();
         two.extend_from_slice(&z);
-        assert!(matches!(inflate(&two, None, 1 << 30), Err(Inflate::Bad(m)) if m.contains("after its zstd frame")));
+        assert!(
+            matches!(inflate(&two, None, 1 << 30), Err(Inflate::Bad(m)) if m.contains("after its zstd frame"))
+        );
         assert!(matches!(inflate(b"nope", None, 100), Err(Inflate::Bad(_))));
         // A frame without its content size: only a declared size will do.
         let mut enc = zstd::bulk::Compressor::new(1).unwrap();
         enc.include_contentsize(false).unwrap();
         let bare = enc.compress(&raw).unwrap();
-        assert!(matches!(inflate(&bare, None, 1 << 30), Err(Inflate::Bad(m)) if m.contains("content size")));
+        assert!(
+            matches!(inflate(&bare, None, 1 << 30), Err(Inflate::Bad(m)) if m.contains("content size"))
+        );
         assert_eq!(inflate(&bare, Some(100_000), 100_000).unwrap(), raw);
         // A declared size smaller than the frame's output fails without growing the buffer.
-        assert!(matches!(inflate(&bare, Some(50_000), 100_000), Err(Inflate::Bad(_))));
+        assert!(matches!(
+            inflate(&bare, Some(50_000), 100_000),
+            Err(Inflate::Bad(_))
+        ));
     }
 }

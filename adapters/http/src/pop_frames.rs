@@ -21,14 +21,31 @@ use crate::render;
 pub(crate) const CONTENT_TYPE: &str = "application/x-queen-pop";
 
 /// The answer, or `None` when JSON must answer instead (see the module doc).
-pub(crate) fn encode(queue: &str, group: &str, p: &PopOutcome, autopilot: Option<(u32, u32)>) -> Option<Vec<u8>> {
+pub(crate) fn encode(
+    queue: &str,
+    group: &str,
+    p: &PopOutcome,
+    autopilot: Option<(u32, u32)>,
+) -> Option<Vec<u8>> {
     let mut own = Map::new();
-    own.insert("leaseExpiresAt".to_owned(), (!p.lease_id.is_empty()).then(|| p.lease_expires.iso_millis()).into());
+    own.insert(
+        "leaseExpiresAt".to_owned(),
+        (!p.lease_id.is_empty())
+            .then(|| p.lease_expires.iso_millis())
+            .into(),
+    );
     if let Some(a) = autopilot {
         own.insert("autopilot".to_owned(), render::autopilot_echo(a));
     }
     let own = serde_json::to_vec(&Value::Object(own)).ok()?;
-    let mut out = Vec::with_capacity(64 + p.claims.iter().flat_map(|c| &c.messages).map(|m| 64 + m.transaction_id.len() + m.payload.len()).sum::<usize>());
+    let mut out = Vec::with_capacity(
+        64 + p
+            .claims
+            .iter()
+            .flat_map(|c| &c.messages)
+            .map(|m| 64 + m.transaction_id.len() + m.payload.len())
+            .sum::<usize>(),
+    );
     out.extend_from_slice(b"QPF1");
     out.push(1);
     out.extend_from_slice(&u32::try_from(own.len()).ok()?.to_le_bytes());
@@ -66,7 +83,10 @@ fn claim(out: &mut Vec<u8>, c: &Claim) -> Option<()> {
         // A record: the longest run of consecutive offsets with one stamp.
         let first = &c.messages[i];
         let mut j = i + 1;
-        while j < c.messages.len() && c.messages[j].offset == first.offset + (j - i) as u64 && c.messages[j].created == first.created {
+        while j < c.messages.len()
+            && c.messages[j].offset == first.offset + (j - i) as u64
+            && c.messages[j].created == first.created
+        {
             j += 1;
         }
         out.extend_from_slice(&first.offset.to_le_bytes());
@@ -80,7 +100,9 @@ fn claim(out: &mut Vec<u8>, c: &Claim) -> Option<()> {
                 None => None,
                 Some(t) => Some(canonical_uuid(t)?),
             };
-            if m.payload.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(&m.payload).is_err() {
+            if m.payload.is_empty()
+                || serde_json::from_slice::<serde::de::IgnoredAny>(&m.payload).is_err()
+            {
                 return None;
             }
             write_frame(out, &m.id, trace.as_ref(), &m.transaction_id, &m.payload)?;
@@ -110,7 +132,15 @@ mod tests {
     use crate::frame::{Reader, read_frame};
 
     fn msg(offset: u64, created: u64, payload: &str) -> Delivered {
-        Delivered { offset, transaction_id: format!("t{offset}"), id: [u8::try_from(offset).unwrap(); 16], trace_id: None, payload: payload.as_bytes().to_vec(), created: Stamp(created), attempt: 1 }
+        Delivered {
+            offset,
+            transaction_id: format!("t{offset}"),
+            id: [u8::try_from(offset).unwrap(); 16],
+            trace_id: None,
+            payload: payload.as_bytes().to_vec(),
+            created: Stamp(created),
+            attempt: 1,
+        }
     }
 
     /// One delivered message as the client rebuilds it: partitionId, offset, transactionId,
@@ -144,7 +174,13 @@ mod tests {
                 for i in 0..u64::from(count) {
                     let fr = read_frame(&mut f).unwrap();
                     if (start..=end).contains(&(base + i)) {
-                        out.push((pid, base + i, fr.transaction_id.to_owned(), fr.payload.to_vec(), created));
+                        out.push((
+                            pid,
+                            base + i,
+                            fr.transaction_id.to_owned(),
+                            fr.payload.to_vec(),
+                            created,
+                        ));
                     }
                 }
                 assert_eq!(f.remaining(), 0);
@@ -157,33 +193,87 @@ mod tests {
     #[test]
     fn a_pop_round_trips_as_records_of_frames() {
         let claims = vec![
-            Claim { pid: 3, partition: "Default".into(), messages: vec![msg(4, 10, "1"), msg(5, 10, r#"{"a":"b"}"#), msg(6, 11, "42.00"), msg(9, 11, "null")] },
-            Claim { pid: 8, partition: "p 2".into(), messages: vec![msg(0, 12, "[]")] },
+            Claim {
+                pid: 3,
+                partition: "Default".into(),
+                messages: vec![
+                    msg(4, 10, "1"),
+                    msg(5, 10, r#"{"a":"b"}"#),
+                    msg(6, 11, "42.00"),
+                    msg(9, 11, "null"),
+                ],
+            },
+            Claim {
+                pid: 8,
+                partition: "p 2".into(),
+                messages: vec![msg(0, 12, "[]")],
+            },
         ];
-        let p = PopOutcome { lease_id: "lease".into(), lease_expires: Stamp(9_000), claims };
+        let p = PopOutcome {
+            lease_id: "lease".into(),
+            lease_expires: Stamp(9_000),
+            claims,
+        };
         let b = encode("q", "g", &p, Some((200, 1))).unwrap();
         let (own, got) = decode(&b);
         assert_eq!(own["leaseExpiresAt"], Stamp(9_000).iso_millis());
         assert_eq!(own["autopilot"]["batch"], 200);
-        let want: Vec<_> = p.claims.iter().flat_map(|c| c.messages.iter().map(move |m| (c.pid, m.offset, m.transaction_id.clone(), m.payload.clone(), i64::try_from(m.created.0).unwrap()))).collect();
+        let want: Vec<_> = p
+            .claims
+            .iter()
+            .flat_map(|c| {
+                c.messages.iter().map(move |m| {
+                    (
+                        c.pid,
+                        m.offset,
+                        m.transaction_id.clone(),
+                        m.payload.clone(),
+                        i64::try_from(m.created.0).unwrap(),
+                    )
+                })
+            })
+            .collect();
         assert_eq!(got, want);
     }
 
     #[test]
     fn what_a_frame_cannot_carry_is_answered_as_json() {
-        let one = |m: Delivered| PopOutcome { lease_id: "l".into(), lease_expires: Stamp(1), claims: vec![Claim { pid: 1, partition: "Default".into(), messages: vec![m] }] };
+        let one = |m: Delivered| PopOutcome {
+            lease_id: "l".into(),
+            lease_expires: Stamp(1),
+            claims: vec![Claim {
+                pid: 1,
+                partition: "Default".into(),
+                messages: vec![m],
+            }],
+        };
         let mut traced = msg(1, 1, "1");
         traced.trace_id = Some("0190b0a8-4d2e-7c3f-8a1b-2c3d4e5f6a7b".into());
         assert!(encode("q", "g", &one(traced.clone()), None).is_some());
-        for t in ["trace-1", "0190B0A8-4D2E-7C3F-8A1B-2C3D4E5F6A7B", "0190b0a84d2e7c3f8a1b2c3d4e5f6a7b"] {
+        for t in [
+            "trace-1",
+            "0190B0A8-4D2E-7C3F-8A1B-2C3D4E5F6A7B",
+            "0190b0a84d2e7c3f8a1b2c3d4e5f6a7b",
+        ] {
             traced.trace_id = Some(t.into());
-            assert!(encode("q", "g", &one(traced.clone()), None).is_none(), "{t}");
+            assert!(
+                encode("q", "g", &one(traced.clone()), None).is_none(),
+                "{t}"
+            );
         }
         assert!(encode("q", "g", &one(msg(1, 1, "not json")), None).is_none());
         assert!(encode("q", "g", &one(msg(1, 1, "")), None).is_none());
         let mut retried = msg(2, 1, "1");
         retried.attempt = 2;
-        let mixed = PopOutcome { lease_id: "l".into(), lease_expires: Stamp(1), claims: vec![Claim { pid: 1, partition: "Default".into(), messages: vec![msg(1, 1, "1"), retried] }] };
+        let mixed = PopOutcome {
+            lease_id: "l".into(),
+            lease_expires: Stamp(1),
+            claims: vec![Claim {
+                pid: 1,
+                partition: "Default".into(),
+                messages: vec![msg(1, 1, "1"), retried],
+            }],
+        };
         assert!(encode("q", "g", &mixed, None).is_none());
     }
 }

@@ -51,7 +51,10 @@ impl SnapshotSpool {
         if removed > 0 {
             tracing::info!(dir = %dir.display(), removed, "deleted snapshot spool files left by an earlier process");
         }
-        Ok(SnapshotSpool { dir, next: AtomicU64::new(0) })
+        Ok(SnapshotSpool {
+            dir,
+            next: AtomicU64::new(0),
+        })
     }
 
     /// A new, empty spool file with a name no other transfer uses.
@@ -61,7 +64,11 @@ impl SnapshotSpool {
     pub(crate) async fn create(&self) -> io::Result<SpoolWriter> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("incoming-{n}.spool"));
-        let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&path).await?;
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await?;
         Ok(SpoolWriter {
             out: tokio::io::BufWriter::with_capacity(IO_BUFFER_BYTES, file),
             file: SpoolFile { path },
@@ -85,7 +92,9 @@ impl Drop for SpoolFile {
         match std::fs::remove_file(&self.path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "could not delete a snapshot spool file; it is deleted at the next start"),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not delete a snapshot spool file; it is deleted at the next start")
+            }
         }
     }
 }
@@ -110,7 +119,9 @@ impl SpoolWriter {
     /// # Errors
     /// A write failure (a full disk among them); the transfer must fail.
     pub(crate) async fn push(&mut self, chunk: &[u8]) -> io::Result<()> {
-        let len = u32::try_from(chunk.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "snapshot chunk above 4 GiB"))?;
+        let len = u32::try_from(chunk.len()).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "snapshot chunk above 4 GiB")
+        })?;
         self.out.write_all(&len.to_be_bytes()).await?;
         self.out.write_all(chunk).await?;
         self.chunks += 1;
@@ -126,7 +137,12 @@ impl SpoolWriter {
     pub(crate) async fn finish(mut self) -> io::Result<SpooledSnapshot> {
         self.out.flush().await?;
         self.out.get_mut().sync_all().await?;
-        Ok(SpooledSnapshot { file: self.file, chunks: self.chunks, bytes: self.bytes, largest: self.largest })
+        Ok(SpooledSnapshot {
+            file: self.file,
+            chunks: self.chunks,
+            bytes: self.bytes,
+            largest: self.largest,
+        })
     }
 }
 
@@ -188,7 +204,13 @@ impl SpoolReader {
         self.input.read_exact(&mut len)?;
         let len = u32::from_be_bytes(len) as usize;
         if len > self.largest {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("chunk length {len} is above the largest written ({})", self.largest)));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "chunk length {len} is above the largest written ({})",
+                    self.largest
+                ),
+            ));
         }
         let mut chunk = vec![0u8; len];
         self.input.read_exact(&mut chunk)?;
@@ -210,7 +232,10 @@ impl Iterator for SpoolReader {
             }
             Err(e) => {
                 self.failed = true;
-                Some(Err(BackendError::Storage(format!("read spooled snapshot chunk ({} left): {e}", self.left))))
+                Some(Err(BackendError::Storage(format!(
+                    "read spooled snapshot chunk ({} left): {e}",
+                    self.left
+                ))))
             }
         }
     }
@@ -222,7 +247,9 @@ mod tests {
     use super::SnapshotSpool;
 
     fn chunks() -> Vec<Vec<u8>> {
-        (0..20u8).map(|i| vec![i; 1000 + usize::from(i) * 777]).collect()
+        (0..20u8)
+            .map(|i| vec![i; 1000 + usize::from(i) * 777])
+            .collect()
     }
 
     /// `chunks()` spooled in a spool under `dir`.
@@ -240,11 +267,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let spooled = spool_chunks(dir.path()).await;
         assert_eq!(spooled.chunks(), 20);
-        let read: Vec<Vec<u8>> = spooled.reader().expect("reader").collect::<Result<_, _>>().expect("every chunk");
+        let read: Vec<Vec<u8>> = spooled
+            .reader()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("every chunk");
         assert_eq!(read, chunks());
         // A second reader sees the same (the state machine may be asked to install twice).
         assert_eq!(spooled.reader().expect("reader").count(), 20);
-        let files = || std::fs::read_dir(dir.path().join(SPOOL_DIR)).expect("list").count();
+        let files = || {
+            std::fs::read_dir(dir.path().join(SPOOL_DIR))
+                .expect("list")
+                .count()
+        };
         assert_eq!(files(), 1);
         drop(spooled);
         assert_eq!(files(), 0, "the spool file is deleted with the snapshot");
@@ -255,11 +290,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let spool = SnapshotSpool::open(dir.path()).expect("open");
         let mut a = spool.create().await.expect("create");
-        let b = spool.create().await.expect("a second transfer at once gets its own file");
+        let b = spool
+            .create()
+            .await
+            .expect("a second transfer at once gets its own file");
         a.push(b"half").await.expect("push");
         drop(a);
         drop(b);
-        assert_eq!(std::fs::read_dir(dir.path().join(SPOOL_DIR)).expect("list").count(), 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join(SPOOL_DIR))
+                .expect("list")
+                .count(),
+            0
+        );
     }
 
     #[tokio::test]

@@ -29,14 +29,20 @@ fn hashes(key: &[u8]) -> Option<(u64, u64)> {
     if key.len() != 25 || key[0] != table::DEDUP_HASH {
         return None;
     }
-    let word = |r: std::ops::Range<usize>| u64::from_le_bytes(key[r].try_into().unwrap_or_default());
+    let word =
+        |r: std::ops::Range<usize>| u64::from_le_bytes(key[r].try_into().unwrap_or_default());
     let pid = word(1..9);
-    Some((word(9..17) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15), word(17..25) | 1))
+    Some((
+        word(9..17) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        word(17..25) | 1,
+    ))
 }
 
 impl DedupFilter {
     pub(crate) fn new() -> Self {
-        Self { words: (0..WORDS).map(|_| AtomicU64::new(0)).collect() }
+        Self {
+            words: (0..WORDS).map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     fn bits(h1: u64, h2: u64) -> impl Iterator<Item = (usize, u64)> {
@@ -59,7 +65,9 @@ impl DedupFilter {
     /// key).
     pub(crate) fn surely_absent(&self, key: &[u8]) -> bool {
         match hashes(key) {
-            Some((h1, h2)) => Self::bits(h1, h2).any(|(w, m)| self.words[w].load(Ordering::Acquire) & m == 0),
+            Some((h1, h2)) => {
+                Self::bits(h1, h2).any(|(w, m)| self.words[w].load(Ordering::Acquire) & m == 0)
+            }
             None => false,
         }
     }
@@ -88,9 +96,14 @@ mod tests {
         for i in 0..100_000 {
             assert!(!f.surely_absent(&key(i % 7, &format!("t{i}"))));
         }
-        let absent = (0..10_000).filter(|i| f.surely_absent(&key(i % 7, &format!("other{i}")))).count();
+        let absent = (0..10_000)
+            .filter(|i| f.surely_absent(&key(i % 7, &format!("other{i}"))))
+            .count();
         assert!(absent > 9_900, "{absent} of 10000 unseen keys found absent");
-        assert!(!f.surely_absent(b"\x02queue"), "other tables always go to the engine");
+        assert!(
+            !f.surely_absent(b"\x02queue"),
+            "other tables always go to the engine"
+        );
         f.clear();
         assert!(f.surely_absent(&key(0, "t0")));
     }

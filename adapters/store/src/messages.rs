@@ -42,11 +42,22 @@ impl IndexVal {
 
     pub(crate) fn decode(key: &[u8], b: &[u8]) -> Result<Self, StoreError> {
         if b.len() != 28 {
-            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(key), detail: format!("segment index row of {} bytes", b.len()) });
+            return Err(StoreError::Corrupt {
+                key: queen_domain::codec::escape(key),
+                detail: format!("segment index row of {} bytes", b.len()),
+            });
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
-        Ok(Self { loc: Loc { file: u64_at(0), pos: u64_at(8), len: u32_at(16) }, count: u32_at(20), skip: u32_at(24) })
+        Ok(Self {
+            loc: Loc {
+                file: u64_at(0),
+                pos: u64_at(8),
+                len: u32_at(16),
+            },
+            count: u32_at(20),
+            skip: u32_at(24),
+        })
     }
 
     fn first_live(&self, base: u64) -> u64 {
@@ -80,7 +91,12 @@ pub(crate) fn encode_end((file, len): (u64, u64)) -> [u8; 16] {
 }
 
 pub(crate) fn decode_end(b: &[u8]) -> Option<(u64, u64)> {
-    (b.len() == 16).then(|| (u64::from_le_bytes(b[0..8].try_into().unwrap_or_default()), u64::from_le_bytes(b[8..16].try_into().unwrap_or_default())))
+    (b.len() == 16).then(|| {
+        (
+            u64::from_le_bytes(b[0..8].try_into().unwrap_or_default()),
+            u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()),
+        )
+    })
 }
 
 fn u64_be(b: &[u8]) -> u64 {
@@ -109,7 +125,9 @@ impl EngineRead for fjall::Keyspace {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(fjall::Keyspace::get(self, key).map_err(read_err)?.map(|v| v.to_vec()))
+        Ok(fjall::Keyspace::get(self, key)
+            .map_err(read_err)?
+            .map(|v| v.to_vec()))
     }
 }
 
@@ -124,12 +142,20 @@ impl EngineRead for View<'_> {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         use fjall::Readable;
-        Ok(self.0.get(self.1, key).map_err(read_err)?.map(|v| v.to_vec()))
+        Ok(self
+            .0
+            .get(self.1, key)
+            .map_err(read_err)?
+            .map(|v| v.to_vec()))
     }
 }
 
 /// The record of `pid` that holds `offset`, if any: (base, index value).
-fn record_at(idx: &dyn EngineRead, pid: u64, offset: u64) -> Result<Option<(u64, IndexVal)>, StoreError> {
+fn record_at(
+    idx: &dyn EngineRead,
+    pid: u64,
+    offset: u64,
+) -> Result<Option<(u64, IndexVal)>, StoreError> {
     let lo = index_key(pid, 0);
     let hi = match offset.checked_add(1) {
         Some(n) => index_key(pid, n),
@@ -145,14 +171,24 @@ fn record_at(idx: &dyn EngineRead, pid: u64, offset: u64) -> Result<Option<(u64,
 }
 
 /// The stored value of a message key.
-pub(crate) fn get(idx: &dyn EngineRead, seg: &Segments, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-    let Some((pid, offset)) = message_key_parts(key) else { return Ok(None) };
-    let Some((base, v)) = record_at(idx, pid, offset)? else { return Ok(None) };
+pub(crate) fn get(
+    idx: &dyn EngineRead,
+    seg: &Segments,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some((pid, offset)) = message_key_parts(key) else {
+        return Ok(None);
+    };
+    let Some((base, v)) = record_at(idx, pid, offset)? else {
+        return Ok(None);
+    };
     if offset < v.first_live(base) || offset >= v.end(base) {
         return Ok(None);
     }
     let r = seg.read(v.loc).map_err(segment_err)?;
-    Ok(r.values().nth((offset - base) as usize).map(|(_, v)| v.to_vec()))
+    Ok(r.values()
+        .nth((offset - base) as usize)
+        .map(|(_, v)| v.to_vec()))
 }
 
 /// Visit the message rows in `[start, end)`, both inside the message table, in key order.
@@ -168,7 +204,11 @@ pub(crate) fn scan(
         i.extend_from_slice(&k[1..]);
         i
     };
-    let ihi = if end.len() == 1 && end[0] > table::MESSAGE { vec![table::SEGMENT_INDEX + 1] } else { to_index(end) };
+    let ihi = if end.len() == 1 && end[0] > table::MESSAGE {
+        vec![table::SEGMENT_INDEX + 1]
+    } else {
+        to_index(end)
+    };
     // The record holding `start` begins before it.
     let mut ilo = to_index(start);
     if let Some((pid, offset)) = message_key_parts(start)
@@ -189,7 +229,13 @@ pub(crate) fn scan(
         let val = IndexVal::decode(&k, &v)?;
         let r = seg.read(val.loc).map_err(segment_err)?;
         if r.pid != pid || r.base != base {
-            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: format!("the record at {:?} is partition {} base {}", val.loc, r.pid, r.base) });
+            return Err(StoreError::Corrupt {
+                key: queen_domain::codec::escape(&k),
+                detail: format!(
+                    "the record at {:?} is partition {} base {}",
+                    val.loc, r.pid, r.base
+                ),
+            });
         }
         key[1..9].copy_from_slice(&pid.to_be_bytes());
         for (offset, value) in r.values().skip(val.skip as usize) {
@@ -228,7 +274,10 @@ pub(crate) fn stage(
     let mut cuts: BTreeMap<u64, u64> = BTreeMap::new();
     let msg_lo = vec![table::MESSAGE];
     let msg_hi = vec![table::MESSAGE + 1];
-    let doomed: Vec<Vec<u8>> = writes.range(msg_lo..msg_hi).map(|(k, _)| k.clone()).collect();
+    let doomed: Vec<Vec<u8>> = writes
+        .range(msg_lo..msg_hi)
+        .map(|(k, _)| k.clone())
+        .collect();
     for k in doomed {
         match writes.remove(&k) {
             Some(None) => {
@@ -238,13 +287,19 @@ pub(crate) fn stage(
                 }
             }
             Some(Some(_)) => {
-                return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "message rows are appended, never put".to_owned() });
+                return Err(StoreError::Corrupt {
+                    key: queen_domain::codec::escape(&k),
+                    detail: "message rows are appended, never put".to_owned(),
+                });
             }
             None => {}
         }
     }
     if appends.is_empty() && cuts.is_empty() {
-        return Ok(Staged { rows: Vec::new(), released: Vec::new() });
+        return Ok(Staged {
+            rows: Vec::new(),
+            released: Vec::new(),
+        });
     }
 
     // Appends: runs of consecutive offsets of one partition with one stamp.
@@ -257,18 +312,41 @@ pub(crate) fn stage(
     let mut runs: Vec<Run<'_>> = Vec::new();
     for (k, v) in &appends {
         let Some((pid, offset)) = message_key_parts(k) else {
-            return Err(StoreError::Corrupt { key: queen_domain::codec::escape(k), detail: "an append outside the message table".to_owned() });
+            return Err(StoreError::Corrupt {
+                key: queen_domain::codec::escape(k),
+                detail: "an append outside the message table".to_owned(),
+            });
         };
         let stamp = queen_domain::model::message_stamp(v)
-            .ok_or_else(|| StoreError::Corrupt { key: queen_domain::codec::escape(k), detail: "an appended message without a stamp".to_owned() })?
+            .ok_or_else(|| StoreError::Corrupt {
+                key: queen_domain::codec::escape(k),
+                detail: "an appended message without a stamp".to_owned(),
+            })?
             .0;
         match runs.last_mut() {
-            Some(r) if r.pid == pid && r.stamp == stamp && r.base + r.values.len() as u64 == offset => r.values.push(v),
-            _ => runs.push(Run { pid, base: offset, stamp, values: vec![v] }),
+            Some(r)
+                if r.pid == pid && r.stamp == stamp && r.base + r.values.len() as u64 == offset =>
+            {
+                r.values.push(v)
+            }
+            _ => runs.push(Run {
+                pid,
+                base: offset,
+                stamp,
+                values: vec![v],
+            }),
         }
     }
     runs.sort_by_key(|r| (r.stamp, r.pid, r.base));
-    let records: Vec<NewRecord<'_>> = runs.into_iter().map(|r| NewRecord { pid: r.pid, base: r.base, stamp: r.stamp, values: r.values }).collect();
+    let records: Vec<NewRecord<'_>> = runs
+        .into_iter()
+        .map(|r| NewRecord {
+            pid: r.pid,
+            base: r.base,
+            stamp: r.stamp,
+            values: r.values,
+        })
+        .collect();
     let (locs, sealed) = seg.append(&records).map_err(segment_err)?;
 
     // The index after this apply, for the partitions it touches: new records, then cuts.
@@ -276,7 +354,14 @@ pub(crate) fn stage(
     let mut files: HashMap<u64, i64> = HashMap::new();
     for (r, loc) in records.iter().zip(&locs) {
         let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
-        index.insert(index_key(r.pid, r.base), Some(IndexVal { loc: *loc, count, skip: 0 }));
+        index.insert(
+            index_key(r.pid, r.base),
+            Some(IndexVal {
+                loc: *loc,
+                count,
+                skip: 0,
+            }),
+        );
         *files.entry(loc.file).or_default() += 1;
     }
     for (&pid, &start) in &cuts {
@@ -305,7 +390,10 @@ pub(crate) fn stage(
     }
 
     let end = seg.end();
-    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = index.into_iter().map(|(k, v)| (k, v.map(|v| v.encode().to_vec()))).collect();
+    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = index
+        .into_iter()
+        .map(|(k, v)| (k, v.map(|v| v.encode().to_vec())))
+        .collect();
     let mut released = Vec::new();
     let mut counted: Vec<u64> = files.keys().copied().collect();
     counted.extend(sealed.iter().copied().filter(|f| !files.contains_key(f)));
@@ -316,7 +404,8 @@ pub(crate) fn stage(
             Some(b) => u64::from_le_bytes(b.as_slice().try_into().unwrap_or_default()),
             None => 0,
         };
-        let after = i64::try_from(before).unwrap_or(i64::MAX) + files.get(&file).copied().unwrap_or(0);
+        let after =
+            i64::try_from(before).unwrap_or(i64::MAX) + files.get(&file).copied().unwrap_or(0);
         if after > 0 {
             rows.push((key, Some((after as u64).to_le_bytes().to_vec())));
         } else {

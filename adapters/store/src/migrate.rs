@@ -48,7 +48,10 @@ impl FjallStore {
             let mut writes = WriteSet::new();
             let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends)?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            slot.write_rows(&mut batch, removes.into_iter().map(|k| (k, None)).chain(staged.rows));
+            slot.write_rows(
+                &mut batch,
+                removes.into_iter().map(|k| (k, None)).chain(staged.rows),
+            );
             batch.commit().map_err(fjall_err)?;
         }
         let mut dedup_moved = 0u64;
@@ -59,10 +62,16 @@ impl FjallStore {
             }
             dedup_moved += rows.len() as u64;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            let mut lists: std::collections::BTreeMap<Vec<u8>, Vec<u64>> = std::collections::BTreeMap::new();
+            let mut lists: std::collections::BTreeMap<Vec<u8>, Vec<u64>> =
+                std::collections::BTreeMap::new();
             for (k, v) in rows {
                 batch.remove(&slot.state, k.clone());
-                let (Some(pid), Some(txn)) = (keys::u64_at(&k, 1), k.get(9..).and_then(|t| std::str::from_utf8(t).ok())) else { continue };
+                let (Some(pid), Some(txn)) = (
+                    keys::u64_at(&k, 1),
+                    k.get(9..).and_then(|t| std::str::from_utf8(t).ok()),
+                ) else {
+                    continue;
+                };
                 let d: DedupRec = queen_domain::codec::decode(&k, &v)?;
                 let key = keys::dedup(pid, txn);
                 if !lists.contains_key(&key) {
@@ -77,14 +86,21 @@ impl FjallStore {
                     list.push(d.offset);
                 }
             }
-            slot.write_rows(&mut batch, lists.into_iter().map(|(k, list)| (k, Some(queen_domain::codec::encode(&list)))));
+            slot.write_rows(
+                &mut batch,
+                lists
+                    .into_iter()
+                    .map(|(k, list)| (k, Some(queen_domain::codec::encode(&list)))),
+            );
             batch.commit().map_err(fjall_err)?;
         }
         // Nothing moved (a store of this layout, or a snapshot from a node of it): nothing to sync.
         if messages_moved + dedup_moved == 0 {
             return Ok(());
         }
-        slot.segments.sync().map_err(|e| StoreError::Read(e.to_string()))?;
+        slot.segments
+            .sync()
+            .map_err(|e| StoreError::Read(e.to_string()))?;
         self.db.persist(PersistMode::SyncAll).map_err(fjall_err)?;
         tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 2 (messages in segments)");
         Ok(())

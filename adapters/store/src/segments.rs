@@ -57,7 +57,9 @@ pub enum SegmentError {
         source: io::Error,
     },
     /// A record or file that the state store counts as written is not there or not intact.
-    #[error("segment file {path} is damaged at byte {pos}: {detail}; this node's data cannot be trusted: stop it, move its data directory away and let it rejoin the cluster (it then receives a snapshot)")]
+    #[error(
+        "segment file {path} is damaged at byte {pos}: {detail}; this node's data cannot be trusted: stop it, move its data directory away and let it rejoin the cluster (it then receives a snapshot)"
+    )]
     Damaged {
         /// The file.
         path: String,
@@ -69,7 +71,10 @@ pub enum SegmentError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SegmentError + '_ {
-    move |source| SegmentError::Io { path: path.display().to_string(), source }
+    move |source| SegmentError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Where a record lies.
@@ -118,7 +123,11 @@ fn encode(r: &NewRecord<'_>, out: &mut Vec<u8>) {
     out.push(CODEC_MESSAGES);
     out.extend_from_slice(&r.pid.to_le_bytes());
     out.extend_from_slice(&r.base.to_le_bytes());
-    out.extend_from_slice(&u32::try_from(r.values.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(
+        &u32::try_from(r.values.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
     out.extend_from_slice(&r.stamp.to_le_bytes());
     for v in &r.values {
         out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_le_bytes());
@@ -126,7 +135,8 @@ fn encode(r: &NewRecord<'_>, out: &mut Vec<u8>) {
     }
     let body_len = out.len() - start - RECORD_HEAD;
     let crc = crc32fast::hash(&out[start + RECORD_HEAD..]);
-    out[start..start + 4].copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
+    out[start..start + 4]
+        .copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -136,11 +146,18 @@ fn encoded_len(r: &NewRecord<'_>) -> u64 {
 
 /// Check a record body read from `path` at `pos` and read its fixed fields.
 fn parse(path: &Path, pos: u64, head: &[u8], body: Vec<u8>) -> Result<Record, SegmentError> {
-    let damaged = |detail: String| SegmentError::Damaged { path: path.display().to_string(), pos, detail };
+    let damaged = |detail: String| SegmentError::Damaged {
+        path: path.display().to_string(),
+        pos,
+        detail,
+    };
     let len = u32::from_le_bytes(head[0..4].try_into().unwrap_or_default()) as usize;
     let crc = u32::from_le_bytes(head[4..8].try_into().unwrap_or_default());
     if len != body.len() || len < BODY_FIXED {
-        return Err(damaged(format!("record length {len} where {} bytes were expected", body.len())));
+        return Err(damaged(format!(
+            "record length {len} where {} bytes were expected",
+            body.len()
+        )));
     }
     if crc32fast::hash(&body) != crc {
         return Err(damaged("record checksum mismatch".to_owned()));
@@ -150,7 +167,12 @@ fn parse(path: &Path, pos: u64, head: &[u8], body: Vec<u8>) -> Result<Record, Se
     }
     let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default());
     let count = u32::from_le_bytes(body[17..21].try_into().unwrap_or_default());
-    Ok(Record { pid: u64_at(1), base: u64_at(9), count, body })
+    Ok(Record {
+        pid: u64_at(1),
+        base: u64_at(9),
+        count,
+        body,
+    })
 }
 
 struct Writer {
@@ -212,7 +234,11 @@ impl Segments {
         for e in std::fs::read_dir(dir).map_err(io_err(dir))? {
             let e = e.map_err(io_err(dir))?;
             let name = e.file_name();
-            if let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".qseg")).and_then(|n| n.parse::<u64>().ok()) {
+            if let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".qseg"))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
                 ids.push(id);
             }
         }
@@ -222,7 +248,13 @@ impl Segments {
 
     fn create(dir: &Path, id: u64) -> Result<File, SegmentError> {
         let path = dir.join(format!("{id:020}.qseg"));
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(io_err(&path))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
         let mut h = Vec::with_capacity(HEADER_BYTES as usize);
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&id.to_le_bytes());
@@ -234,7 +266,12 @@ impl Segments {
     /// `None` for a store that has never appended): files after it are deleted, the end file is
     /// cut to its length and its records are checked, and files before it for which `live`
     /// says false (their deletion was interrupted) are deleted.
-    pub(crate) fn open(dir: &Path, roll_at: u64, end: Option<(u64, u64)>, live: &dyn Fn(u64) -> bool) -> Result<Self, SegmentError> {
+    pub(crate) fn open(
+        dir: &Path,
+        roll_at: u64,
+        end: Option<(u64, u64)>,
+        live: &dyn Fn(u64) -> bool,
+    ) -> Result<Self, SegmentError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let ids = Self::list(dir)?;
         let path_of = |id: u64| dir.join(format!("{id:020}.qseg"));
@@ -266,7 +303,9 @@ impl Segments {
                     return Err(SegmentError::Damaged {
                         path: path.display().to_string(),
                         pos: size,
-                        detail: format!("the file ends at {size} bytes, the state store counts {elen}"),
+                        detail: format!(
+                            "the file ends at {size} bytes, the state store counts {elen}"
+                        ),
                     });
                 }
                 if size > elen {
@@ -279,22 +318,42 @@ impl Segments {
             }
         };
         let path = path_of(id);
-        let file = Arc::new(OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?);
+        let file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(io_err(&path))?,
+        );
         Ok(Self {
             dir: dir.to_path_buf(),
             roll_at,
-            writer: Mutex::new(Writer { id, len, file: file.clone(), unsynced: BTreeSet::new(), dir_unsynced: true }),
+            writer: Mutex::new(Writer {
+                id,
+                len,
+                file: file.clone(),
+                unsynced: BTreeSet::new(),
+                dir_unsynced: true,
+            }),
             open: Mutex::new(vec![(id, file)]),
-            pins: Mutex::new(Pins { count: 0, doomed: Vec::new() }),
+            pins: Mutex::new(Pins {
+                count: 0,
+                doomed: Vec::new(),
+            }),
             recent: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
     /// Check the header and every record of a file up to `end`.
     fn check_file(path: &Path, f: &File, end: u64) -> Result<(), SegmentError> {
-        let damaged = |pos: u64, detail: &str| SegmentError::Damaged { path: path.display().to_string(), pos, detail: detail.to_owned() };
+        let damaged = |pos: u64, detail: &str| SegmentError::Damaged {
+            path: path.display().to_string(),
+            pos,
+            detail: detail.to_owned(),
+        };
         let mut h = [0u8; HEADER_BYTES as usize];
-        f.read_exact_at(&mut h, 0).map_err(|_| damaged(0, "no header"))?;
+        f.read_exact_at(&mut h, 0)
+            .map_err(|_| damaged(0, "no header"))?;
         if &h[..8] != MAGIC {
             return Err(damaged(0, "not a segment file of this format"));
         }
@@ -305,12 +364,15 @@ impl Segments {
                 return Err(damaged(pos, "a record head crosses the committed end"));
             }
             f.read_exact_at(&mut head, pos).map_err(io_err(path))?;
-            let len = u64::from(u32::from_le_bytes(head[0..4].try_into().unwrap_or_default()));
+            let len = u64::from(u32::from_le_bytes(
+                head[0..4].try_into().unwrap_or_default(),
+            ));
             if pos + RECORD_HEAD as u64 + len > end {
                 return Err(damaged(pos, "a record crosses the committed end"));
             }
             let mut body = vec![0; len as usize];
-            f.read_exact_at(&mut body, pos + RECORD_HEAD as u64).map_err(io_err(path))?;
+            f.read_exact_at(&mut body, pos + RECORD_HEAD as u64)
+                .map_err(io_err(path))?;
             parse(path, pos, &head, body)?;
             pos += RECORD_HEAD as u64 + len;
         }
@@ -326,7 +388,10 @@ impl Segments {
     /// Append `records` in order, rolling files as needed; their locations, in the same order,
     /// and the files this call sealed. Visible to readers only once the caller commits index
     /// rows pointing at them.
-    pub(crate) fn append(&self, records: &[NewRecord<'_>]) -> Result<(Vec<Loc>, Vec<u64>), SegmentError> {
+    pub(crate) fn append(
+        &self,
+        records: &[NewRecord<'_>],
+    ) -> Result<(Vec<Loc>, Vec<u64>), SegmentError> {
         let mut w = lock(&self.writer);
         let mut locs = Vec::with_capacity(records.len());
         let mut sealed = Vec::new();
@@ -347,7 +412,11 @@ impl Segments {
                 self.cache(id, f);
                 buf_at = w.len;
             }
-            locs.push(Loc { file: w.id, pos: w.len, len: u32::try_from(n).unwrap_or(u32::MAX) });
+            locs.push(Loc {
+                file: w.id,
+                pos: w.len,
+                len: u32::try_from(n).unwrap_or(u32::MAX),
+            });
             encode(r, &mut buf);
             w.len += n;
         }
@@ -359,7 +428,9 @@ impl Segments {
         if buf.is_empty() {
             return Ok(());
         }
-        w.file.write_all_at(buf, at).map_err(io_err(&self.path(w.id)))?;
+        w.file
+            .write_all_at(buf, at)
+            .map_err(io_err(&self.path(w.id)))?;
         w.unsynced.insert(w.id);
         Ok(())
     }
@@ -372,13 +443,19 @@ impl Segments {
             (std::mem::take(&mut w.unsynced), (w.id, w.file.clone()), dir)
         };
         for id in ids {
-            let f = if id == active.0 { Some(active.1.clone()) } else { self.file(id).ok() };
+            let f = if id == active.0 {
+                Some(active.1.clone())
+            } else {
+                self.file(id).ok()
+            };
             if let Some(f) = f {
                 f.sync_data().map_err(io_err(&self.path(id)))?;
             }
         }
         if dir {
-            File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io_err(&self.dir))?;
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&self.dir))?;
         }
         Ok(())
     }
@@ -408,7 +485,11 @@ impl Segments {
 
     /// The record at `loc`, checked (from the recent records when it was read lately).
     pub(crate) fn read(&self, loc: Loc) -> Result<Arc<Record>, SegmentError> {
-        if let Some(r) = lock(&self.recent).iter().find(|(l, _)| *l == loc).map(|(_, r)| r.clone()) {
+        if let Some(r) = lock(&self.recent)
+            .iter()
+            .find(|(l, _)| *l == loc)
+            .map(|(_, r)| r.clone())
+        {
             return Ok(r);
         }
         let r = Arc::new(self.read_uncached(loc)?);
@@ -434,7 +515,11 @@ impl Segments {
         f.read_exact_at(&mut all, loc.pos).map_err(io_err(&path))?;
         let body = all.split_off(RECORD_HEAD.min(all.len()));
         if all.len() < RECORD_HEAD {
-            return Err(SegmentError::Damaged { path: path.display().to_string(), pos: loc.pos, detail: "short record".to_owned() });
+            return Err(SegmentError::Damaged {
+                path: path.display().to_string(),
+                pos: loc.pos,
+                detail: "short record".to_owned(),
+            });
         }
         parse(&path, loc.pos, &all, body)
     }
@@ -488,8 +573,14 @@ impl Segments {
 
     /// How many segment files there are and their bytes.
     pub(crate) fn stats(&self) -> (usize, u64) {
-        let Ok(ids) = Self::list(&self.dir) else { return (0, 0) };
-        let bytes = ids.iter().filter_map(|id| std::fs::metadata(self.path(*id)).ok()).map(|m| m.len()).sum();
+        let Ok(ids) = Self::list(&self.dir) else {
+            return (0, 0);
+        };
+        let bytes = ids
+            .iter()
+            .filter_map(|id| std::fs::metadata(self.path(*id)).ok())
+            .map(|m| m.len())
+            .sum();
         (ids.len(), bytes)
     }
 
@@ -503,7 +594,9 @@ impl Segments {
     pub(crate) fn read_raw(&self, id: u64, at: u64, len: usize) -> Result<Vec<u8>, SegmentError> {
         let path = self.path(id);
         let mut out = vec![0; len];
-        self.file(id)?.read_exact_at(&mut out, at).map_err(io_err(&path))?;
+        self.file(id)?
+            .read_exact_at(&mut out, at)
+            .map_err(io_err(&path))?;
         Ok(out)
     }
 
@@ -521,7 +614,12 @@ impl Segments {
     /// Write bytes of an installed file.
     pub(crate) fn write_raw(&self, id: u64, at: u64, bytes: &[u8]) -> Result<(), SegmentError> {
         let path = self.path(id);
-        let f = OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(io_err(&path))?;
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
         f.write_all_at(bytes, at).map_err(io_err(&path))?;
         Ok(())
     }
@@ -538,18 +636,36 @@ impl Segments {
         };
         for other in Self::list(&self.dir)? {
             let path = self.path(other);
-            File::open(&path).and_then(|f| f.sync_all()).map_err(io_err(&path))?;
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(&path))?;
         }
-        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io_err(&self.dir))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))?;
         let path = self.path(id);
-        let f = OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
         let size = f.metadata().map_err(io_err(&path))?.len();
         if size != len {
-            return Err(SegmentError::Damaged { path: path.display().to_string(), pos: size, detail: format!("installed file ends at {size}, the installed state counts {len}") });
+            return Err(SegmentError::Damaged {
+                path: path.display().to_string(),
+                pos: size,
+                detail: format!("installed file ends at {size}, the installed state counts {len}"),
+            });
         }
         let f = Arc::new(f);
         let mut w = lock(&self.writer);
-        *w = Writer { id, len, file: f.clone(), unsynced: BTreeSet::new(), dir_unsynced: false };
+        *w = Writer {
+            id,
+            len,
+            file: f.clone(),
+            unsynced: BTreeSet::new(),
+            dir_unsynced: false,
+        };
         drop(w);
         self.cache(id, f);
         Ok(())
@@ -561,13 +677,22 @@ mod tests {
     use super::*;
 
     fn rec(pid: u64, base: u64, n: usize, size: usize) -> (u64, u64, Vec<Vec<u8>>) {
-        (pid, base, (0..n).map(|i| vec![(i % 250) as u8; size]).collect())
+        (
+            pid,
+            base,
+            (0..n).map(|i| vec![(i % 250) as u8; size]).collect(),
+        )
     }
 
     fn append(s: &Segments, recs: &[(u64, u64, Vec<Vec<u8>>)]) -> Vec<Loc> {
         let new: Vec<NewRecord<'_>> = recs
             .iter()
-            .map(|(pid, base, vals)| NewRecord { pid: *pid, base: *base, stamp: 7, values: vals.iter().map(Vec::as_slice).collect() })
+            .map(|(pid, base, vals)| NewRecord {
+                pid: *pid,
+                base: *base,
+                stamp: 7,
+                values: vals.iter().map(Vec::as_slice).collect(),
+            })
             .collect();
         s.append(&new).unwrap().0
     }
@@ -580,7 +705,10 @@ mod tests {
         let r = s.read(locs[0]).unwrap();
         assert_eq!((r.pid, r.base), (1, 0));
         let vals: Vec<(u64, Vec<u8>)> = r.values().map(|(o, v)| (o, v.to_vec())).collect();
-        assert_eq!(vals, vec![(0, vec![0; 10]), (1, vec![1; 10]), (2, vec![2; 10])]);
+        assert_eq!(
+            vals,
+            vec![(0, vec![0; 10]), (1, vec![1; 10]), (2, vec![2; 10])]
+        );
         let end = s.end();
         append(&s, &[rec(3, 0, 2, 100)]);
         drop(s);
@@ -601,10 +729,14 @@ mod tests {
         let path = dir.path().join(format!("{:020}.qseg", 1));
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.write_all_at(&[0xFF], locs[0].pos + 20).unwrap();
-        let e = Segments::open(dir.path(), SEGMENT_BYTES, Some(end), &|_| true).err().expect("corrupt record refused");
+        let e = Segments::open(dir.path(), SEGMENT_BYTES, Some(end), &|_| true)
+            .err()
+            .expect("corrupt record refused");
         assert!(e.to_string().contains("checksum"), "{e}");
         f.set_len(end.1 - 1).unwrap();
-        let e = Segments::open(dir.path(), SEGMENT_BYTES, Some(end), &|_| true).err().expect("short file refused");
+        let e = Segments::open(dir.path(), SEGMENT_BYTES, Some(end), &|_| true)
+            .err()
+            .expect("short file refused");
         assert!(e.to_string().contains("ends at"), "{e}");
     }
 
@@ -613,8 +745,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Arc::new(Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap());
         let big = (SEGMENT_BYTES / 3) as usize;
-        let locs = append(&s, &[rec(1, 0, 1, big), rec(1, 1, 1, big), rec(1, 2, 1, big), rec(1, 3, 1, 10)]);
-        assert_eq!(locs.iter().map(|l| l.file).collect::<Vec<_>>(), vec![1, 1, 2, 2]);
+        let locs = append(
+            &s,
+            &[
+                rec(1, 0, 1, big),
+                rec(1, 1, 1, big),
+                rec(1, 2, 1, big),
+                rec(1, 3, 1, 10),
+            ],
+        );
+        assert_eq!(
+            locs.iter().map(|l| l.file).collect::<Vec<_>>(),
+            vec![1, 1, 2, 2]
+        );
         let pin = s.pin();
         s.release(1);
         assert!(s.path(1).exists());

@@ -27,8 +27,23 @@ fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
         x % m
     };
     let q = |s: &str| QueueName::new(s).unwrap();
-    let options = QueueOptions { retention_enabled: true, retention_seconds: 1, ..QueueOptions::default() };
-    out.push(Entry { proposed_at: SECOND, command: Command::Configure { queue: q("r"), namespace: None, task: None, options } }.encode());
+    let options = QueueOptions {
+        retention_enabled: true,
+        retention_seconds: 1,
+        ..QueueOptions::default()
+    };
+    out.push(
+        Entry {
+            proposed_at: SECOND,
+            command: Command::Configure {
+                queue: q("r"),
+                namespace: None,
+                task: None,
+                options,
+            },
+        }
+        .encode(),
+    );
     for i in 0..n {
         let at = SECOND + i * (SECOND / 20);
         let command = match i % 10 {
@@ -50,7 +65,13 @@ fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
                 )
             }
         };
-        out.push(Entry { proposed_at: at, command }.encode());
+        out.push(
+            Entry {
+                proposed_at: at,
+                command,
+            }
+            .encode(),
+        );
     }
     out
 }
@@ -67,8 +88,15 @@ fn apply_in(store: &FjallStore, entries: &[Vec<u8>], sizes: &[usize]) {
     let mut s = 0;
     while i < entries.len() {
         let n = sizes[s % sizes.len()].max(1).min(entries.len() - i);
-        let batch = (i..i + n).map(|k| ApplyEntry { index: k as u64 + 1, command: Some(entries[k].clone()) }).collect();
-        store.apply(batch, format!("m{}", i + n).into_bytes()).unwrap();
+        let batch = (i..i + n)
+            .map(|k| ApplyEntry {
+                index: k as u64 + 1,
+                command: Some(entries[k].clone()),
+            })
+            .collect();
+        store
+            .apply(batch, format!("m{}", i + n).into_bytes())
+            .unwrap();
         i += n;
         s += 1;
     }
@@ -78,7 +106,12 @@ fn segment_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir.join("segments"))
         .unwrap()
         .map(|e| e.unwrap())
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -139,11 +172,21 @@ fn retention_across_segment_boundaries_deletes_whole_files() {
     // Ticks long after the last push: everything in the retained queue ages out.
     let last = SECOND + 600 * (SECOND / 20);
     for t in 0..40 {
-        list.push(Entry { proposed_at: last + 5 * SECOND + t, command: Command::Tick }.encode());
+        list.push(
+            Entry {
+                proposed_at: last + 5 * SECOND + t,
+                command: Command::Tick,
+            }
+            .encode(),
+        );
     }
     apply_in(&store, &list, &[7]);
     let files = segment_files(dir.path());
-    assert!(!files.contains_key(&format!("{:020}.qseg", 1)), "the first file went with the messages in it: {:?}", files.keys().collect::<Vec<_>>());
+    assert!(
+        !files.contains_key(&format!("{:020}.qseg", 1)),
+        "the first file went with the messages in it: {:?}",
+        files.keys().collect::<Vec<_>>()
+    );
     assert_eq!(reads::queue(&store, "r").unwrap().unwrap().messages, 0);
     assert!(dump(&store) == reference(&list));
     invariants::check(&store).unwrap();
@@ -163,8 +206,12 @@ fn a_store_of_layout_1_is_migrated_at_open() {
     {
         // Write what a layout-1 node had: the same rows, with dedup by text and no format key.
         let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let state = db.keyspace("state", fjall::KeyspaceCreateOptions::default).unwrap();
-        let raft = db.keyspace("raft", fjall::KeyspaceCreateOptions::default).unwrap();
+        let state = db
+            .keyspace("state", fjall::KeyspaceCreateOptions::default)
+            .unwrap();
+        let raft = db
+            .keyspace("raft", fjall::KeyspaceCreateOptions::default)
+            .unwrap();
         let mut n = 0;
         expected
             .scan(&[], &[0xFF], &mut |k, v| {
@@ -175,7 +222,12 @@ fn a_store_of_layout_1_is_migrated_at_open() {
                     let m: MessageRec = queen_domain::codec::decode(k, v).unwrap();
                     let pid = keys::u64_at(k, 1).unwrap();
                     let offset = keys::offset_of_message_key(k).unwrap();
-                    state.insert(keys::dedup_v1(pid, &m.transaction_id), queen_domain::codec::encode(&DedupRec { offset, id: m.id })).unwrap();
+                    state
+                        .insert(
+                            keys::dedup_v1(pid, &m.transaction_id),
+                            queen_domain::codec::encode(&DedupRec { offset, id: m.id }),
+                        )
+                        .unwrap();
                     n += 1;
                 }
                 state.insert(k, v).unwrap();
@@ -187,8 +239,14 @@ fn a_store_of_layout_1_is_migrated_at_open() {
         db.persist(fjall::PersistMode::SyncAll).unwrap();
     }
     let store = FjallStore::open(&config(dir.path())).unwrap();
-    assert_eq!(store.load_meta().unwrap().as_deref(), Some(&b"old-meta"[..]));
-    assert!(dump(&store) == expected, "the migrated store reads as this build writes");
+    assert_eq!(
+        store.load_meta().unwrap().as_deref(),
+        Some(&b"old-meta"[..])
+    );
+    assert!(
+        dump(&store) == expected,
+        "the migrated store reads as this build writes"
+    );
     invariants::check(&store).unwrap();
     drop(store);
     let store = FjallStore::open(&config(dir.path())).unwrap();
@@ -201,11 +259,18 @@ fn a_newer_layout_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
         let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let raft = db.keyspace("raft", fjall::KeyspaceCreateOptions::default).unwrap();
+        let raft = db
+            .keyspace("raft", fjall::KeyspaceCreateOptions::default)
+            .unwrap();
         raft.insert(b"format", 9u32.to_le_bytes()).unwrap();
         db.persist(fjall::PersistMode::SyncAll).unwrap();
     }
-    let e = FjallStore::open(&config(dir.path())).err().expect("refused");
+    let e = FjallStore::open(&config(dir.path()))
+        .err()
+        .expect("refused");
     let line = e.to_string();
-    assert!(line.contains("layout version 9") && line.contains("newer build"), "{line}");
+    assert!(
+        line.contains("layout version 9") && line.contains("newer build"),
+        "{line}"
+    );
 }

@@ -29,7 +29,11 @@ fn head_at(s: &dyn StateRead, pid: u64, offset: u64) -> Result<Option<MessageHea
 }
 
 /// Read the row of `transaction_id`.
-pub(crate) fn lookup(s: &dyn StateRead, pid: u64, transaction_id: &str) -> Result<Lookup, StoreError> {
+pub(crate) fn lookup(
+    s: &dyn StateRead,
+    pid: u64,
+    transaction_id: &str,
+) -> Result<Lookup, StoreError> {
     let key = keys::dedup(pid, transaction_id);
     let offsets = get_rec::<Vec<u64>>(s, &key)?.unwrap_or_default();
     Ok(Lookup { key, offsets })
@@ -37,7 +41,12 @@ pub(crate) fn lookup(s: &dyn StateRead, pid: u64, transaction_id: &str) -> Resul
 
 impl Lookup {
     /// The stored message with this transactionId, checked against the message itself.
-    pub(crate) fn original(&self, s: &dyn StateRead, pid: u64, transaction_id: &str) -> Result<Option<Original>, StoreError> {
+    pub(crate) fn original(
+        &self,
+        s: &dyn StateRead,
+        pid: u64,
+        transaction_id: &str,
+    ) -> Result<Option<Original>, StoreError> {
         for &offset in &self.offsets {
             if let Some(m) = head_at(s, pid, offset)?
                 && m.transaction_id == transaction_id
@@ -50,7 +59,12 @@ impl Lookup {
 
     /// The offset an ack of this transactionId names. One offset under the hash (every case
     /// but a collision) is taken without reading the message; several are told apart by it.
-    pub(crate) fn offset(&self, s: &dyn StateRead, pid: u64, transaction_id: &str) -> Result<Option<u64>, StoreError> {
+    pub(crate) fn offset(
+        &self,
+        s: &dyn StateRead,
+        pid: u64,
+        transaction_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
         match self.offsets.as_slice() {
             [] => Ok(None),
             [one] => Ok(Some(*one)),
