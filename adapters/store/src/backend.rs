@@ -13,7 +13,7 @@ use crate::filter::DedupFilter;
 use crate::messages;
 use crate::segments::Segments;
 use crate::snapshot::{Chunk, Chunks, decode_chunk};
-use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot};
+use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, open_dedup};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
     BackendError::Storage(e.to_string())
@@ -44,6 +44,9 @@ impl StateMachineBackend for FjallStore {
         // Messages go to the segment log (written here, before the batch that indexes them);
         // what remains of `writes` and the index rows go into one engine batch.
         let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends).map_err(storage)?;
+        // Dedup rows go to the dedup index, before the batch: a reader that finds an entry whose
+        // record is not indexed yet drops it as not live, the same answer as before the batch.
+        slot.take_dedup_rows(&mut writes).map_err(storage)?;
         self.rows_written.fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
@@ -53,6 +56,10 @@ impl StateMachineBackend for FjallStore {
         batch.commit().map_err(storage)?;
         for file in staged.released {
             slot.segments.release(file);
+        }
+        if slot.dedup.full() {
+            // Every message up to the log's end is in the table being written out.
+            slot.dedup.flush(slot.segments.end()).map_err(storage)?;
         }
         Ok(responses)
     }
@@ -85,6 +92,8 @@ impl StateMachineBackend for FjallStore {
         // Opened with no end: every file left in the slot's directory is deleted.
         let segments = Segments::open(&self.dir.join(name.segment_dir()), self.segment_bytes, None, &|_| false).map_err(storage)?;
         segments.clear().map_err(storage)?;
+        let dedup = open_dedup(&self.dir, name, &state, self.dedup_mem_entries).map_err(storage)?;
+        dedup.clear().map_err(storage)?;
         for chunk in chunks {
             match decode_chunk(&chunk?)? {
                 Chunk::Rows(rows) => {
@@ -100,10 +109,10 @@ impl StateMachineBackend for FjallStore {
         let end = state.get(messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
         // Fsyncs every file and the directory: they are durable before the batch below.
         segments.reopen(end).map_err(storage)?;
-        let new = Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) };
-        // A snapshot from a node of layout 1 carries messages as rows.
+        let new = Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()), dedup };
+        // A snapshot from a node of layout 1 carries messages as rows, one of layout 2 dedup rows.
         self.migrate(&new).map_err(storage)?;
-        Self::fill_dedup_filter(&new).map_err(storage)?;
+        Self::load_dedup(&new).map_err(storage)?;
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         batch.insert(&self.raft, META_KEY, meta);
         batch.insert(&self.raft, SLOT_KEY, name.stored());
@@ -122,5 +131,6 @@ impl StateMachineBackend for FjallStore {
 /// Empty a slot that is no longer active (its segment files may wait for a pin, see `retire`).
 fn clear_slot(slot: &Slot) -> Result<(), BackendError> {
     slot.state.clear().map_err(storage)?;
+    slot.dedup.clear().map_err(storage)?;
     slot.segments.retire().map_err(storage)
 }

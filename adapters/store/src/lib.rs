@@ -10,6 +10,7 @@
 //! write-buffer settings, never by the backlog.
 
 mod backend;
+mod dedup;
 mod filter;
 mod messages;
 mod migrate;

@@ -170,6 +170,31 @@ fn record_at(
     }
 }
 
+/// Whether message `offset` of `pid` is stored (not yet deleted).
+pub(crate) fn is_live(idx: &dyn EngineRead, pid: u64, offset: u64) -> Result<bool, StoreError> {
+    Ok(record_at(idx, pid, offset)?
+        .is_some_and(|(base, v)| offset >= v.first_live(base) && offset < v.end(base)))
+}
+
+/// The first stored offset of `pid`, if any message of it is stored. Messages are deleted from
+/// a partition's front only, so every offset below it is gone.
+pub(crate) fn first_live(idx: &dyn EngineRead, pid: u64) -> Result<Option<u64>, StoreError> {
+    let prefix = keys::pid_prefix(table::SEGMENT_INDEX, pid);
+    let hi = keys::prefix_end(&prefix);
+    for g in idx.range(&prefix, &hi) {
+        let (k, v) = g.into_inner().map_err(read_err)?;
+        if k.len() != 17 {
+            continue;
+        }
+        let base = u64_be(&k[9..17]);
+        let v = IndexVal::decode(&k, &v)?;
+        if v.first_live(base) < v.end(base) {
+            return Ok(Some(v.first_live(base)));
+        }
+    }
+    Ok(None)
+}
+
 /// The stored value of a message key.
 pub(crate) fn get(
     idx: &dyn EngineRead,

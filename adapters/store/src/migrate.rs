@@ -1,13 +1,14 @@
 //! Migration of a store in layout 1 (every message an engine row, dedup keyed by the
-//! transactionId's text) to layout 2 (messages in the segment log, dedup by hash).
+//! transactionId's text) or 2 (messages in the segment log, dedup rows by hash in the engine)
+//! to layout 3 (messages in the segment log, the dedup index in its own files, rebuilt from
+//! the segments after the migration).
 //!
 //! It runs at open, before the node serves anything, in steps that are each one atomic batch
 //! (the segment bytes of a step are written before its batch, and cut again at the next open
 //! if the batch did not land), so an interrupted migration resumes where it stopped.
 
 use fjall::PersistMode;
-use queen_domain::keys::{self, table};
-use queen_domain::model::DedupRec;
+use queen_domain::keys::table;
 use queen_domain::{Appends, StoreError, WriteSet};
 
 use crate::messages;
@@ -54,45 +55,22 @@ impl FjallStore {
             );
             batch.commit().map_err(fjall_err)?;
         }
+        // Dedup rows of layouts 1 and 2 go: the dedup index is rebuilt from the segment log
+        // (`FjallStore::load_dedup`), which now holds every message.
         let mut dedup_moved = 0u64;
-        loop {
-            let rows = Self::first_rows(slot, table::DEDUP_V1)?;
-            if rows.is_empty() {
-                break;
-            }
-            dedup_moved += rows.len() as u64;
-            let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
-            let mut lists: std::collections::BTreeMap<Vec<u8>, Vec<u64>> =
-                std::collections::BTreeMap::new();
-            for (k, v) in rows {
-                batch.remove(&slot.state, k.clone());
-                let (Some(pid), Some(txn)) = (
-                    keys::u64_at(&k, 1),
-                    k.get(9..).and_then(|t| std::str::from_utf8(t).ok()),
-                ) else {
-                    continue;
-                };
-                let d: DedupRec = queen_domain::codec::decode(&k, &v)?;
-                let key = keys::dedup(pid, txn);
-                if !lists.contains_key(&key) {
-                    let have: Vec<u64> = match slot.state.get(&key).map_err(read_err)? {
-                        Some(b) => queen_domain::codec::decode(&key, &b)?,
-                        None => Vec::new(),
-                    };
-                    lists.insert(key.clone(), have);
+        for t in [table::DEDUP_V1, table::DEDUP_HASH] {
+            loop {
+                let rows = Self::first_rows(slot, t)?;
+                if rows.is_empty() {
+                    break;
                 }
-                let list = lists.entry(key).or_default();
-                if !list.contains(&d.offset) {
-                    list.push(d.offset);
+                dedup_moved += rows.len() as u64;
+                let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
+                for (k, _) in rows {
+                    batch.remove(&slot.state, k);
                 }
+                batch.commit().map_err(fjall_err)?;
             }
-            slot.write_rows(
-                &mut batch,
-                lists
-                    .into_iter()
-                    .map(|(k, list)| (k, Some(queen_domain::codec::encode(&list)))),
-            );
-            batch.commit().map_err(fjall_err)?;
         }
         // Nothing moved (a store of this layout, or a snapshot from a node of it): nothing to sync.
         if messages_moved + dedup_moved == 0 {
@@ -102,7 +80,7 @@ impl FjallStore {
             .sync()
             .map_err(|e| StoreError::Read(e.to_string()))?;
         self.db.persist(PersistMode::SyncAll).map_err(fjall_err)?;
-        tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 2 (messages in segments)");
+        tracing::info!(target: "queen-store", messages = messages_moved, dedup_rows = dedup_moved, "migrated the state store to layout 3 (messages in segments, the dedup index in its own files)");
         Ok(())
     }
 }

@@ -435,6 +435,58 @@ impl Segments {
         Ok(())
     }
 
+    /// Visit every record from `from` (where a record starts; `None`: the log's start) to the
+    /// log's end, in order, with the position just after it. Files deleted meanwhile (every
+    /// record of them deleted) are skipped.
+    pub(crate) fn scan_records(
+        &self,
+        from: Option<(u64, u64)>,
+        visit: &mut dyn FnMut(&Record, (u64, u64)),
+    ) -> Result<(), SegmentError> {
+        use std::io::{BufReader, Read, Seek, SeekFrom};
+        let (end_id, end_len) = self.end();
+        for id in Self::list(&self.dir)? {
+            if from.is_some_and(|(f, _)| id < f) || id > end_id {
+                continue;
+            }
+            let path = self.path(id);
+            let f = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err(&path)(e)),
+            };
+            let stop = if id == end_id {
+                end_len
+            } else {
+                f.metadata().map_err(io_err(&path))?.len()
+            };
+            let mut pos = match from {
+                Some((f, p)) if f == id => p.max(HEADER_BYTES),
+                _ => HEADER_BYTES,
+            };
+            let mut r = BufReader::with_capacity(1 << 20, f);
+            r.seek(SeekFrom::Start(pos)).map_err(io_err(&path))?;
+            let mut head = [0u8; RECORD_HEAD];
+            while pos + RECORD_HEAD as u64 <= stop {
+                r.read_exact(&mut head).map_err(io_err(&path))?;
+                let len = u32::from_le_bytes(head[0..4].try_into().unwrap_or_default());
+                if pos + RECORD_HEAD as u64 + u64::from(len) > stop {
+                    return Err(SegmentError::Damaged {
+                        path: path.display().to_string(),
+                        pos,
+                        detail: "a record crosses the end".to_owned(),
+                    });
+                }
+                let mut body = vec![0; len as usize];
+                r.read_exact(&mut body).map_err(io_err(&path))?;
+                let rec = parse(&path, pos, &head, body)?;
+                pos += RECORD_HEAD as u64 + u64::from(len);
+                visit(&rec, (id, pos));
+            }
+        }
+        Ok(())
+    }
+
     /// Make every file written so far durable (and the directory that names them).
     pub(crate) fn sync(&self) -> Result<(), SegmentError> {
         let (ids, active, dir) = {

@@ -1,13 +1,15 @@
 //! Opening the engine and reading state.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use queen_domain::keys::table;
+use queen_domain::model::MessageHead;
 use queen_domain::{StateRead, StoreError};
 
+use crate::dedup::{DedupIndex, FirstLive, Key};
 use crate::filter::DedupFilter;
 use crate::messages::{self, EngineRead, View};
 use crate::segments::{SegmentError, Segments};
@@ -40,6 +42,9 @@ pub struct StoreConfig {
     /// Segment files of messages roll before a record would take one past this size. Every
     /// node of a cluster should use the same value, so replicas keep the same files.
     pub segment_bytes: u64,
+    /// Dedup entries held in memory before they are written out as a run of the dedup index
+    /// (about 60 bytes each; the default 131,072 is about 8 MiB).
+    pub dedup_mem_entries: usize,
 }
 
 impl StoreConfig {
@@ -47,7 +52,7 @@ impl StoreConfig {
     /// background thread, 64 MiB segment files.
     #[must_use]
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir, cache_bytes: 64 << 20, memtable_bytes: 8 << 20, journal_bytes: 256 << 20, workers: 1, segment_bytes: crate::segments::SEGMENT_BYTES }
+        Self { dir, cache_bytes: 64 << 20, memtable_bytes: 8 << 20, journal_bytes: 256 << 20, workers: 1, segment_bytes: crate::segments::SEGMENT_BYTES, dedup_mem_entries: crate::dedup::MEM_ENTRIES }
     }
 }
 
@@ -94,10 +99,11 @@ pub(crate) const INSTALLING_KEY: &[u8] = b"installing";
 /// for A, so a directory written before slots existed opens on its own state.
 pub(crate) const SLOT_KEY: &[u8] = b"slot";
 /// The layout version of the store, in the `raft` keyspace. 1 (no key): messages and a
-/// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash.
+/// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash as
+/// engine rows. 3: the dedup index out of the engine, in its own run files (`dedup.rs`).
 pub(crate) const FORMAT_KEY: &[u8] = b"format";
 /// The layout this build writes.
-pub(crate) const FORMAT: u32 = 2;
+pub(crate) const FORMAT: u32 = 3;
 
 /// One of the two places a whole state can live. A snapshot is installed into the inactive
 /// one while the active one stays readable and intact, then one atomic batch makes it active:
@@ -142,6 +148,13 @@ impl SlotName {
             Self::B => "segments_b",
         }
     }
+
+    pub(crate) fn dedup_dir(self) -> &'static str {
+        match self {
+            Self::A => "dedup",
+            Self::B => "dedup_b",
+        }
+    }
 }
 
 /// A whole state: the engine rows and the segment log they index.
@@ -152,6 +165,8 @@ pub(crate) struct Slot {
     pub(crate) segments: Arc<Segments>,
     /// Which dedup rows of this slot surely do not exist.
     pub(crate) dedup_filter: Arc<DedupFilter>,
+    /// The dedup rows themselves, derived from the segment log.
+    pub(crate) dedup: Arc<DedupIndex>,
 }
 
 /// The node's state store.
@@ -169,6 +184,8 @@ pub struct FjallStore {
     pub(crate) dir: PathBuf,
     /// Segment files roll at this size.
     pub(crate) segment_bytes: u64,
+    /// Dedup entries in memory before a run is written.
+    pub(crate) dedup_mem_entries: usize,
     /// Rows written by apply, for metrics.
     pub(crate) rows_written: Arc<AtomicU64>,
 }
@@ -207,13 +224,14 @@ impl FjallStore {
         if interrupted || !spare.is_empty().map_err(err)? {
             spare.clear().map_err(err)?;
         }
-        let spare_dir = cfg.dir.join(name.other().segment_dir());
-        match std::fs::remove_dir_all(&spare_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                let source = SegmentError::Io { path: spare_dir.display().to_string(), source: e };
-                return Err(StoreOpenError::Segments { dir: spare_dir.display().to_string(), source });
+        for spare_dir in [cfg.dir.join(name.other().segment_dir()), cfg.dir.join(name.other().dedup_dir())] {
+            match std::fs::remove_dir_all(&spare_dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    let source = SegmentError::Io { path: spare_dir.display().to_string(), source: e };
+                    return Err(StoreOpenError::Segments { dir: spare_dir.display().to_string(), source });
+                }
+                _ => {}
             }
-            _ => {}
         }
         if interrupted {
             raft.remove(INSTALLING_KEY).map_err(err)?;
@@ -235,8 +253,14 @@ impl FjallStore {
         let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
         let segments = Segments::open(&seg_dir, cfg.segment_bytes, end, &live)
             .map_err(|source| StoreOpenError::Segments { dir: seg_dir.display().to_string(), source })?;
-        let active = Arc::new(RwLock::new(Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()) }));
-        let store = Self { db, raft, active, keyspaces, dir: cfg.dir.clone(), segment_bytes: cfg.segment_bytes, rows_written: Arc::new(AtomicU64::new(0)) };
+        let format_err = |detail: String| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail };
+        if format < FORMAT {
+            // A dedup index left by an interrupted migration may not match what it migrates.
+            let _ = std::fs::remove_dir_all(cfg.dir.join(name.dedup_dir()));
+        }
+        let dedup = open_dedup(&cfg.dir, name, &state, cfg.dedup_mem_entries).map_err(|e| format_err(format!("could not open its dedup index: {e}")))?;
+        let active = Arc::new(RwLock::new(Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()), dedup }));
+        let store = Self { db, raft, active, keyspaces, dir: cfg.dir.clone(), segment_bytes: cfg.segment_bytes, dedup_mem_entries: cfg.dedup_mem_entries, rows_written: Arc::new(AtomicU64::new(0)) };
         if format < FORMAT {
             store.migrate(&store.slot()).map_err(|e| StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
@@ -244,18 +268,46 @@ impl FjallStore {
             })?;
         }
         store.raft.insert(FORMAT_KEY, FORMAT.to_le_bytes()).map_err(err)?;
-        Self::fill_dedup_filter(&store.slot()).map_err(|e| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail: format!("could not read its dedup index: {e}") })?;
+        Self::load_dedup(&store.slot()).map_err(|e| format_err(format!("could not rebuild its dedup index: {e}")))?;
         Ok(store)
     }
 
-    /// Rebuild the dedup filter of `slot` from its dedup rows.
-    pub(crate) fn fill_dedup_filter(slot: &Slot) -> Result<(), StoreError> {
-        slot.dedup_filter.clear();
-        for g in slot.state.range([table::DEDUP_HASH]..[table::DEDUP_HASH + 1]) {
-            let k = g.key().map_err(read_err)?;
-            slot.dedup_filter.insert(&k);
+    /// Bring the dedup index of `slot` up to the end of its segment log (the records after what
+    /// its runs cover: about one in-memory table's worth after a restart, all of them after a
+    /// migration or a snapshot install), then fill the bloom filter from it.
+    pub(crate) fn load_dedup(slot: &Slot) -> Result<(), StoreError> {
+        let mut failed: Option<StoreError> = None;
+        let mut entries: Vec<(Key, u64)> = Vec::new();
+        slot.segments
+            .scan_records(slot.dedup.covered(), &mut |rec, after| {
+                for (offset, v) in rec.values() {
+                    match queen_domain::codec::decode_head::<MessageHead>(&[], v) {
+                        Ok(h) => entries.push((dedup_key(rec.pid, &h.transaction_id), offset)),
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                }
+                slot.dedup.insert_all(entries.drain(..));
+                if slot.dedup.full()
+                    && let Err(e) = slot.dedup.flush(after)
+                {
+                    failed.get_or_insert(StoreError::Read(e.to_string()));
+                }
+            })
+            .map_err(|e| StoreError::Read(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
         }
-        Ok(())
+        slot.dedup_filter.clear();
+        let mut full = [0u8; 25];
+        full[0] = table::DEDUP_HASH;
+        slot.dedup
+            .for_each(&mut |k| {
+                full[1..].copy_from_slice(k);
+                slot.dedup_filter.insert(&full);
+            })
+            .map_err(|e| StoreError::Read(e.to_string()))
     }
 
     /// The active slot, as one operation should use it throughout.
@@ -320,24 +372,72 @@ impl FjallStore {
     /// slot active when it was taken, even if an install switches slots meanwhile.
     #[must_use]
     pub fn view(&self) -> StateView {
-        let Slot { state, segments, dedup_filter, .. } = self.slot();
-        StateView { snap: self.db.snapshot(), state, segments, dedup_filter }
+        let Slot { state, segments, dedup_filter, dedup, .. } = self.slot();
+        StateView { snap: self.db.snapshot(), state, segments, dedup_filter, dedup }
+    }
+
+    /// Dedup index figures for status pages: (runs, entries in runs, entries in memory).
+    #[must_use]
+    pub fn dedup_stats(&self) -> (usize, u64, usize) {
+        self.slot().dedup.stats()
+    }
+}
+
+/// The index key of a transactionId in a partition: the dedup row's key without its table byte.
+pub(crate) fn dedup_key(pid: u64, transaction_id: &str) -> Key {
+    let mut k = [0u8; 24];
+    k.copy_from_slice(&queen_domain::keys::dedup(pid, transaction_id)[1..25]);
+    k
+}
+
+/// Open the dedup index of slot `name`; one that cannot be read is rebuilt from the segment
+/// log (it is derived data), with a warning.
+pub(crate) fn open_dedup(dir: &Path, name: SlotName, state: &Keyspace, mem_cap: usize) -> Result<Arc<DedupIndex>, crate::dedup::DedupError> {
+    let path = dir.join(name.dedup_dir());
+    let ks = state.clone();
+    // On a read error a merge keeps the entries: a dead entry only costs a needless check.
+    let first_live: FirstLive = Arc::new(move |pid| messages::first_live(&ks, pid).unwrap_or(Some(0)));
+    match DedupIndex::open(&path, mem_cap, first_live.clone()) {
+        Ok(i) => Ok(Arc::new(i)),
+        Err(e) => {
+            tracing::warn!(target: "queen-store", error = %e, "the dedup index cannot be read; rebuilding it from the message segments");
+            let _ = std::fs::remove_dir_all(&path);
+            DedupIndex::open(&path, mem_cap, first_live).map(Arc::new)
+        }
     }
 }
 
 /// A visitor of rows; false stops the scan.
 type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> bool + 'a;
 
-/// A point read of the domain's state: message rows from the segment log, the store's own
-/// tables hidden, dedup rows the filter rules out answered without the engine.
-fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-    if key.first() == Some(&table::MESSAGE) {
-        return messages::get(engine, segments, key);
+/// A point read of the domain's state: message rows from the segment log, dedup rows from the
+/// dedup index (those the filter rules out without reading it), the store's own tables hidden.
+fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter, dedup: &DedupIndex, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    match key.first() {
+        Some(&table::MESSAGE) => messages::get(engine, segments, key),
+        Some(&table::DEDUP_HASH) => dedup_get(engine, filter, dedup, key),
+        Some(t) if *t >= table::SEGMENT_INDEX => Ok(None),
+        _ => engine.get(key),
     }
-    if key.first().is_some_and(|t| *t >= table::SEGMENT_INDEX) || filter.surely_absent(key) {
+}
+
+/// A dedup row: the offsets the index holds under the key whose messages are still stored,
+/// which is exactly what the row said when rows were deleted with their messages.
+fn dedup_get(engine: &dyn EngineRead, filter: &DedupFilter, dedup: &DedupIndex, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    if key.len() != 25 || filter.surely_absent(key) {
         return Ok(None);
     }
-    engine.get(key)
+    let mut k = [0u8; 24];
+    k.copy_from_slice(&key[1..]);
+    let pid = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
+    let mut offsets = dedup.lookup(&k).map_err(|e| StoreError::Read(e.to_string()))?;
+    let mut live = Vec::with_capacity(offsets.len());
+    for o in offsets.drain(..) {
+        if messages::is_live(engine, pid, o)? {
+            live.push(o);
+        }
+    }
+    Ok((!live.is_empty()).then(|| queen_domain::codec::encode(&live)))
 }
 
 /// A scan of the domain's state, split at the message table: engine rows before it, the
@@ -394,9 +494,33 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// Move the dedup rows out of `writes` into the dedup index (and the filter). A put holds
+    /// every offset under its key (the domain adds one to what it read); removes are dropped:
+    /// the index answers only offsets whose message is still stored.
+    pub(crate) fn take_dedup_rows(&self, writes: &mut queen_domain::WriteSet) -> Result<(), StoreError> {
+        let keys: Vec<Vec<u8>> = writes.range(vec![table::DEDUP_HASH]..vec![table::DEDUP_HASH + 1]).map(|(k, _)| k.clone()).collect();
+        let mut entries = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(Some(v)) = writes.remove(&k) {
+                if k.len() != 25 {
+                    return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "a dedup key of the wrong length".to_owned() });
+                }
+                let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
+                self.dedup_filter.insert(&k);
+                let mut key = [0u8; 24];
+                key.copy_from_slice(&k[1..]);
+                entries.extend(offsets.into_iter().map(|o| (key, o)));
+            }
+        }
+        self.dedup.insert_all(entries);
+        Ok(())
+    }
+}
+
 impl StateRead for Slot {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        routed_get(&self.state, &self.segments, &self.dedup_filter, key)
+        routed_get(&self.state, &self.segments, &self.dedup_filter, &self.dedup, key)
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
@@ -420,11 +544,12 @@ pub struct StateView {
     pub(crate) state: Keyspace,
     pub(crate) segments: Arc<Segments>,
     pub(crate) dedup_filter: Arc<DedupFilter>,
+    pub(crate) dedup: Arc<DedupIndex>,
 }
 
 impl StateRead for StateView {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        routed_get(&View(&self.snap, &self.state), &self.segments, &self.dedup_filter, key)
+        routed_get(&View(&self.snap, &self.state), &self.segments, &self.dedup_filter, &self.dedup, key)
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {

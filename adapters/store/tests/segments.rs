@@ -5,13 +5,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use proptest::prelude::*;
-use queen_domain::command::{Command, Entry, PushItem};
+use queen_domain::command::{Command, Entry, Outcome, PushItem, PushStatus, Response};
 use queen_domain::keys;
 use queen_domain::model::{DedupRec, MessageRec, QueueOptions};
 use queen_domain::names::{PartitionName, QueueName};
 use queen_domain::{MemStore, StateRead, invariants, reads};
 use queen_ports::{ApplyEntry, StateMachineBackend};
 use queen_store::{FjallStore, StoreConfig};
+
+mod common;
+use common::same;
 
 const SECOND: u64 = 1_000_000;
 
@@ -79,6 +82,8 @@ fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
 fn config(dir: &Path) -> StoreConfig {
     let mut cfg = StoreConfig::new(dir.to_path_buf());
     cfg.segment_bytes = 32 << 10;
+    // Small dedup tables, so the runs, their merges and the replay after a reopen all happen.
+    cfg.dedup_mem_entries = 97;
     cfg
 }
 
@@ -115,18 +120,6 @@ fn segment_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-fn dump(s: &dyn StateRead) -> MemStore {
-    let mut w = BTreeMap::new();
-    s.scan(&[], &[0xFF; 4], &mut |k, v| {
-        w.insert(k.to_vec(), Some(v.to_vec()));
-        true
-    })
-    .unwrap();
-    let mut m = MemStore::new();
-    m.commit(w);
-    m
-}
-
 fn reference(entries: &[Vec<u8>]) -> MemStore {
     let mut m = MemStore::new();
     for (i, e) in entries.iter().enumerate() {
@@ -156,8 +149,8 @@ proptest! {
         prop_assert_eq!(fa.keys().collect::<Vec<_>>(), fb.keys().collect::<Vec<_>>());
         prop_assert!(fa == fb, "segment bytes differ");
         let expected = reference(&list);
-        prop_assert!(dump(&a) == expected, "store a differs from the domain on a map");
-        prop_assert!(dump(&b) == expected, "store b differs from the domain on a map");
+        prop_assert!(same(&a, &expected), "store a differs from the domain on a map");
+        prop_assert!(same(&b, &expected), "store b differs from the domain on a map");
         invariants::check(&b).unwrap();
     }
 }
@@ -188,12 +181,12 @@ fn retention_across_segment_boundaries_deletes_whole_files() {
         files.keys().collect::<Vec<_>>()
     );
     assert_eq!(reads::queue(&store, "r").unwrap().unwrap().messages, 0);
-    assert!(dump(&store) == reference(&list));
+    assert!(same(&store, &reference(&list)));
     invariants::check(&store).unwrap();
     drop(store);
     // Reopened, the same.
     let store = FjallStore::open(&config(dir.path())).unwrap();
-    assert!(dump(&store) == reference(&list));
+    assert!(same(&store, &reference(&list)));
 }
 
 /// A data directory of layout 1 (messages and text-keyed dedup rows in the engine) is migrated
@@ -244,13 +237,13 @@ fn a_store_of_layout_1_is_migrated_at_open() {
         Some(&b"old-meta"[..])
     );
     assert!(
-        dump(&store) == expected,
+        same(&store, &expected),
         "the migrated store reads as this build writes"
     );
     invariants::check(&store).unwrap();
     drop(store);
     let store = FjallStore::open(&config(dir.path())).unwrap();
-    assert!(dump(&store) == expected);
+    assert!(same(&store, &expected));
 }
 
 /// A store whose format key names a newer layout is refused with one line saying what to do.
@@ -273,4 +266,81 @@ fn a_newer_layout_is_refused() {
         line.contains("layout version 9") && line.contains("newer build"),
         "{line}"
     );
+}
+
+/// Pushes of `ids` to queue `d` (no retention) as one entry each of ten items, from `index`.
+fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
+    ids.chunks(10)
+        .enumerate()
+        .map(|(i, chunk)| ApplyEntry {
+            index: index + i as u64,
+            command: Some(
+                Entry {
+                    proposed_at: SECOND * (index + i as u64),
+                    command: Command::Push(
+                        chunk
+                            .iter()
+                            .map(|t| PushItem {
+                                queue: QueueName::new("d").unwrap(),
+                                partition: PartitionName::new(format!("p{}", t.len() % 3)).unwrap(),
+                                transaction_id: t.clone(),
+                                message_id: [1; 16],
+                                payload: b"{}".to_vec(),
+                                trace_id: None,
+                            })
+                            .collect(),
+                    ),
+                }
+                .encode(),
+            ),
+        })
+        .collect()
+}
+
+fn statuses(responses: &[Vec<u8>]) -> Vec<(PushStatus, u64)> {
+    responses
+        .iter()
+        .flat_map(|r| match Response::decode(r).unwrap().outcome {
+            Outcome::Push(items) => items.into_iter().map(|o| (o.status, o.offset)).collect::<Vec<_>>(),
+            other => panic!("not a push answer: {other:?}"),
+        })
+        .collect()
+}
+
+/// The dedup index answers from memory, from its runs and after merges, and again after a
+/// reopen that lost its table in memory (replayed from the segment log) or all of its files
+/// (rebuilt): every resend is a duplicate with the original's offset, every new id is queued.
+#[test]
+fn duplicates_are_found_through_runs_merges_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..2_000).map(|i| format!("txn-{i}-{}", "x".repeat(i % 7))).collect();
+    let first = {
+        let store = FjallStore::open(&config(dir.path())).unwrap();
+        let r = store.apply(pushes(&ids, 1), b"m".to_vec()).unwrap();
+        let first = statuses(&r);
+        assert!(first.iter().all(|(s, _)| *s == PushStatus::Queued));
+        let again = statuses(&store.apply(pushes(&ids[..500], 1_000), b"m".to_vec()).unwrap());
+        assert_eq!(again, first[..500].iter().map(|(_, o)| (PushStatus::Duplicate, *o)).collect::<Vec<_>>());
+        first
+    };
+    let dedup_dir = dir.path().join("dedup");
+    let runs = std::fs::read_dir(&dedup_dir).unwrap().count();
+    assert!(runs >= 2, "runs were written: {runs} files");
+    for round in 0..2 {
+        if round == 1 {
+            // Derived data: without any of its files, the index is rebuilt from the segments.
+            std::fs::remove_dir_all(&dedup_dir).unwrap();
+        }
+        let store = FjallStore::open(&config(dir.path())).unwrap();
+        let again = statuses(&store.apply(pushes(&ids, 2_000 + round * 1_000), b"m".to_vec()).unwrap());
+        assert_eq!(
+            again,
+            first.iter().map(|(_, o)| (PushStatus::Duplicate, *o)).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        let fresh: Vec<String> = (0..30).map(|i| format!("new-{round}-{i}")).collect();
+        let r = statuses(&store.apply(pushes(&fresh, 2_500 + round * 1_000), b"m".to_vec()).unwrap());
+        assert!(r.iter().all(|(s, _)| *s == PushStatus::Queued), "round {round}: {r:?}");
+        invariants::check(&store).unwrap();
+    }
 }
