@@ -576,7 +576,17 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
             println!("    {}", line.chars().take(160).collect::<String>());
         }
     }
-    let _ = std::fs::remove_file(&data);
+    // QUEEN_BENCH_KEEP_PERF=<path> keeps the recording for `perf report` with call graphs.
+    match std::env::var_os("QUEEN_BENCH_KEEP_PERF") {
+        Some(keep) => {
+            if std::fs::rename(&data, &keep).or_else(|_| std::fs::copy(&data, &keep).map(|_| ())).is_ok() {
+                println!("profile: kept in {}", PathBuf::from(keep).display());
+            }
+        }
+        None => {
+            let _ = std::fs::remove_file(&data);
+        }
+    }
 }
 
 /// The backlog run: fresh clusters; 100/request JSON push phases on the empty store, a fill to
