@@ -689,6 +689,9 @@ impl Api for Broker {
                 "level0Tables": self.store.engine_stats().3,
                 "segmentFiles": self.store.segment_stats().0,
                 "segmentBytes": self.store.segment_stats().1,
+                "dedupRuns": self.store.dedup_stats().0,
+                "dedupRunEntries": self.store.dedup_stats().1,
+                "dedupMemoryEntries": self.store.dedup_stats().2,
             },
             "queues": {
                 "count": queues.len(),

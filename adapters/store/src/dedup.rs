@@ -572,6 +572,11 @@ impl DedupIndex {
         Ok(())
     }
 
+    /// Bytes the run files take on disk.
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        read(&self.inner).runs.iter().map(|r| RUN_HEADER + r.entries * ENTRY as u64).sum()
+    }
+
     /// Runs and the entries they hold, for status pages and tests.
     pub(crate) fn stats(&self) -> (usize, u64, usize) {
         let g = read(&self.inner);

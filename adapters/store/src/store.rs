@@ -320,10 +320,11 @@ impl FjallStore {
         *self.active.write().unwrap_or_else(std::sync::PoisonError::into_inner) = slot;
     }
 
-    /// Bytes the engine and the segment log use on disk.
+    /// Bytes the engine, the segment log and the dedup index use on disk.
     #[must_use]
     pub fn disk_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0) + self.slot().segments.disk_bytes()
+        let slot = self.slot();
+        self.db.disk_space().unwrap_or(0) + slot.segments.disk_bytes() + slot.dedup.disk_bytes()
     }
 
     /// Engine figures for status pages: (memtable bytes, flushes queued, sealed memtables of
