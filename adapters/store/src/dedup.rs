@@ -35,6 +35,15 @@ use std::sync::{Arc, Mutex, RwLock};
 /// Key of an entry: partition id (big-endian) and the 16-byte hash, as in the dedup row's key.
 pub(crate) type Key = [u8; 24];
 
+/// The index key of a dedup row's key (table byte, pid, hash), or `None` for another key.
+pub(crate) fn key_of_row(row: &[u8]) -> Option<Key> {
+    if row.len() == 25 {
+        row[1..].try_into().ok()
+    } else {
+        None
+    }
+}
+
 /// Bytes of one entry on disk: key and offset.
 const ENTRY: usize = 32;
 /// Entries per page; runs keep the first key of every page in memory.
@@ -57,13 +66,19 @@ pub(crate) type FirstLive = Arc<dyn Fn(u64) -> Option<u64> + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DedupError {
     #[error("dedup index {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("dedup index {path}: {detail}")]
     Damaged { path: String, detail: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DedupError + '_ {
-    move |source| DedupError::Io { path: path.display().to_string(), source }
+    move |source| DedupError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 struct Run {
@@ -83,9 +98,13 @@ impl Run {
     fn open(dir: &Path, id: u64) -> Result<Self, DedupError> {
         let path = dir.join(Self::name(id));
         let file = File::open(&path).map_err(io_err(&path))?;
-        let damaged = |detail: &str| DedupError::Damaged { path: path.display().to_string(), detail: detail.to_owned() };
+        let damaged = |detail: &str| DedupError::Damaged {
+            path: path.display().to_string(),
+            detail: detail.to_owned(),
+        };
         let mut h = [0u8; RUN_HEADER as usize];
-        file.read_exact_at(&mut h, 0).map_err(|_| damaged("no header"))?;
+        file.read_exact_at(&mut h, 0)
+            .map_err(|_| damaged("no header"))?;
         if &h[..8] != RUN_MAGIC {
             return Err(damaged("not a dedup run of this format"));
         }
@@ -98,19 +117,37 @@ impl Run {
         let mut k = [0u8; 24];
         let mut i = 0;
         while i < entries {
-            file.read_exact_at(&mut k, RUN_HEADER + i * ENTRY as u64).map_err(io_err(&path))?;
+            file.read_exact_at(&mut k, RUN_HEADER + i * ENTRY as u64)
+                .map_err(io_err(&path))?;
             fences.push(k);
             i += PAGE_ENTRIES as u64;
         }
-        Ok(Self { id, path, file, entries, fences })
+        Ok(Self {
+            id,
+            path,
+            file,
+            entries,
+            fences,
+        })
     }
 
     /// Write `entries` (sorted) as run `id`, fsynced.
-    fn write(dir: &Path, id: u64, entries: &mut dyn Iterator<Item = (Key, u64)>) -> Result<Self, DedupError> {
+    fn write(
+        dir: &Path,
+        id: u64,
+        entries: &mut dyn Iterator<Item = (Key, u64)>,
+    ) -> Result<Self, DedupError> {
         let path = dir.join(Self::name(id));
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(io_err(&path))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
         let mut w = BufWriter::with_capacity(1 << 20, &file);
-        w.write_all(&[0u8; RUN_HEADER as usize]).map_err(io_err(&path))?;
+        w.write_all(&[0u8; RUN_HEADER as usize])
+            .map_err(io_err(&path))?;
         let mut n = 0u64;
         let mut fences = Vec::new();
         for (k, o) in entries {
@@ -128,7 +165,13 @@ impl Run {
         h[8..].copy_from_slice(&n.to_le_bytes());
         file.write_all_at(&h, 0).map_err(io_err(&path))?;
         file.sync_data().map_err(io_err(&path))?;
-        Ok(Self { id, path, file, entries: n, fences })
+        Ok(Self {
+            id,
+            path,
+            file,
+            entries: n,
+            fences,
+        })
     }
 
     /// The offsets stored under `key`.
@@ -141,11 +184,14 @@ impl Run {
             let first = (page * PAGE_ENTRIES) as u64;
             let n = (self.entries - first).min(PAGE_ENTRIES as u64) as usize;
             let bytes = &mut buf[..n * ENTRY];
-            self.file.read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64).map_err(io_err(&self.path))?;
+            self.file
+                .read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64)
+                .map_err(io_err(&self.path))?;
             for e in bytes.chunks_exact(ENTRY) {
-                match e[..24].cmp(&key[..]) {
+                let (k, offset) = decode_entry(e);
+                match k.cmp(key) {
                     std::cmp::Ordering::Less => {}
-                    std::cmp::Ordering::Equal => out.push(u64::from_be_bytes(e[24..].try_into().unwrap_or_default())),
+                    std::cmp::Ordering::Equal => out.push(offset),
                     std::cmp::Ordering::Greater => return Ok(()),
                 }
             }
@@ -154,23 +200,71 @@ impl Run {
         Ok(())
     }
 
-    /// Every entry, in order, read in large sequential chunks.
+    /// Every entry, in order.
     fn scan(&self, visit: &mut dyn FnMut(Key, u64)) -> Result<(), DedupError> {
-        const CHUNK: u64 = 8192;
-        let mut buf = vec![0u8; CHUNK as usize * ENTRY];
-        let mut at = 0u64;
-        while at < self.entries {
-            let n = (self.entries - at).min(CHUNK);
-            let bytes = &mut buf[..n as usize * ENTRY];
-            self.file.read_exact_at(bytes, RUN_HEADER + at * ENTRY as u64).map_err(io_err(&self.path))?;
-            for e in bytes.chunks_exact(ENTRY) {
-                let mut k = [0u8; 24];
-                k.copy_from_slice(&e[..24]);
-                visit(k, u64::from_be_bytes(e[24..].try_into().unwrap_or_default()));
-            }
-            at += n;
+        let mut c = RunCursor::new(self);
+        while let Some((k, o)) = c.peek()? {
+            visit(k, o);
+            c.advance();
         }
         Ok(())
+    }
+}
+
+/// One entry's bytes read back: its key and offset.
+fn decode_entry(e: &[u8]) -> (Key, u64) {
+    let mut k = [0u8; 24];
+    k.copy_from_slice(&e[..24]);
+    (
+        k,
+        u64::from_be_bytes(e[24..ENTRY].try_into().unwrap_or_default()),
+    )
+}
+
+/// Reads a run's entries in order, a chunk of them at a time.
+struct RunCursor<'a> {
+    run: &'a Run,
+    at: u64,
+    buf: Vec<u8>,
+    buf_at: u64,
+    buf_n: u64,
+}
+
+impl<'a> RunCursor<'a> {
+    /// Entries read at once (128 KiB).
+    const CHUNK: u64 = 4096;
+
+    fn new(run: &'a Run) -> Self {
+        Self {
+            run,
+            at: 0,
+            buf: Vec::new(),
+            buf_at: 0,
+            buf_n: 0,
+        }
+    }
+
+    /// The entry at the cursor, if any is left.
+    fn peek(&mut self) -> Result<Option<(Key, u64)>, DedupError> {
+        if self.at >= self.run.entries {
+            return Ok(None);
+        }
+        if self.at >= self.buf_at + self.buf_n {
+            let n = (self.run.entries - self.at).min(Self::CHUNK);
+            self.buf.resize(n as usize * ENTRY, 0);
+            self.run
+                .file
+                .read_exact_at(&mut self.buf, RUN_HEADER + self.at * ENTRY as u64)
+                .map_err(io_err(&self.run.path))?;
+            self.buf_at = self.at;
+            self.buf_n = n;
+        }
+        let i = (self.at - self.buf_at) as usize * ENTRY;
+        Ok(Some(decode_entry(&self.buf[i..i + ENTRY])))
+    }
+
+    fn advance(&mut self) {
+        self.at += 1;
     }
 }
 
@@ -207,7 +301,9 @@ static OWNERS: Mutex<Vec<(PathBuf, u64)>> = Mutex::new(Vec::new());
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn owners() -> std::sync::MutexGuard<'static, Vec<(PathBuf, u64)>> {
-    OWNERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    OWNERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -221,7 +317,11 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 impl DedupIndex {
     /// Open the index in `dir` (created when missing); files the manifest does not name are
     /// deleted. The caller replays the segment log after [`Self::covered`].
-    pub(crate) fn open(dir: &Path, mem_cap: usize, first_live: FirstLive) -> Result<Self, DedupError> {
+    pub(crate) fn open(
+        dir: &Path,
+        mem_cap: usize,
+        first_live: FirstLive,
+    ) -> Result<Self, DedupError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
@@ -230,7 +330,10 @@ impl DedupIndex {
             o.push((dir.to_path_buf(), generation));
         }
         let (covered, ids) = match std::fs::read(dir.join(MANIFEST)) {
-            Ok(b) => Self::decode_manifest(&b).ok_or_else(|| DedupError::Damaged { path: dir.join(MANIFEST).display().to_string(), detail: "unreadable manifest".to_owned() })?,
+            Ok(b) => Self::decode_manifest(&b).ok_or_else(|| DedupError::Damaged {
+                path: dir.join(MANIFEST).display().to_string(),
+                detail: "unreadable manifest".to_owned(),
+            })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, Vec::new()),
             Err(e) => return Err(io_err(&dir.join(MANIFEST))(e)),
         };
@@ -251,7 +354,15 @@ impl DedupIndex {
         Ok(Self {
             dir: dir.to_path_buf(),
             mem_cap: mem_cap.max(1),
-            inner: RwLock::new(Inner { mem: HashMap::new(), more: HashMap::new(), mem_len: 0, runs, next_id, covered, merging: false }),
+            inner: RwLock::new(Inner {
+                mem: HashMap::new(),
+                more: HashMap::new(),
+                mem_len: 0,
+                runs,
+                next_id,
+                covered,
+                merging: false,
+            }),
             first_live,
             manifest: Mutex::new(()),
             generation,
@@ -260,7 +371,10 @@ impl DedupIndex {
 
     /// Empty the index and delete its files (a snapshot install rebuilds it).
     pub(crate) fn clear(&self) -> Result<(), DedupError> {
-        let _m = self.manifest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _m = self
+            .manifest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut g = write(&self.inner);
         let _ = std::fs::remove_file(self.dir.join(MANIFEST));
         for r in g.runs.drain(..) {
@@ -280,22 +394,35 @@ impl DedupIndex {
 
     /// (covered, run ids) of a manifest's bytes.
     fn decode_manifest(b: &[u8]) -> Option<Manifest> {
-        let u64_at = |i: usize| b.get(i..i + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()));
+        let u64_at = |i: usize| {
+            b.get(i..i + 8)
+                .map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
+        };
         if b.get(..8)? != MANIFEST_MAGIC {
             return None;
         }
         let covered = (u64_at(8)?, u64_at(16)?);
         let n = u64_at(24)? as usize;
-        let ids = (0..n).map(|i| u64_at(32 + 8 * i)).collect::<Option<Vec<_>>>()?;
+        let ids = (0..n)
+            .map(|i| u64_at(32 + 8 * i))
+            .collect::<Option<Vec<_>>>()?;
         let crc = u32::from_le_bytes(b.get(32 + 8 * n..36 + 8 * n)?.try_into().ok()?);
-        (crc32fast::hash(&b[..32 + 8 * n]) == crc && b.len() == 36 + 8 * n).then_some((Some(covered), ids))
+        (crc32fast::hash(&b[..32 + 8 * n]) == crc && b.len() == 36 + 8 * n)
+            .then_some((Some(covered), ids))
     }
 
     /// Write the manifest for `runs` and `covered` (atomically: a temporary file renamed over).
     fn write_manifest(&self, covered: (u64, u64), runs: &[Arc<Run>]) -> Result<(), DedupError> {
         let owners = owners();
-        if !owners.iter().any(|(p, g)| *p == self.dir && *g == self.generation) {
-            return Err(DedupError::Damaged { path: self.dir.display().to_string(), detail: "opened again elsewhere in this process; this handle no longer writes".to_owned() });
+        if !owners
+            .iter()
+            .any(|(p, g)| *p == self.dir && *g == self.generation)
+        {
+            return Err(DedupError::Damaged {
+                path: self.dir.display().to_string(),
+                detail: "opened again elsewhere in this process; this handle no longer writes"
+                    .to_owned(),
+            });
         }
         let mut b = Vec::with_capacity(36 + 8 * runs.len());
         b.extend_from_slice(MANIFEST_MAGIC);
@@ -313,7 +440,9 @@ impl DedupIndex {
         f.sync_data().map_err(io_err(&tmp))?;
         let path = self.dir.join(MANIFEST);
         std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io_err(&self.dir))
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
     }
 
     /// Note that `key` is stored at `offset`.
@@ -378,7 +507,10 @@ impl DedupIndex {
     /// the last message the table holds (its records must be durable first). Starts a merge in
     /// the background when runs of similar size pile up.
     pub(crate) fn flush(self: &Arc<Self>, covered: (u64, u64)) -> Result<(), DedupError> {
-        let _m = self.manifest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _m = self
+            .manifest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut g = write(&self.inner);
         let mut entries: Vec<(Key, u64)> = Vec::with_capacity(g.mem_len);
         entries.extend(g.mem.iter().map(|(k, o)| (*k, *o)));
@@ -389,7 +521,11 @@ impl DedupIndex {
         let id = g.next_id;
         let mut runs = g.runs.clone();
         if !entries.is_empty() {
-            runs.push(Arc::new(Run::write(&self.dir, id, &mut entries.into_iter())?));
+            runs.push(Arc::new(Run::write(
+                &self.dir,
+                id,
+                &mut entries.into_iter(),
+            )?));
         }
         self.write_manifest(covered, &runs)?;
         g.next_id = id + 1;
@@ -433,7 +569,9 @@ impl DedupIndex {
         let to = runs.len();
         let mut from = to;
         let smallest = runs[to - 1].entries.max(1);
-        while from > 0 && runs[from - 1].entries <= smallest.saturating_mul(4).max(mem_cap as u64 * 2) {
+        while from > 0
+            && runs[from - 1].entries <= smallest.saturating_mul(4).max(mem_cap as u64 * 2)
+        {
             from -= 1;
         }
         (to - from >= FANOUT).then_some((from, to))
@@ -443,16 +581,24 @@ impl DedupIndex {
     fn merge_once(&self) -> Result<bool, DedupError> {
         let (from, to, picked, id) = {
             let mut g = write(&self.inner);
-            let Some((from, to)) = Self::pick(&g.runs, self.mem_cap) else { return Ok(false) };
+            let Some((from, to)) = Self::pick(&g.runs, self.mem_cap) else {
+                return Ok(false);
+            };
             let id = g.next_id;
             g.next_id += 1;
             (from, to, g.runs[from..to].to_vec(), id)
         };
         let merged = self.merge(&picked, id)?;
-        let _m = self.manifest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _m = self
+            .manifest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut g = write(&self.inner);
         // Flushes only append runs, so the picked ones are still at [from, to).
-        let still = g.runs.get(from..to).is_some_and(|now| now.iter().zip(&picked).all(|(a, b)| a.id == b.id));
+        let still = g
+            .runs
+            .get(from..to)
+            .is_some_and(|now| now.iter().zip(&picked).all(|(a, b)| a.id == b.id));
         if !still {
             let _ = std::fs::remove_file(&merged.path);
             return Ok(false);
@@ -481,33 +627,7 @@ impl DedupIndex {
 
     /// A k-way merge of `runs` into run `id`, without the entries of deleted messages.
     fn merge(&self, runs: &[Arc<Run>], id: u64) -> Result<Run, DedupError> {
-        struct Cursor<'a> {
-            run: &'a Run,
-            at: u64,
-            buf: Vec<u8>,
-            buf_at: u64,
-            buf_n: u64,
-        }
-        const CHUNK: u64 = 4096;
-        impl Cursor<'_> {
-            fn peek(&mut self) -> Result<Option<(Key, u64)>, DedupError> {
-                if self.at >= self.run.entries {
-                    return Ok(None);
-                }
-                if self.at >= self.buf_at + self.buf_n {
-                    let n = (self.run.entries - self.at).min(CHUNK);
-                    self.buf.resize(n as usize * ENTRY, 0);
-                    self.run.file.read_exact_at(&mut self.buf, RUN_HEADER + self.at * ENTRY as u64).map_err(io_err(&self.run.path))?;
-                    self.buf_at = self.at;
-                    self.buf_n = n;
-                }
-                let i = (self.at - self.buf_at) as usize * ENTRY;
-                let mut k = [0u8; 24];
-                k.copy_from_slice(&self.buf[i..i + 24]);
-                Ok(Some((k, u64::from_be_bytes(self.buf[i + 24..i + 32].try_into().unwrap_or_default()))))
-            }
-        }
-        let mut cursors: Vec<Cursor<'_>> = runs.iter().map(|r| Cursor { run: r, at: 0, buf: Vec::new(), buf_at: 0, buf_n: 0 }).collect();
+        let mut cursors: Vec<RunCursor<'_>> = runs.iter().map(|r| RunCursor::new(r)).collect();
         let mut error = None;
         let mut live_pid: Option<(u64, Option<u64>)> = None;
         let mut last: Option<(Key, u64)> = None;
@@ -530,7 +650,7 @@ impl DedupIndex {
                     }
                 }
                 let (i, e) = best?;
-                cursors[i].at += 1;
+                cursors[i].advance();
                 if last == Some(e) {
                     continue;
                 }
@@ -574,13 +694,21 @@ impl DedupIndex {
 
     /// Bytes the run files take on disk.
     pub(crate) fn disk_bytes(&self) -> u64 {
-        read(&self.inner).runs.iter().map(|r| RUN_HEADER + r.entries * ENTRY as u64).sum()
+        read(&self.inner)
+            .runs
+            .iter()
+            .map(|r| RUN_HEADER + r.entries * ENTRY as u64)
+            .sum()
     }
 
     /// Runs and the entries they hold, for status pages and tests.
     pub(crate) fn stats(&self) -> (usize, u64, usize) {
         let g = read(&self.inner);
-        (g.runs.len(), g.runs.iter().map(|r| r.entries).sum(), g.mem_len)
+        (
+            g.runs.len(),
+            g.runs.iter().map(|r| r.entries).sum(),
+            g.mem_len,
+        )
     }
 
     /// Wait (bounded) for a background merge to end, for tests.

@@ -175,6 +175,44 @@ fn parse(path: &Path, pos: u64, head: &[u8], body: Vec<u8>) -> Result<Record, Se
     })
 }
 
+/// Read the records of `f` (at `path`) from `pos` to `end` in order, each checked, and hand
+/// each to `visit` with the position just after it. A record that crosses `end` is damage.
+fn walk(
+    path: &Path,
+    f: &File,
+    mut pos: u64,
+    end: u64,
+    visit: &mut dyn FnMut(Record, u64),
+) -> Result<(), SegmentError> {
+    use std::io::{BufReader, Read, Seek, SeekFrom};
+    let damaged = |pos: u64, detail: &str| SegmentError::Damaged {
+        path: path.display().to_string(),
+        pos,
+        detail: detail.to_owned(),
+    };
+    let mut r = BufReader::with_capacity(1 << 20, f);
+    r.seek(SeekFrom::Start(pos)).map_err(io_err(path))?;
+    let mut head = [0u8; RECORD_HEAD];
+    while pos < end {
+        if pos + RECORD_HEAD as u64 > end {
+            return Err(damaged(pos, "a record head crosses the committed end"));
+        }
+        r.read_exact(&mut head).map_err(io_err(path))?;
+        let len = u64::from(u32::from_le_bytes(
+            head[0..4].try_into().unwrap_or_default(),
+        ));
+        if pos + RECORD_HEAD as u64 + len > end {
+            return Err(damaged(pos, "a record crosses the committed end"));
+        }
+        let mut body = vec![0; len as usize];
+        r.read_exact(&mut body).map_err(io_err(path))?;
+        let rec = parse(path, pos, &head, body)?;
+        pos += RECORD_HEAD as u64 + len;
+        visit(rec, pos);
+    }
+    Ok(())
+}
+
 struct Writer {
     id: u64,
     len: u64,
@@ -346,37 +384,18 @@ impl Segments {
 
     /// Check the header and every record of a file up to `end`.
     fn check_file(path: &Path, f: &File, end: u64) -> Result<(), SegmentError> {
-        let damaged = |pos: u64, detail: &str| SegmentError::Damaged {
+        let damaged = |detail: &str| SegmentError::Damaged {
             path: path.display().to_string(),
-            pos,
+            pos: 0,
             detail: detail.to_owned(),
         };
         let mut h = [0u8; HEADER_BYTES as usize];
         f.read_exact_at(&mut h, 0)
-            .map_err(|_| damaged(0, "no header"))?;
+            .map_err(|_| damaged("no header"))?;
         if &h[..8] != MAGIC {
-            return Err(damaged(0, "not a segment file of this format"));
+            return Err(damaged("not a segment file of this format"));
         }
-        let mut pos = HEADER_BYTES;
-        let mut head = [0u8; RECORD_HEAD];
-        while pos < end {
-            if pos + RECORD_HEAD as u64 > end {
-                return Err(damaged(pos, "a record head crosses the committed end"));
-            }
-            f.read_exact_at(&mut head, pos).map_err(io_err(path))?;
-            let len = u64::from(u32::from_le_bytes(
-                head[0..4].try_into().unwrap_or_default(),
-            ));
-            if pos + RECORD_HEAD as u64 + len > end {
-                return Err(damaged(pos, "a record crosses the committed end"));
-            }
-            let mut body = vec![0; len as usize];
-            f.read_exact_at(&mut body, pos + RECORD_HEAD as u64)
-                .map_err(io_err(path))?;
-            parse(path, pos, &head, body)?;
-            pos += RECORD_HEAD as u64 + len;
-        }
-        Ok(())
+        walk(path, f, HEADER_BYTES, end, &mut |_, _| {})
     }
 
     /// Where the log ends: (file id, length).
@@ -443,7 +462,6 @@ impl Segments {
         from: Option<(u64, u64)>,
         visit: &mut dyn FnMut(&Record, (u64, u64)),
     ) -> Result<(), SegmentError> {
-        use std::io::{BufReader, Read, Seek, SeekFrom};
         let (end_id, end_len) = self.end();
         for id in Self::list(&self.dir)? {
             if from.is_some_and(|(f, _)| id < f) || id > end_id {
@@ -460,29 +478,13 @@ impl Segments {
             } else {
                 f.metadata().map_err(io_err(&path))?.len()
             };
-            let mut pos = match from {
+            let pos = match from {
                 Some((f, p)) if f == id => p.max(HEADER_BYTES),
                 _ => HEADER_BYTES,
             };
-            let mut r = BufReader::with_capacity(1 << 20, f);
-            r.seek(SeekFrom::Start(pos)).map_err(io_err(&path))?;
-            let mut head = [0u8; RECORD_HEAD];
-            while pos + RECORD_HEAD as u64 <= stop {
-                r.read_exact(&mut head).map_err(io_err(&path))?;
-                let len = u32::from_le_bytes(head[0..4].try_into().unwrap_or_default());
-                if pos + RECORD_HEAD as u64 + u64::from(len) > stop {
-                    return Err(SegmentError::Damaged {
-                        path: path.display().to_string(),
-                        pos,
-                        detail: "a record crosses the end".to_owned(),
-                    });
-                }
-                let mut body = vec![0; len as usize];
-                r.read_exact(&mut body).map_err(io_err(&path))?;
-                let rec = parse(&path, pos, &head, body)?;
-                pos += RECORD_HEAD as u64 + u64::from(len);
-                visit(&rec, (id, pos));
-            }
+            walk(&path, &f, pos, stop, &mut |rec, after| {
+                visit(&rec, (id, after))
+            })?;
         }
         Ok(())
     }

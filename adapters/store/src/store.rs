@@ -9,7 +9,7 @@ use queen_domain::keys::table;
 use queen_domain::model::MessageHead;
 use queen_domain::{StateRead, StoreError};
 
-use crate::dedup::{DedupIndex, FirstLive, Key};
+use crate::dedup::{DedupIndex, FirstLive, Key, key_of_row};
 use crate::filter::DedupFilter;
 use crate::messages::{self, EngineRead, View};
 use crate::segments::{SegmentError, Segments};
@@ -386,9 +386,7 @@ impl FjallStore {
 
 /// The index key of a transactionId in a partition: the dedup row's key without its table byte.
 pub(crate) fn dedup_key(pid: u64, transaction_id: &str) -> Key {
-    let mut k = [0u8; 24];
-    k.copy_from_slice(&queen_domain::keys::dedup(pid, transaction_id)[1..25]);
-    k
+    key_of_row(&queen_domain::keys::dedup(pid, transaction_id)).unwrap_or_default()
 }
 
 /// Open the dedup index of slot `name`; one that cannot be read is rebuilt from the segment
@@ -425,11 +423,10 @@ fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter
 /// A dedup row: the offsets the index holds under the key whose messages are still stored,
 /// which is exactly what the row said when rows were deleted with their messages.
 fn dedup_get(engine: &dyn EngineRead, filter: &DedupFilter, dedup: &DedupIndex, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-    if key.len() != 25 || filter.surely_absent(key) {
+    let Some(k) = key_of_row(key) else { return Ok(None) };
+    if filter.surely_absent(key) {
         return Ok(None);
     }
-    let mut k = [0u8; 24];
-    k.copy_from_slice(&key[1..]);
     let pid = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
     let mut offsets = dedup.lookup(&k).map_err(|e| StoreError::Read(e.to_string()))?;
     let mut live = Vec::with_capacity(offsets.len());
@@ -500,19 +497,16 @@ impl Slot {
     /// every offset under its key (the domain adds one to what it read); removes are dropped:
     /// the index answers only offsets whose message is still stored.
     pub(crate) fn take_dedup_rows(&self, writes: &mut queen_domain::WriteSet) -> Result<(), StoreError> {
-        let keys: Vec<Vec<u8>> = writes.range(vec![table::DEDUP_HASH]..vec![table::DEDUP_HASH + 1]).map(|(k, _)| k.clone()).collect();
-        let mut entries = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some(Some(v)) = writes.remove(&k) {
-                if k.len() != 25 {
-                    return Err(StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "a dedup key of the wrong length".to_owned() });
-                }
-                let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
-                self.dedup_filter.insert(&k);
-                let mut key = [0u8; 24];
-                key.copy_from_slice(&k[1..]);
-                entries.extend(offsets.into_iter().map(|o| (key, o)));
-            }
+        let mut after = writes.split_off(&[table::DEDUP_HASH + 1][..]);
+        let rows = writes.split_off(&[table::DEDUP_HASH][..]);
+        writes.append(&mut after);
+        let mut entries = Vec::with_capacity(rows.len());
+        for (k, v) in rows {
+            let Some(v) = v else { continue };
+            let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "a dedup key of the wrong length".to_owned() })?;
+            let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
+            self.dedup_filter.insert(&k);
+            entries.extend(offsets.into_iter().map(|o| (key, o)));
         }
         self.dedup.insert_all(entries);
         Ok(())

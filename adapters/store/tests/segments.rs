@@ -301,7 +301,10 @@ fn statuses(responses: &[Vec<u8>]) -> Vec<(PushStatus, u64)> {
     responses
         .iter()
         .flat_map(|r| match Response::decode(r).unwrap().outcome {
-            Outcome::Push(items) => items.into_iter().map(|o| (o.status, o.offset)).collect::<Vec<_>>(),
+            Outcome::Push(items) => items
+                .into_iter()
+                .map(|o| (o.status, o.offset))
+                .collect::<Vec<_>>(),
             other => panic!("not a push answer: {other:?}"),
         })
         .collect()
@@ -313,14 +316,26 @@ fn statuses(responses: &[Vec<u8>]) -> Vec<(PushStatus, u64)> {
 #[test]
 fn duplicates_are_found_through_runs_merges_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let ids: Vec<String> = (0..2_000).map(|i| format!("txn-{i}-{}", "x".repeat(i % 7))).collect();
+    let ids: Vec<String> = (0..2_000)
+        .map(|i| format!("txn-{i}-{}", "x".repeat(i % 7)))
+        .collect();
     let first = {
         let store = FjallStore::open(&config(dir.path())).unwrap();
         let r = store.apply(pushes(&ids, 1), b"m".to_vec()).unwrap();
         let first = statuses(&r);
         assert!(first.iter().all(|(s, _)| *s == PushStatus::Queued));
-        let again = statuses(&store.apply(pushes(&ids[..500], 1_000), b"m".to_vec()).unwrap());
-        assert_eq!(again, first[..500].iter().map(|(_, o)| (PushStatus::Duplicate, *o)).collect::<Vec<_>>());
+        let again = statuses(
+            &store
+                .apply(pushes(&ids[..500], 1_000), b"m".to_vec())
+                .unwrap(),
+        );
+        assert_eq!(
+            again,
+            first[..500]
+                .iter()
+                .map(|(_, o)| (PushStatus::Duplicate, *o))
+                .collect::<Vec<_>>()
+        );
         first
     };
     let dedup_dir = dir.path().join("dedup");
@@ -332,15 +347,29 @@ fn duplicates_are_found_through_runs_merges_and_reopens() {
             std::fs::remove_dir_all(&dedup_dir).unwrap();
         }
         let store = FjallStore::open(&config(dir.path())).unwrap();
-        let again = statuses(&store.apply(pushes(&ids, 2_000 + round * 1_000), b"m".to_vec()).unwrap());
+        let again = statuses(
+            &store
+                .apply(pushes(&ids, 2_000 + round * 1_000), b"m".to_vec())
+                .unwrap(),
+        );
         assert_eq!(
             again,
-            first.iter().map(|(_, o)| (PushStatus::Duplicate, *o)).collect::<Vec<_>>(),
+            first
+                .iter()
+                .map(|(_, o)| (PushStatus::Duplicate, *o))
+                .collect::<Vec<_>>(),
             "round {round}"
         );
         let fresh: Vec<String> = (0..30).map(|i| format!("new-{round}-{i}")).collect();
-        let r = statuses(&store.apply(pushes(&fresh, 2_500 + round * 1_000), b"m".to_vec()).unwrap());
-        assert!(r.iter().all(|(s, _)| *s == PushStatus::Queued), "round {round}: {r:?}");
+        let r = statuses(
+            &store
+                .apply(pushes(&fresh, 2_500 + round * 1_000), b"m".to_vec())
+                .unwrap(),
+        );
+        assert!(
+            r.iter().all(|(s, _)| *s == PushStatus::Queued),
+            "round {round}: {r:?}"
+        );
         invariants::check(&store).unwrap();
     }
 }

@@ -44,4 +44,3 @@ pub fn same(s: &dyn StateRead, expected: &MemStore) -> bool {
         .iter()
         .all(|(k, v)| s.get(k).unwrap().as_deref() == Some(v.as_slice()))
 }
-
