@@ -314,6 +314,36 @@ pub struct MessageRec {
     pub payload: Vec<u8>,
 }
 
+/// A stored message borrowed from what a push carries: encodes to the same bytes as the
+/// `MessageRec` with the same fields, without copying the payload into a record first.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MessageRecRef<'a> {
+    /// The producer's idempotency key.
+    pub transaction_id: &'a str,
+    /// UUIDv7 bytes minted by the proposing node.
+    pub id: [u8; 16],
+    /// Optional trace id.
+    pub trace_id: Option<&'a str>,
+    /// The push's stamp.
+    pub stamp: Stamp,
+    /// The payload as JSON text, verbatim.
+    #[serde(with = "serde_bytes")]
+    pub payload: &'a [u8],
+}
+
+impl MessageRecRef<'_> {
+    /// The record's bytes, in one allocation of the right size.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        // Lengths are varints of at most 10 bytes; the stamp at most 10; the id 16.
+        let hint = self.transaction_id.len()
+            + self.trace_id.map_or(0, str::len)
+            + self.payload.len()
+            + 64;
+        crate::codec::encode_with_capacity(self, hint)
+    }
+}
+
 /// The fields of a stored message before its payload, decoded without reading the payload
 /// (postcard encodes fields in order and the payload is last), for rules that need only the
 /// stamp or the transactionId.

@@ -2,7 +2,7 @@
 
 use crate::command::{PushItem, PushOutcome, PushStatus};
 use crate::keys;
-use crate::model::{MessageRec, PartitionRec, QueueRec};
+use crate::model::{MessageRecRef, PartitionRec, QueueRec};
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
@@ -73,13 +73,14 @@ pub(crate) fn push(
         let offset = p.next_offset;
         txn.append(
             keys::message(p.pid, offset),
-            crate::codec::encode(&MessageRec {
-                transaction_id: item.transaction_id.clone(),
+            MessageRecRef {
+                transaction_id: &item.transaction_id,
                 id: item.message_id,
-                trace_id: item.trace_id.clone(),
+                trace_id: item.trace_id.as_deref(),
                 stamp,
-                payload: item.payload.clone(),
-            }),
+                payload: &item.payload,
+            }
+            .encode(),
         );
         row.record(txn, offset);
         p.next_offset += 1;
