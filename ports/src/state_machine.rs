@@ -10,7 +10,8 @@ pub struct ApplyEntry {
     pub index: u64,
     /// The application command, or `None` for entries that carry no command (blank entries
     /// written by a new leader, membership changes). Those must still advance last-applied.
-    pub command: Option<Vec<u8>>,
+    /// Shared bytes: the log hands over the buffer it holds, without a copy.
+    pub command: Option<bytes::Bytes>,
 }
 
 /// An error of the state machine's storage. Any error here is fatal for the node: the raft

@@ -53,6 +53,8 @@ async fn openraft_storage_suite_tiny_segments() -> Result<(), StorageError<TypeC
         opts: LogStoreOptions {
             segment_max_bytes: 64,
             flush_batch_max: 2,
+            // A cache of about one entry: reads cross from the segments to the cache.
+            cache_max_bytes: 100,
         },
     })
     .await

@@ -332,6 +332,7 @@ impl RaftNode {
 
     /// `propose` on a multi-node group: write locally when leading, else forward to the leader.
     async fn propose_multi(&self, command: Vec<u8>) -> Result<Vec<u8>, ProposeError> {
+        let command = bytes::Bytes::from(command);
         let raft = &self.inner.raft;
         let mut hint: Option<(u64, Option<NodeInfo>)> = None;
         for attempt in 1..=FORWARD_ATTEMPTS {
@@ -632,7 +633,7 @@ impl ReplicatedLog for RaftNode {
             if self.inner.multi {
                 return self.propose_multi(command).await;
             }
-            match self.inner.raft.client_write(Command(command)).await {
+            match self.inner.raft.client_write(Command(command.into())).await {
                 Ok(resp) => Ok(resp.data),
                 Err(e) => Err(map_write_error(e)),
             }

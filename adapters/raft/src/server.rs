@@ -225,7 +225,7 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
             Err(e) => fail(StatusCode::BAD_REQUEST, e),
         },
         wire::FORWARD => {
-            let r: wire::ForwardReply = match raft.client_write(Command(body.to_vec())).await {
+            let r: wire::ForwardReply = match raft.client_write(Command(body.clone())).await {
                 Ok(resp) => Ok(wire::Forwarded {
                     index: resp.log_id.index,
                     data: resp.data,

@@ -503,7 +503,7 @@ mod tests {
             .map(|i| {
                 let e = Entry::new_normal(
                     log_id::<TypeConfig>(1, 1, i),
-                    Command(format!("c{i}").into_bytes()),
+                    Command(format!("c{i}").into_bytes().into()),
                 );
                 Ok((e, None))
             })
@@ -623,7 +623,7 @@ mod tests {
         // The view pinned before the writes below still reads as it was.
         leader
             .apply(futures::stream::iter(vec![Ok((
-                Entry::new_normal(log_id::<TypeConfig>(1, 1, 2001), Command(b"late".to_vec())),
+                Entry::new_normal(log_id::<TypeConfig>(1, 1, 2001), Command(bytes::Bytes::from_static(b"late"))),
                 None,
             ))]))
             .await

@@ -8,9 +8,11 @@ use serde::Serialize;
 
 /// One application command as it travels through the raft log: opaque bytes encoded by the app.
 /// Encoded as one byte string (postcard: length, then the bytes; the same encoding as a sequence
-/// of `u8`, so logs and peers of earlier builds read it), not byte by byte.
+/// of `u8`, so logs and peers of earlier builds read it), not byte by byte. Held as shared
+/// `Bytes`, so that the log's cache of recent entries, replication and apply pass one buffer
+/// around instead of copying it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Command(#[serde(with = "serde_bytes")] pub(crate) Vec<u8>);
+pub(crate) struct Command(pub(crate) bytes::Bytes);
 
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

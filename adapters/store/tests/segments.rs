@@ -96,7 +96,7 @@ fn apply_in(store: &FjallStore, entries: &[Vec<u8>], sizes: &[usize]) {
         let batch = (i..i + n)
             .map(|k| ApplyEntry {
                 index: k as u64 + 1,
-                command: Some(entries[k].clone()),
+                command: Some(entries[k].clone().into()),
             })
             .collect();
         store
@@ -291,7 +291,8 @@ fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
                             .collect(),
                     ),
                 }
-                .encode(),
+                .encode()
+                .into(),
             ),
         })
         .collect()

@@ -85,6 +85,10 @@ pub(crate) struct LogStoreOptions {
     pub(crate) segment_max_bytes: u64,
     /// Most flush requests covered by one fdatasync.
     pub(crate) flush_batch_max: usize,
+    /// Bytes of commands of the latest entries kept in memory, so that replication and apply,
+    /// which read what was just appended, take them from there instead of reading the segment
+    /// back and decoding it again.
+    pub(crate) cache_max_bytes: usize,
 }
 
 impl Default for LogStoreOptions {
@@ -92,6 +96,7 @@ impl Default for LogStoreOptions {
         Self {
             segment_max_bytes: 64 * 1024 * 1024,
             flush_batch_max: 4096,
+            cache_max_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -175,6 +180,13 @@ struct LogInner {
     segments: BTreeMap<u64, Segment>,
     /// Queue to the flusher. Sent under the lock, so flushes are queued in write order.
     flush_tx: mpsc::Sender<FlushRequest>,
+    /// The latest live entries (a suffix of `entries`, contiguous), sharing their command
+    /// buffers with what was written.
+    cache: VecDeque<Entry>,
+    /// Command bytes held by `cache`.
+    cache_bytes: usize,
+    /// Bound of `cache_bytes`.
+    cache_max_bytes: usize,
 }
 
 /// State shared by the store and its readers.
@@ -224,6 +236,9 @@ impl LogStore {
             entries: VecDeque::new(),
             segments: BTreeMap::new(),
             flush_tx,
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            cache_max_bytes: opts.cache_max_bytes,
         };
         recover(dir, &mut inner, &stats)?;
         let next_seq = inner.segments.keys().next_back().map_or(1, |s| s + 1);
@@ -299,17 +314,27 @@ impl Shared {
         Ok(())
     }
 
-    /// Read entries with index in `[start, end)` that exist.
+    /// Read entries with index in `[start, end)` that exist: the latest from the cache, older
+    /// ones from their segments.
     fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
-        let locs: Vec<(EntryLoc, Arc<File>)> = {
+        let (locs, cached): (Vec<(EntryLoc, Arc<File>)>, Vec<Entry>) = {
             let inner = self.lock()?;
             let Some(first) = inner.entries.front().map(|l| l.log_id.index) else {
                 return Ok(Vec::new());
             };
             let from = start.max(first);
+            let cache_first = inner.cache.front().map_or(u64::MAX, |e| e.log_id.index);
+            let cached: Vec<Entry> = if end > cache_first {
+                let skip = from.saturating_sub(cache_first) as usize;
+                let take = (end - cache_first.max(from)) as usize;
+                inner.cache.iter().skip(skip).take(take).cloned().collect()
+            } else {
+                Vec::new()
+            };
+            let disk_end = end.min(cache_first);
             let mut out = Vec::new();
             let mut idx = from;
-            while idx < end {
+            while idx < disk_end {
                 let Some(loc) = inner.entries.get((idx - first) as usize) else {
                     break;
                 };
@@ -323,7 +348,7 @@ impl Shared {
                 out.push((loc.clone(), file));
                 idx += 1;
             }
-            out
+            (out, cached)
         };
 
         let mut entries = Vec::with_capacity(locs.len());
@@ -358,6 +383,7 @@ impl Shared {
             }
             i = j;
         }
+        entries.extend(cached);
         Ok(entries)
     }
 }
@@ -514,6 +540,7 @@ impl LogInner {
                     offset,
                     len,
                 });
+                self.cache_push(e);
                 if let Some(seg) = self.segments.get_mut(&seq) {
                     seg.max_entry_index = Some(seg.max_entry_index.map_or(idx, |m| m.max(idx)));
                 }
@@ -531,10 +558,21 @@ impl LogInner {
                 {
                     self.entries.pop_front();
                 }
+                while self
+                    .cache
+                    .front()
+                    .is_some_and(|e| e.log_id.index <= log_id.index)
+                {
+                    self.cache_pop_front();
+                }
             }
             Record::TruncateAfter(after) => match after {
                 Some(a) => self.truncate_from(a.index + 1),
-                None => self.entries.clear(),
+                None => {
+                    self.entries.clear();
+                    self.cache.clear();
+                    self.cache_bytes = 0;
+                }
             },
         }
         Ok(())
@@ -544,6 +582,36 @@ impl LogInner {
     fn truncate_from(&mut self, idx: u64) {
         while self.entries.back().is_some_and(|l| l.log_id.index >= idx) {
             self.entries.pop_back();
+        }
+        while self.cache.back().is_some_and(|e| e.log_id.index >= idx) {
+            if let Some(e) = self.cache.pop_back() {
+                self.cache_bytes -= cached_size(&e);
+            }
+        }
+    }
+
+    /// Keep `e`, just appended after every cached entry, in the cache; drop the oldest cached
+    /// entries past the byte bound (one entry larger than the bound is not kept).
+    fn cache_push(&mut self, e: &Entry) {
+        if self
+            .cache
+            .back()
+            .is_some_and(|b| b.log_id.index + 1 != e.log_id.index)
+        {
+            // Not contiguous (cannot happen after the checks above): start over.
+            self.cache.clear();
+            self.cache_bytes = 0;
+        }
+        self.cache_bytes += cached_size(e);
+        self.cache.push_back(e.clone());
+        while self.cache_bytes > self.cache_max_bytes && !self.cache.is_empty() {
+            self.cache_pop_front();
+        }
+    }
+
+    fn cache_pop_front(&mut self) {
+        if let Some(e) = self.cache.pop_front() {
+            self.cache_bytes -= cached_size(&e);
         }
     }
 
@@ -578,6 +646,16 @@ impl LogInner {
         }
         out
     }
+}
+
+/// What a cached entry counts against the cache's bound: its command's bytes and a fixed
+/// overhead for the rest.
+fn cached_size(e: &Entry) -> usize {
+    let payload = match &e.payload {
+        openraft::EntryPayload::Normal(c) => c.0.len(),
+        _ => 0,
+    };
+    payload + 64
 }
 
 fn segment_name(seq: u64) -> String {

@@ -112,7 +112,7 @@ impl StateMachineBackend for MemBackend {
             match e.command {
                 Some(c) => {
                     responses.push(response_for(&c));
-                    next.applied.push((e.index, c));
+                    next.applied.push((e.index, c.to_vec()));
                 }
                 None => responses.push(Vec::new()),
             }
