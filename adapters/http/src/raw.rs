@@ -90,6 +90,146 @@ impl<'a> RawObject<'a> {
     }
 }
 
+/// The fields named in `N` known keys of one JSON object, as written (the last of duplicate
+/// keys wins), in the order of the keys; every other field is skipped without being parsed into
+/// a value. Read in the same pass as the text around it, without a map per object.
+pub(crate) type Picked<'a, const N: usize> = [Option<&'a RawValue>; N];
+
+/// Reads one object into [`Picked`] fields; anything but an object is an error, which callers
+/// answer by reading the text again the slow way, which names what is wrong.
+pub(crate) struct PickSeed<'k, const N: usize>(pub(crate) &'k [&'k str; N]);
+
+/// Which known key a field's name is (`None`: not one of them), read without allocating when
+/// the name has no escapes.
+struct KeyIndex<'k, const N: usize>(&'k [&'k str; N]);
+
+impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for KeyIndex<'_, N> {
+    type Value = Option<usize>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for KeyIndex<'_, N> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
+}
+
+impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for PickSeed<'_, N> {
+    type Value = Picked<'de, N>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for PickSeed<'_, N> {
+    type Value = Picked<'de, N>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = [None; N];
+        while let Some(key) = map.next_key_seed(KeyIndex(self.0))? {
+            match key {
+                Some(i) => out[i] = Some(map.next_value::<&'de RawValue>()?),
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A list of objects read with [`PickSeed`] in one pass; at most `max` (more is an error).
+pub(crate) struct PickListSeed<'k, const N: usize> {
+    /// The keys to pick from each object.
+    pub(crate) keys: &'k [&'k str; N],
+    /// Most objects accepted.
+    pub(crate) max: usize,
+}
+
+impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for PickListSeed<'_, N> {
+    type Value = Vec<Picked<'de, N>>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for PickListSeed<'_, N> {
+    type Value = Vec<Picked<'de, N>>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of objects")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
+        while let Some(item) = seq.next_element_seed(PickSeed(self.keys))? {
+            if out.len() == self.max {
+                return Err(serde::de::Error::custom("too many entries"));
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
+}
+
+/// A body `{"<key>": [objects...], ...}`: the list's objects with their picked fields, in one
+/// pass over the text; `None` when the body is anything else (not JSON, the key absent or
+/// `null`, not a list, an entry not an object, more than `max` entries), for the caller to read
+/// again the slow way and name what is wrong.
+pub(crate) fn pick_list<'a, const N: usize>(body: &'a [u8], key: &str, keys: &[&str; N], max: usize) -> Option<Vec<Picked<'a, N>>> {
+    struct Top<'k, const N: usize> {
+        key: &'k str,
+        keys: &'k [&'k str; N],
+        max: usize,
+    }
+    impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for Top<'_, N> {
+        type Value = Option<Vec<Picked<'de, N>>>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de, const N: usize> serde::de::Visitor<'de> for Top<'_, N> {
+        type Value = Option<Vec<Picked<'de, N>>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = None;
+            let one = [self.key];
+            while let Some(k) = map.next_key_seed(KeyIndex(&one))? {
+                match k {
+                    // The last of duplicate keys wins.
+                    Some(_) => out = Some(map.next_value_seed(PickListSeed { keys: self.keys, max: self.max })?),
+                    None => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let out = serde::de::DeserializeSeed::deserialize(Top { key, keys, max }, &mut de).ok()?;
+    de.end().ok()?;
+    out
+}
+
+/// A picked field that is a JSON string, unescaped: `Some(None)` when absent or `null`, `None`
+/// when it is something else (for the slow path to refuse).
+pub(crate) fn picked_str(raw: Option<&RawValue>) -> Option<Option<String>> {
+    match raw.map(RawValue::get) {
+        None | Some("null") => Some(None),
+        Some(t) if t.starts_with('"') => serde_json::from_str::<String>(t).ok().map(Some),
+        Some(_) => None,
+    }
+}
+
 /// A number as the client wrote it: an integer literal (no `.`, `e` or `E`) or a fraction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum RawNumber {

@@ -10,34 +10,66 @@ fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).to_string()
 }
 
+/// One item of the push answer. Fields in the order the answer has always had them (sorted by
+/// name, as a JSON map writes them), written straight from the outcome instead of through a
+/// map of values per item.
+#[derive(Serialize)]
+pub(crate) struct PushAnswer<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    index: usize,
+    message_id: Uuid,
+    offset: u64,
+    #[serde(rename = "partitionId")]
+    partition_id: DecimalText,
+    #[serde(rename = "queueName")]
+    queue_name: &'a str,
+    status: &'static str,
+    transaction_id: &'a str,
+}
+
+/// A message id written as its hyphenated UUID text.
+struct Uuid([u8; 16]);
+
+impl Serialize for Uuid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        s.serialize_str(uuid::Uuid::from_bytes(self.0).hyphenated().encode_lower(&mut buf))
+    }
+}
+
+/// A partition id written as decimal text.
+struct DecimalText(u64);
+
+impl Serialize for DecimalText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
 /// The push answer: one object per item, in order.
-pub(crate) fn push(outcomes: &[PushOutcome]) -> Value {
-    Value::Array(
-        outcomes
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                let (status, error) = match &o.status {
-                    PushStatus::Queued => ("queued", None),
-                    PushStatus::Duplicate => ("duplicate", None),
-                    PushStatus::Failed(e) => ("failed", Some(e.clone())),
-                };
-                let mut v = json!({
-                    "index": i,
-                    "message_id": uuid_text(&o.message_id),
-                    "transaction_id": o.transaction_id,
-                    "queueName": o.queue,
-                    "partitionId": o.partition_id.to_string(),
-                    "status": status,
-                    "offset": o.offset,
-                });
-                if let Some(e) = error {
-                    v["error"] = Value::String(e);
-                }
-                v
-            })
-            .collect(),
-    )
+pub(crate) fn push(outcomes: &[PushOutcome]) -> Vec<PushAnswer<'_>> {
+    outcomes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let (status, error) = match &o.status {
+                PushStatus::Queued => ("queued", None),
+                PushStatus::Duplicate => ("duplicate", None),
+                PushStatus::Failed(e) => ("failed", Some(e.as_str())),
+            };
+            PushAnswer {
+                error,
+                index: i,
+                message_id: Uuid(o.message_id),
+                offset: o.offset,
+                partition_id: DecimalText(o.partition_id),
+                queue_name: &o.queue,
+                status,
+                transaction_id: &o.transaction_id,
+            }
+        })
+        .collect()
 }
 
 /// The push answer a binary body asks for with its COUNTS flag.
@@ -331,5 +363,63 @@ mod tests {
         let v = serde_json::to_value(pop("q", queen_domain::names::QUEUE_MODE_GROUP, &auto_ack, None)).unwrap();
         assert_eq!(v["leaseExpiresAt"], Value::Null);
         assert!(v.get("autopilot").is_none());
+    }
+}
+
+#[cfg(test)]
+mod push_answer_tests {
+    use super::*;
+
+    /// The answer as it was built before (a map of values per item), for comparison.
+    fn push_as_values(outcomes: &[PushOutcome]) -> Value {
+        Value::Array(
+            outcomes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let (status, error) = match &o.status {
+                        PushStatus::Queued => ("queued", None),
+                        PushStatus::Duplicate => ("duplicate", None),
+                        PushStatus::Failed(e) => ("failed", Some(e.clone())),
+                    };
+                    let mut v = json!({
+                        "index": i,
+                        "message_id": uuid_text(&o.message_id),
+                        "transaction_id": o.transaction_id,
+                        "queueName": o.queue,
+                        "partitionId": o.partition_id.to_string(),
+                        "status": status,
+                        "offset": o.offset,
+                    });
+                    if let Some(e) = error {
+                        v["error"] = Value::String(e);
+                    }
+                    v
+                })
+                .collect(),
+        )
+    }
+
+    /// The push answer is byte for byte what it was when built as values.
+    #[test]
+    fn push_answers_keep_their_bytes() {
+        let o = |status, txn: &str, q: &str| PushOutcome {
+            status,
+            message_id: [0x5a; 16],
+            offset: 7_000_000_123,
+            partition_id: u64::MAX,
+            transaction_id: txn.to_owned(),
+            queue: q.to_owned(),
+        };
+        let outcomes = vec![
+            o(PushStatus::Queued, "t-1", "q"),
+            o(PushStatus::Duplicate, "t\"2\u{e9}", "queue.a"),
+            o(PushStatus::Failed("queue 'q' is full (maxSize 3)".to_owned()), "t3", "q"),
+        ];
+        assert_eq!(
+            serde_json::to_string(&push(&outcomes)).unwrap(),
+            serde_json::to_string(&push_as_values(&outcomes)).unwrap()
+        );
+        assert_eq!(serde_json::to_string(&push(&[])).unwrap(), "[]");
     }
 }

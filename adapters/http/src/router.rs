@@ -85,7 +85,7 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.push(items).await?;
-            Ok(json_response(200, &render::push(&out)))
+            Ok(json_answer(200, &render::push(&out)))
         }
         ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
         ("GET", ["api", "v1", "pop"]) => {
@@ -330,7 +330,7 @@ async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8
         ("POST", ["api", "v1", "push"]) => {
             let push = push_binary::push(body, max_decoded)?;
             let out = if push.items.is_empty() { Vec::new() } else { api.push(push.items).await? };
-            Ok(json_response(200, &if push.counts { render::push_counts(&out) } else { render::push(&out) }))
+            Ok(if push.counts { json_response(200, &render::push_counts(&out)) } else { json_answer(200, &render::push(&out)) })
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let txn = push_binary::transaction(body, max_decoded)?;
