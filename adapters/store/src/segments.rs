@@ -145,9 +145,15 @@ fn encoded_len(r: &NewRecord<'_>) -> u64 {
 }
 
 /// Check a record body read from `path` at `pos` and read its fixed fields.
-fn parse(path: &Path, pos: u64, head: &[u8], body: Vec<u8>) -> Result<Record, SegmentError> {
+/// Check and parse one record; `path` names its file in an error (built only then).
+fn parse(
+    path: &dyn Fn() -> PathBuf,
+    pos: u64,
+    head: &[u8],
+    body: Vec<u8>,
+) -> Result<Record, SegmentError> {
     let damaged = |detail: String| SegmentError::Damaged {
-        path: path.display().to_string(),
+        path: path().display().to_string(),
         pos,
         detail,
     };
@@ -206,7 +212,7 @@ fn walk(
         }
         let mut body = vec![0; len as usize];
         r.read_exact(&mut body).map_err(io_err(path))?;
-        let rec = parse(path, pos, &head, body)?;
+        let rec = parse(&|| path.to_path_buf(), pos, &head, body)?;
         pos += RECORD_HEAD as u64 + len;
         visit(rec, pos);
     }
@@ -563,14 +569,16 @@ impl Segments {
     }
 
     fn read_uncached(&self, loc: Loc) -> Result<Record, SegmentError> {
-        let path = self.path(loc.file);
+        // The path is formatted only for an error: reads are hot (every pop and fetch).
+        let path = || self.path(loc.file);
         let f = self.file(loc.file)?;
         let mut all = vec![0u8; loc.len as usize];
-        f.read_exact_at(&mut all, loc.pos).map_err(io_err(&path))?;
+        f.read_exact_at(&mut all, loc.pos)
+            .map_err(|e| io_err(&path())(e))?;
         let body = all.split_off(RECORD_HEAD.min(all.len()));
         if all.len() < RECORD_HEAD {
             return Err(SegmentError::Damaged {
-                path: path.display().to_string(),
+                path: path().display().to_string(),
                 pos: loc.pos,
                 detail: "short record".to_owned(),
             });
