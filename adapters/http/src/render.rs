@@ -84,24 +84,35 @@ pub(crate) fn push_counts(outcomes: &[PushOutcome]) -> Value {
 }
 
 /// Ack answers: one object per item, in order.
-pub(crate) fn acks(outcomes: &[AckOutcome]) -> Value {
-    Value::Array(
-        outcomes
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                json!({
-                    "index": i,
-                    "transactionId": o.transaction_id,
-                    "success": o.verdict.success,
-                    "error": o.verdict.error,
-                    "leaseReleased": o.verdict.lease_released,
-                    "dlq": o.verdict.dlq,
-                    "noop": o.verdict.noop,
-                })
-            })
-            .collect(),
-    )
+pub(crate) fn acks(outcomes: &[AckOutcome]) -> Vec<AckAnswer<'_>> {
+    outcomes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| AckAnswer {
+            dlq: o.verdict.dlq,
+            error: o.verdict.error.as_deref(),
+            index: i,
+            lease_released: o.verdict.lease_released,
+            noop: o.verdict.noop,
+            success: o.verdict.success,
+            transaction_id: &o.transaction_id,
+        })
+        .collect()
+}
+
+/// One item of the ack answer, fields in the order they have always been written (sorted by
+/// name, as a JSON map writes them; `error` is `null` when there is none).
+#[derive(Serialize)]
+pub(crate) struct AckAnswer<'a> {
+    dlq: bool,
+    error: Option<&'a str>,
+    index: usize,
+    #[serde(rename = "leaseReleased")]
+    lease_released: bool,
+    noop: bool,
+    success: bool,
+    #[serde(rename = "transactionId")]
+    transaction_id: &'a str,
 }
 
 /// One delivered message; `data` is the producer's text, verbatim.
@@ -398,6 +409,40 @@ mod push_answer_tests {
                 })
                 .collect(),
         )
+    }
+
+    /// The ack answer is byte for byte what it was when built as values.
+    #[test]
+    fn ack_answers_keep_their_bytes() {
+        let o = |success, error: Option<&str>, txn: &str| AckOutcome {
+            transaction_id: txn.to_owned(),
+            verdict: queen_domain::model::AckVerdict {
+                success,
+                error: error.map(str::to_owned),
+                lease_released: success,
+                dlq: !success,
+                noop: success,
+            },
+        };
+        let outcomes = vec![o(true, None, "t-1"), o(false, Some("no live lease covers this message"), "t\"2")];
+        let as_values = Value::Array(
+            outcomes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    json!({
+                        "index": i,
+                        "transactionId": o.transaction_id,
+                        "success": o.verdict.success,
+                        "error": o.verdict.error,
+                        "leaseReleased": o.verdict.lease_released,
+                        "dlq": o.verdict.dlq,
+                        "noop": o.verdict.noop,
+                    })
+                })
+                .collect(),
+        );
+        assert_eq!(serde_json::to_string(&acks(&outcomes)).unwrap(), serde_json::to_string(&as_values).unwrap());
     }
 
     /// The push answer is byte for byte what it was when built as values.
