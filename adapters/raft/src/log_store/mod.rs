@@ -96,7 +96,7 @@ impl Default for LogStoreOptions {
         Self {
             segment_max_bytes: 64 * 1024 * 1024,
             flush_batch_max: 4096,
-            cache_max_bytes: 8 * 1024 * 1024,
+            cache_max_bytes: 4 * 1024 * 1024,
         }
     }
 }
