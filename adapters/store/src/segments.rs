@@ -226,7 +226,36 @@ struct Writer {
     /// Files written since the last sync.
     unsynced: BTreeSet<u64>,
     dir_unsynced: bool,
+    /// Where the kernel was last asked to start writing the active file back.
+    written_back: u64,
 }
+
+/// Appended bytes after which the kernel is asked to start writing them back (without waiting).
+/// Segment files are fsynced only when a snapshot is built; left alone, the kernel lets hundreds
+/// of MB of them pile up dirty (measured: 670 MB in the cluster bench) and then writes them at
+/// once, which the raft log's fdatasyncs wait behind.
+const WRITEBACK_BYTES: u64 = 8 << 20;
+
+/// Ask the kernel to start writing `len` bytes of `file` from `from` back to disk (0: to the
+/// end), without waiting for it. Advisory: a failure only means the pages stay dirty until the
+/// next sync, which reports real errors.
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, from: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(from), Ok(len)) = (i64::try_from(from), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range takes a file descriptor and numbers, reads and writes no memory
+    // of this process; `file` keeps the descriptor open for the whole call.
+    let rc =
+        unsafe { libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE) };
+    if rc != 0 {
+        tracing::debug!(target: "queen-store", error = %io::Error::last_os_error(), "segment writeback could not be started");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _from: u64, _len: u64) {}
 
 struct Pins {
     count: usize,
@@ -378,6 +407,7 @@ impl Segments {
                 file: file.clone(),
                 unsynced: BTreeSet::new(),
                 dir_unsynced: true,
+                written_back: len,
             }),
             open: Mutex::new(vec![(id, file)]),
             pins: Mutex::new(Pins {
@@ -428,6 +458,9 @@ impl Segments {
                 self.write(&mut w, &buf, buf_at)?;
                 buf.clear();
                 sealed.push(w.id);
+                // The sealed file's tail goes to disk in the background too.
+                start_writeback(&w.file, w.written_back, 0);
+                w.written_back = HEADER_BYTES;
                 let id = w.id + 1;
                 let f = Arc::new(Self::create(&self.dir, id)?);
                 w.id = id;
@@ -455,8 +488,14 @@ impl Segments {
         }
         w.file
             .write_all_at(buf, at)
-            .map_err(io_err(&self.path(w.id)))?;
+            .map_err(|e| io_err(&self.path(w.id))(e))?;
         w.unsynced.insert(w.id);
+        // Whole pages only: a page still being written back is not appended to.
+        let end = (at + buf.len() as u64) & !4095;
+        if end >= w.written_back + WRITEBACK_BYTES {
+            start_writeback(&w.file, w.written_back, end - w.written_back);
+            w.written_back = end;
+        }
         Ok(())
     }
 
@@ -727,6 +766,7 @@ impl Segments {
             file: f.clone(),
             unsynced: BTreeSet::new(),
             dir_unsynced: false,
+            written_back: len,
         };
         drop(w);
         self.cache(id, f);
