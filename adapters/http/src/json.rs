@@ -148,83 +148,72 @@ pub(crate) fn uuid_v7() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
 
-/// Fields of a push item read as values; `payload` (or `data`) stays raw.
-const PUSH_FIELDS: &[&str] = &["queue", "partition", "transactionId", "traceId"];
-
 /// `{"items": [...]}` to push items; a missing transactionId gets a UUIDv7. The body is never
 /// parsed into a value as a whole: each payload is stored as the producer wrote it, byte for
 /// byte (so `42.00`, `-0`, `1e400` and integers of any length stay as they are).
 pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
-    // The common case in one pass over the body; anything unusual (including every refusal)
-    // is read again below, which names the field at fault.
-    if let Some(items) = crate::raw::pick_list(body, "items", &PICKED_PUSH_FIELDS, MAX_PUSH_ITEMS)
-        && let Some(out) = items.iter().map(push_item_picked).collect::<Option<Vec<_>>>()
-    {
-        return Ok(out);
+    // The common case in one pass over the body. A body whose shape is off (not JSON, no list
+    // of objects) is read again below, which names what is wrong.
+    match crate::raw::pick_list(body, "items", &PUSH_FIELDS, MAX_PUSH_ITEMS) {
+        Some(items) => items.iter().enumerate().map(|(i, f)| push_item_fields(f, &|| format!("items[{i}]"))).collect(),
+        None => push_items_slow(body),
     }
-    push_items_slow(body)
 }
 
-/// `push_items` field by field, naming the field at fault in a refusal.
+/// `push_items` object by object, naming what is wrong with the body's shape.
 fn push_items_slow(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
     let top = RawObject::body(body, false)?;
     let items = top.list("items", "items", MAX_PUSH_ITEMS)?.ok_or_else(|| ApiError::bad_request("items", "is required"))?;
     items.iter().enumerate().map(|(i, item)| push_item(item, &format!("items[{i}]"))).collect()
 }
 
-/// The fields of a push item read in the one-pass path, in this order.
-const PICKED_PUSH_FIELDS: [&str; 6] = ["queue", "partition", "transactionId", "traceId", "payload", "data"];
-
-/// One push item from its picked fields, or `None` when anything is off (the slow path then
-/// reads the item again and refuses it with its field's name).
-fn push_item_picked(f: &crate::raw::Picked<'_, 6>) -> Option<PushItem> {
-    use crate::raw::picked_str;
-    let queue = QueueName::new(picked_str(f[0])??).ok()?;
-    let partition = match picked_str(f[1])? {
-        Some(p) => PartitionName::new(p).ok()?,
-        None => PartitionName::default_partition(),
-    };
-    let id = uuid_v7();
-    let transaction_id = match picked_str(f[2])? {
-        None => id.to_string(),
-        Some(t) if t.is_empty() || t.len() > MAX_TXN_BYTES => return None,
-        Some(t) => t,
-    };
-    let trace_id = picked_str(f[3])?;
-    let payload = match f[4].or(f[5]) {
-        Some(text) => text.get().as_bytes().to_vec(),
-        None => b"null".to_vec(),
-    };
-    Some(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id })
-}
+/// The fields of a push item, in this order: the first four are small strings; `payload` (or
+/// `data`) stays raw.
+const PUSH_FIELDS: [&str; 6] = ["queue", "partition", "transactionId", "traceId", "payload", "data"];
 
 /// One push item; `at` is its path in the body (`items[2]`, `operations[0].items[2]`).
 fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
-    let f = |k: &str| path(at, k);
     let obj = RawObject::of(raw, at)?;
-    let it = obj.values(PUSH_FIELDS, at)?;
-    let queue = name(req_str(&it, "queue", &f("queue"))?, &f("queue"), QueueName::new)?;
-    let partition = match opt_str(&it, "partition", &f("partition"))? {
-        Some(p) => name(p, &f("partition"), PartitionName::new)?,
+    push_item_fields(&PUSH_FIELDS.map(|k| obj.raw(k)), &|| at.to_owned())
+}
+
+/// One push item from its fields as written; `at` makes its path for a refusal.
+fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String) -> Result<PushItem, ApiError> {
+    let f = |i: usize| path(&at(), PUSH_FIELDS[i]);
+    // A number no value holds is refused before anything else, as reading the fields as
+    // values refuses it.
+    for (i, raw) in fields[..4].iter().enumerate() {
+        if let Some(t) = raw.map(RawValue::get)
+            && !t.starts_with('"')
+            && serde_json::from_str::<Value>(t).is_err()
+        {
+            return Err(ApiError::bad_request(&f(i), "holds a number out of range"));
+        }
+    }
+    let text = |i: usize| match fields[i].map(RawValue::get) {
+        None | Some("null") => Ok(None),
+        Some(t) if t.starts_with('"') => serde_json::from_str::<String>(t).map(Some).map_err(|_| ApiError::bad_request(&f(i), "must be a string")),
+        Some(_) => Err(ApiError::bad_request(&f(i), "must be a string")),
+    };
+    let queue = name(text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?, &f(0), QueueName::new)?;
+    let partition = match text(1)? {
+        Some(p) => name(p, &f(1), PartitionName::new)?,
         None => PartitionName::default_partition(),
     };
     let id = uuid_v7();
-    let transaction_id = match it.get("transactionId") {
-        None | Some(Value::Null) => id.to_string(),
-        Some(Value::String(s)) if s.is_empty() => {
-            return Err(ApiError::bad_request(&f("transactionId"), "must not be empty"));
+    let transaction_id = match text(2)? {
+        None => id.to_string(),
+        Some(t) if t.is_empty() => return Err(ApiError::bad_request(&f(2), "must not be empty")),
+        Some(t) if t.len() > MAX_TXN_BYTES => {
+            return Err(ApiError::bad_request(&f(2), &format!("must be at most {MAX_TXN_BYTES} bytes")));
         }
-        Some(Value::String(s)) if s.len() > MAX_TXN_BYTES => {
-            return Err(ApiError::bad_request(&f("transactionId"), &format!("must be at most {MAX_TXN_BYTES} bytes")));
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(ApiError::bad_request(&f("transactionId"), "must be a string")),
+        Some(t) => t,
     };
-    let payload = match obj.raw("payload").or_else(|| obj.raw("data")) {
+    let payload = match fields[4].or(fields[5]) {
         Some(text) => text.get().as_bytes().to_vec(),
         None => b"null".to_vec(),
     };
-    let trace_id = opt_str(&it, "traceId", &f("traceId"))?;
+    let trace_id = text(3)?;
     Ok(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id })
 }
 
@@ -412,7 +401,7 @@ mod tests {
             r#"{"items":[{"queue":"\u0071","partition":"p\u00e9"}]}"#,
         ];
         for b in bodies {
-            assert!(crate::raw::pick_list(b.as_bytes(), "items", &PICKED_PUSH_FIELDS, MAX_PUSH_ITEMS).is_some(), "{b}");
+            assert!(crate::raw::pick_list(b.as_bytes(), "items", &PUSH_FIELDS, MAX_PUSH_ITEMS).is_some(), "{b}");
             let fast = strip(push_items(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             let slow = strip(push_items_slow(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             assert_eq!(fast, slow, "{b}");
@@ -423,6 +412,9 @@ mod tests {
             r#"{"items":[{"queue":"q","transactionId":""}]}"#,
             r#"{"items":[{"queue":"q","traceId":7}]}"#,
             r#"{"items":[{"queue":1e400}]}"#,
+            r#"{"items":[{"queue":5,"traceId":1e400}]}"#,
+            r#"{"items":[{"queue":"q","transactionId":7}]}"#,
+            r#"{"items":[{"queue":"q"},{"queue":"q","partition":"a/b"}]}"#,
             r#"{"items":[{"partition":"p"}]}"#,
             r#"{"items":[1]}"#,
             r#"{"items":{}}"#,

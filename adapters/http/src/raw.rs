@@ -220,16 +220,6 @@ pub(crate) fn pick_list<'a, const N: usize>(body: &'a [u8], key: &str, keys: &[&
     out
 }
 
-/// A picked field that is a JSON string, unescaped: `Some(None)` when absent or `null`, `None`
-/// when it is something else (for the slow path to refuse).
-pub(crate) fn picked_str(raw: Option<&RawValue>) -> Option<Option<String>> {
-    match raw.map(RawValue::get) {
-        None | Some("null") => Some(None),
-        Some(t) if t.starts_with('"') => serde_json::from_str::<String>(t).ok().map(Some),
-        Some(_) => None,
-    }
-}
-
 /// A number as the client wrote it: an integer literal (no `.`, `e` or `E`) or a fraction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum RawNumber {

@@ -18,7 +18,7 @@ pub(crate) struct PushAnswer<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     index: usize,
-    message_id: Uuid,
+    message_id: UuidText,
     offset: u64,
     #[serde(rename = "partitionId")]
     partition_id: DecimalText,
@@ -29,9 +29,9 @@ pub(crate) struct PushAnswer<'a> {
 }
 
 /// A message id written as its hyphenated UUID text.
-struct Uuid([u8; 16]);
+struct UuidText([u8; 16]);
 
-impl Serialize for Uuid {
+impl Serialize for UuidText {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
         s.serialize_str(uuid::Uuid::from_bytes(self.0).hyphenated().encode_lower(&mut buf))
@@ -61,7 +61,7 @@ pub(crate) fn push(outcomes: &[PushOutcome]) -> Vec<PushAnswer<'_>> {
             PushAnswer {
                 error,
                 index: i,
-                message_id: Uuid(o.message_id),
+                message_id: UuidText(o.message_id),
                 offset: o.offset,
                 partition_id: DecimalText(o.partition_id),
                 queue_name: &o.queue,

@@ -3,14 +3,14 @@
 //! fifth of a node's CPU under batch pushes, measured with `perf`). The filter answers "surely
 //! absent" from memory for nearly all of them; "maybe present" falls through to the engine.
 //!
-//! A blocked bloom filter of fixed size (8 MiB of 64-byte blocks; a key's four probes all fall in
-//! one block, so each check costs one cache miss, not four; the block and the probes come from
-//! the key's own SHA-256 bytes), so memory does not grow with the backlog. It is never replicated and never decides an outcome: it only
-//! skips reads whose answer is known, so every replica still computes the same state. Rows are
-//! added before the batch that writes them commits and never removed (a deleted row only costs
-//! a needless lookup); it is rebuilt from the index at open and after a snapshot install. Past
-//! about 20 million rows added since the last rebuild it lets more and more lookups through,
-//! and stays correct.
+//! A blocked bloom filter of fixed size (8 MiB of 64-byte blocks; a key's four probes all fall
+//! in one block, so each check costs one cache miss, not four; the block and the probes come
+//! from the key's own SHA-256 bytes), so memory does not grow with the backlog. It is never
+//! replicated and never decides an outcome: it only skips reads whose answer is known, so every
+//! replica still computes the same state. Rows are added before the batch that writes them
+//! commits and never removed (a deleted row only costs a needless lookup); it is rebuilt from the
+//! index at open and after a snapshot install. Past about 20 million rows added since the last
+//! rebuild it lets more and more lookups through, and stays correct.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
