@@ -34,9 +34,20 @@ impl<'a> Reader<'a> {
 
     /// The next `n` bytes, which hold `what`.
     pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        self.take_named(n, || what.to_owned())
+    }
+
+    /// The next `n` bytes; `what` names them, built only for a refusal (this runs once or more
+    /// per message, so the common case formats nothing).
+    pub(crate) fn take_named(
+        &mut self,
+        n: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<&'a [u8], String> {
         if n > self.remaining() {
             return Err(format!(
-                "ends inside {what} (needs {n} bytes, {} left)",
+                "ends inside {} (needs {n} bytes, {} left)",
+                what(),
                 self.remaining()
             ));
         }
@@ -56,8 +67,9 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, what)?[0])
     }
 
-    pub(crate) fn u16(&mut self, what: &str) -> Result<u16, String> {
-        let b = self.take(2, what)?;
+    /// A `u16`; `what` names it, built only for a refusal.
+    pub(crate) fn u16_named(&mut self, what: impl FnOnce() -> String) -> Result<u16, String> {
+        let b = self.take_named(2, what)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
 
@@ -75,7 +87,7 @@ impl<'a> Reader<'a> {
 
     /// A `str16`: a `u16` length, then that many bytes of UTF-8.
     pub(crate) fn str16(&mut self, what: &str) -> Result<&'a str, String> {
-        let n = usize::from(self.u16(&format!("the length of {what}"))?);
+        let n = usize::from(self.u16_named(|| format!("the length of {what}"))?);
         let b = self.take(n, what)?;
         std::str::from_utf8(b).map_err(|_| format!("{what} is not UTF-8"))
     }
@@ -107,10 +119,9 @@ pub(crate) fn read_frame<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, String> {
             "body_len {body_len} is shorter than a frame's fixed part ({FRAME_FIXED} bytes)"
         ));
     }
-    let mut b = Reader::new(r.take(
-        body_len,
-        &format!("its body of {body_len} bytes (body_len)"),
-    )?);
+    let mut b = Reader::new(r.take_named(body_len, || {
+        format!("its body of {body_len} bytes (body_len)")
+    })?);
     let flags = b.u8("flags")?;
     if flags & !(FLAG_TRACE | FLAG_PRODUCER | FLAG_ENCRYPTED) != 0 {
         return Err(format!(

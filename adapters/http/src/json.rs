@@ -154,8 +154,8 @@ pub(crate) fn uuid_v7() -> uuid::Uuid {
 pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
     // The common case in one pass over the body. A body whose shape is off (not JSON, no list
     // of objects) is read again below, which names what is wrong.
-    match crate::raw::pick_list(body, "items", &PUSH_FIELDS, MAX_PUSH_ITEMS) {
-        Some(items) => items.iter().enumerate().map(|(i, f)| push_item_fields(f, &|| format!("items[{i}]"))).collect(),
+    match crate::raw::pick_list(body, "items", &[], &PUSH_FIELDS, MAX_PUSH_ITEMS, crate::raw::Unknown::Lax) {
+        Some(([], items)) => items.iter().enumerate().map(|(i, f)| push_item_fields(f, &|| format!("items[{i}]"))).collect(),
         None => push_items_slow(body),
     }
 }
@@ -242,8 +242,47 @@ pub(crate) fn ack_single(body: &[u8]) -> Result<(GroupName, AckItem), ApiError> 
     Ok((group_of(&m)?, ack_item(&m, &|k| k.to_owned())?))
 }
 
+/// The fields of an ack item, in this order.
+const ACK_FIELDS: [&str; 5] = ["transactionId", "partitionId", "status", "error", "leaseId"];
+
 /// A batch of acks in one group.
 pub(crate) fn ack_batch(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiError> {
+    // The common case in one pass, without a map per item; anything it does not take (a
+    // number, a `null` where a text is required, a bad group, any refusal) is read again
+    // below, which answers exactly as before.
+    let fast = crate::raw::pick_list(body, "acknowledgments", &["consumerGroup"], &ACK_FIELDS, MAX_ACK_ITEMS, crate::raw::Unknown::Strict)
+        .and_then(|([group], acks)| Some((GroupName::or_queue_mode(plain_text(group)?.as_deref()).ok()?, acks.iter().map(ack_item_plain).collect::<Option<Vec<_>>>()?)));
+    if let Some(out) = fast {
+        return Ok(out);
+    }
+    ack_batch_slow(body)
+}
+
+/// A field that is absent, `null` or a JSON string: `Some(None)`, `Some(None)`, `Some(text)`;
+/// `None` for any other value.
+fn plain_text(raw: Option<&RawValue>) -> Option<Option<String>> {
+    match raw.map(RawValue::get) {
+        None | Some("null") => Some(None),
+        Some(t) if t.starts_with('"') => serde_json::from_str::<String>(t).ok().map(Some),
+        Some(_) => None,
+    }
+}
+
+/// An ack item whose fields are all texts as `ack_item` takes them; `None` otherwise.
+fn ack_item_plain(f: &crate::raw::Picked<'_, 5>) -> Option<AckItem> {
+    let transaction_id = plain_text(f[0])??;
+    let partition_id = plain_text(f[1])??;
+    if partition_id.is_empty() {
+        return None;
+    }
+    let status = plain_text(f[2])?.unwrap_or_else(|| "completed".to_owned());
+    let error = plain_text(f[3])?;
+    let lease_id = plain_text(f[4])?.filter(|l| !l.is_empty());
+    Some(AckItem { transaction_id, partition_id, status, error, lease_id })
+}
+
+/// `ack_batch` through a map of values, naming what is wrong.
+fn ack_batch_slow(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiError> {
     let m = object(body, false)?;
     let group = group_of(&m)?;
     let acks = list(&m, "acknowledgments", MAX_ACK_ITEMS)?;
@@ -401,7 +440,7 @@ mod tests {
             r#"{"items":[{"queue":"\u0071","partition":"p\u00e9"}]}"#,
         ];
         for b in bodies {
-            assert!(crate::raw::pick_list(b.as_bytes(), "items", &PUSH_FIELDS, MAX_PUSH_ITEMS).is_some(), "{b}");
+            assert!(crate::raw::pick_list(b.as_bytes(), "items", &[], &PUSH_FIELDS, MAX_PUSH_ITEMS, crate::raw::Unknown::Lax).is_some(), "{b}");
             let fast = strip(push_items(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             let slow = strip(push_items_slow(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             assert_eq!(fast, slow, "{b}");
@@ -430,5 +469,44 @@ mod tests {
             assert_eq!((fast.code, fast.message), (slow.code, slow.message), "{b}");
         }
     }
-}
 
+    /// The one-pass reading of an ack batch gives what the map-of-values reading gives, for the
+    /// bodies it takes, and every other body (refused or not) is answered by the latter alone.
+    #[test]
+    fn one_pass_ack_reading_agrees_with_the_map_reading() {
+        let seen = |r: Result<(GroupName, Vec<AckItem>), ApiError>| match r {
+            Ok((g, items)) => Ok((format!("{g:?}"), format!("{items:?}"))),
+            Err(e) => Err((e.status, e.code, e.message)),
+        };
+        let bodies = [
+            r#"{"consumerGroup":"g","acknowledgments":[{"transactionId":"t1","partitionId":"p","leaseId":"l"},{"transactionId":"t\"2","partitionId":"p\u00e9","status":"failed","error":"boom"}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"","partitionId":"p","leaseId":"","error":null,"status":null,"extra":{"a":[1,2.5]}}],"consumerGroup":null}"#,
+            r#"{"acknowledgments":[],"x":"y"}"#,
+            r#"{"acknowledgments":[{"transactionId":"a","partitionId":"p"}],"acknowledgments":[{"transactionId":"b","partitionId":"q"}]}"#,
+            // Taken by the map reading only: a number, a null id, a number no value holds.
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":7}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":"p","other":1e400}]}"#,
+            r#"{"x":1e400,"acknowledgments":[{"transactionId":"t","partitionId":"p"}]}"#,
+            r#"{"acknowledgments":[{"transactionId":null,"partitionId":"p"}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":""}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":"p","status":5}]}"#,
+            r#"{"consumerGroup":5,"acknowledgments":[]}"#,
+            r#"{"consumerGroup":"a/b","acknowledgments":[]}"#,
+            r#"{"acknowledgments":[7]}"#,
+            r#"{"acknowledgments":null}"#,
+            r#"{"acknowledgments":{}}"#,
+            r#"{"acknowledgments":[]} x"#,
+            r#"{}"#,
+            "[]",
+            " ",
+            "",
+        ];
+        for b in bodies {
+            assert_eq!(seen(ack_batch(b.as_bytes())), seen(ack_batch_slow(b.as_bytes())), "{b}");
+        }
+        let fast = |b: &str| crate::raw::pick_list(b.as_bytes(), "acknowledgments", &["consumerGroup"], &ACK_FIELDS, MAX_ACK_ITEMS, crate::raw::Unknown::Strict).is_some();
+        assert!(fast(bodies[0]) && fast(bodies[1]));
+        assert!(!fast(bodies[5]) && !fast(bodies[6]), "a number no value holds is left to the map reading");
+        assert!(ack_batch(bodies[5].as_bytes()).is_err());
+    }
+}

@@ -218,15 +218,9 @@ fn groups(
                     };
                     let len = r.len32("its payload length").map_err(short)?;
                     let payload = r.take(len, "its payload").map_err(short)?;
-                    items.push(item(
-                        &queue,
-                        &partition,
-                        txn,
-                        None,
-                        None,
-                        payload,
-                        &format!("{at} message {i}"),
-                    )?);
+                    items.push(item(&queue, &partition, txn, None, None, payload, &|| {
+                        format!("{at} message {i}")
+                    })?);
                 }
             }
             Layout::Frames => {
@@ -240,19 +234,25 @@ fn groups(
                 for i in 0..n {
                     let fr = frame::read_frame(&mut f)
                         .map_err(|m| bad(format!("{at} frame {i}: {m}")))?;
-                    let at_frame = format!("{at} frame {i}");
+                    // Built only for a refusal: this runs once per message.
+                    let at_frame = || format!("{at} frame {i}");
                     if fr.flags & FLAG_PRODUCER != 0 {
                         return Err(bad(format!(
-                            "{at_frame}: flag 2 (producer) is set; a producer is stamped by the broker, never sent by a client"
+                            "{}: flag 2 (producer) is set; a producer is stamped by the broker, never sent by a client",
+                            at_frame()
                         )));
                     }
                     if fr.flags & FLAG_ENCRYPTED != 0 {
                         return Err(bad(format!(
-                            "{at_frame}: flag 4 (encrypted) is set; this broker holds no encryption key"
+                            "{}: flag 4 (encrypted) is set; this broker holds no encryption key",
+                            at_frame()
                         )));
                     }
                     if fr.message_id == [0; 16] {
-                        return Err(bad(format!("{at_frame}: the message id is the nil UUID")));
+                        return Err(bad(format!(
+                            "{}: the message id is the nil UUID",
+                            at_frame()
+                        )));
                     }
                     items.push(item(
                         &queue,
@@ -291,19 +291,24 @@ fn item(
     message_id: Option<[u8; 16]>,
     trace_id: Option<[u8; 16]>,
     payload: &[u8],
-    at: &str,
+    at: &dyn Fn() -> String,
 ) -> Result<PushItem, ApiError> {
     if transaction_id.len() > MAX_TXN_BYTES {
         return Err(bad(format!(
-            "{at}: the transactionId must be at most {MAX_TXN_BYTES} bytes"
+            "{}: the transactionId must be at most {MAX_TXN_BYTES} bytes",
+            at()
         )));
     }
     let id = message_id.unwrap_or_else(|| *json::uuid_v7().as_bytes());
     let payload = if payload.is_empty() {
         b"null".to_vec()
     } else {
-        serde_json::from_slice::<serde::de::IgnoredAny>(payload)
-            .map_err(|e| bad(format!("{at}: the payload is not one JSON document ({e})")))?;
+        serde_json::from_slice::<serde::de::IgnoredAny>(payload).map_err(|e| {
+            bad(format!(
+                "{}: the payload is not one JSON document ({e})",
+                at()
+            ))
+        })?;
         payload.to_vec()
     };
     Ok(PushItem {

@@ -95,30 +95,27 @@ impl<'a> RawObject<'a> {
 /// a value. Read in the same pass as the text around it, without a map per object.
 pub(crate) type Picked<'a, const N: usize> = [Option<&'a RawValue>; N];
 
+/// How the fields nobody picked are read: skipped unparsed (`Lax`: a push body, whose unknown
+/// fields are never values), or parsed as values and thrown away (`Strict`: a body the slow way
+/// reads whole as a value, which refuses a number no value holds, such as `1e400`, anywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unknown {
+    /// Skip without parsing numbers.
+    Lax,
+    /// Parse as a value (and refuse what a value cannot hold).
+    Strict,
+}
+
+fn skip_value<'de, A: serde::de::MapAccess<'de>>(map: &mut A, unknown: Unknown) -> Result<(), A::Error> {
+    match unknown {
+        Unknown::Lax => map.next_value::<serde::de::IgnoredAny>().map(drop),
+        Unknown::Strict => map.next_value::<Value>().map(drop),
+    }
+}
+
 /// Reads one object into [`Picked`] fields; anything but an object is an error, which callers
 /// answer by reading the text again the slow way, which names what is wrong.
-pub(crate) struct PickSeed<'k, const N: usize>(pub(crate) &'k [&'k str; N]);
-
-/// Which known key a field's name is (`None`: not one of them), read without allocating when
-/// the name has no escapes.
-struct KeyIndex<'k, const N: usize>(&'k [&'k str; N]);
-
-impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for KeyIndex<'_, N> {
-    type Value = Option<usize>;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de, const N: usize> serde::de::Visitor<'de> for KeyIndex<'_, N> {
-    type Value = Option<usize>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a field name")
-    }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().position(|k| *k == v))
-    }
-}
+pub(crate) struct PickSeed<'k, const N: usize>(pub(crate) &'k [&'k str; N], pub(crate) Unknown);
 
 impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for PickSeed<'_, N> {
     type Value = Picked<'de, N>;
@@ -137,9 +134,7 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for PickSeed<'_, N> {
         while let Some(key) = map.next_key_seed(KeyIndex(self.0))? {
             match key {
                 Some(i) => out[i] = Some(map.next_value::<&'de RawValue>()?),
-                None => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
+                None => skip_value(&mut map, self.1)?,
             }
         }
         Ok(out)
@@ -147,11 +142,14 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for PickSeed<'_, N> {
 }
 
 /// A list of objects read with [`PickSeed`] in one pass; at most `max` (more is an error).
+#[derive(Clone, Copy)]
 pub(crate) struct PickListSeed<'k, const N: usize> {
     /// The keys to pick from each object.
     pub(crate) keys: &'k [&'k str; N],
     /// Most objects accepted.
     pub(crate) max: usize,
+    /// How the objects' other fields are read.
+    pub(crate) unknown: Unknown,
 }
 
 impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for PickListSeed<'_, N> {
@@ -168,7 +166,7 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for PickListSeed<'_, N> {
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
-        while let Some(item) = seq.next_element_seed(PickSeed(self.keys))? {
+        while let Some(item) = seq.next_element_seed(PickSeed(self.keys, self.unknown))? {
             if out.len() == self.max {
                 return Err(serde::de::Error::custom("too many entries"));
             }
@@ -178,46 +176,81 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for PickListSeed<'_, N> {
     }
 }
 
-/// A body `{"<key>": [objects...], ...}`: the list's objects with their picked fields, in one
-/// pass over the text; `None` when the body is anything else (not JSON, the key absent or
-/// `null`, not a list, an entry not an object, more than `max` entries), for the caller to read
-/// again the slow way and name what is wrong.
-pub(crate) fn pick_list<'a, const N: usize>(body: &'a [u8], key: &str, keys: &[&str; N], max: usize) -> Option<Vec<Picked<'a, N>>> {
-    struct Top<'k, const N: usize> {
+/// What [`pick_list`] read: the top object's picked fields, and its list's objects.
+pub(crate) type PickedList<'a, const M: usize, const N: usize> = (Picked<'a, M>, Vec<Picked<'a, N>>);
+
+/// A body `{"<key>": [objects...], ...}`: the fields `top` of the body's object as written, and
+/// the list's objects with their fields `keys`, in one pass over the text; `None` when the body
+/// is anything else (not JSON, the key absent or `null`, not a list, an entry not an object,
+/// more than `max` entries, and with `Unknown::Strict` a field nobody picked that is not a
+/// value), for the caller to read again the slow way and name what is wrong.
+pub(crate) fn pick_list<'a, const M: usize, const N: usize>(
+    body: &'a [u8],
+    key: &str,
+    top: &[&str; M],
+    keys: &[&str; N],
+    max: usize,
+    unknown: Unknown,
+) -> Option<PickedList<'a, M, N>> {
+    struct Top<'k, const M: usize, const N: usize> {
         key: &'k str,
-        keys: &'k [&'k str; N],
-        max: usize,
+        top: &'k [&'k str; M],
+        list: PickListSeed<'k, N>,
     }
-    impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for Top<'_, N> {
-        type Value = Option<Vec<Picked<'de, N>>>;
+    impl<'de, const M: usize, const N: usize> serde::de::DeserializeSeed<'de> for Top<'_, M, N> {
+        type Value = Option<PickedList<'de, M, N>>;
         fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
             d.deserialize_map(self)
         }
     }
-    impl<'de, const N: usize> serde::de::Visitor<'de> for Top<'_, N> {
-        type Value = Option<Vec<Picked<'de, N>>>;
+    impl<'de, const M: usize, const N: usize> serde::de::Visitor<'de> for Top<'_, M, N> {
+        type Value = Option<PickedList<'de, M, N>>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("an object")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = None;
-            let one = [self.key];
-            while let Some(k) = map.next_key_seed(KeyIndex(&one))? {
+            let mut list = None;
+            let mut fields = [None; M];
+            // The list's key is index 0, the top fields follow.
+            let mut names = vec![self.key];
+            names.extend_from_slice(self.top);
+            while let Some(k) = map.next_key_seed(KeyIndex(&names))? {
                 match k {
                     // The last of duplicate keys wins.
-                    Some(_) => out = Some(map.next_value_seed(PickListSeed { keys: self.keys, max: self.max })?),
-                    None => {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                    }
+                    Some(0) => list = Some(map.next_value_seed(self.list)?),
+                    Some(i) => fields[i - 1] = Some(map.next_value::<&'de RawValue>()?),
+                    None => skip_value(&mut map, self.list.unknown)?,
                 }
             }
-            Ok(out)
+            Ok(list.map(|l| (fields, l)))
         }
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let out = serde::de::DeserializeSeed::deserialize(Top { key, keys, max }, &mut de).ok()?;
+    let seed = Top { key, top, list: PickListSeed { keys, max, unknown } };
+    let out = serde::de::DeserializeSeed::deserialize(seed, &mut de).ok()?;
     de.end().ok()?;
     out
+}
+
+/// Which known key a field's name is (`None`: not one of them), read without allocating when
+/// the name has no escapes.
+struct KeyIndex<'k>(&'k [&'k str]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIndex<'_> {
+    type Value = Option<usize>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeyIndex<'_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
 }
 
 /// A number as the client wrote it: an integer literal (no `.`, `e` or `E`) or a fraction.
