@@ -388,8 +388,11 @@ async fn rounds(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path
         println!("NATS: {} messages in the stream, peak RSS per server {:?} MiB", info.state.messages, rss.1);
     }
     if c.profile_seconds > 0 {
-        let format = if qpb1.is_ok() { Format::Qpb1 } else { Format::Json };
-        profile(&q, args, c, dir, &format!("{prefix}-profile-"), format).await;
+        // Both batch bodies, so their costs can be told apart.
+        let formats: &[Format] = if qpb1.is_ok() { &[Format::Json, Format::Qpb1] } else { &[Format::Json] };
+        for (i, format) in formats.iter().enumerate() {
+            profile(&q, args, c, dir, &format!("{prefix}-profile{i}-"), *format).await;
+        }
     }
     if let Some(n) = nats.as_mut() {
         n.procs.stop_all();
@@ -576,9 +579,12 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
             println!("    {}", line.chars().take(160).collect::<String>());
         }
     }
-    // QUEEN_BENCH_KEEP_PERF=<path> keeps the recording for `perf report` with call graphs.
+    // QUEEN_BENCH_KEEP_PERF=<path> keeps the recording for `perf report` with call graphs
+    // (`<path>.json` and `<path>.qpb1`).
     match std::env::var_os("QUEEN_BENCH_KEEP_PERF") {
         Some(keep) => {
+            let mut keep = keep;
+            keep.push(if format == Format::Json { ".json" } else { ".qpb1" });
             if std::fs::rename(&data, &keep).or_else(|_| std::fs::copy(&data, &keep).map(|_| ())).is_ok() {
                 println!("profile: kept in {}", PathBuf::from(keep).display());
             }
