@@ -93,7 +93,9 @@ where
     let reserved = declared.unwrap_or(0);
     let collect = async {
         let mut body = body;
-        let mut buf = BytesMut::new();
+        // Sized once from the declared length (already within the limit and the budget), so a
+        // body arriving in many frames is not grown and copied step by step.
+        let mut buf = BytesMut::with_capacity(reserved);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ApiError::new(400, "bad_body", format!("body could not be read: {e}")))?;
             let Ok(data) = frame.into_data() else { continue };

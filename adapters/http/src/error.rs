@@ -28,7 +28,14 @@ pub(crate) fn json_response(status: u16, v: &serde_json::Value) -> Response<Full
 /// values) are built as structs holding it raw, so it is written verbatim; never route them
 /// through `serde_json::to_value`, which would parse the text again.
 pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(status: u16, v: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_vec(v) {
+    json_answer_sized(status, v, 128)
+}
+
+/// A JSON answer written into a buffer of about `capacity` bytes (a large answer, such as a
+/// pop or a push of many messages, is then not grown and copied step by step).
+pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(status: u16, v: &T, capacity: usize) -> Response<Full<Bytes>> {
+    let mut body = Vec::with_capacity(capacity);
+    match serde_json::to_writer(&mut body, v).map(|()| body) {
         Ok(body) => Response::builder()
             .status(status)
             .header("content-type", "application/json")

@@ -10,7 +10,7 @@ use queen_domain::names::QueueName;
 use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
-use crate::error::{error_response, json_answer, json_response, no_content, text_response};
+use crate::error::{error_response, json_answer, json_answer_sized, json_response, no_content, text_response};
 use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
 
 /// How a request body is written, from its `content-type`.
@@ -85,7 +85,7 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.push(items).await?;
-            Ok(json_answer(200, &render::push(&out)))
+            Ok(json_answer_sized(200, &render::push(&out), render::push_len_hint(&out)))
         }
         ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
         ("GET", ["api", "v1", "pop"]) => {
@@ -109,7 +109,7 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "ack"]) => {
             let (group, item) = json::ack_single(body)?;
             let out = api.ack(group, vec![item]).await?;
-            Ok(json_answer(200, &render::acks(&out)))
+            Ok(json_answer_sized(200, &render::acks(&out), 96 * out.len() + 16))
         }
         ("POST", ["api", "v1", "ack", "batch"]) => {
             let (group, items) = json::ack_batch(body)?;
@@ -117,7 +117,7 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.ack(group, items).await?;
-            Ok(json_answer(200, &render::acks(&out)))
+            Ok(json_answer_sized(200, &render::acks(&out), 96 * out.len() + 16))
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let (ops, leases, kv, timers) = json::transaction(body)?;
@@ -320,7 +320,7 @@ fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome,
             .body(Full::new(Bytes::from(framed)))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     }
-    json_answer(200, &render::pop(queue, group, out, echo))
+    json_answer_sized(200, &render::pop(queue, group, out, echo), render::pop_len_hint(out))
 }
 
 /// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
@@ -330,7 +330,7 @@ async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8
         ("POST", ["api", "v1", "push"]) => {
             let push = push_binary::push(body, max_decoded)?;
             let out = if push.items.is_empty() { Vec::new() } else { api.push(push.items).await? };
-            Ok(if push.counts { json_response(200, &render::push_counts(&out)) } else { json_answer(200, &render::push(&out)) })
+            Ok(if push.counts { json_response(200, &render::push_counts(&out)) } else { json_answer_sized(200, &render::push(&out), render::push_len_hint(&out)) })
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let txn = push_binary::transaction(body, max_decoded)?;

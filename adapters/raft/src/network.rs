@@ -199,13 +199,14 @@ impl Transport {
         path: &str,
         req: &Req,
         timeout: Duration,
+        capacity: usize,
     ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: serde::Serialize,
         Resp: for<'de> serde::Deserialize<'de>,
     {
-        let body =
-            wire::encode(req).map_err(|e| RPCError::Network(NetworkError::from_string(e)))?;
+        let body = wire::encode_sized(req, capacity)
+            .map_err(|e| RPCError::Network(NetworkError::from_string(e)))?;
         let bytes = self
             .post(target, addr, path, full(body), timeout)
             .await
@@ -216,20 +217,20 @@ impl Transport {
     }
 }
 
-/// How many leading entries fit in `limit` bytes of commands (at least one).
-fn entries_within(entries: &[crate::type_config::Entry], limit: usize) -> usize {
+/// How many leading entries fit in `limit` bytes of commands (at least one), and their bytes.
+fn entries_within(entries: &[crate::type_config::Entry], limit: usize) -> (usize, usize) {
     let mut total = 0usize;
     for (i, e) in entries.iter().enumerate() {
         let size = match &e.payload {
             openraft::EntryPayload::Normal(c) => c.0.len(),
             _ => 64,
         };
-        total = total.saturating_add(size);
-        if total > limit && i > 0 {
-            return i;
+        if total.saturating_add(size) > limit && i > 0 {
+            return (i, total);
         }
+        total = total.saturating_add(size);
     }
-    entries.len()
+    (entries.len(), total)
 }
 
 /// A complete body.
@@ -277,7 +278,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         // Bodies on the raft port are bounded: send the entries that fit in MAX_APPEND_BYTES
         // (at least one) and tell openraft how far this append went; it sends the rest next.
-        let keep = entries_within(&rpc.entries, MAX_APPEND_BYTES);
+        let (keep, bytes) = entries_within(&rpc.entries, MAX_APPEND_BYTES);
         let cut = keep < rpc.entries.len();
         if cut {
             rpc.entries.truncate(keep);
@@ -285,7 +286,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         let last = rpc.entries.last().map(|e| e.log_id);
         let resp: AppendEntriesResponse<TypeConfig> = self
             .transport
-            .call(self.target, &self.addr, wire::APPEND, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::APPEND, &rpc, option.soft_ttl(), bytes + 64 * keep + 256)
             .await?;
         Ok(match resp {
             AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
@@ -299,7 +300,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::VOTE, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::VOTE, &rpc, option.soft_ttl(), 256)
             .await
     }
 
@@ -309,7 +310,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl())
+            .call(self.target, &self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl(), 256)
             .await
     }
 
@@ -319,7 +320,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl())
+            .call(self.target, &self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl(), 256)
             .await
     }
 

@@ -36,7 +36,13 @@ pub(crate) const MEMBERSHIP: &str = "/membership";
 
 /// Encode a body.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Bytes, String> {
-    postcard::to_stdvec(v)
+    encode_sized(v, 256)
+}
+
+/// Encode a body into a buffer of about `capacity` bytes (a large body, such as an append of
+/// many entries, is then not grown and copied step by step).
+pub(crate) fn encode_sized<T: Serialize>(v: &T, capacity: usize) -> Result<Bytes, String> {
+    postcard::to_extend(v, Vec::with_capacity(capacity))
         .map(Bytes::from)
         .map_err(|e| format!("encode: {e}"))
 }

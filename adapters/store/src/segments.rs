@@ -450,7 +450,13 @@ impl Segments {
         let mut w = lock(&self.writer);
         let mut locs = Vec::with_capacity(records.len());
         let mut sealed = Vec::new();
-        let mut buf = Vec::new();
+        // One buffer of the records' size, not one grown and copied as records are added.
+        let total = records
+            .iter()
+            .map(encoded_len)
+            .sum::<u64>()
+            .min(self.roll_at);
+        let mut buf = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
         let mut buf_at = w.len;
         for r in records {
             let n = encoded_len(r);

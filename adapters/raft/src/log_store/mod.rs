@@ -449,7 +449,7 @@ impl LogInner {
         }
         let seq = self.active_seq()?;
 
-        let mut buf = Vec::new();
+        let mut buf = Vec::with_capacity(records.iter().map(record::encoded_len_hint).sum());
         let mut lens = Vec::with_capacity(records.len());
         for r in records {
             lens.push(record::encode_into(&mut buf, r)?);

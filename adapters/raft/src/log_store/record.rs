@@ -54,6 +54,19 @@ pub(crate) enum Record {
     TruncateAfter(Option<LogId>),
 }
 
+/// About how many bytes `record` takes framed: an entry's command and some room for its log id
+/// and the frame; other records are small.
+pub(crate) fn encoded_len_hint(record: &Record) -> usize {
+    const ROOM: usize = 64;
+    match record {
+        Record::Entry(e) => match &e.payload {
+            openraft::EntryPayload::Normal(c) => ROOM + c.0.len(),
+            _ => 4 * ROOM,
+        },
+        _ => 4 * ROOM,
+    }
+}
+
 /// Append the framed `record` to `buf`; returns the frame length.
 pub(crate) fn encode_into(buf: &mut Vec<u8>, record: &Record) -> io::Result<u32> {
     let start = buf.len();
