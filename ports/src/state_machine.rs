@@ -12,6 +12,10 @@ pub struct ApplyEntry {
     /// written by a new leader, membership changes). Those must still advance last-applied.
     /// Shared bytes: the log hands over the buffer it holds, without a copy.
     pub command: Option<bytes::Bytes>,
+    /// Whether anyone on this node waits for the entry's response (the node that proposed it).
+    /// When not, the backend answers it with an empty response and need not build one: a
+    /// follower applying a pop does not encode the hundred messages it delivered to nobody.
+    pub answered: bool,
 }
 
 /// An error of the state machine's storage. Any error here is fatal for the node: the raft

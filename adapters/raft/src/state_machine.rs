@@ -261,6 +261,7 @@ impl StateMachineStore {
             entries.push(ApplyEntry {
                 index: entry.log_id.index,
                 command,
+                answered: responder.is_some(),
             });
             responders.push(responder);
         }

@@ -31,12 +31,12 @@ fn applied_batches_survive_reopen_with_their_meta() {
     {
         let s = FjallStore::open(&cfg).unwrap();
         for b in 0..10u64 {
-            let entries = (0..50).map(|i| ApplyEntry { index: b * 50 + i + 1, command: Some(push_entry(b * 50 + i).into()) }).collect();
+            let entries = (0..50).map(|i| ApplyEntry { index: b * 50 + i + 1, command: Some(push_entry(b * 50 + i).into()), answered: true }).collect();
             let r = s.apply(entries, format!("meta-{b}").into_bytes()).unwrap();
             assert_eq!(r.len(), 50);
         }
         // A blank entry gives an empty response and still stores the meta.
-        let r = s.apply(vec![ApplyEntry { index: 501, command: None }], b"meta-last".to_vec()).unwrap();
+        let r = s.apply(vec![ApplyEntry { index: 501, command: None, answered: true }], b"meta-last".to_vec()).unwrap();
         assert_eq!(r, vec![Vec::<u8>::new()]);
     }
     let s = FjallStore::open(&cfg).unwrap();
@@ -51,12 +51,12 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     let a_dir = tempfile::tempdir().unwrap();
     let b_dir = tempfile::tempdir().unwrap();
     let a = FjallStore::open(&StoreConfig::new(a_dir.path().to_path_buf())).unwrap();
-    let entries = (0..5000).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()) }).collect();
+    let entries = (0..5000).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()), answered: true }).collect();
     a.apply(entries, b"m".to_vec()).unwrap();
     a.persist().unwrap();
     let mut snap = a.snapshot().unwrap();
     // Writes after the snapshot are not in it.
-    a.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(9999).into()) }], b"m2".to_vec()).unwrap();
+    a.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(9999).into()), answered: true }], b"m2".to_vec()).unwrap();
     let mut chunks = Vec::new();
     while let Some(c) = snap.next_chunk().unwrap() {
         chunks.push(c);
@@ -69,7 +69,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     }
     assert!(again.next_chunk().unwrap().is_none());
     let b = FjallStore::open(&StoreConfig::new(b_dir.path().to_path_buf())).unwrap();
-    b.apply(vec![ApplyEntry { index: 1, command: Some(push_entry(77_777).into()) }], b"old".to_vec()).unwrap();
+    b.apply(vec![ApplyEntry { index: 1, command: Some(push_entry(77_777).into()), answered: true }], b"old".to_vec()).unwrap();
     b.install_snapshot(&mut chunks.into_iter().map(Ok), snap.meta()).unwrap();
     assert_eq!(b.load_meta().unwrap().as_deref(), Some(&b"m"[..]));
     assert_eq!(reads::queue(&b, "q").unwrap().unwrap().messages, 5000);
@@ -88,7 +88,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
 /// A store in `dir` holding `n` messages pushed by entries `from..from + n`, with `meta`.
 fn store_with(dir: &std::path::Path, from: u64, n: u64, meta: &[u8]) -> FjallStore {
     let s = FjallStore::open(&StoreConfig::new(dir.to_path_buf())).unwrap();
-    let entries = (from..from + n).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()) }).collect();
+    let entries = (from..from + n).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()), answered: true }).collect();
     s.apply(entries, meta.to_vec()).unwrap();
     s
 }
@@ -173,7 +173,7 @@ fn installs_alternate_between_the_two_slots_across_reopens() {
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"first"[..]));
     assert_eq!(messages(&s), 5000);
-    s.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(5000).into()) }], b"first+1".to_vec()).unwrap();
+    s.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(5000).into()), answered: true }], b"first+1".to_vec()).unwrap();
     assert_eq!(messages(&s), 5001);
     invariants::check(&s).unwrap();
 
@@ -186,9 +186,51 @@ fn installs_alternate_between_the_two_slots_across_reopens() {
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"second"[..]));
     assert_eq!(dump(&s), dump(&second));
-    s.apply(vec![ApplyEntry { index: 1201, command: Some(push_entry(7).into()) }], b"second+1".to_vec()).unwrap();
+    s.apply(vec![ApplyEntry { index: 1201, command: Some(push_entry(7).into()), answered: true }], b"second+1".to_vec()).unwrap();
     drop(s);
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(messages(&s), 1201);
     invariants::check(&s).unwrap();
+}
+
+/// A node that applies an entry nobody on it waits for (a follower) answers it empty, and ends
+/// in exactly the state of the node that answered it in full.
+#[test]
+fn entries_nobody_waits_for_change_the_same_state_and_answer_nothing() {
+    use queen_domain::command::{PopCommand, Response, Subscription};
+    use queen_domain::names::GroupName;
+    let pop = |i: u64| {
+        Entry {
+            proposed_at: 2_000_000 + i,
+            command: Command::Pop(PopCommand {
+                queue: QueueName::new("q").unwrap(),
+                partition: None,
+                group: GroupName::or_queue_mode(None).unwrap(),
+                batch: 7,
+                max_partitions: 2,
+                lease_id: format!("lease-{i}"),
+                auto_ack: i % 2 == 0,
+                subscription: Subscription::Default,
+            }),
+        }
+        .encode()
+    };
+    let commands: Vec<Vec<u8>> = (0..200).map(push_entry).chain((0..20).map(pop)).collect();
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = FjallStore::open(&StoreConfig::new(a_dir.path().to_path_buf())).unwrap();
+    let b = FjallStore::open(&StoreConfig::new(b_dir.path().to_path_buf())).unwrap();
+    let entries = |answered: bool| commands.iter().enumerate().map(|(i, c)| ApplyEntry { index: i as u64 + 1, command: Some(c.clone().into()), answered }).collect::<Vec<_>>();
+    let full = a.apply(entries(true), b"m".to_vec()).unwrap();
+    let empty = b.apply(entries(false), b"m".to_vec()).unwrap();
+    assert!(empty.iter().all(Vec::is_empty), "nobody waits: nothing is encoded");
+    let delivered: usize = full[200..]
+        .iter()
+        .map(|r| match Response::decode(r).unwrap().outcome {
+            queen_domain::command::Outcome::Pop(p) => p.claims.iter().map(|c| c.messages.len()).sum::<usize>(),
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    assert!(delivered > 0, "the pops delivered messages to whoever waited");
+    assert!(same(&b, &dump(&a)), "the same state either way");
+    invariants::check(&b).unwrap();
 }

@@ -97,6 +97,7 @@ fn apply_in(store: &FjallStore, entries: &[Vec<u8>], sizes: &[usize]) {
             .map(|k| ApplyEntry {
                 index: k as u64 + 1,
                 command: Some(entries[k].clone().into()),
+                answered: true,
             })
             .collect();
         store
@@ -294,6 +295,7 @@ fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
                 .encode()
                 .into(),
             ),
+            answered: true,
         })
         .collect()
 }

@@ -127,14 +127,24 @@ pub(crate) fn scan_recs<T: DeserializeOwned>(
     end: &[u8],
     limit: usize,
 ) -> Result<Vec<(Vec<u8>, T)>, StoreError> {
-    let mut raw = Vec::new();
-    s.scan(start, end, &mut |k, v| {
-        raw.push((k.to_vec(), v.to_vec()));
-        raw.len() < limit
+    // Decoded as the scan hands each row over: a value is copied once, into its record, not
+    // first into a buffer of its own (a pop reads a hundred messages this way on every node).
+    let mut out = Vec::new();
+    let mut failed = None;
+    s.scan(start, end, &mut |k, v| match decode(k, v) {
+        Ok(t) => {
+            out.push((k.to_vec(), t));
+            out.len() < limit
+        }
+        Err(e) => {
+            failed = Some(e);
+            false
+        }
     })?;
-    raw.into_iter()
-        .map(|(k, v)| decode(&k, &v).map(|t| (k, t)))
-        .collect()
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// The partitions of a queue in creation order.
