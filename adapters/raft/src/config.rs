@@ -21,8 +21,10 @@ const MAX_IN_SNAPSHOT_LOG_TO_KEEP: u64 = 10_000;
 const PURGE_BATCH_SIZE: u64 = 1024;
 /// Time budget (ms) of one snapshot chunk on the wire.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
-/// Entries per AppendEntries RPC.
-const MAX_PAYLOAD_ENTRIES: u64 = 1024;
+/// Entries per AppendEntries RPC, at most. openraft reads this many entries from the log before
+/// the append is cut to `MAX_APPEND_BYTES`; 256 entries of 100 pushed 256-byte messages are about
+/// that size, so a follower that lags does not make the leader read four times what it sends.
+const MAX_PAYLOAD_ENTRIES: u64 = 256;
 
 /// A member of the raft group.
 #[derive(Debug, Clone, PartialEq, Eq)]
