@@ -209,7 +209,7 @@ fn entries_nobody_waits_for_change_the_same_state_and_answer_nothing() {
                 batch: 7,
                 max_partitions: 2,
                 lease_id: format!("lease-{i}"),
-                auto_ack: i % 2 == 0,
+                auto_ack: i.is_multiple_of(2),
                 subscription: Subscription::Default,
             }),
         }
