@@ -190,11 +190,7 @@ fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String)
             return Err(ApiError::bad_request(&f(i), "holds a number out of range"));
         }
     }
-    let text = |i: usize| match fields[i].map(RawValue::get) {
-        None | Some("null") => Ok(None),
-        Some(t) if t.starts_with('"') => serde_json::from_str::<String>(t).map(Some).map_err(|_| ApiError::bad_request(&f(i), "must be a string")),
-        Some(_) => Err(ApiError::bad_request(&f(i), "must be a string")),
-    };
+    let text = |i: usize| plain_text(fields[i]).ok_or_else(|| ApiError::bad_request(&f(i), "must be a string"));
     let queue = name(text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?, &f(0), QueueName::new)?;
     let partition = match text(1)? {
         Some(p) => name(p, &f(1), PartitionName::new)?,
@@ -225,10 +221,16 @@ fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckIt
         None | Some(Value::Null) => return Err(ApiError::bad_request(&f("partitionId"), "is required")),
         Some(_) => return Err(ApiError::bad_request(&f("partitionId"), "must be a non-empty string")),
     };
-    let status = opt_str(it, "status", &f("status"))?.unwrap_or_else(|| "completed".to_owned());
+    let status = opt_str(it, "status", &f("status"))?;
     let error = opt_str(it, "error", &f("error"))?;
-    let lease_id = opt_str(it, "leaseId", &f("leaseId"))?.filter(|l| !l.is_empty());
-    Ok(AckItem { transaction_id, partition_id, status, error, lease_id })
+    let lease_id = opt_str(it, "leaseId", &f("leaseId"))?;
+    Ok(ack_of(transaction_id, partition_id, status, error, lease_id))
+}
+
+/// An ack item from its fields as read: no status is `completed`, an empty lease id is none.
+fn ack_of(transaction_id: String, partition_id: String, status: Option<String>, error: Option<String>, lease_id: Option<String>) -> AckItem {
+    let status = status.unwrap_or_else(|| "completed".to_owned());
+    AckItem { transaction_id, partition_id, status, error, lease_id: lease_id.filter(|l| !l.is_empty()) }
 }
 
 fn group_of(m: &Map<String, Value>) -> Result<GroupName, ApiError> {
@@ -275,10 +277,7 @@ fn ack_item_plain(f: &crate::raw::Picked<'_, 5>) -> Option<AckItem> {
     if partition_id.is_empty() {
         return None;
     }
-    let status = plain_text(f[2])?.unwrap_or_else(|| "completed".to_owned());
-    let error = plain_text(f[3])?;
-    let lease_id = plain_text(f[4])?.filter(|l| !l.is_empty());
-    Some(AckItem { transaction_id, partition_id, status, error, lease_id })
+    Some(ack_of(transaction_id, partition_id, plain_text(f[2])?, plain_text(f[3])?, plain_text(f[4])?))
 }
 
 /// `ack_batch` through a map of values, naming what is wrong.

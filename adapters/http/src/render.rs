@@ -174,10 +174,14 @@ pub(crate) fn autopilot_echo((batch, partitions): (u32, u32)) -> Value {
     json!({"batch": batch, "partitions": partitions, "waitMs": 0})
 }
 
-/// A pop with messages.
 /// About how many bytes a push answer takes (ids and names of each item, plus the text).
 pub(crate) fn push_len_hint(outcomes: &[PushOutcome]) -> usize {
     16 + outcomes.iter().map(|o| 160 + o.transaction_id.len() + o.queue.len()).sum::<usize>()
+}
+
+/// About how many bytes an ack answer takes.
+pub(crate) fn acks_len_hint(outcomes: &[AckOutcome]) -> usize {
+    16 + 96 * outcomes.len()
 }
 
 /// About how many bytes a pop answer takes (each message's payload, names and ids).
@@ -185,6 +189,7 @@ pub(crate) fn pop_len_hint(p: &PopOutcome) -> usize {
     256 + p.claims.iter().flat_map(|c| &c.messages).map(|m| 320 + m.payload.len() + m.transaction_id.len()).sum::<usize>()
 }
 
+/// A pop with messages.
 pub(crate) fn pop<'a>(queue: &'a str, group: &'a str, p: &'a PopOutcome, autopilot: Option<(u32, u32)>) -> PopOut<'a> {
     let group_out = group_on_wire(group);
     let mut messages = Vec::new();

@@ -109,7 +109,7 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "ack"]) => {
             let (group, item) = json::ack_single(body)?;
             let out = api.ack(group, vec![item]).await?;
-            Ok(json_answer_sized(200, &render::acks(&out), 96 * out.len() + 16))
+            Ok(json_answer_sized(200, &render::acks(&out), render::acks_len_hint(&out)))
         }
         ("POST", ["api", "v1", "ack", "batch"]) => {
             let (group, items) = json::ack_batch(body)?;
@@ -117,7 +117,7 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.ack(group, items).await?;
-            Ok(json_answer_sized(200, &render::acks(&out), 96 * out.len() + 16))
+            Ok(json_answer_sized(200, &render::acks(&out), render::acks_len_hint(&out)))
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let (ops, leases, kv, timers) = json::transaction(body)?;
