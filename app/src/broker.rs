@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use queen_domain::command::{AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response, TxnOp, TxnOutcome, TxnResult};
+use queen_domain::command::{
+    AckItem, AckOutcome, Command, Entry, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus,
+    Response, TxnOp, TxnOutcome, TxnResult,
+};
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
@@ -80,21 +83,35 @@ pub struct Broker {
 fn not_committed(e: &ProposeError) -> ApiError {
     match e {
         ProposeError::NotLeader { leader } => {
-            let mut err = ApiError::new(503, "not_leader", format!("this node does not lead (leader: {leader:?})"));
+            let mut err = ApiError::new(
+                503,
+                "not_leader",
+                format!("this node does not lead (leader: {leader:?})"),
+            );
             err.retry_after = Some(1);
             err
         }
         ProposeError::OutcomeUnknown => {
-            let mut err = ApiError::new(503, "outcome_unknown", "leadership changed while the request was in flight; it may or may not have applied");
+            let mut err = ApiError::new(
+                503,
+                "outcome_unknown",
+                "leadership changed while the request was in flight; it may or may not have applied",
+            );
             err.retry_after = Some(1);
             err
         }
         ProposeError::Unavailable(m) => {
-            let mut err = ApiError::new(503, "unavailable", format!("the replicated log is unavailable: {m}"));
+            let mut err = ApiError::new(
+                503,
+                "unavailable",
+                format!("the replicated log is unavailable: {m}"),
+            );
             err.retry_after = Some(1);
             err
         }
-        ProposeError::Fatal(_) => ApiError::new(500, "internal", "the node's storage failed; see its log"),
+        ProposeError::Fatal(_) => {
+            ApiError::new(500, "internal", "the node's storage failed; see its log")
+        }
     }
 }
 
@@ -137,7 +154,10 @@ impl Broker {
             request_timeout,
             fsyncs,
             started: Instant::now(),
-            disk: crate::disk_gate::DiskGate::new(crate::disk_gate::Limits { high_pct: 85, reserve_bytes: crate::disk_gate::DEFAULT_RESERVE_BYTES }),
+            disk: crate::disk_gate::DiskGate::new(crate::disk_gate::Limits {
+                high_pct: 85,
+                reserve_bytes: crate::disk_gate::DEFAULT_RESERVE_BYTES,
+            }),
             raft: None,
             promote_max_lag: 1000,
             ready_lag_entries: READY_LAG_ENTRIES,
@@ -168,10 +188,13 @@ impl Broker {
             let me = self.clone();
             tokio::spawn(async move {
                 let items = std::mem::take(&mut batch.items);
-                let result = me.propose(Command::Push(items)).await.and_then(|r| match r.outcome {
-                    Outcome::Push(out) => Ok(out),
-                    _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
-                });
+                let result = me
+                    .propose(Command::Push(items))
+                    .await
+                    .and_then(|r| match r.outcome {
+                        Outcome::Push(out) => Ok(out),
+                        _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+                    });
                 batch.answer(result);
                 drop(slot);
             });
@@ -216,7 +239,13 @@ impl Broker {
 
     /// Attach the raft node (membership routes) and the readiness and promotion limits.
     #[must_use]
-    pub fn with_cluster(mut self, raft: queen_raft::RaftNode, promote_max_lag: u64, ready_lag_entries: u64, ready_lag_ms: u64) -> Self {
+    pub fn with_cluster(
+        mut self,
+        raft: queen_raft::RaftNode,
+        promote_max_lag: u64,
+        ready_lag_entries: u64,
+        ready_lag_ms: u64,
+    ) -> Self {
         self.raft = Some(raft);
         self.promote_max_lag = promote_max_lag;
         self.ready_lag_entries = ready_lag_entries;
@@ -227,7 +256,10 @@ impl Broker {
     /// Set the disk gate's threshold (percent) and the reserve it keeps free (bytes).
     #[must_use]
     pub fn with_disk_gate(mut self, high_pct: u8, reserve_bytes: u64) -> Self {
-        self.disk = crate::disk_gate::DiskGate::new(crate::disk_gate::Limits { high_pct, reserve_bytes });
+        self.disk = crate::disk_gate::DiskGate::new(crate::disk_gate::Limits {
+            high_pct,
+            reserve_bytes,
+        });
         self
     }
 
@@ -240,7 +272,12 @@ impl Broker {
     /// and everything admitted since the last sample will write would pass the threshold; every
     /// command is refused when it would take the reserve. Pops, acks, lease extensions, ticks,
     /// deletions and the sink's own writes (`internal`) pass a closed gate so consumers drain.
-    fn gate(&self, admission: crate::disk_gate::Admission, kind: &'static str, bytes: usize) -> Result<crate::disk_gate::Admitted<'_>, ApiError> {
+    fn gate(
+        &self,
+        admission: crate::disk_gate::Admission,
+        kind: &'static str,
+        bytes: usize,
+    ) -> Result<crate::disk_gate::Admitted<'_>, ApiError> {
         let memtable = self.store.engine_stats().0;
         self.disk
             .admit(u64::try_from(bytes).unwrap_or(u64::MAX), admission, memtable)
@@ -256,7 +293,9 @@ impl Broker {
     /// queue's rows are deleted by the next ticks in bounded steps (its "graves"), so the
     /// reclaim waits until none is left (at most `RECLAIM_WAIT`).
     fn reclaim_near_gate(&self) {
-        if !self.disk.near_gate(RECLAIM_WITHIN_POINTS) || self.reclaiming.swap(true, Ordering::AcqRel) {
+        if !self.disk.near_gate(RECLAIM_WITHIN_POINTS)
+            || self.reclaiming.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let (store, running) = (self.store.clone(), self.reclaiming.clone());
@@ -266,11 +305,19 @@ impl Broker {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let started = Instant::now();
-            let done = tokio::task::spawn_blocking(move || store.reclaim().map(|()| store.disk_bytes())).await;
+            let done =
+                tokio::task::spawn_blocking(move || store.reclaim().map(|()| store.disk_bytes()))
+                    .await;
             match done {
-                Ok(Ok(bytes)) => tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), store_bytes = bytes, "reclaimed deleted rows near the disk gate"),
-                Ok(Err(e)) => tracing::warn!(target: "queen-app", error = %e, "reclaiming deleted rows failed"),
-                Err(e) => tracing::warn!(target: "queen-app", error = %e, "the reclaim task failed"),
+                Ok(Ok(bytes)) => {
+                    tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), store_bytes = bytes, "reclaimed deleted rows near the disk gate")
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "queen-app", error = %e, "reclaiming deleted rows failed")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "queen-app", error = %e, "the reclaim task failed")
+                }
             }
             running.store(false, Ordering::Release);
         });
@@ -297,13 +344,24 @@ impl Broker {
         let kind = kind(&command);
         let is_tick = matches!(command, Command::Tick);
         let admission = crate::disk_gate::Admission::of(&command, internal);
-        let bytes = Entry { proposed_at: self.clock.now_micros(), command }.encode();
+        let bytes = Entry {
+            proposed_at: self.clock.now_micros(),
+            command,
+        }
+        .encode();
         // After encoding, so the gate counts what the log will hold.
         let _admitted = self.gate(admission, kind, bytes.len())?;
         if !self.client_offload && !is_tick {
             let p = self.log.progress();
             if p.role != RaftRole::Leader {
-                let mut err = ApiError::new(503, "not_leader", format!("this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}", p.leader));
+                let mut err = ApiError::new(
+                    503,
+                    "not_leader",
+                    format!(
+                        "this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}",
+                        p.leader
+                    ),
+                );
                 err.retry_after = Some(1);
                 return Err(err);
             }
@@ -320,19 +378,25 @@ impl Broker {
                         ApiError::new(500, "internal", "the state machine answered in an unknown format")
                     });
                 }
-                Ok(Err(ProposeError::NotLeader { leader: None } | ProposeError::Unavailable(_)))
-                    if Instant::now() + Duration::from_millis(50) < deadline =>
-                {
+                Ok(Err(
+                    ProposeError::NotLeader { leader: None } | ProposeError::Unavailable(_),
+                )) if Instant::now() + Duration::from_millis(50) < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Ok(Err(e)) => break Err(not_committed(&e)),
             }
         };
-        self.telemetry.metrics().proposal(kind, result.is_ok(), started.elapsed().as_secs_f64());
+        self.telemetry
+            .metrics()
+            .proposal(kind, result.is_ok(), started.elapsed().as_secs_f64());
         let response = result?;
         if let Outcome::Rejected(why) = &response.outcome {
             tracing::error!(target: "queen-app", why, "the state machine rejected an entry");
-            return Err(ApiError::new(500, "internal", "the state machine could not read the entry"));
+            return Err(ApiError::new(
+                500,
+                "internal",
+                "the state machine could not read the entry",
+            ));
         }
         Ok(response)
     }
@@ -379,7 +443,11 @@ impl Broker {
 
     fn read_error(e: &queen_domain::StoreError) -> ApiError {
         tracing::error!(target: "queen-app", error = %e, "state read failed");
-        ApiError::new(500, "internal", "reading the node's state failed; see its log")
+        ApiError::new(
+            500,
+            "internal",
+            "reading the node's state failed; see its log",
+        )
     }
 }
 
@@ -390,11 +458,15 @@ impl Api for Broker {
             // The request's deadline covers its wait in the lane too; past it the outcome is
             // unknown, as for any proposal that timed out (a retry with the same
             // transactionIds is safe).
-            Some(lane) => match tokio::time::timeout(self.request_timeout, lane.submit(items)).await {
-                Err(_) => return Err(ApiError::timeout()),
-                Ok(Err(_)) => return Err(ApiError::new(503, "unavailable", "the node is stopping")),
-                Ok(Ok(out)) => out?,
-            },
+            Some(lane) => {
+                match tokio::time::timeout(self.request_timeout, lane.submit(items)).await {
+                    Err(_) => return Err(ApiError::timeout()),
+                    Ok(Err(_)) => {
+                        return Err(ApiError::new(503, "unavailable", "the node is stopping"));
+                    }
+                    Ok(Ok(out)) => out?,
+                }
+            }
             None => {
                 let r = self.propose(Command::Push(items)).await?;
                 let Outcome::Push(out) = r.outcome else {
@@ -403,8 +475,14 @@ impl Api for Broker {
                 out
             }
         };
-        let queued = out.iter().filter(|o| o.status == PushStatus::Queued).count() as u64;
-        let dup = out.iter().filter(|o| o.status == PushStatus::Duplicate).count() as u64;
+        let queued = out
+            .iter()
+            .filter(|o| o.status == PushStatus::Queued)
+            .count() as u64;
+        let dup = out
+            .iter()
+            .filter(|o| o.status == PushStatus::Duplicate)
+            .count() as u64;
         self.telemetry.metrics().messages_pushed(queued);
         self.telemetry.metrics().messages_duplicate(dup);
         let mut woken: Vec<&str> = Vec::new();
@@ -418,7 +496,12 @@ impl Api for Broker {
     }
 
     async fn pop(&self, req: PopRequest) -> Result<PopOutcome, ApiError> {
-        let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+        let deadline = Instant::now()
+            + if req.wait {
+                req.timeout
+            } else {
+                Duration::ZERO
+            };
         let notify = self.waiters.of(req.command.queue.as_str());
         let mut cmd = req.command;
         let mut parked = None;
@@ -427,19 +510,25 @@ impl Api for Broker {
             // is not missed.
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
-            let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd).map_err(|e| Self::read_error(&e))?;
+            let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd)
+                .map_err(|e| Self::read_error(&e))?;
             if !would.is_empty() {
                 cmd.lease_id = uuid::Uuid::now_v7().to_string();
                 let r = self.propose(Command::Pop(cmd.clone())).await?;
                 if let Outcome::Pop(p) = r.outcome
-                    && !p.is_empty() {
-                        break Ok(p);
-                    }
+                    && !p.is_empty()
+                {
+                    break Ok(p);
+                }
                 // Another consumer won the race: wait like an empty look.
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                break Ok(PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() });
+                break Ok(PopOutcome {
+                    lease_id: String::new(),
+                    lease_expires: Stamp(0),
+                    claims: Vec::new(),
+                });
             }
             if parked.is_none() {
                 parked = Some(self.waiters.park());
@@ -454,18 +543,34 @@ impl Api for Broker {
         result
     }
 
-    async fn pop_tagged(&self, namespace: Option<String>, task: Option<String>, req: PopRequest) -> Result<(String, PopOutcome), ApiError> {
-        let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+    async fn pop_tagged(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+        req: PopRequest,
+    ) -> Result<(String, PopOutcome), ApiError> {
+        let deadline = Instant::now()
+            + if req.wait {
+                req.timeout
+            } else {
+                Duration::ZERO
+            };
         let mut cmd = req.command;
         loop {
             let view = self.store.view();
             let queues = reads::queues(&view, 100_000).map_err(|e| Self::read_error(&e))?;
             for q in queues.iter().filter(|q| {
-                namespace.as_ref().is_none_or(|n| q.namespace.as_ref() == Some(n)) && task.as_ref().is_none_or(|t| q.task.as_ref() == Some(t))
+                namespace
+                    .as_ref()
+                    .is_none_or(|n| q.namespace.as_ref() == Some(n))
+                    && task.as_ref().is_none_or(|t| q.task.as_ref() == Some(t))
             }) {
-                let Ok(name) = QueueName::new(q.name.clone()) else { continue };
+                let Ok(name) = QueueName::new(q.name.clone()) else {
+                    continue;
+                };
                 cmd.queue = name;
-                let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd).map_err(|e| Self::read_error(&e))?;
+                let would = reads::would_pop(&self.store, Stamp(self.clock.now_micros()), &cmd)
+                    .map_err(|e| Self::read_error(&e))?;
                 if would.is_empty() {
                     continue;
                 }
@@ -480,13 +585,24 @@ impl Api for Broker {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Ok((String::new(), PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() }));
+                return Ok((
+                    String::new(),
+                    PopOutcome {
+                        lease_id: String::new(),
+                        lease_expires: Stamp(0),
+                        claims: Vec::new(),
+                    },
+                ));
             }
             tokio::time::sleep(remaining.min(RECHECK)).await;
         }
     }
 
-    async fn ack(&self, group: GroupName, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, ApiError> {
+    async fn ack(
+        &self,
+        group: GroupName,
+        items: Vec<AckItem>,
+    ) -> Result<Vec<AckOutcome>, ApiError> {
         let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
         let r = self.propose(Command::Ack { group, items }).await?;
         let Outcome::Ack(out) = r.outcome else {
@@ -525,7 +641,14 @@ impl Api for Broker {
         timers: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<TxnOutcome, ApiError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
-        let r = self.propose(Command::Transaction { ops, required_leases, kv, timers }).await?;
+        let r = self
+            .propose(Command::Transaction {
+                ops,
+                required_leases,
+                kv,
+                timers,
+            })
+            .await?;
         let Outcome::Transaction(t) = r.outcome else {
             return Err(ApiError::new(500, "internal", "unexpected outcome"));
         };
@@ -543,12 +666,28 @@ impl Api for Broker {
     }
 
     async fn extend(&self, lease_id: String) -> Result<Outcome, ApiError> {
-        Ok(self.propose(Command::ExtendLease { lease_id }).await?.outcome)
+        Ok(self
+            .propose(Command::ExtendLease { lease_id })
+            .await?
+            .outcome)
     }
 
-    async fn configure(&self, queue: QueueName, namespace: Option<String>, task: Option<String>, options: QueueOptions) -> Result<QueueOptions, ApiError> {
+    async fn configure(
+        &self,
+        queue: QueueName,
+        namespace: Option<String>,
+        task: Option<String>,
+        options: QueueOptions,
+    ) -> Result<QueueOptions, ApiError> {
         let name = queue.as_str().to_owned();
-        let r = self.propose(Command::Configure { queue, namespace, task, options }).await?;
+        let r = self
+            .propose(Command::Configure {
+                queue,
+                namespace,
+                task,
+                options,
+            })
+            .await?;
         self.waiters.wake(&name);
         match r.outcome {
             Outcome::Configured(o) => Ok(o),
@@ -567,7 +706,10 @@ impl Api for Broker {
         }
     }
 
-    async fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> Result<Vec<queen_domain::timers::TimerResult>, ApiError> {
+    async fn timers(
+        &self,
+        ops: Vec<queen_domain::timers::TimerOp>,
+    ) -> Result<Vec<queen_domain::timers::TimerResult>, ApiError> {
         message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
         match self.propose(Command::Timers(ops)).await?.outcome {
             Outcome::Timers(r) => Ok(r),
@@ -605,25 +747,42 @@ impl Api for Broker {
         Stamp(self.clock.now_micros())
     }
 
-    async fn membership(&self, op: queen_http::MembershipOp) -> Result<serde_json::Value, ApiError> {
+    async fn membership(
+        &self,
+        op: queen_http::MembershipOp,
+    ) -> Result<serde_json::Value, ApiError> {
         use queen_http::MembershipOp;
         use queen_raft::{MembershipChange, MembershipError};
         let Some(raft) = &self.raft else {
-            return Err(ApiError::new(503, "unavailable", "this node has no raft group"));
+            return Err(ApiError::new(
+                503,
+                "unavailable",
+                "this node has no raft group",
+            ));
         };
         // A follower hands the change to the leader (raft port); the leader checks and runs it.
         let change = match op {
             MembershipOp::List => MembershipChange::List,
             MembershipOp::AddLearner { id, raft: r, http } => {
                 let min_kinds = reads::cluster_version(&self.store).unwrap_or(0);
-                MembershipChange::AddLearner { id, raft: r, http, min_kinds }
+                MembershipChange::AddLearner {
+                    id,
+                    raft: r,
+                    http,
+                    min_kinds,
+                }
             }
-            MembershipOp::Promote { ids, force } => MembershipChange::Promote { ids, force, max_lag: self.promote_max_lag },
+            MembershipOp::Promote { ids, force } => MembershipChange::Promote {
+                ids,
+                force,
+                max_lag: self.promote_max_lag,
+            },
             MembershipOp::Remove { id } => MembershipChange::Remove { id },
         };
         // A membership change has the request deadline too: past it the outcome is unknown
         // (every change is idempotent, so a retry is safe).
-        let Ok(result) = tokio::time::timeout(self.request_timeout, raft.membership(change)).await else {
+        let Ok(result) = tokio::time::timeout(self.request_timeout, raft.membership(change)).await
+        else {
             return Err(ApiError::timeout());
         };
         match result {
@@ -667,7 +826,14 @@ impl Api for Broker {
         } else {
             None
         };
-        HealthView { ready: reason.is_none(), reason, progress: p, kinds: self.kinds, cluster_version: reads::cluster_version(&self.store).unwrap_or(0), apply_failure: None }
+        HealthView {
+            ready: reason.is_none(),
+            reason,
+            progress: p,
+            kinds: self.kinds,
+            cluster_version: reads::cluster_version(&self.store).unwrap_or(0),
+            apply_failure: None,
+        }
     }
 
     async fn status(&self) -> Result<serde_json::Value, ApiError> {
@@ -712,6 +878,8 @@ impl Api for Broker {
     }
 
     fn observe_request(&self, route: &'static str, status: u16, seconds: f64) {
-        self.telemetry.metrics().http_request(route, status, seconds);
+        self.telemetry
+            .metrics()
+            .http_request(route, status, seconds);
     }
 }

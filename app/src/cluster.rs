@@ -43,8 +43,12 @@ impl TestKnobs {
         }
         let knobs = Self {
             faults_file: Some(dir.join("test-faults")),
-            log_kinds: std::env::var("QUEEN_TEST_LOG_KINDS").ok().and_then(|v| v.trim().parse().ok()),
-            snapshot_every: std::env::var("QUEEN_TEST_SNAPSHOT_EVERY").ok().and_then(|v| v.trim().parse().ok()),
+            log_kinds: std::env::var("QUEEN_TEST_LOG_KINDS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
+            snapshot_every: std::env::var("QUEEN_TEST_SNAPSHOT_EVERY")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         };
         tracing::warn!(target: "queen-app", ?knobs, "QUEEN_TEST_FAULTS=1: test-only switches are on; never use this in production");
         knobs
@@ -58,9 +62,18 @@ impl TestKnobs {
 pub(crate) fn check_marker(dir: &Path, kinds: u32) -> Result<u32, AppError> {
     let path = dir.join(FORMAT_FILE);
     let found = match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse::<u32>().map_err(|_| AppError::FormatMarker { path: path.display().to_string() })?,
+        Ok(text) => text
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| AppError::FormatMarker {
+                path: path.display().to_string(),
+            })?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(_) => return Err(AppError::FormatMarker { path: path.display().to_string() }),
+        Err(_) => {
+            return Err(AppError::FormatMarker {
+                path: path.display().to_string(),
+            });
+        }
     };
     refuse_newer(dir, found, kinds)?;
     Ok(found)
@@ -72,7 +85,11 @@ pub(crate) fn check_marker(dir: &Path, kinds: u32) -> Result<u32, AppError> {
 /// `AppError::FormatTooNew`.
 pub(crate) fn refuse_newer(dir: &Path, found: u32, kinds: u32) -> Result<(), AppError> {
     if found > kinds {
-        return Err(AppError::FormatTooNew { dir: dir.display().to_string(), found, reads: kinds });
+        return Err(AppError::FormatTooNew {
+            dir: dir.display().to_string(),
+            found,
+            reads: kinds,
+        });
     }
     Ok(())
 }
@@ -90,7 +107,12 @@ fn write_marker(dir: &Path, version: u32) -> std::io::Result<()> {
 /// The version the leader may raise the cluster to: the lowest format any member reads, when
 /// every member answered and it is above the current version.
 pub(crate) fn next_version(current: u32, reports: &[(u64, Option<u32>)]) -> Option<u32> {
-    let lowest = reports.iter().map(|(_, k)| *k).collect::<Option<Vec<u32>>>()?.into_iter().min()?;
+    let lowest = reports
+        .iter()
+        .map(|(_, k)| *k)
+        .collect::<Option<Vec<u32>>>()?
+        .into_iter()
+        .min()?;
     (lowest > current).then_some(lowest)
 }
 
@@ -105,8 +127,20 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    pub(crate) fn new(raft: RaftNode, dir: PathBuf, kinds: u32, max_clock_skew_ms: u64, marker: u32) -> Self {
-        Self { raft, dir, kinds, max_clock_skew_ms, marker }
+    pub(crate) fn new(
+        raft: RaftNode,
+        dir: PathBuf,
+        kinds: u32,
+        max_clock_skew_ms: u64,
+        marker: u32,
+    ) -> Self {
+        Self {
+            raft,
+            dir,
+            kinds,
+            max_clock_skew_ms,
+            marker,
+        }
     }
 
     /// Record the applied cluster version in the marker; on the leader, raise the version when
@@ -119,7 +153,9 @@ impl Gate {
                     self.marker = version;
                     tracing::info!(target: "queen-app", version, "cluster version recorded");
                 }
-                Err(e) => tracing::warn!(target: "queen-app", error = %e, "cannot write the cluster version marker"),
+                Err(e) => {
+                    tracing::warn!(target: "queen-app", error = %e, "cannot write the cluster version marker")
+                }
             }
         }
         if self.raft.progress().role != RaftRole::Leader {
@@ -130,18 +166,27 @@ impl Gate {
             let reports = self.raft.member_kinds().await;
             match next_version(version, &reports) {
                 Some(v) => next = v,
-                None => tracing::debug!(target: "queen-app", ?reports, version, "cluster version stays"),
+                None => {
+                    tracing::debug!(target: "queen-app", ?reports, version, "cluster version stays")
+                }
             }
         }
         let skew = reads::max_clock_skew_ms(broker.store()).ok().flatten();
         if next == version && skew == Some(self.max_clock_skew_ms) {
             return;
         }
-        let command = Command::ClusterSettings { version: next, max_clock_skew_ms: self.max_clock_skew_ms };
+        let command = Command::ClusterSettings {
+            version: next,
+            max_clock_skew_ms: self.max_clock_skew_ms,
+        };
         match broker.propose(command).await {
-            Ok(_) if next > version => tracing::info!(target: "queen-app", from = version, to = next, "cluster version raised"),
+            Ok(_) if next > version => {
+                tracing::info!(target: "queen-app", from = version, to = next, "cluster version raised")
+            }
             Ok(_) => {}
-            Err(e) => tracing::debug!(target: "queen-app", error = %e, "cluster settings not committed"),
+            Err(e) => {
+                tracing::debug!(target: "queen-app", error = %e, "cluster settings not committed")
+            }
         }
     }
 }
@@ -152,10 +197,25 @@ mod tests {
 
     #[test]
     fn the_version_rises_only_when_every_member_reports_more() {
-        assert_eq!(next_version(0, &[(1, Some(1)), (2, Some(1)), (3, Some(1))]), Some(1));
-        assert_eq!(next_version(1, &[(1, Some(2)), (2, Some(2)), (3, Some(1))]), None, "one member reads less");
-        assert_eq!(next_version(1, &[(1, Some(2)), (2, None), (3, Some(2))]), None, "one member did not answer");
-        assert_eq!(next_version(1, &[(1, Some(3)), (2, Some(2))]), Some(2), "the lowest format wins");
+        assert_eq!(
+            next_version(0, &[(1, Some(1)), (2, Some(1)), (3, Some(1))]),
+            Some(1)
+        );
+        assert_eq!(
+            next_version(1, &[(1, Some(2)), (2, Some(2)), (3, Some(1))]),
+            None,
+            "one member reads less"
+        );
+        assert_eq!(
+            next_version(1, &[(1, Some(2)), (2, None), (3, Some(2))]),
+            None,
+            "one member did not answer"
+        );
+        assert_eq!(
+            next_version(1, &[(1, Some(3)), (2, Some(2))]),
+            Some(2),
+            "the lowest format wins"
+        );
         assert_eq!(next_version(2, &[(1, Some(1))]), None, "never lowered");
         assert_eq!(next_version(0, &[]), None);
     }
@@ -164,15 +224,32 @@ mod tests {
     fn a_marker_newer_than_this_build_refuses_the_start() {
         let dir = std::env::temp_dir().join(format!("queen-format-marker-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        assert_eq!(check_marker(&dir, 1).unwrap(), 0, "no marker: a fresh directory");
+        assert_eq!(
+            check_marker(&dir, 1).unwrap(),
+            0,
+            "no marker: a fresh directory"
+        );
         write_marker(&dir, 1).unwrap();
         assert_eq!(check_marker(&dir, 1).unwrap(), 1);
         write_marker(&dir, 2).unwrap();
         let e = check_marker(&dir, 1).unwrap_err();
-        assert!(matches!(e, AppError::FormatTooNew { found: 2, reads: 1, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                AppError::FormatTooNew {
+                    found: 2,
+                    reads: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 2);
         std::fs::write(dir.join(FORMAT_FILE), "two").unwrap();
-        assert!(matches!(check_marker(&dir, 1), Err(AppError::FormatMarker { .. })));
+        assert!(matches!(
+            check_marker(&dir, 1),
+            Err(AppError::FormatMarker { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -150,17 +150,27 @@ const MAX_BODY_BUDGET: usize = 16 << 30;
 const MAX_RESERVE_BYTES: u64 = 1 << 40;
 
 fn bad(variable: &'static str, problem: impl Into<String>) -> ConfigError {
-    ConfigError { variable, problem: problem.into() }
+    ConfigError {
+        variable,
+        problem: problem.into(),
+    }
 }
 
 fn set(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-fn number<T: std::str::FromStr>(v: &Option<String>, var: &'static str, default: T, what: &str) -> Result<T, ConfigError> {
+fn number<T: std::str::FromStr>(
+    v: &Option<String>,
+    var: &'static str,
+    default: T,
+    what: &str,
+) -> Result<T, ConfigError> {
     match set(v) {
         None => Ok(default),
-        Some(s) => s.parse().map_err(|_| bad(var, format!("'{s}' is not {what}"))),
+        Some(s) => s
+            .parse()
+            .map_err(|_| bad(var, format!("'{s}' is not {what}"))),
     }
 }
 
@@ -180,7 +190,12 @@ fn flag(v: &Option<String>, var: &'static str, default: bool) -> Result<bool, Co
 pub fn parse_peers(s: &str) -> Result<Vec<Peer>, ConfigError> {
     let mut out: Vec<Peer> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let shape = || bad("QUEEN_RAFT_PEERS", format!("'{part}' is not id=raft_host:port/http_host:port"));
+        let shape = || {
+            bad(
+                "QUEEN_RAFT_PEERS",
+                format!("'{part}' is not id=raft_host:port/http_host:port"),
+            )
+        };
         let (id, addrs) = part.split_once('=').ok_or_else(shape)?;
         let id: u64 = id.trim().parse().map_err(|_| shape())?;
         let (raft, http) = addrs.split_once('/').ok_or_else(shape)?;
@@ -191,9 +206,16 @@ pub fn parse_peers(s: &str) -> Result<Vec<Peer>, ConfigError> {
             }
         }
         if out.iter().any(|p| p.id == id) {
-            return Err(bad("QUEEN_RAFT_PEERS", format!("node id {id} appears twice")));
+            return Err(bad(
+                "QUEEN_RAFT_PEERS",
+                format!("node id {id} appears twice"),
+            ));
         }
-        out.push(Peer { id, raft: raft.to_owned(), http: http.to_owned() });
+        out.push(Peer {
+            id,
+            raft: raft.to_owned(),
+            http: http.to_owned(),
+        });
     }
     Ok(out)
 }
@@ -208,7 +230,12 @@ impl RawConfig {
         if port == 0 {
             return Err(bad("PORT", "'0' is not a port number (1-65535)"));
         }
-        let host: IpAddr = number(&self.host, "HOST", IpAddr::from([0, 0, 0, 0]), "an IP address")?;
+        let host: IpAddr = number(
+            &self.host,
+            "HOST",
+            IpAddr::from([0, 0, 0, 0]),
+            "an IP address",
+        )?;
         let raft_dir = PathBuf::from(set(&self.raft_dir).unwrap_or("./queen-data"));
         let node_id = match set(&self.node_id) {
             None => 1,
@@ -217,72 +244,174 @@ impl RawConfig {
                 let n = host
                     .rsplit_once('-')
                     .and_then(|(_, n)| n.parse::<u64>().ok())
-                    .ok_or_else(|| bad("QUEEN_RAFT_NODE_ID", format!("'ordinal' needs a hostname ending in -N, got '{host}'")))?;
+                    .ok_or_else(|| {
+                        bad(
+                            "QUEEN_RAFT_NODE_ID",
+                            format!("'ordinal' needs a hostname ending in -N, got '{host}'"),
+                        )
+                    })?;
                 n + 1
             }
             Some(s) => match s.parse::<u64>() {
-                Ok(0) | Err(_) => return Err(bad("QUEEN_RAFT_NODE_ID", format!("'{s}' is not a node id (a number from 1, or ordinal)"))),
+                Ok(0) | Err(_) => {
+                    return Err(bad(
+                        "QUEEN_RAFT_NODE_ID",
+                        format!("'{s}' is not a node id (a number from 1, or ordinal)"),
+                    ));
+                }
                 Ok(n) => n,
             },
         };
         if let Some(r) = set(&self.replicator)
-            && !r.eq_ignore_ascii_case("openraft") {
-                return Err(bad("QUEEN_RAFT_REPLICATOR", format!("'{r}' is not a replicator (openraft)")));
-            }
+            && !r.eq_ignore_ascii_case("openraft")
+        {
+            return Err(bad(
+                "QUEEN_RAFT_REPLICATOR",
+                format!("'{r}' is not a replicator (openraft)"),
+            ));
+        }
         let peers = match set(&self.peers) {
             None => Vec::new(),
             Some(s) => parse_peers(s)?,
         };
         if !peers.is_empty() && !peers.iter().any(|p| p.id == node_id) {
-            return Err(bad("QUEEN_RAFT_PEERS", format!("does not list this node's id {node_id}")));
+            return Err(bad(
+                "QUEEN_RAFT_PEERS",
+                format!("does not list this node's id {node_id}"),
+            ));
         }
         let token = set(&self.token).map(str::to_owned);
         if peers.len() > 1 && token.is_none() {
-            return Err(bad("QUEEN_RAFT_TOKEN", "is required with more than one voter"));
+            return Err(bad(
+                "QUEEN_RAFT_TOKEN",
+                "is required with more than one voter",
+            ));
         }
-        let max_body_bytes: usize = number(&self.max_body_bytes, "QUEEN_MAX_BODY_BYTES", 64 << 20, "a byte count")?;
+        let max_body_bytes: usize = number(
+            &self.max_body_bytes,
+            "QUEEN_MAX_BODY_BYTES",
+            64 << 20,
+            "a byte count",
+        )?;
         if !(1024..=1 << 30).contains(&max_body_bytes) {
-            return Err(bad("QUEEN_MAX_BODY_BYTES", format!("{max_body_bytes} is outside 1024..=1073741824")));
+            return Err(bad(
+                "QUEEN_MAX_BODY_BYTES",
+                format!("{max_body_bytes} is outside 1024..=1073741824"),
+            ));
         }
-        let timeout_ms: u64 = number(&self.request_timeout_ms, "QUEEN_REQUEST_TIMEOUT_MS", 30_000, "milliseconds")?;
+        let timeout_ms: u64 = number(
+            &self.request_timeout_ms,
+            "QUEEN_REQUEST_TIMEOUT_MS",
+            30_000,
+            "milliseconds",
+        )?;
         if !(100..=600_000).contains(&timeout_ms) {
-            return Err(bad("QUEEN_REQUEST_TIMEOUT_MS", format!("{timeout_ms} is outside 100..=600000")));
+            return Err(bad(
+                "QUEEN_REQUEST_TIMEOUT_MS",
+                format!("{timeout_ms} is outside 100..=600000"),
+            ));
         }
-        let max_message_bytes: usize = number(&self.max_message_bytes, "QUEEN_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE.min(max_body_bytes), "a byte count")?;
+        let max_message_bytes: usize = number(
+            &self.max_message_bytes,
+            "QUEEN_MAX_MESSAGE_BYTES",
+            DEFAULT_MAX_MESSAGE.min(max_body_bytes),
+            "a byte count",
+        )?;
         if !(1024..=max_body_bytes).contains(&max_message_bytes) {
-            return Err(bad("QUEEN_MAX_MESSAGE_BYTES", format!("{max_message_bytes} is outside 1024..={max_body_bytes} (a message must fit in a body: at most QUEEN_MAX_BODY_BYTES)")));
+            return Err(bad(
+                "QUEEN_MAX_MESSAGE_BYTES",
+                format!(
+                    "{max_message_bytes} is outside 1024..={max_body_bytes} (a message must fit in a body: at most QUEEN_MAX_BODY_BYTES)"
+                ),
+            ));
         }
-        let body_timeout_ms: u64 = number(&self.body_timeout_ms, "QUEEN_BODY_TIMEOUT_MS", 30_000, "milliseconds")?;
+        let body_timeout_ms: u64 = number(
+            &self.body_timeout_ms,
+            "QUEEN_BODY_TIMEOUT_MS",
+            30_000,
+            "milliseconds",
+        )?;
         if !(1000..=600_000).contains(&body_timeout_ms) {
-            return Err(bad("QUEEN_BODY_TIMEOUT_MS", format!("{body_timeout_ms} is outside 1000..=600000")));
+            return Err(bad(
+                "QUEEN_BODY_TIMEOUT_MS",
+                format!("{body_timeout_ms} is outside 1000..=600000"),
+            ));
         }
-        let body_budget_bytes: usize = number(&self.body_budget_bytes, "QUEEN_BODY_BUDGET_BYTES", DEFAULT_BODY_BUDGET.max(max_body_bytes), "a byte count")?;
+        let body_budget_bytes: usize = number(
+            &self.body_budget_bytes,
+            "QUEEN_BODY_BUDGET_BYTES",
+            DEFAULT_BODY_BUDGET.max(max_body_bytes),
+            "a byte count",
+        )?;
         if !(max_body_bytes..=MAX_BODY_BUDGET).contains(&body_budget_bytes) {
             return Err(bad(
                 "QUEEN_BODY_BUDGET_BYTES",
-                format!("{body_budget_bytes} is outside {max_body_bytes}..={MAX_BODY_BUDGET} (at least QUEEN_MAX_BODY_BYTES, so one largest body fits)"),
+                format!(
+                    "{body_budget_bytes} is outside {max_body_bytes}..={MAX_BODY_BUDGET} (at least QUEEN_MAX_BODY_BYTES, so one largest body fits)"
+                ),
             ));
         }
-        let disk_high_pct: u8 = number(&self.disk_high_pct, "QUEEN_RAFT_DISK_HIGH_PCT", 85, "a percentage (1-100)")?;
+        let disk_high_pct: u8 = number(
+            &self.disk_high_pct,
+            "QUEEN_RAFT_DISK_HIGH_PCT",
+            85,
+            "a percentage (1-100)",
+        )?;
         if !(1..=100).contains(&disk_high_pct) {
-            return Err(bad("QUEEN_RAFT_DISK_HIGH_PCT", format!("{disk_high_pct} is outside 1..=100")));
+            return Err(bad(
+                "QUEEN_RAFT_DISK_HIGH_PCT",
+                format!("{disk_high_pct} is outside 1..=100"),
+            ));
         }
-        let disk_reserve_bytes: u64 =
-            number(&self.disk_reserve_bytes, "QUEEN_RAFT_DISK_RESERVE_BYTES", crate::disk_gate::DEFAULT_RESERVE_BYTES, "a byte count")?;
+        let disk_reserve_bytes: u64 = number(
+            &self.disk_reserve_bytes,
+            "QUEEN_RAFT_DISK_RESERVE_BYTES",
+            crate::disk_gate::DEFAULT_RESERVE_BYTES,
+            "a byte count",
+        )?;
         if disk_reserve_bytes > MAX_RESERVE_BYTES {
-            return Err(bad("QUEEN_RAFT_DISK_RESERVE_BYTES", format!("{disk_reserve_bytes} is outside 0..={MAX_RESERVE_BYTES}")));
+            return Err(bad(
+                "QUEEN_RAFT_DISK_RESERVE_BYTES",
+                format!("{disk_reserve_bytes} is outside 0..={MAX_RESERVE_BYTES}"),
+            ));
         }
         let join = flag(&self.join, "QUEEN_RAFT_JOIN", false)?;
         let client_offload = flag(&self.client_offload, "QUEEN_RAFT_CLIENT_OFFLOAD", true)?;
         if join && !peers.iter().any(|p| p.id == node_id) {
-            return Err(bad("QUEEN_RAFT_JOIN", "needs this node's own entry in QUEEN_RAFT_PEERS (its raft address)"));
+            return Err(bad(
+                "QUEEN_RAFT_JOIN",
+                "needs this node's own entry in QUEEN_RAFT_PEERS (its raft address)",
+            ));
         }
-        let promote_max_lag: u64 = number(&self.promote_max_lag, "QUEEN_RAFT_PROMOTE_MAX_LAG", 1000, "an entry count")?;
-        let ready_lag_entries: u64 = number(&self.ready_lag_entries, "QUEEN_RAFT_READY_LAG_ENTRIES", 1000, "an entry count")?;
-        let ready_lag_ms: u64 = number(&self.ready_lag_ms, "QUEEN_RAFT_READY_LAG_MS", 2000, "milliseconds")?;
-        let max_clock_skew_ms: u64 = number(&self.max_clock_skew_ms, "QUEEN_RAFT_MAX_CLOCK_SKEW_MS", 500, "milliseconds")?;
+        let promote_max_lag: u64 = number(
+            &self.promote_max_lag,
+            "QUEEN_RAFT_PROMOTE_MAX_LAG",
+            1000,
+            "an entry count",
+        )?;
+        let ready_lag_entries: u64 = number(
+            &self.ready_lag_entries,
+            "QUEEN_RAFT_READY_LAG_ENTRIES",
+            1000,
+            "an entry count",
+        )?;
+        let ready_lag_ms: u64 = number(
+            &self.ready_lag_ms,
+            "QUEEN_RAFT_READY_LAG_MS",
+            2000,
+            "milliseconds",
+        )?;
+        let max_clock_skew_ms: u64 = number(
+            &self.max_clock_skew_ms,
+            "QUEEN_RAFT_MAX_CLOCK_SKEW_MS",
+            500,
+            "milliseconds",
+        )?;
         if max_clock_skew_ms > 60_000 {
-            return Err(bad("QUEEN_RAFT_MAX_CLOCK_SKEW_MS", format!("{max_clock_skew_ms} is outside 0..=60000")));
+            return Err(bad(
+                "QUEEN_RAFT_MAX_CLOCK_SKEW_MS",
+                format!("{max_clock_skew_ms} is outside 0..=60000"),
+            ));
         }
         Ok(Config {
             join,
@@ -316,54 +445,138 @@ mod tests {
     fn defaults_and_named_refusals() {
         let c = RawConfig::default().validate().unwrap();
         assert_eq!((c.port, c.node_id), (6632, 1));
-        let e = RawConfig { port: Some("abc".into()), ..RawConfig::default() }.validate().unwrap_err();
+        let e = RawConfig {
+            port: Some("abc".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.to_string(), "PORT: 'abc' is not a port number (1-65535)");
-        let e = RawConfig { node_id: Some("0".into()), ..RawConfig::default() }.validate().unwrap_err();
+        let e = RawConfig {
+            node_id: Some("0".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.variable, "QUEEN_RAFT_NODE_ID");
-        let c = RawConfig { node_id: Some("ordinal".into()), hostname: Some("queen-2".into()), ..RawConfig::default() }
-            .validate()
-            .unwrap();
+        let c = RawConfig {
+            node_id: Some("ordinal".into()),
+            hostname: Some("queen-2".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
         assert_eq!(c.node_id, 3);
-        assert_eq!(RawConfig { port: Some("  ".into()), ..RawConfig::default() }.validate().unwrap().port, 6632);
+        assert_eq!(
+            RawConfig {
+                port: Some("  ".into()),
+                ..RawConfig::default()
+            }
+            .validate()
+            .unwrap()
+            .port,
+            6632
+        );
     }
 
     #[test]
     fn body_bounds_have_defaults_and_ranges() {
         let c = RawConfig::default().validate().unwrap();
-        assert_eq!((c.body_timeout, c.body_budget_bytes), (Duration::from_secs(30), 256 << 20));
-        let big = RawConfig { max_body_bytes: Some((512u64 << 20).to_string()), ..RawConfig::default() }.validate().unwrap();
-        assert_eq!(big.body_budget_bytes, 512 << 20, "the default budget holds one largest body");
+        assert_eq!(
+            (c.body_timeout, c.body_budget_bytes),
+            (Duration::from_secs(30), 256 << 20)
+        );
+        let big = RawConfig {
+            max_body_bytes: Some((512u64 << 20).to_string()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(
+            big.body_budget_bytes,
+            512 << 20,
+            "the default budget holds one largest body"
+        );
         assert_eq!(c.max_message_bytes, 8 << 20);
-        let small = RawConfig { max_body_bytes: Some("4096".into()), ..RawConfig::default() }.validate().unwrap();
-        assert_eq!(small.max_message_bytes, 4096, "a message never exceeds the body limit");
-        let e = RawConfig { max_message_bytes: Some((128u64 << 20).to_string()), ..RawConfig::default() }.validate().unwrap_err();
+        let small = RawConfig {
+            max_body_bytes: Some("4096".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(
+            small.max_message_bytes, 4096,
+            "a message never exceeds the body limit"
+        );
+        let e = RawConfig {
+            max_message_bytes: Some((128u64 << 20).to_string()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.variable, "QUEEN_MAX_MESSAGE_BYTES");
-        let e = RawConfig { body_budget_bytes: Some("1000".into()), ..RawConfig::default() }.validate().unwrap_err();
+        let e = RawConfig {
+            body_budget_bytes: Some("1000".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.variable, "QUEEN_BODY_BUDGET_BYTES");
         for bad in ["999", "600001", "soon"] {
-            let e = RawConfig { body_timeout_ms: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            let e = RawConfig {
+                body_timeout_ms: Some(bad.into()),
+                ..RawConfig::default()
+            }
+            .validate()
+            .unwrap_err();
             assert_eq!(e.variable, "QUEEN_BODY_TIMEOUT_MS", "{bad}");
         }
     }
 
     #[test]
     fn clock_skew_has_a_default_and_a_range() {
-        assert_eq!(RawConfig::default().validate().unwrap().max_clock_skew_ms, 500);
-        let c = RawConfig { max_clock_skew_ms: Some("0".into()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(
+            RawConfig::default().validate().unwrap().max_clock_skew_ms,
+            500
+        );
+        let c = RawConfig {
+            max_clock_skew_ms: Some("0".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
         assert_eq!(c.max_clock_skew_ms, 0);
         for bad in ["60001", "-1", "soon"] {
-            let e = RawConfig { max_clock_skew_ms: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            let e = RawConfig {
+                max_clock_skew_ms: Some(bad.into()),
+                ..RawConfig::default()
+            }
+            .validate()
+            .unwrap_err();
             assert_eq!(e.variable, "QUEEN_RAFT_MAX_CLOCK_SKEW_MS", "{bad}");
         }
     }
 
     #[test]
     fn the_disk_reserve_has_a_default_and_a_range() {
-        assert_eq!(RawConfig::default().validate().unwrap().disk_reserve_bytes, 32 << 20);
-        let c = RawConfig { disk_reserve_bytes: Some("0".into()), ..RawConfig::default() }.validate().unwrap();
+        assert_eq!(
+            RawConfig::default().validate().unwrap().disk_reserve_bytes,
+            32 << 20
+        );
+        let c = RawConfig {
+            disk_reserve_bytes: Some("0".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
         assert_eq!(c.disk_reserve_bytes, 0);
         for bad in ["1099511627777", "-1", "lots"] {
-            let e = RawConfig { disk_reserve_bytes: Some(bad.into()), ..RawConfig::default() }.validate().unwrap_err();
+            let e = RawConfig {
+                disk_reserve_bytes: Some(bad.into()),
+                ..RawConfig::default()
+            }
+            .validate()
+            .unwrap_err();
             assert_eq!(e.variable, "QUEEN_RAFT_DISK_RESERVE_BYTES", "{bad}");
         }
     }
@@ -371,11 +584,31 @@ mod tests {
     #[test]
     fn peers_and_token_rules() {
         let p = parse_peers("1=a:7400/a:6632, 2=b:7400/b:6632").unwrap();
-        assert_eq!(p[1], Peer { id: 2, raft: "b:7400".into(), http: "b:6632".into() });
+        assert_eq!(
+            p[1],
+            Peer {
+                id: 2,
+                raft: "b:7400".into(),
+                http: "b:6632".into()
+            }
+        );
         assert!(parse_peers("1=a/a:1").is_err());
-        let e = RawConfig { peers: Some("1=a:1/a:2,2=b:1/b:2".into()), ..RawConfig::default() }.validate().unwrap_err();
+        let e = RawConfig {
+            peers: Some("1=a:1/a:2,2=b:1/b:2".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.variable, "QUEEN_RAFT_TOKEN");
-        let c = RawConfig { token: Some("s3cret".into()), ..RawConfig::default() }.validate().unwrap();
-        assert!(!format!("{c:?}").contains("s3cret"), "the token never reaches a log line");
+        let c = RawConfig {
+            token: Some("s3cret".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap();
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token never reaches a log line"
+        );
     }
 }

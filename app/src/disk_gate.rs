@@ -62,7 +62,9 @@ impl Admission {
     pub(crate) fn of(command: &Command, internal: bool) -> Admission {
         match command {
             // A tick runs the housekeeping that sweeps deleted queues and applies retention.
-            Command::DeleteQueue { .. } | Command::DeleteGroup { .. } | Command::Tick => Admission::Frees,
+            Command::DeleteQueue { .. } | Command::DeleteGroup { .. } | Command::Tick => {
+                Admission::Frees
+            }
             Command::Push(_)
             | Command::Transaction { .. }
             | Command::Kv(_)
@@ -134,12 +136,20 @@ pub(crate) enum Refusal {
 ///
 /// # Errors
 /// The refusal, with the figures its message shows.
-pub(crate) fn decide(p: Projection, command_bytes: u64, admission: Admission, limits: Limits) -> Result<(), Refusal> {
+pub(crate) fn decide(
+    p: Projection,
+    command_bytes: u64,
+    admission: Admission,
+    limits: Limits,
+) -> Result<(), Refusal> {
     if p.total == 0 {
         // No figures (statvfs failed or not sampled yet): the store's own errors are the guard.
         return Ok(());
     }
-    let adds = p.in_flight.saturating_add(command_bytes).saturating_mul(AMPLIFICATION);
+    let adds = p
+        .in_flight
+        .saturating_add(command_bytes)
+        .saturating_mul(AMPLIFICATION);
     let projected = p.used.saturating_add(p.memtable).saturating_add(adds);
     let free_after = p.total.saturating_sub(projected);
     let floor = match admission {
@@ -147,7 +157,10 @@ pub(crate) fn decide(p: Projection, command_bytes: u64, admission: Admission, li
         Admission::Frees => limits.reserve_bytes / 4,
     };
     if free_after < floor || projected > p.total {
-        return Err(Refusal::Reserve { free_after, limit: floor });
+        return Err(Refusal::Reserve {
+            free_after,
+            limit: floor,
+        });
     }
     if admission == Admission::Adds {
         let limit = u128::from(p.total) * u128::from(limits.high_pct);
@@ -200,7 +213,13 @@ impl Drop for Admitted<'_> {
 
 impl DiskGate {
     pub(crate) fn new(limits: Limits) -> Self {
-        Self { limits, total: AtomicU64::new(0), used: AtomicU64::new(0), open: AtomicU64::new(0), answered: AtomicU64::new(0) }
+        Self {
+            limits,
+            total: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+        }
     }
 
     /// Record a sample: proposals answered before it are now in `used`.
@@ -214,16 +233,26 @@ impl DiskGate {
     pub(crate) fn near_gate(&self, points: u8) -> bool {
         let total = self.total.load(Ordering::Relaxed);
         let used = self.used.load(Ordering::Relaxed);
-        total > 0 && u128::from(used) * 100 >= u128::from(total) * u128::from(self.limits.high_pct.saturating_sub(points))
+        total > 0
+            && u128::from(used) * 100
+                >= u128::from(total) * u128::from(self.limits.high_pct.saturating_sub(points))
     }
 
     /// Admit a command of `bytes` or refuse it; `memtable` is the state store's unflushed
     /// bytes. Keep the answer until the proposal is answered.
-    pub(crate) fn admit(&self, bytes: u64, admission: Admission, memtable: u64) -> Result<Admitted<'_>, Refusal> {
+    pub(crate) fn admit(
+        &self,
+        bytes: u64,
+        admission: Admission,
+        memtable: u64,
+    ) -> Result<Admitted<'_>, Refusal> {
         let p = Projection {
             total: self.total.load(Ordering::Relaxed),
             used: self.used.load(Ordering::Relaxed),
-            in_flight: self.open.load(Ordering::Relaxed).saturating_add(self.answered.load(Ordering::Relaxed)),
+            in_flight: self
+                .open
+                .load(Ordering::Relaxed)
+                .saturating_add(self.answered.load(Ordering::Relaxed)),
             memtable,
         };
         decide(p, bytes, admission, self.limits)?;
@@ -239,10 +268,18 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
-    const LIMITS: Limits = Limits { high_pct: 85, reserve_bytes: 32 * MIB };
+    const LIMITS: Limits = Limits {
+        high_pct: 85,
+        reserve_bytes: 32 * MIB,
+    };
 
     fn disk(total: u64, used: u64) -> Projection {
-        Projection { total, used, in_flight: 0, memtable: 0 }
+        Projection {
+            total,
+            used,
+            in_flight: 0,
+            memtable: 0,
+        }
     }
 
     #[test]
@@ -252,18 +289,40 @@ mod tests {
         assert_eq!(decide(p, 10 * MIB, Admission::Adds, LIMITS), Ok(()));
         // 800 + 3 x 20 = 860 MiB: past 850, though the disk is only at 80%.
         let e = decide(p, 20 * MIB, Admission::Adds, LIMITS).unwrap_err();
-        assert_eq!(e, Refusal::Gate { used_pct: 80, projected_pct: 86, in_flight: 0, high_pct: 85 });
-        assert!(e.to_string().contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"), "{e}");
+        assert_eq!(
+            e,
+            Refusal::Gate {
+                used_pct: 80,
+                projected_pct: 86,
+                in_flight: 0,
+                high_pct: 85
+            }
+        );
+        assert!(
+            e.to_string().contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bytes_in_flight_and_the_memtable_count_against_the_gate() {
-        let p = Projection { total: 1000 * MIB, used: 700 * MIB, in_flight: 40 * MIB, memtable: 0 };
+        let p = Projection {
+            total: 1000 * MIB,
+            used: 700 * MIB,
+            in_flight: 40 * MIB,
+            memtable: 0,
+        };
         // 700 + 3 x (40 + 10) = 850: at the threshold, allowed.
         assert_eq!(decide(p, 10 * MIB, Admission::Adds, LIMITS), Ok(()));
         assert!(decide(p, 11 * MIB, Admission::Adds, LIMITS).is_err());
-        let with_memtable = Projection { memtable: 32 * MIB, ..p };
-        assert!(matches!(decide(with_memtable, 10 * MIB, Admission::Adds, LIMITS), Err(Refusal::Gate { .. })));
+        let with_memtable = Projection {
+            memtable: 32 * MIB,
+            ..p
+        };
+        assert!(matches!(
+            decide(with_memtable, 10 * MIB, Admission::Adds, LIMITS),
+            Err(Refusal::Gate { .. })
+        ));
     }
 
     #[test]
@@ -272,10 +331,19 @@ mod tests {
         assert!(decide(p, 1024, Admission::Adds, LIMITS).is_err());
         assert_eq!(decide(p, 1024, Admission::Drains, LIMITS), Ok(()));
         // 1000 - 32 = 968 MiB is the floor: 967 + a small entry passes, 969 does not.
-        assert_eq!(decide(disk(1000 * MIB, 967 * MIB), 1024, Admission::Drains, LIMITS), Ok(()));
+        assert_eq!(
+            decide(disk(1000 * MIB, 967 * MIB), 1024, Admission::Drains, LIMITS),
+            Ok(())
+        );
         let e = decide(disk(1000 * MIB, 969 * MIB), 1024, Admission::Drains, LIMITS).unwrap_err();
-        assert!(matches!(e, Refusal::Reserve { limit, .. } if limit == 32 * MIB), "{e:?}");
-        assert!(e.to_string().contains("QUEEN_RAFT_DISK_RESERVE_BYTES"), "{e}");
+        assert!(
+            matches!(e, Refusal::Reserve { limit, .. } if limit == 32 * MIB),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("QUEEN_RAFT_DISK_RESERVE_BYTES"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -288,25 +356,54 @@ mod tests {
 
     #[test]
     fn the_reserve_also_bounds_a_gate_set_at_100_percent() {
-        let limits = Limits { high_pct: 100, reserve_bytes: 32 * MIB };
-        assert_eq!(decide(disk(1000 * MIB, 960 * MIB), MIB, Admission::Adds, limits), Ok(()));
-        assert!(matches!(decide(disk(1000 * MIB, 970 * MIB), MIB, Admission::Adds, limits), Err(Refusal::Reserve { .. })));
+        let limits = Limits {
+            high_pct: 100,
+            reserve_bytes: 32 * MIB,
+        };
+        assert_eq!(
+            decide(disk(1000 * MIB, 960 * MIB), MIB, Admission::Adds, limits),
+            Ok(())
+        );
+        assert!(matches!(
+            decide(disk(1000 * MIB, 970 * MIB), MIB, Admission::Adds, limits),
+            Err(Refusal::Reserve { .. })
+        ));
         // A command larger than the whole disk is refused, not wrapped around.
         assert!(decide(disk(1000 * MIB, 0), u64::MAX, Admission::Drains, limits).is_err());
     }
 
     #[test]
     fn client_writes_stop_at_the_gate_and_the_sinks_own_kv_writes_drain() {
-        assert_eq!(Admission::of(&Command::Push(Vec::new()), false), Admission::Adds);
-        assert_eq!(Admission::of(&Command::Kv(Vec::new()), false), Admission::Adds);
-        assert_eq!(Admission::of(&Command::Kv(Vec::new()), true), Admission::Drains);
+        assert_eq!(
+            Admission::of(&Command::Push(Vec::new()), false),
+            Admission::Adds
+        );
+        assert_eq!(
+            Admission::of(&Command::Kv(Vec::new()), false),
+            Admission::Adds
+        );
+        assert_eq!(
+            Admission::of(&Command::Kv(Vec::new()), true),
+            Admission::Drains
+        );
         assert_eq!(Admission::of(&Command::Tick, false), Admission::Frees);
-        assert_eq!(Admission::of(&Command::ExtendLease { lease_id: "l".into() }, false), Admission::Drains);
+        assert_eq!(
+            Admission::of(
+                &Command::ExtendLease {
+                    lease_id: "l".into()
+                },
+                false
+            ),
+            Admission::Drains
+        );
     }
 
     #[test]
     fn no_sample_admits_everything() {
-        assert_eq!(decide(disk(0, 0), u64::MAX, Admission::Adds, LIMITS), Ok(()));
+        assert_eq!(
+            decide(disk(0, 0), u64::MAX, Admission::Adds, LIMITS),
+            Ok(())
+        );
     }
 
     #[test]
@@ -314,7 +411,9 @@ mod tests {
         let gate = DiskGate::new(LIMITS);
         gate.sample(1000 * MIB, 800 * MIB);
         // Each 10 MiB write adds 30 MiB to the projection: 830, then 860 is refused.
-        let first = gate.admit(10 * MIB, Admission::Adds, 0).expect("830 MiB projected");
+        let first = gate
+            .admit(10 * MIB, Admission::Adds, 0)
+            .expect("830 MiB projected");
         assert!(gate.admit(10 * MIB, Admission::Adds, 0).is_err());
         // Still in flight at a sample: it still counts.
         gate.sample(1000 * MIB, 800 * MIB);

@@ -22,5 +22,5 @@ mod waiters;
 pub use broker::Broker;
 pub use config::{Config, ConfigError, Peer, RawConfig};
 pub use node::{AppError, run};
-pub use sink::{SinkHandle, verify_lake};
 pub use sink::config::{SinkBoot, SinkConfigError, SinkSettings, from_env as sink_from_env};
+pub use sink::{SinkHandle, verify_lake};

@@ -11,14 +11,20 @@ fn too_large(field: &str, len: usize, max: usize) -> ApiError {
     ApiError::new(
         413,
         "payload_too_large",
-        format!("{field} is {len} bytes; a message may carry at most {max} (QUEEN_MAX_MESSAGE_BYTES)"),
+        format!(
+            "{field} is {len} bytes; a message may carry at most {max} (QUEEN_MAX_MESSAGE_BYTES)"
+        ),
     )
 }
 
 /// Every pushed payload within `max`; the refusal names `items[i].payload`.
 pub(crate) fn check_push(items: &[PushItem], max: usize) -> Result<(), ApiError> {
     match items.iter().position(|i| i.payload.len() > max) {
-        Some(i) => Err(too_large(&format!("items[{i}].payload"), items[i].payload.len(), max)),
+        Some(i) => Err(too_large(
+            &format!("items[{i}].payload"),
+            items[i].payload.len(),
+            max,
+        )),
         None => Ok(()),
     }
 }
@@ -41,21 +47,34 @@ pub(crate) fn check_timers(ops: &[TimerOp], max: usize, field: &str) -> Result<(
         if let TimerOp::Schedule { payload, .. } = op
             && payload.len() > max
         {
-            return Err(too_large(&format!("{field}[{i}].payload"), payload.len(), max));
+            return Err(too_large(
+                &format!("{field}[{i}].payload"),
+                payload.len(),
+                max,
+            ));
         }
     }
     Ok(())
 }
 
 /// A transaction's pushes, KV rider and timers within `max`.
-pub(crate) fn check_transaction(ops: &[TxnOp], kv: &[KvOp], timers: &[TimerOp], max: usize) -> Result<(), ApiError> {
+pub(crate) fn check_transaction(
+    ops: &[TxnOp],
+    kv: &[KvOp],
+    timers: &[TimerOp],
+    max: usize,
+) -> Result<(), ApiError> {
     let pushed = ops.iter().filter_map(|op| match op {
         TxnOp::Push(item) => Some(item),
         TxnOp::Ack { .. } => None,
     });
     for (n, item) in pushed.enumerate() {
         if item.payload.len() > max {
-            return Err(too_large(&format!("operations: pushed item {n} (counting from 0, in order) payload"), item.payload.len(), max));
+            return Err(too_large(
+                &format!("operations: pushed item {n} (counting from 0, in order) payload"),
+                item.payload.len(),
+                max,
+            ));
         }
     }
     check_kv(kv, max, "kv")?;
@@ -84,12 +103,33 @@ mod tests {
         assert!(check_push(&[item(10), item(100)], 100).is_ok());
         let e = check_push(&[item(10), item(101)], 100).unwrap_err();
         assert_eq!((e.status, e.code), (413, "payload_too_large"));
-        assert_eq!(e.message, "items[1].payload is 101 bytes; a message may carry at most 100 (QUEEN_MAX_MESSAGE_BYTES)");
-        let put = KvOp::Put { ns: "n".into(), key: "k".into(), value: vec![b'1'; 101], expiry: Expiry::Forever, expect: None, required: false };
-        assert!(check_kv(std::slice::from_ref(&put), 100, "operations").unwrap_err().message.starts_with("operations[0].value"));
+        assert_eq!(
+            e.message,
+            "items[1].payload is 101 bytes; a message may carry at most 100 (QUEEN_MAX_MESSAGE_BYTES)"
+        );
+        let put = KvOp::Put {
+            ns: "n".into(),
+            key: "k".into(),
+            value: vec![b'1'; 101],
+            expiry: Expiry::Forever,
+            expect: None,
+            required: false,
+        };
+        assert!(
+            check_kv(std::slice::from_ref(&put), 100, "operations")
+                .unwrap_err()
+                .message
+                .starts_with("operations[0].value")
+        );
         let e = check_transaction(&[TxnOp::Push(item(1))], &[put], &[], 100).unwrap_err();
         assert!(e.message.starts_with("kv[0].value"), "{}", e.message);
-        let e = check_transaction(&[TxnOp::Push(item(1)), TxnOp::Push(item(200))], &[], &[], 100).unwrap_err();
+        let e = check_transaction(
+            &[TxnOp::Push(item(1)), TxnOp::Push(item(200))],
+            &[],
+            &[],
+            100,
+        )
+        .unwrap_err();
         assert!(e.message.contains("pushed item 1"), "{}", e.message);
     }
 }

@@ -43,7 +43,9 @@ pub enum AppError {
     #[error("QUEEN_S3_EMBEDDED=true: {0}")]
     Sink(String),
     /// The data directory holds a cluster format newer than this build reads.
-    #[error("QUEEN_RAFT_DIR: {dir} holds cluster format version {found}, newer than this build reads ({reads}); run a release that reads it")]
+    #[error(
+        "QUEEN_RAFT_DIR: {dir} holds cluster format version {found}, newer than this build reads ({reads}); run a release that reads it"
+    )]
     FormatTooNew {
         /// Which directory.
         dir: String,
@@ -87,15 +89,23 @@ pub async fn run(
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), AppError> {
-    std::fs::create_dir_all(&cfg.raft_dir)
-        .map_err(|source| AppError::DataDir { dir: cfg.raft_dir.display().to_string(), source })?;
+    std::fs::create_dir_all(&cfg.raft_dir).map_err(|source| AppError::DataDir {
+        dir: cfg.raft_dir.display().to_string(),
+        source,
+    })?;
     let knobs = crate::cluster::TestKnobs::from_env(&cfg.raft_dir);
     let kinds = knobs.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
     let marker = crate::cluster::check_marker(&cfg.raft_dir, kinds)?;
     let addr = SocketAddr::new(cfg.host, cfg.port);
-    let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Bind { addr, source })?;
     let store = FjallStore::open(&StoreConfig::new(cfg.raft_dir.join("state")))?;
-    crate::cluster::refuse_newer(&cfg.raft_dir, queen_domain::reads::cluster_version(&store).unwrap_or(0), kinds)?;
+    crate::cluster::refuse_newer(
+        &cfg.raft_dir,
+        queen_domain::reads::cluster_version(&store).unwrap_or(0),
+        kinds,
+    )?;
     let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
     raft_cfg.token = cfg.token.clone();
     raft_cfg.join = cfg.join;
@@ -107,13 +117,20 @@ pub async fn run(
     // The raft port carries one client body per forwarded command, and appends split at
     // `MAX_APPEND_BYTES` unless one entry is larger: bound its bodies by the largest client
     // body plus room for the entry's own framing.
-    raft_cfg.max_body_bytes = cfg.max_body_bytes.saturating_add(1 << 20).max(queen_raft::MAX_APPEND_BYTES);
+    raft_cfg.max_body_bytes = cfg
+        .max_body_bytes
+        .saturating_add(1 << 20)
+        .max(queen_raft::MAX_APPEND_BYTES);
     raft_cfg.body_timeout = cfg.body_timeout;
     raft_cfg.body_budget_bytes = cfg.body_budget_bytes.max(raft_cfg.max_body_bytes);
     raft_cfg.peers = cfg
         .peers
         .iter()
-        .map(|p| queen_raft::Peer { id: p.id, raft_addr: p.raft.clone(), http_addr: p.http.clone() })
+        .map(|p| queen_raft::Peer {
+            id: p.id,
+            raft_addr: p.raft.clone(),
+            http_addr: p.http.clone(),
+        })
         .collect();
     let raft = RaftNode::start(raft_cfg, Arc::new(store.clone())).await?;
     let fsync_source = raft.clone();
@@ -128,7 +145,12 @@ pub async fn run(
         )
         .with_disk_gate(cfg.disk_high_pct, cfg.disk_reserve_bytes)
         .with_max_message_bytes(cfg.max_message_bytes)
-        .with_cluster(raft.clone(), cfg.promote_max_lag, cfg.ready_lag_entries, cfg.ready_lag_ms)
+        .with_cluster(
+            raft.clone(),
+            cfg.promote_max_lag,
+            cfg.ready_lag_entries,
+            cfg.ready_lag_ms,
+        )
         .with_client_offload(cfg.client_offload)
         .with_log_kinds(kinds)
         .with_push_lane(),
@@ -138,7 +160,10 @@ pub async fn run(
     tokio::spawn(broker.clone().run_push_lane());
     let sink = match sink {
         Some(settings) => {
-            let handle = Arc::new(crate::sink::SinkHandle::start(settings, broker.clone(), telemetry.clone()).map_err(AppError::Sink)?);
+            let handle = Arc::new(
+                crate::sink::SinkHandle::start(settings, broker.clone(), telemetry.clone())
+                    .map_err(AppError::Sink)?,
+            );
             broker.set_s3_status(handle.status_source());
             Some(handle)
         }
@@ -155,7 +180,13 @@ pub async fn run(
     let gate = {
         let broker = broker.clone();
         let mut stop = stop_rx.clone();
-        let mut gate = crate::cluster::Gate::new(raft.clone(), cfg.raft_dir.clone(), kinds, cfg.max_clock_skew_ms, marker);
+        let mut gate = crate::cluster::Gate::new(
+            raft.clone(),
+            cfg.raft_dir.clone(),
+            kinds,
+            cfg.max_clock_skew_ms,
+            marker,
+        );
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -252,6 +283,8 @@ fn sample_disk(broker: &Broker, dir: &std::path::Path) {
             broker.set_disk_use(total, used);
         }
         Ok(_) => {}
-        Err(e) => tracing::debug!(target: "queen-app", error = %e, dir = %dir.display(), "statvfs of the data directory failed"),
+        Err(e) => {
+            tracing::debug!(target: "queen-app", error = %e, dir = %dir.display(), "statvfs of the data directory failed")
+        }
     }
 }

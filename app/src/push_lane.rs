@@ -47,14 +47,31 @@ pub(crate) struct Batch {
 
 impl PushLane {
     pub(crate) fn new() -> Self {
-        Self { waiting: Mutex::default(), wake: Notify::new(), slots: Arc::new(Semaphore::new(SLOTS)) }
+        Self {
+            waiting: Mutex::default(),
+            wake: Notify::new(),
+            slots: Arc::new(Semaphore::new(SLOTS)),
+        }
     }
 
     /// Queue a request; the receiver answers once its entry has committed and applied.
-    pub(crate) fn submit(&self, items: Vec<PushItem>) -> oneshot::Receiver<Result<Vec<PushOutcome>, ApiError>> {
+    pub(crate) fn submit(
+        &self,
+        items: Vec<PushItem>,
+    ) -> oneshot::Receiver<Result<Vec<PushOutcome>, ApiError>> {
         let (reply, rx) = oneshot::channel();
-        let bytes = items.iter().map(|i| i.payload.len() + i.transaction_id.len() + 64).sum();
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).push(Waiting { items, bytes, reply });
+        let bytes = items
+            .iter()
+            .map(|i| i.payload.len() + i.transaction_id.len() + 64)
+            .sum();
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Waiting {
+                items,
+                bytes,
+                reply,
+            });
         self.wake.notify_one();
         rx
     }
@@ -62,7 +79,12 @@ impl PushLane {
     /// Wait for a free slot and for requests, and take as many as fit in one entry (always at
     /// least one). The slot is held until the permit drops.
     pub(crate) async fn next(&self) -> (tokio::sync::OwnedSemaphorePermit, Batch) {
-        let permit = self.slots.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("the lane never closes its slots"));
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .unwrap_or_else(|_| unreachable!("the lane never closes its slots"));
         loop {
             if let Some(batch) = self.take() {
                 return (permit, batch);
@@ -92,7 +114,10 @@ impl PushLane {
             // Another slot may take the rest.
             self.wake.notify_one();
         }
-        let mut batch = Batch { items: Vec::with_capacity(items), parts: Vec::with_capacity(n) };
+        let mut batch = Batch {
+            items: Vec::with_capacity(items),
+            parts: Vec::with_capacity(n),
+        };
         for w in taken {
             batch.parts.push((w.items.len(), w.reply));
             batch.items.extend(w.items);
@@ -140,7 +165,14 @@ mod tests {
     }
 
     fn outcome(t: &str) -> PushOutcome {
-        PushOutcome { status: PushStatus::Queued, message_id: [0; 16], offset: 0, partition_id: 1, transaction_id: t.to_owned(), queue: "q".into() }
+        PushOutcome {
+            status: PushStatus::Queued,
+            message_id: [0; 16],
+            offset: 0,
+            partition_id: 1,
+            transaction_id: t.to_owned(),
+            queue: "q".into(),
+        }
     }
 
     #[tokio::test]
@@ -149,13 +181,39 @@ mod tests {
         let a = lane.submit(vec![item("a1", 10), item("a2", 10)]);
         let b = lane.submit(vec![item("b1", 10)]);
         let (_slot, batch) = lane.next().await;
-        let ids: Vec<&str> = batch.items.iter().map(|i| i.transaction_id.as_str()).collect();
+        let ids: Vec<&str> = batch
+            .items
+            .iter()
+            .map(|i| i.transaction_id.as_str())
+            .collect();
         assert_eq!(ids, ["a1", "a2", "b1"]);
-        let out = batch.items.iter().map(|i| outcome(&i.transaction_id)).collect();
+        let out = batch
+            .items
+            .iter()
+            .map(|i| outcome(&i.transaction_id))
+            .collect();
         batch.answer(Ok(out));
-        let a: Vec<String> = a.await.unwrap().unwrap().into_iter().map(|o| o.transaction_id).collect();
-        let b: Vec<String> = b.await.unwrap().unwrap().into_iter().map(|o| o.transaction_id).collect();
-        assert_eq!((a, b), (vec!["a1".to_owned(), "a2".to_owned()], vec!["b1".to_owned()]));
+        let a: Vec<String> = a
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|o| o.transaction_id)
+            .collect();
+        let b: Vec<String> = b
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|o| o.transaction_id)
+            .collect();
+        assert_eq!(
+            (a, b),
+            (
+                vec!["a1".to_owned(), "a2".to_owned()],
+                vec!["b1".to_owned()]
+            )
+        );
     }
 
     #[tokio::test]
@@ -164,7 +222,11 @@ mod tests {
         let big = lane.submit(vec![item("big", MAX_BYTES)]);
         let small = lane.submit(vec![item("small", 10)]);
         let (_s1, first) = lane.next().await;
-        assert_eq!(first.items.len(), 1, "a request at the byte limit goes alone");
+        assert_eq!(
+            first.items.len(),
+            1,
+            "a request at the byte limit goes alone"
+        );
         let (_s2, second) = lane.next().await;
         assert_eq!(second.items[0].transaction_id, "small");
         first.answer(Err(ApiError::new(503, "timeout", "t")));
@@ -186,7 +248,10 @@ mod tests {
         }
         // Every slot is taken: the three late requests wait, then go out together.
         let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), lane.next()).await;
-        assert!(waiting.is_err(), "a ninth entry went out with every slot taken");
+        assert!(
+            waiting.is_err(),
+            "a ninth entry went out with every slot taken"
+        );
         drop(held.pop());
         let (_slot, batch) = lane.next().await;
         assert_eq!(batch.items.len(), 3);

@@ -18,13 +18,19 @@ pub(crate) struct Waiters {
 impl Waiters {
     /// The queue's notifier (created on first use).
     pub(crate) fn of(&self, queue: &str) -> Arc<Notify> {
-        let mut m = self.by_queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut m = self
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         m.entry(queue.to_owned()).or_default().clone()
     }
 
     /// Wake the pops parked on `queue`.
     pub(crate) fn wake(&self, queue: &str) {
-        let m = self.by_queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = self
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = m.get(queue) {
             n.notify_waiters();
         }
@@ -32,7 +38,10 @@ impl Waiters {
 
     /// Wake every parked pop (after acks, which do not name their queue).
     pub(crate) fn wake_all(&self) {
-        let m = self.by_queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = self
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for n in m.values() {
             n.notify_waiters();
         }
@@ -40,7 +49,10 @@ impl Waiters {
 
     /// Forget a deleted queue.
     pub(crate) fn forget(&self, queue: &str) {
-        let mut m = self.by_queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut m = self
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = m.remove(queue) {
             n.notify_waiters();
         }

@@ -44,7 +44,10 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::{Args, Format, Pushes, Target, free_port, http_client, pop_ack_one, push_one, push_phase, queen_bin, target_dir};
+use crate::{
+    Args, Format, Pushes, Target, free_port, http_client, pop_ack_one, push_one, push_phase,
+    queen_bin, target_dir,
+};
 use queen_bench::load::{self, Proc, Procs, Stats, drain, drive};
 
 #[derive(clap::Args, Debug)]
@@ -158,7 +161,9 @@ impl Row {
     /// The three queen nodes' log fsyncs per second, or "-" for the others (NATS's are not
     /// counted, the floor has none).
     fn fsync_rate(&self) -> String {
-        self.fsyncs.map_or("-".to_owned(), |f| format!("{:.0}", f as f64 / self.st.seconds))
+        self.fsyncs.map_or("-".to_owned(), |f| {
+            format!("{:.0}", f as f64 / self.st.seconds)
+        })
     }
 
     fn msg_s(&self) -> f64 {
@@ -189,18 +194,35 @@ struct Meter {
 
 impl Meter {
     fn start(procs: &Procs) -> Meter {
-        Meter { cpu: procs.cpu_seconds(), disk: procs.pids().into_iter().map(load::disk_write_bytes).collect(), bench: bench_cpu() }
+        Meter {
+            cpu: procs.cpu_seconds(),
+            disk: procs
+                .pids()
+                .into_iter()
+                .map(load::disk_write_bytes)
+                .collect(),
+            bench: bench_cpu(),
+        }
     }
 
     /// Disk bytes each process wrote since `start`.
     fn disk_since(&self, procs: &Procs) -> Vec<u64> {
-        procs.pids().into_iter().zip(&self.disk).map(|(p, d0)| load::disk_write_bytes(p).saturating_sub(*d0)).collect()
+        procs
+            .pids()
+            .into_iter()
+            .zip(&self.disk)
+            .map(|(p, d0)| load::disk_write_bytes(p).saturating_sub(*d0))
+            .collect()
     }
 
     /// (server CPU seconds, disk bytes per process, bench cores) since `start`.
     fn stop(self, procs: &Procs, st: &Stats) -> (f64, Vec<u64>, f64) {
         let disk = self.disk_since(procs);
-        (procs.cpu_seconds() - self.cpu, disk, (bench_cpu() - self.bench) / st.seconds.max(1e-9))
+        (
+            procs.cpu_seconds() - self.cpu,
+            disk,
+            (bench_cpu() - self.bench) / st.seconds.max(1e-9),
+        )
     }
 }
 
@@ -241,7 +263,11 @@ impl QueenSide {
             To::All => Target::new(http, &queen.ports),
             To::Leader => Target::new(http, &[queen.ports[queen.leader]]),
         });
-        Ok(QueenSide { queen, all, clients })
+        Ok(QueenSide {
+            queen,
+            all,
+            clients,
+        })
     }
 
     fn leader_pid(&self) -> u32 {
@@ -249,7 +275,9 @@ impl QueenSide {
     }
 
     async fn stored(&self) -> u64 {
-        self.all.json_at(self.queen.leader as u64, "/status").await["queues"]["messages"].as_u64().unwrap_or(0)
+        self.all.json_at(self.queen.leader as u64, "/status").await["queues"]["messages"]
+            .as_u64()
+            .unwrap_or(0)
     }
 }
 
@@ -280,43 +308,93 @@ struct Backlog {
 }
 
 fn rss_mib(procs: &Procs) -> Vec<u64> {
-    procs.pids().into_iter().map(|p| load::peak_rss_kib(p) / 1024).collect()
+    procs
+        .pids()
+        .into_iter()
+        .map(|p| load::peak_rss_kib(p) / 1024)
+        .collect()
 }
 
 pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
     // Declared first so it is removed last, after every process below has stopped.
-    let dir = tempfile::tempdir_in(".").or_else(|_| tempfile::tempdir()).map_err(|e| format!("a temp dir: {e}"))?;
+    let dir = tempfile::tempdir_in(".")
+        .or_else(|_| tempfile::tempdir())
+        .map_err(|e| format!("a temp dir: {e}"))?;
     let bin = queen_bin(args.bin.as_ref());
-    let nats_bin = if c.vs_nats { Some(nats_bin(c.nats_server.as_ref())?) } else { None };
+    let nats_bin = if c.vs_nats {
+        Some(nats_bin(c.nats_server.as_ref())?)
+    } else {
+        None
+    };
     let prefix = load::run_prefix(&mut load::Rng::seeded(u64::from(std::process::id())));
     let started = Instant::now();
-    println!("data in {}; transactionIds start with the run prefix {prefix}", dir.path().display());
+    println!(
+        "data in {}; transactionIds start with the run prefix {prefix}",
+        dir.path().display()
+    );
 
     let main = dir.path().join("rounds");
     let (rows, qpb1, rss) = rounds(args, c, &bin, nats_bin.as_deref(), &main, &prefix).await?;
     // The rounds' stores are not needed any more: free the disk for the backlog run.
     let _ = std::fs::remove_dir_all(&main);
     let backlog = if c.backlog > 0 {
-        Some(backlog(args, c, &bin, nats_bin.as_deref(), &dir.path().join("backlog"), &prefix, qpb1.is_ok()).await?)
+        Some(
+            backlog(
+                args,
+                c,
+                &bin,
+                nats_bin.as_deref(),
+                &dir.path().join("backlog"),
+                &prefix,
+                qpb1.is_ok(),
+            )
+            .await?,
+        )
     } else {
         None
     };
-    let found = Found { rows, qpb1, rss, backlog };
+    let found = Found {
+        rows,
+        qpb1,
+        rss,
+        backlog,
+    };
     println!("\n{}", rounds_table(&found.rows, c));
     println!("{}", goals_table(&found, args, c));
-    println!("the whole run took {:.0} s", started.elapsed().as_secs_f64());
+    println!(
+        "the whole run took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 /// The rounds: every mode once per system per round, then the peak RSS and the profile.
-async fn rounds(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path>, dir: &Path, prefix: &str) -> Result<(Vec<Row>, Result<(), String>, (Vec<u64>, Vec<u64>)), String> {
+async fn rounds(
+    args: &Args,
+    c: &ClusterArgs,
+    bin: &Path,
+    nats_bin: Option<&Path>,
+    dir: &Path,
+    prefix: &str,
+) -> Result<(Vec<Row>, Result<(), String>, (Vec<u64>, Vec<u64>)), String> {
     let mut q = QueenSide::start(bin, &dir.join("queen"), c.to).await?;
     let mut nats = match nats_bin {
         Some(b) => Some(start_nats(b, &dir.join("nats")).await?),
         None => None,
     };
-    let mut floor = if c.floor { Some(start_floor(dir).await?) } else { None };
-    let systems: Vec<System> = [Some(System::Queen), nats.as_ref().map(|_| System::Nats), floor.as_ref().map(|_| System::Floor)].into_iter().flatten().collect();
+    let mut floor = if c.floor {
+        Some(start_floor(dir).await?)
+    } else {
+        None
+    };
+    let systems: Vec<System> = [
+        Some(System::Queen),
+        nats.as_ref().map(|_| System::Nats),
+        floor.as_ref().map(|_| System::Floor),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     println!(
         "queen-bench cluster: {} s per phase, {}-byte messages, {} round(s); queen: 3 nodes, pids {:?}, leader node {}, clients to {}",
         args.seconds,
@@ -324,17 +402,37 @@ async fn rounds(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path
         c.rounds,
         q.queen.procs.pids(),
         q.queen.leader + 1,
-        if c.to == To::All { "all three nodes in turn" } else { "the leader" },
+        if c.to == To::All {
+            "all three nodes in turn"
+        } else {
+            "the leader"
+        },
     );
     if let Some(n) = &nats {
-        println!("nats: 3 servers, pids {:?}, JetStream file stream with replicas 3 and sync_interval: always; client connected to the stream leader {}", n.procs.pids(), n.leader);
+        println!(
+            "nats: 3 servers, pids {:?}, JetStream file stream with replicas 3 and sync_interval: always; client connected to the stream leader {}",
+            n.procs.pids(),
+            n.leader
+        );
     }
     if let Some(f) = &floor {
-        println!("floor: one server, pid {:?}, that parses and answers pushes like queen but stores nothing (the HTTP cost alone)", f.procs.pids());
+        println!(
+            "floor: one server, pid {:?}, that parses and answers pushes like queen but stores nothing (the HTTP cost alone)",
+            f.procs.pids()
+        );
     }
 
     // Does the server take QPB1? One request of one message tells.
-    let qpb1 = match push_one(&q.clients, &format!("{prefix}-probe-"), 0, 1, args.size, Format::Qpb1).await {
+    let qpb1 = match push_one(
+        &q.clients,
+        &format!("{prefix}-probe-"),
+        0,
+        1,
+        args.size,
+        Format::Qpb1,
+    )
+    .await
+    {
         Ok(_) => Ok(()),
         Err(e) => Err(e.replace("push answered", "server answered")),
     };
@@ -353,20 +451,49 @@ async fn rounds(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path
             let mut order = systems.clone();
             order.rotate_left(round % systems.len());
             for system in order {
-                let exited = [Some(&mut q.queen.procs), nats.as_mut().map(|n| &mut n.procs), floor.as_mut().map(|f| &mut f.procs)];
+                let exited = [
+                    Some(&mut q.queen.procs),
+                    nats.as_mut().map(|n| &mut n.procs),
+                    floor.as_mut().map(|f| &mut f.procs),
+                ];
                 if let Some(e) = exited.into_iter().flatten().find_map(|p| p.exited()) {
                     return Err(e);
                 }
                 let tag = format!("{prefix}-{}r{round}m{mode:?}-", system.name());
                 let row = match (system, &nats, &floor) {
-                    (System::Queen, _, _) => Some(queen_phase(&q, args, c, mode, &tag, args.seconds).await),
-                    (System::Nats, Some(n), _) if mode != Mode::Qpb1 => Some(nats_phase(n, args, c, mode, args.seconds).await),
+                    (System::Queen, _, _) => {
+                        Some(queen_phase(&q, args, c, mode, &tag, args.seconds).await)
+                    }
+                    (System::Nats, Some(n), _) if mode != Mode::Qpb1 => {
+                        Some(nats_phase(n, args, c, mode, args.seconds).await)
+                    }
                     (System::Floor, _, Some(f)) if matches!(mode, Mode::Single | Mode::Batch) => {
                         let m = Meter::start(&f.procs);
                         let (inflight, count) = shape(c, mode);
-                        let (st, _) = push_phase(&f.target, None, &Pushes { tag: &tag, inflight, count, size: args.size, format: Format::Json }, args.seconds).await;
+                        let (st, _) = push_phase(
+                            &f.target,
+                            None,
+                            &Pushes {
+                                tag: &tag,
+                                inflight,
+                                count,
+                                size: args.size,
+                                format: Format::Json,
+                            },
+                            args.seconds,
+                        )
+                        .await;
                         let (cpu_s, disk, bench_cores) = m.stop(&f.procs, &st);
-                        Some(Row { round: 0, system: "", mode, st, fsyncs: None, cpu_s, disk, bench_cores })
+                        Some(Row {
+                            round: 0,
+                            system: "",
+                            mode,
+                            st,
+                            fsyncs: None,
+                            cpu_s,
+                            disk,
+                            bench_cores,
+                        })
                     }
                     _ => None,
                 };
@@ -381,15 +508,34 @@ async fn rounds(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path
     }
 
     let stored = q.stored().await;
-    let rss = (rss_mib(&q.queen.procs), nats.as_ref().map(|n| rss_mib(&n.procs)).unwrap_or_default());
-    println!("\nqueen: {stored} messages left stored, peak RSS per node {:?} MiB", rss.0);
+    let rss = (
+        rss_mib(&q.queen.procs),
+        nats.as_ref().map(|n| rss_mib(&n.procs)).unwrap_or_default(),
+    );
+    println!(
+        "\nqueen: {stored} messages left stored, peak RSS per node {:?} MiB",
+        rss.0
+    );
     if let Some(n) = &nats {
-        let info = n.js.get_stream("BENCH").await.map_err(|e| format!("stream info: {e}"))?.get_info().await.map_err(|e| format!("stream info: {e}"))?;
-        println!("NATS: {} messages in the stream, peak RSS per server {:?} MiB", info.state.messages, rss.1);
+        let info =
+            n.js.get_stream("BENCH")
+                .await
+                .map_err(|e| format!("stream info: {e}"))?
+                .get_info()
+                .await
+                .map_err(|e| format!("stream info: {e}"))?;
+        println!(
+            "NATS: {} messages in the stream, peak RSS per server {:?} MiB",
+            info.state.messages, rss.1
+        );
     }
     if c.profile_seconds > 0 {
         // Both batch bodies, so their costs can be told apart.
-        let formats: &[Format] = if qpb1.is_ok() { &[Format::Json, Format::Qpb1] } else { &[Format::Json] };
+        let formats: &[Format] = if qpb1.is_ok() {
+            &[Format::Json, Format::Qpb1]
+        } else {
+            &[Format::Json]
+        };
         for (i, format) in formats.iter().enumerate() {
             profile(&q, args, c, dir, &format!("{prefix}-profile{i}-"), *format).await;
         }
@@ -414,7 +560,14 @@ fn shape(c: &ClusterArgs, mode: Mode) -> (usize, usize) {
 }
 
 /// One queen phase of `mode`, `seconds` long (a pop phase ends early once drained).
-async fn queen_phase(q: &QueenSide, args: &Args, c: &ClusterArgs, mode: Mode, tag: &str, seconds: u64) -> Row {
+async fn queen_phase(
+    q: &QueenSide,
+    args: &Args,
+    c: &ClusterArgs,
+    mode: Mode,
+    tag: &str,
+    seconds: u64,
+) -> Row {
     let m = Meter::start(&q.queen.procs);
     let (inflight, count) = shape(c, mode);
     let (st, fsyncs) = match mode {
@@ -430,12 +583,37 @@ async fn queen_phase(q: &QueenSide, args: &Args, c: &ClusterArgs, mode: Mode, ta
             (st, f)
         }
         _ => {
-            let format = if mode == Mode::Qpb1 { Format::Qpb1 } else { Format::Json };
-            push_phase(&q.clients, Some(&q.all), &Pushes { tag, inflight, count, size: args.size, format }, seconds).await
+            let format = if mode == Mode::Qpb1 {
+                Format::Qpb1
+            } else {
+                Format::Json
+            };
+            push_phase(
+                &q.clients,
+                Some(&q.all),
+                &Pushes {
+                    tag,
+                    inflight,
+                    count,
+                    size: args.size,
+                    format,
+                },
+                seconds,
+            )
+            .await
         }
     };
     let (cpu_s, disk, bench_cores) = m.stop(&q.queen.procs, &st);
-    Row { round: 0, system: "queen", mode, st, fsyncs: Some(fsyncs), cpu_s, disk, bench_cores }
+    Row {
+        round: 0,
+        system: "queen",
+        mode,
+        st,
+        fsyncs: Some(fsyncs),
+        cpu_s,
+        disk,
+        bench_cores,
+    }
 }
 
 /// One NATS phase of `mode` (never QPB1), `seconds` long.
@@ -461,18 +639,36 @@ async fn nats_phase(n: &Nats, args: &Args, c: &ClusterArgs, mode: Mode, seconds:
         }
     };
     let (cpu_s, disk, bench_cores) = m.stop(&n.procs, &st);
-    Row { round: 0, system: "NATS", mode, st, fsyncs: None, cpu_s, disk, bench_cores }
+    Row {
+        round: 0,
+        system: "NATS",
+        mode,
+        st,
+        fsyncs: None,
+        cpu_s,
+        disk,
+        bench_cores,
+    }
 }
 
 /// `count` JetStream publishes of fresh random `size`-byte payloads (the same JSON documents
 /// queen gets), sent back to back, then all their PubAcks awaited.
-async fn nats_publish(js: &jetstream::Context, seq: u64, count: usize, size: usize) -> Result<u64, String> {
+async fn nats_publish(
+    js: &jetstream::Context,
+    seq: u64,
+    count: usize,
+    size: usize,
+) -> Result<u64, String> {
     let mut rng = load::Rng::seeded(seq);
     let mut acks = Vec::with_capacity(count);
     for _ in 0..count {
         let mut payload = String::with_capacity(size);
         load::random_payload(&mut rng, size, &mut payload);
-        acks.push(js.publish(SUBJECT, Bytes::from(payload)).await.map_err(|e| format!("publish: {e}"))?);
+        acks.push(
+            js.publish(SUBJECT, Bytes::from(payload))
+                .await
+                .map_err(|e| format!("publish: {e}"))?,
+        );
     }
     for ack in acks {
         ack.await.map_err(|e| format!("PubAck: {e}"))?;
@@ -483,7 +679,12 @@ async fn nats_publish(js: &jetstream::Context, seq: u64, count: usize, size: usi
 /// Fetch up to 100 from the pull consumer (no wait) and ack each with a confirmed ack, the
 /// acks in parallel: the messages acked, or `None` when there was nothing.
 async fn nats_pop_ack(consumer: &jetstream::consumer::PullConsumer) -> Result<Option<u64>, String> {
-    let mut batch = consumer.fetch().max_messages(100).messages().await.map_err(|e| format!("fetch: {e}"))?;
+    let mut batch = consumer
+        .fetch()
+        .max_messages(100)
+        .messages()
+        .await
+        .map_err(|e| format!("fetch: {e}"))?;
     let mut msgs = Vec::with_capacity(100);
     while let Some(m) = batch.next().await {
         msgs.push(m.map_err(|e| format!("fetch: {e}"))?);
@@ -491,18 +692,34 @@ async fn nats_pop_ack(consumer: &jetstream::consumer::PullConsumer) -> Result<Op
     if msgs.is_empty() {
         return Ok(None);
     }
-    futures::future::try_join_all(msgs.iter().map(|m| m.double_ack())).await.map_err(|e| format!("ack: {e}"))?;
+    futures::future::try_join_all(msgs.iter().map(|m| m.double_ack()))
+        .await
+        .map_err(|e| format!("ack: {e}"))?;
     Ok(Some(msgs.len() as u64))
 }
 
 /// An unscored batch push phase with `perf record -g` on the queen leader for
 /// `--profile-seconds`, summarised by thread and by symbol; says so when perf is missing or
 /// fails, and never fails the run.
-async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &str, format: Format) {
+async fn profile(
+    q: &QueenSide,
+    args: &Args,
+    c: &ClusterArgs,
+    dir: &Path,
+    tag: &str,
+    format: Format,
+) {
     let secs = c.profile_seconds;
-    let has_perf = Command::new("perf").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let has_perf = Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !has_perf {
-        println!("profile: perf is not on PATH (apt-get install -y linux-perf brings it); no profile");
+        println!(
+            "profile: perf is not on PATH (apt-get install -y linux-perf brings it); no profile"
+        );
         return;
     }
     let data = dir.join("perf.data");
@@ -515,7 +732,11 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
         .stderr(Stdio::piped())
         .spawn();
     let mut procs = match child {
-        Ok(child) => Procs(vec![Proc { name: "perf record".into(), child, log: None }]),
+        Ok(child) => Procs(vec![Proc {
+            name: "perf record".into(),
+            child,
+            log: None,
+        }]),
         Err(e) => {
             println!("profile: cannot start perf record: {e}");
             return;
@@ -523,7 +744,19 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
     };
     let (inflight, count) = shape(c, Mode::Batch);
     let m = Meter::start(&q.queen.procs);
-    let (st, _) = push_phase(&q.clients, None, &Pushes { tag, inflight, count, size: args.size, format }, secs + 1).await;
+    let (st, _) = push_phase(
+        &q.clients,
+        None,
+        &Pushes {
+            tag,
+            inflight,
+            count,
+            size: args.size,
+            format,
+        },
+        secs + 1,
+    )
+    .await;
     let (cpu_s, _, _) = m.stop(&q.queen.procs, &st);
     // perf ends with its `sleep`; give it a bounded time to write its data, then stop it.
     let until = Instant::now() + Duration::from_secs(30);
@@ -547,7 +780,10 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
         procs.stop_all();
     }
     if !status.is_some_and(|s| s.success()) || !data.is_file() {
-        println!("profile: perf record did not succeed ({status:?}): {}", err.unwrap_or_default().trim());
+        println!(
+            "profile: perf record did not succeed ({status:?}): {}",
+            err.unwrap_or_default().trim()
+        );
         return;
     }
     println!(
@@ -555,9 +791,24 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
         st.msg_per_s(),
         cpu_s * 1e6 / st.messages.max(1) as f64
     );
-    for (what, sort, lines) in [("by thread", "comm", 8), ("by shared object", "dso", 6), ("top symbols (self time)", "symbol", 25)] {
+    for (what, sort, lines) in [
+        ("by thread", "comm", 8),
+        ("by shared object", "dso", 6),
+        ("top symbols (self time)", "symbol", 25),
+    ] {
         let out = Command::new("perf")
-            .args(["report", "--stdio", "--no-children", "-g", "none", "--percent-limit", "0.5", "--sort", sort, "-i"])
+            .args([
+                "report",
+                "--stdio",
+                "--no-children",
+                "-g",
+                "none",
+                "--percent-limit",
+                "0.5",
+                "--sort",
+                sort,
+                "-i",
+            ])
             .arg(&data)
             .output();
         let Ok(out) = out else {
@@ -566,10 +817,24 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
         };
         let text = String::from_utf8_lossy(&out.stdout);
         println!("  {what}:");
-        if text.lines().all(|l| l.starts_with('#') || l.trim().is_empty()) {
-            println!("    (nothing reported: {})", String::from_utf8_lossy(&out.stderr).trim().chars().take(300).collect::<String>());
+        if text
+            .lines()
+            .all(|l| l.starts_with('#') || l.trim().is_empty())
+        {
+            println!(
+                "    (nothing reported: {})",
+                String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .chars()
+                    .take(300)
+                    .collect::<String>()
+            );
         }
-        for l in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).take(lines) {
+        for l in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .take(lines)
+        {
             // One space between columns, without the empty IPC columns ("-") perf adds.
             let mut words: Vec<&str> = l.split_whitespace().collect();
             while words.len() > 2 && words.last() == Some(&"-") {
@@ -584,8 +849,15 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
     match std::env::var_os("QUEEN_BENCH_KEEP_PERF") {
         Some(keep) => {
             let mut keep = keep;
-            keep.push(if format == Format::Json { ".json" } else { ".qpb1" });
-            if std::fs::rename(&data, &keep).or_else(|_| std::fs::copy(&data, &keep).map(|_| ())).is_ok() {
+            keep.push(if format == Format::Json {
+                ".json"
+            } else {
+                ".qpb1"
+            });
+            if std::fs::rename(&data, &keep)
+                .or_else(|_| std::fs::copy(&data, &keep).map(|_| ()))
+                .is_ok()
+            {
                 println!("profile: kept in {}", PathBuf::from(keep).display());
             }
         }
@@ -597,14 +869,28 @@ async fn profile(q: &QueenSide, args: &Args, c: &ClusterArgs, dir: &Path, tag: &
 
 /// The backlog run: fresh clusters; 100/request JSON push phases on the empty store, a fill to
 /// `--backlog` messages, the same phases again; disk bytes and peak RSS over the whole run.
-async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Path>, dir: &Path, prefix: &str, qpb1: bool) -> Result<Backlog, String> {
+async fn backlog(
+    args: &Args,
+    c: &ClusterArgs,
+    bin: &Path,
+    nats_bin: Option<&Path>,
+    dir: &Path,
+    prefix: &str,
+    qpb1: bool,
+) -> Result<Backlog, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // About what the stores keep: queen ~1.7x the payload per node today, NATS ~1.2x; x3 nodes.
     let need = c.backlog.saturating_mul(args.size as u64).saturating_mul(9);
     if let Some(free) = free_bytes(dir) {
-        println!("\nbacklog run: {} GB free where the stores go, about {} GB needed", free >> 30, need >> 30);
+        println!(
+            "\nbacklog run: {} GB free where the stores go, about {} GB needed",
+            free >> 30,
+            need >> 30
+        );
         if free < need {
-            println!("backlog run: warning: the stores may not fit; a node that runs out answers 507 and the row shows it");
+            println!(
+                "backlog run: warning: the stores may not fit; a node that runs out answers 507 and the row shows it"
+            );
         }
     }
     let mut q = QueenSide::start(bin, &dir.join("queen"), c.to).await?;
@@ -618,11 +904,22 @@ async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Pat
     println!(
         "\nbacklog run: fresh clusters (queen pids {:?}{}); 100/request JSON pushes for {secs} s per phase on the empty store, then a fill to {} messages, then again",
         q.queen.procs.pids(),
-        nats.as_ref().map(|n| format!(", NATS pids {:?}", n.procs.pids())).unwrap_or_default(),
+        nats.as_ref()
+            .map(|n| format!(", NATS pids {:?}", n.procs.pids()))
+            .unwrap_or_default(),
         c.backlog
     );
     let mut pushed = [0u64; 2];
-    let empty = batch_rounds(&q, nats.as_ref(), args, c, &format!("{prefix}-empty"), secs, &mut pushed).await?;
+    let empty = batch_rounds(
+        &q,
+        nats.as_ref(),
+        args,
+        c,
+        &format!("{prefix}-empty"),
+        secs,
+        &mut pushed,
+    )
+    .await?;
     let mut stored_after_empty = vec![("queen", q.stored().await)];
     if let Some(n) = &nats {
         stored_after_empty.push(("NATS", stream_messages(n).await));
@@ -632,7 +929,11 @@ async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Pat
     let format = if qpb1 { Format::Qpb1 } else { Format::Json };
     let want = c.backlog.saturating_sub(stored_after_empty[0].1);
     let st = fill(c, want, {
-        let (t, tag, size) = (q.clients.clone(), Arc::<str>::from(format!("{prefix}-fill-")), args.size);
+        let (t, tag, size) = (
+            q.clients.clone(),
+            Arc::<str>::from(format!("{prefix}-fill-")),
+            args.size,
+        );
         move |n| {
             let (t, tag) = (t.clone(), tag.clone());
             async move { push_one(&t, &tag, n, 100, size, format).await }
@@ -640,7 +941,14 @@ async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Pat
     })
     .await;
     pushed[0] += st.messages;
-    println!("fill queen: {} messages in {:.0} s ({:.0} msg/s, {format:?}), {} errors; {} stored", st.messages, st.seconds, st.msg_per_s(), st.errors, q.stored().await);
+    println!(
+        "fill queen: {} messages in {:.0} s ({:.0} msg/s, {format:?}), {} errors; {} stored",
+        st.messages,
+        st.seconds,
+        st.msg_per_s(),
+        st.errors,
+        q.stored().await
+    );
     if let Some(e) = &st.first_error {
         println!("    first error: {e}");
     }
@@ -655,15 +963,37 @@ async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Pat
         })
         .await;
         pushed[1] += st.messages;
-        println!("fill NATS: {} messages in {:.0} s ({:.0} msg/s), {} errors; {} stored", st.messages, st.seconds, st.msg_per_s(), st.errors, stream_messages(n).await);
+        println!(
+            "fill NATS: {} messages in {:.0} s ({:.0} msg/s), {} errors; {} stored",
+            st.messages,
+            st.seconds,
+            st.msg_per_s(),
+            st.errors,
+            stream_messages(n).await
+        );
         if let Some(e) = &st.first_error {
             println!("    first error: {e}");
         }
     }
 
     let stored = q.stored().await;
-    let fill_error = (stored < c.backlog).then(|| format!("queen stored {stored} of {}: {}", c.backlog, st.first_error.clone().unwrap_or_default()));
-    let full = batch_rounds(&q, nats.as_ref(), args, c, &format!("{prefix}-full"), secs, &mut pushed).await?;
+    let fill_error = (stored < c.backlog).then(|| {
+        format!(
+            "queen stored {stored} of {}: {}",
+            c.backlog,
+            st.first_error.clone().unwrap_or_default()
+        )
+    });
+    let full = batch_rounds(
+        &q,
+        nats.as_ref(),
+        args,
+        c,
+        &format!("{prefix}-full"),
+        secs,
+        &mut pushed,
+    )
+    .await?;
     let mut disk = vec![("queen", q0.disk_since(&q.queen.procs), pushed[0])];
     let mut rss = vec![("queen", rss_mib(&q.queen.procs))];
     if let (Some(n), Some(n0)) = (nats.as_mut(), &n0) {
@@ -671,16 +1001,40 @@ async fn backlog(args: &Args, c: &ClusterArgs, bin: &Path, nats_bin: Option<&Pat
         rss.push(("NATS", rss_mib(&n.procs)));
         n.procs.stop_all();
     }
-    println!("backlog run: queen {} stored, peak RSS per node {:?} MiB", q.stored().await, rss[0].1);
+    println!(
+        "backlog run: queen {} stored, peak RSS per node {:?} MiB",
+        q.stored().await,
+        rss[0].1
+    );
     q.queen.procs.stop_all();
-    Ok(Backlog { target: c.backlog, empty, full, stored_after_empty, disk, rss, fill_error })
+    Ok(Backlog {
+        target: c.backlog,
+        empty,
+        full,
+        stored_after_empty,
+        disk,
+        rss,
+        fill_error,
+    })
 }
 
 /// `--rounds` 100/request JSON push phases per system, alternating which goes first; adds the
 /// messages pushed to `pushed` (queen, NATS).
-async fn batch_rounds(q: &QueenSide, nats: Option<&Nats>, args: &Args, c: &ClusterArgs, tag: &str, secs: u64, pushed: &mut [u64; 2]) -> Result<Vec<Row>, String> {
+async fn batch_rounds(
+    q: &QueenSide,
+    nats: Option<&Nats>,
+    args: &Args,
+    c: &ClusterArgs,
+    tag: &str,
+    secs: u64,
+    pushed: &mut [u64; 2],
+) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
-    let stage = if tag.ends_with("empty") { "empty" } else { "full" };
+    let stage = if tag.ends_with("empty") {
+        "empty"
+    } else {
+        "full"
+    };
     for round in 0..c.rounds.max(1) {
         let mut order = vec![System::Queen];
         if nats.is_some() {
@@ -690,7 +1044,9 @@ async fn batch_rounds(q: &QueenSide, nats: Option<&Nats>, args: &Args, c: &Clust
         order.rotate_left(round % len);
         for system in order {
             let mut row = match (system, nats) {
-                (System::Queen, _) => queen_phase(q, args, c, Mode::Batch, &format!("{tag}{round}-"), secs).await,
+                (System::Queen, _) => {
+                    queen_phase(q, args, c, Mode::Batch, &format!("{tag}{round}-"), secs).await
+                }
                 (_, Some(n)) => nats_phase(n, args, c, Mode::Batch, secs).await,
                 _ => continue,
             };
@@ -714,15 +1070,30 @@ where
     let requests = want.div_ceil(100);
     drain(c.batch_inflight, 3600, 1, move |n| {
         let one = one.clone();
-        async move { if n < requests { one(n).await.map(Some) } else { Ok(None) } }
+        async move {
+            if n < requests {
+                one(n).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        }
     })
     .await
 }
 
 /// Free bytes on the file system that holds `dir` (from `df`), if it can tell.
 fn free_bytes(dir: &Path) -> Option<u64> {
-    let out = Command::new("df").args(["-B1", "--output=avail"]).arg(dir).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).lines().nth(1)?.trim().parse().ok()
+    let out = Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(dir)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()
 }
 
 async fn stream_messages(n: &Nats) -> u64 {
@@ -759,7 +1130,10 @@ fn print_row(r: &Row, c: &ClusterArgs) {
 /// Every phase of the rounds, one line each.
 fn rounds_table(rows: &[Row], c: &ClusterArgs) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| system | mode | round | msg/s | p50 ms | p99 ms | fsync/s | server µs/msg | disk B/msg/node | server cores | bench cores |");
+    let _ = writeln!(
+        out,
+        "| system | mode | round | msg/s | p50 ms | p99 ms | fsync/s | server µs/msg | disk B/msg/node | server cores | bench cores |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for mode in MODES {
         for r in rows.iter().filter(|r| r.mode == mode) {
@@ -789,12 +1163,21 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 })
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    })
 }
 
 /// The median over rounds of `f` of `system`'s rows of `mode`.
 fn med(rows: &[Row], system: &str, mode: Mode, f: impl Fn(&Row) -> f64) -> Option<f64> {
-    median(rows.iter().filter(|r| r.system == system && r.mode == mode).map(f).collect())
+    median(
+        rows.iter()
+            .filter(|r| r.system == system && r.mode == mode)
+            .map(f)
+            .collect(),
+    )
 }
 
 /// The median over rounds of queen's `f` in `qm` over NATS's `f` in `nm` of the same round.
@@ -802,7 +1185,11 @@ fn ratio(rows: &[Row], qm: Mode, nm: Mode, f: impl Fn(&Row) -> f64) -> Option<f6
     let rounds: Vec<usize> = rows.iter().map(|r| r.round).collect();
     let per: Vec<f64> = (0..=rounds.into_iter().max().unwrap_or(0))
         .filter_map(|round| {
-            let of = |s: &str, m: Mode| rows.iter().find(|r| r.round == round && r.mode == m && r.system == s).map(&f);
+            let of = |s: &str, m: Mode| {
+                rows.iter()
+                    .find(|r| r.round == round && r.mode == m && r.system == s)
+                    .map(&f)
+            };
             Some(of("queen", qm)? / of("NATS", nm)?.max(1e-9))
         })
         .collect();
@@ -814,7 +1201,15 @@ fn end_to_end(rows: &[Row], system: &str, push: Mode) -> Option<f64> {
     let per: Vec<f64> = rows
         .iter()
         .filter(|r| r.system == system && r.mode == push)
-        .filter_map(|p| Some(p.cpu_us() + rows.iter().find(|r| r.system == system && r.mode == Mode::Pop && r.round == p.round)?.cpu_us()))
+        .filter_map(|p| {
+            Some(
+                p.cpu_us()
+                    + rows
+                        .iter()
+                        .find(|r| r.system == system && r.mode == Mode::Pop && r.round == p.round)?
+                        .cpu_us(),
+            )
+        })
         .collect();
     median(per)
 }
@@ -850,17 +1245,40 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
     let rate = |m: Mode, nm: Mode, goal: f64| {
         let q = med(rows, "queen", m, Row::msg_s);
         let r = ratio(rows, m, nm, Row::msg_s);
-        (show(q, |v| format!("{v:.0} msg/s")), show(med(rows, "NATS", nm, Row::msg_s), |v| format!("{v:.0} msg/s")), show(r, |v| format!("{v:.2}x")), format!(">= {goal}x NATS"), verdict(r, |v| v >= goal))
+        (
+            show(q, |v| format!("{v:.0} msg/s")),
+            show(med(rows, "NATS", nm, Row::msg_s), |v| {
+                format!("{v:.0} msg/s")
+            }),
+            show(r, |v| format!("{v:.2}x")),
+            format!(">= {goal}x NATS"),
+            verdict(r, |v| v >= goal),
+        )
     };
-    let mut push_line = |figure: String, (queen, nats, ratio, goal, verdict): (String, String, String, String, String)| lines.push(Line { figure, queen, nats, ratio, goal, verdict });
+    let mut push_line =
+        |figure: String,
+         (queen, nats, ratio, goal, verdict): (String, String, String, String, String)| {
+            lines.push(Line {
+                figure,
+                queen,
+                nats,
+                ratio,
+                goal,
+                verdict,
+            })
+        };
     push_line(Mode::Single.name(c), rate(Mode::Single, Mode::Single, 1.0));
     let p99 = |r: &Row| r.st.pct_ms(0.99);
     let r99 = ratio(rows, Mode::Single, Mode::Single, p99);
     push_line(
         format!("{}: p99", Mode::Single.name(c)),
         (
-            show(med(rows, "queen", Mode::Single, p99), |v| format!("{v:.1} ms")),
-            show(med(rows, "NATS", Mode::Single, p99), |v| format!("{v:.1} ms")),
+            show(med(rows, "queen", Mode::Single, p99), |v| {
+                format!("{v:.1} ms")
+            }),
+            show(med(rows, "NATS", Mode::Single, p99), |v| {
+                format!("{v:.1} ms")
+            }),
             show(r99, |v| format!("{v:.2}x")),
             "<= NATS's p99".into(),
             verdict(r99, |v| v <= 1.0),
@@ -868,21 +1286,55 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
     );
     push_line(Mode::Batch.name(c), rate(Mode::Batch, Mode::Batch, 2.5));
     match &found.qpb1 {
-        Ok(()) => push_line(format!("{} (NATS: its 100/request)", Mode::Qpb1.name(c)), rate(Mode::Qpb1, Mode::Batch, 4.0)),
+        Ok(()) => push_line(
+            format!("{} (NATS: its 100/request)", Mode::Qpb1.name(c)),
+            rate(Mode::Qpb1, Mode::Batch, 4.0),
+        ),
         Err(e) => push_line(
             Mode::Qpb1.name(c),
-            (format!("n/a ({})", e.replace('|', "/")), show(med(rows, "NATS", Mode::Batch, Row::msg_s), |v| format!("{v:.0} msg/s")), "n/a".into(), ">= 4x NATS".into(), "n/a".into()),
+            (
+                format!("n/a ({})", e.replace('|', "/")),
+                show(med(rows, "NATS", Mode::Batch, Row::msg_s), |v| {
+                    format!("{v:.0} msg/s")
+                }),
+                "n/a".into(),
+                ">= 4x NATS".into(),
+                "n/a".into(),
+            ),
         ),
     }
-    push_line(format!("{} (NATS: pull consumer, fetch 100, ack each)", Mode::Pop.name(c)), rate(Mode::Pop, Mode::Pop, 2.0));
+    push_line(
+        format!(
+            "{} (NATS: pull consumer, fetch 100, ack each)",
+            Mode::Pop.name(c)
+        ),
+        rate(Mode::Pop, Mode::Pop, 2.0),
+    );
 
     if let Some(b) = &found.backlog {
         let at = |rows: &[Row], s: &str| med(rows, s, Mode::Batch, Row::msg_s);
         let rel = |s: &str| Some(at(&b.full, s)? / at(&b.empty, s)?.max(1e-9));
         let (rq, rn) = (rel("queen"), rel("NATS"));
-        let both = |s: &str, r: Option<f64>| show(r, |v| format!("{v:.2}x ({:.0} / {:.0} msg/s)", at(&b.full, s).unwrap_or(0.0), at(&b.empty, s).unwrap_or(0.0)));
-        let empty_at = b.stored_after_empty.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ");
-        let note = if b.target < 5_000_000 { format!(" (this run at {}; the goal is stated at 5M)", b.target) } else { String::new() };
+        let both = |s: &str, r: Option<f64>| {
+            show(r, |v| {
+                format!(
+                    "{v:.2}x ({:.0} / {:.0} msg/s)",
+                    at(&b.full, s).unwrap_or(0.0),
+                    at(&b.empty, s).unwrap_or(0.0)
+                )
+            })
+        };
+        let empty_at = b
+            .stored_after_empty
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let note = if b.target < 5_000_000 {
+            format!(" (this run at {}; the goal is stated at 5M)", b.target)
+        } else {
+            String::new()
+        };
         lines.push(Line {
             figure: format!("push 100/request JSON with {} stored / on the empty store (empty phases ended at {empty_at} stored)", b.target),
             queen: match &b.fill_error {
@@ -915,14 +1367,28 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
         });
     }
     if let Some(b) = &found.backlog {
-        let of = |s: &str| b.disk.iter().find(|d| d.0 == s).map(|(_, d, n)| per_node_per_msg(d, *n));
+        let of = |s: &str| {
+            b.disk
+                .iter()
+                .find(|d| d.0 == s)
+                .map(|(_, d, n)| per_node_per_msg(d, *n))
+        };
         let (q, n) = (of("queen"), of("NATS"));
-        let pushed = b.disk.iter().map(|(s, _, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ");
+        let pushed = b
+            .disk
+            .iter()
+            .map(|(s, _, n)| format!("{s} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         lines.push(Line {
-            figure: format!("disk written per node per message over the whole backlog run ({pushed} pushed)"),
+            figure: format!(
+                "disk written per node per message over the whole backlog run ({pushed} pushed)"
+            ),
             queen: show(q, disk),
             nats: show(n, disk),
-            ratio: show(q.zip(n).map(|(a, b)| a / b.max(1e-9)), |v| format!("{v:.2}x")),
+            ratio: show(q.zip(n).map(|(a, b)| a / b.max(1e-9)), |v| {
+                format!("{v:.2}x")
+            }),
             goal: format!("{goal_disk} (over 5M)"),
             verdict: verdict(q, |v| v / size <= 2.5),
         });
@@ -932,24 +1398,36 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
         figure: format!("disk written per node per message, {}", Mode::Pop.name(c)),
         queen: show(q, disk),
         nats: show(med(rows, "NATS", Mode::Pop, Row::disk_per_msg), disk),
-        ratio: show(ratio(rows, Mode::Pop, Mode::Pop, Row::disk_per_msg), |v| format!("{v:.2}x")),
+        ratio: show(ratio(rows, Mode::Pop, Mode::Pop, Row::disk_per_msg), |v| {
+            format!("{v:.2}x")
+        }),
         goal: "-".into(),
         verdict: "-".into(),
     });
 
     let max = |v: &[u64]| v.iter().copied().max().map(|m| m as f64);
     let mib = |v: f64| format!("{v:.0} MiB");
-    let mut rss = vec![("in the rounds".to_owned(), max(&found.rss.0), max(&found.rss.1))];
+    let mut rss = vec![(
+        "in the rounds".to_owned(),
+        max(&found.rss.0),
+        max(&found.rss.1),
+    )];
     if let Some(b) = &found.backlog {
         let of = |s: &str| b.rss.iter().find(|r| r.0 == s).and_then(|r| max(&r.1));
-        rss.push((format!("in the backlog run ({} stored)", b.target), of("queen"), of("NATS")));
+        rss.push((
+            format!("in the backlog run ({} stored)", b.target),
+            of("queen"),
+            of("NATS"),
+        ));
     }
     for (when, q, n) in rss {
         lines.push(Line {
             figure: format!("peak RSS of the largest node (VmHWM), {when}"),
             queen: show(q, mib),
             nats: show(n, mib),
-            ratio: show(q.zip(n).map(|(a, b)| a / b.max(1.0)), |v| format!("{v:.2}x")),
+            ratio: show(q.zip(n).map(|(a, b)| a / b.max(1.0)), |v| {
+                format!("{v:.2}x")
+            }),
             goal: "<= 128 MiB".into(),
             verdict: verdict(q, |v| v <= 128.0),
         });
@@ -963,7 +1441,11 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
             nats: show(n, us),
             ratio: show(r, |v| format!("{v:.2}x")),
             goal: if goal { "<= 10 µs".into() } else { "-".into() },
-            verdict: if goal { verdict(q, |v| v <= 10.0) } else { "-".into() },
+            verdict: if goal {
+                verdict(q, |v| v <= 10.0)
+            } else {
+                "-".into()
+            },
         })
     };
     for m in MODES {
@@ -983,9 +1465,20 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
         if m == Mode::Qpb1 && found.qpb1.is_err() {
             continue;
         }
-        let (q, n) = (end_to_end(rows, "queen", m), end_to_end(rows, "NATS", Mode::Batch));
+        let (q, n) = (
+            end_to_end(rows, "queen", m),
+            end_to_end(rows, "NATS", Mode::Batch),
+        );
         let how = if m == Mode::Qpb1 { "QPB1" } else { "JSON" };
-        cpu(format!("server CPU per message end to end (push 100/request {how} + pop + ack), 3 nodes summed"), q, n, q.zip(n).map(|(a, b)| a / b.max(1e-9)), true);
+        cpu(
+            format!(
+                "server CPU per message end to end (push 100/request {how} + pop + ack), 3 nodes summed"
+            ),
+            q,
+            n,
+            q.zip(n).map(|(a, b)| a / b.max(1e-9)),
+            true,
+        );
     }
 
     let mut out = String::new();
@@ -996,10 +1489,17 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
         args.seconds,
         args.size
     );
-    let _ = writeln!(out, "| figure | queen | NATS | queen/NATS | goal | verdict |");
+    let _ = writeln!(
+        out,
+        "| figure | queen | NATS | queen/NATS | goal | verdict |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|");
     for l in lines {
-        let _ = writeln!(out, "| {} | {} | {} | {} | {} | {} |", l.figure, l.queen, l.nats, l.ratio, l.goal, l.verdict);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            l.figure, l.queen, l.nats, l.ratio, l.goal, l.verdict
+        );
     }
     out
 }
@@ -1009,7 +1509,10 @@ fn goals_table(found: &Found, args: &Args, c: &ClusterArgs) -> String {
 async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
     let raft: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
+    let peers = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
+        .collect::<Vec<_>>()
+        .join(",");
     let mut procs = Procs::default();
     for (i, port) in http.iter().enumerate() {
         let data = dir.join(format!("queen-{}", i + 1));
@@ -1031,8 +1534,17 @@ async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e} (build it with cargo build --release -p queen)", bin.display()))?;
-        procs.0.push(Proc { name: format!("queen node {}", i + 1), child, log: Some(log) });
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {e} (build it with cargo build --release -p queen)",
+                    bin.display()
+                )
+            })?;
+        procs.0.push(Proc {
+            name: format!("queen node {}", i + 1),
+            child,
+            log: Some(log),
+        });
     }
     let t = Target::new(http_client(), &http);
     let until = Instant::now() + Duration::from_secs(60);
@@ -1052,10 +1564,16 @@ async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
             }
         }
         if let (3, Some(leader)) = (healthy, leader) {
-            return Ok(Queen { procs, ports: http, leader });
+            return Ok(Queen {
+                procs,
+                ports: http,
+                leader,
+            });
         }
         if Instant::now() > until {
-            return Err(format!("the queen cluster was not healthy within 60 s ({healthy} of 3 nodes healthy)"));
+            return Err(format!(
+                "the queen cluster was not healthy within 60 s ({healthy} of 3 nodes healthy)"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -1076,10 +1594,19 @@ async fn start_floor(dir: &Path) -> Result<Floor, String> {
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot start {} noop-server: {e}", exe.display()))?;
-    let mut procs = Procs(vec![Proc { name: "floor (noop-server)".into(), child, log: Some(log) }]);
+    let mut procs = Procs(vec![Proc {
+        name: "floor (noop-server)".into(),
+        child,
+        log: Some(log),
+    }]);
     let target = Arc::new(Target::new(http_client(), &[port]));
     let until = Instant::now() + Duration::from_secs(10);
-    while !matches!(target.call("POST", "/api/v1/push", Some(r#"{"items":[]}"#.into())).await, Ok((200, _))) {
+    while !matches!(
+        target
+            .call("POST", "/api/v1/push", Some(r#"{"items":[]}"#.into()))
+            .await,
+        Ok((200, _))
+    ) {
         if let Some(e) = procs.exited() {
             return Err(e);
         }
@@ -1123,7 +1650,11 @@ async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let client: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
     let route: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let routes = route.iter().map(|p| format!("nats-route://127.0.0.1:{p}")).collect::<Vec<_>>().join(", ");
+    let routes = route
+        .iter()
+        .map(|p| format!("nats-route://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut procs = Procs::default();
     for i in 0..3 {
         let store = dir.join(format!("nats-{}", i + 1));
@@ -1147,8 +1678,17 @@ async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e} (install it with bench/nats/ensure.sh)", bin.display()))?;
-        procs.0.push(Proc { name: format!("nats-server n{}", i + 1), child, log: Some(log) });
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {e} (install it with bench/nats/ensure.sh)",
+                    bin.display()
+                )
+            })?;
+        procs.0.push(Proc {
+            name: format!("nats-server n{}", i + 1),
+            child,
+            log: Some(log),
+        });
     }
 
     // Create the stream once JetStream's meta group has a leader (a few seconds after start).
@@ -1175,8 +1715,13 @@ async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let n: usize = leader.trim_start_matches('n').parse().map_err(|_| format!("unexpected stream leader name {leader}"))?;
-    let port = client.get(n.wrapping_sub(1)).ok_or_else(|| format!("unexpected stream leader name {leader}"))?;
+    let n: usize = leader
+        .trim_start_matches('n')
+        .parse()
+        .map_err(|_| format!("unexpected stream leader name {leader}"))?;
+    let port = client
+        .get(n.wrapping_sub(1))
+        .ok_or_else(|| format!("unexpected stream leader name {leader}"))?;
     let nc = async_nats::ConnectOptions::new()
         .ignore_discovered_servers()
         .connect(format!("127.0.0.1:{port}"))
@@ -1206,21 +1751,39 @@ async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
         )
         .await
         .map_err(|e| format!("pull consumer: {e}"))?;
-    Ok(Nats { procs, js, consumer, leader })
+    Ok(Nats {
+        procs,
+        js,
+        consumer,
+        leader,
+    })
 }
 
 /// Connect, create (or find) the stream, and return its leader's server name once every
 /// replica is current.
-async fn setup_stream(port: u16, config: &jetstream::stream::Config) -> Result<Option<String>, String> {
+async fn setup_stream(
+    port: u16,
+    config: &jetstream::stream::Config,
+) -> Result<Option<String>, String> {
     let nc = async_nats::ConnectOptions::new()
         .request_timeout(Some(Duration::from_secs(5)))
         .connect(format!("127.0.0.1:{port}"))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let js = jetstream::new(nc);
-    let mut stream = js.get_or_create_stream(config.clone()).await.map_err(|e| format!("create stream: {e}"))?;
-    let info = stream.info().await.map_err(|e| format!("stream info: {e}"))?;
-    let Some(cluster) = &info.cluster else { return Ok(None) };
-    let ready = cluster.leader.is_some() && cluster.replicas.len() == 2 && cluster.replicas.iter().all(|r| r.current && !r.offline);
+    let mut stream = js
+        .get_or_create_stream(config.clone())
+        .await
+        .map_err(|e| format!("create stream: {e}"))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| format!("stream info: {e}"))?;
+    let Some(cluster) = &info.cluster else {
+        return Ok(None);
+    };
+    let ready = cluster.leader.is_some()
+        && cluster.replicas.len() == 2
+        && cluster.replicas.iter().all(|r| r.current && !r.offline);
     Ok(if ready { cluster.leader.clone() } else { None })
 }

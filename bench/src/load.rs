@@ -76,7 +76,9 @@ where
 
 /// CPU seconds (user + system) a process has used so far; 0 when it is gone.
 pub fn cpu_seconds(pid: &str) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
     // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -89,7 +91,11 @@ pub fn cpu_seconds(pid: &str) -> f64 {
 pub fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -112,7 +118,10 @@ impl Procs {
 
     /// CPU seconds used so far by all of them.
     pub fn cpu_seconds(&self) -> f64 {
-        self.pids().iter().map(|p| cpu_seconds(&p.to_string())).sum()
+        self.pids()
+            .iter()
+            .map(|p| cpu_seconds(&p.to_string()))
+            .sum()
     }
 
     /// The largest peak RSS among them, in MiB.
@@ -123,14 +132,20 @@ impl Procs {
     /// An error naming a process that has already exited, with the end of its log.
     pub fn exited(&mut self) -> Option<String> {
         self.0.iter_mut().find_map(|p| match p.child.try_wait() {
-            Ok(Some(status)) => Some(format!("{} exited early with {status}{}", p.name, log_tail(p.log.as_deref()))),
+            Ok(Some(status)) => Some(format!(
+                "{} exited early with {status}{}",
+                p.name,
+                log_tail(p.log.as_deref())
+            )),
             _ => None,
         })
     }
 
     pub fn stop_all(&mut self) {
         for p in &self.0 {
-            let _ = std::process::Command::new("kill").args(["-TERM", &p.child.id().to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &p.child.id().to_string()])
+                .status();
         }
         for mut p in self.0.drain(..) {
             let until = Instant::now() + Duration::from_secs(15);
@@ -154,7 +169,9 @@ impl Drop for Procs {
 
 /// The last lines of a log file, for error messages.
 pub fn log_tail(log: Option<&Path>) -> String {
-    let Some(text) = log.and_then(|l| std::fs::read_to_string(l).ok()) else { return String::new() };
+    let Some(text) = log.and_then(|l| std::fs::read_to_string(l).ok()) else {
+        return String::new();
+    };
     let lines: Vec<&str> = text.lines().collect();
     format!(":\n{}", lines[lines.len().saturating_sub(20)..].join("\n"))
 }
@@ -212,7 +229,11 @@ where
     let mut st = gather(tasks).await;
     watch.abort();
     let moved_until = Duration::from_micros(last.load(Ordering::Relaxed)).as_secs_f64();
-    st.seconds = if st.messages > 0 { moved_until } else { started.elapsed().as_secs_f64() };
+    st.seconds = if st.messages > 0 {
+        moved_until
+    } else {
+        started.elapsed().as_secs_f64()
+    };
     st.lat.sort_unstable();
     st
 }
@@ -251,7 +272,14 @@ impl Tally {
 
 /// The loops' figures added up (`seconds` is the caller's to set).
 async fn gather(tasks: Vec<tokio::task::JoinHandle<Loop>>) -> Stats {
-    let mut st = Stats { messages: 0, requests: 0, errors: 0, seconds: 0.0, lat: Vec::new(), first_error: None };
+    let mut st = Stats {
+        messages: 0,
+        requests: 0,
+        errors: 0,
+        seconds: 0.0,
+        lat: Vec::new(),
+        first_error: None,
+    };
     for task in tasks {
         if let Ok((m, r, e, l, f)) = task.await {
             st.messages += m;
@@ -270,8 +298,14 @@ async fn gather(tasks: Vec<tokio::task::JoinHandle<Loop>>) -> Stats {
 /// less cancelled_write_bytes: pages it dirtied and that were not truncated before writeback;
 /// every thread of the process counted, background compaction included); 0 when it is gone.
 pub fn disk_write_bytes(pid: u32) -> u64 {
-    let Ok(io) = std::fs::read_to_string(format!("/proc/{pid}/io")) else { return 0 };
-    let field = |name: &str| io.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok()).unwrap_or(0);
+    let Ok(io) = std::fs::read_to_string(format!("/proc/{pid}/io")) else {
+        return 0;
+    };
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     field("write_bytes:").saturating_sub(field("cancelled_write_bytes:"))
 }
 
@@ -284,8 +318,12 @@ pub struct Rng(u64);
 impl Rng {
     /// Seeded from the clock, the process id and `salt`.
     pub fn seeded(salt: u64) -> Rng {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        let mut r = Rng(t ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut r = Rng(t
+            ^ (u64::from(std::process::id()) << 32)
+            ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         r.next_u64();
         r
     }

@@ -28,7 +28,9 @@ use serde_json::{Value, json};
 use queen_bench::load::{self, Proc, Procs, Stats, drive};
 
 #[derive(Parser, Debug)]
-#[command(about = "Benchmark queen on loopback: one node (default), or a three-node cluster against NATS JetStream")]
+#[command(
+    about = "Benchmark queen on loopback: one node (default), or a three-node cluster against NATS JetStream"
+)]
 struct Args {
     /// The queen binary to run (default: `queen` beside this binary, i.e. in the same target dir).
     #[arg(long, global = true)]
@@ -66,7 +68,9 @@ fn queen_bin(arg: Option<&PathBuf>) -> PathBuf {
     if let Some(b) = arg {
         return b.clone();
     }
-    let sibling = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.join("queen")));
+    let sibling = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.join("queen")));
     match sibling {
         Some(s) if s.is_file() => s,
         _ => PathBuf::from("target/release/queen"),
@@ -78,7 +82,9 @@ type Http = Client<HttpConnector, Full<Bytes>>;
 fn http_client() -> Http {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build(connector)
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(512)
+        .build(connector)
 }
 
 /// One or more queen nodes to send requests to.
@@ -89,21 +95,52 @@ struct Target {
 
 impl Target {
     fn new(http: Http, ports: &[u16]) -> Target {
-        Target { http, bases: ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect() }
+        Target {
+            http,
+            bases: ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
+        }
     }
 
     /// A request to the first node.
-    async fn call(&self, method: &str, path: &str, body: Option<String>) -> Result<(u16, Bytes), String> {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, Bytes), String> {
         self.call_at(0, method, path, body).await
     }
 
     /// A request to node `i` (modulo the number of nodes).
-    async fn call_at(&self, i: u64, method: &str, path: &str, body: Option<String>) -> Result<(u16, Bytes), String> {
-        self.send_at(i, method, path, "application/json", Bytes::from(body.unwrap_or_default())).await
+    async fn call_at(
+        &self,
+        i: u64,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, Bytes), String> {
+        self.send_at(
+            i,
+            method,
+            path,
+            "application/json",
+            Bytes::from(body.unwrap_or_default()),
+        )
+        .await
     }
 
     /// A request with a body of any content type to node `i` (modulo the number of nodes).
-    async fn send_at(&self, i: u64, method: &str, path: &str, content_type: &str, body: Bytes) -> Result<(u16, Bytes), String> {
+    async fn send_at(
+        &self,
+        i: u64,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Bytes,
+    ) -> Result<(u16, Bytes), String> {
         let base = &self.bases[(i % self.bases.len() as u64) as usize];
         let req = hyper::Request::builder()
             .method(method)
@@ -113,7 +150,12 @@ impl Target {
             .map_err(|e| e.to_string())?;
         let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         Ok((status, body))
     }
 
@@ -132,7 +174,9 @@ impl Target {
     async fn fsyncs(&self) -> u64 {
         let mut sum = 0;
         for i in 0..self.bases.len() as u64 {
-            sum += self.json_at(i, "/status").await["storage"]["logFsyncs"].as_u64().unwrap_or(0);
+            sum += self.json_at(i, "/status").await["storage"]["logFsyncs"]
+                .as_u64()
+                .unwrap_or(0);
         }
         sum
     }
@@ -170,7 +214,13 @@ fn partition_of(n: u64) -> String {
 
 /// A push request body and its content type: `count` messages for queue `bench`, partition
 /// `partition_of(n)`, in the given format.
-fn push_body(tag: &str, n: u64, count: usize, size: usize, format: Format) -> Result<(&'static str, Bytes), String> {
+fn push_body(
+    tag: &str,
+    n: u64,
+    count: usize,
+    size: usize,
+    format: Format,
+) -> Result<(&'static str, Bytes), String> {
     let msgs = messages(tag, n, count, size);
     let partition = partition_of(n);
     match format {
@@ -182,14 +232,24 @@ fn push_body(tag: &str, n: u64, count: usize, size: usize, format: Format) -> Re
                     out.push(',');
                 }
                 // Names, ids and payloads are JSON-safe by construction (no escapes needed).
-                let _ = write!(out, "{{\"queue\":\"bench\",\"partition\":\"{partition}\",\"transactionId\":\"{txn}\",\"payload\":{payload}}}");
+                let _ = write!(
+                    out,
+                    "{{\"queue\":\"bench\",\"partition\":\"{partition}\",\"transactionId\":\"{txn}\",\"payload\":{payload}}}"
+                );
             }
             out.push_str("]}");
             Ok(("application/json", Bytes::from(out)))
         }
         Format::Qpb1 => {
             let mut rng = load::Rng::seeded(n ^ 0x5150_4231);
-            let body = qpb1::encode(&[qpb1::Group { queue: "bench", partition: &partition, messages: &msgs }], &mut rng)?;
+            let body = qpb1::encode(
+                &[qpb1::Group {
+                    queue: "bench",
+                    partition: &partition,
+                    messages: &msgs,
+                }],
+                &mut rng,
+            )?;
             Ok((qpb1::CONTENT_TYPE, Bytes::from(body)))
         }
     }
@@ -207,8 +267,19 @@ struct Pushes<'a> {
 
 /// Push for `seconds` as `p` says, request `n` going to node `n % nodes` of `t`; `status` reads
 /// the fsync counters (every node of the cluster), if there are any.
-async fn push_phase(t: &Arc<Target>, status: Option<&Target>, p: &Pushes<'_>, seconds: u64) -> (Stats, u64) {
-    let Pushes { tag, inflight, count, size, format } = *p;
+async fn push_phase(
+    t: &Arc<Target>,
+    status: Option<&Target>,
+    p: &Pushes<'_>,
+    seconds: u64,
+) -> (Stats, u64) {
+    let Pushes {
+        tag,
+        inflight,
+        count,
+        size,
+        format,
+    } = *p;
     let f0 = match status {
         Some(s) => s.fsyncs().await,
         None => 0,
@@ -227,11 +298,24 @@ async fn push_phase(t: &Arc<Target>, status: Option<&Target>, p: &Pushes<'_>, se
 }
 
 /// Push request `n` (see `push_body`); the messages it stored, or what the node answered.
-async fn push_one(t: &Target, tag: &str, n: u64, count: usize, size: usize, format: Format) -> Result<u64, String> {
+async fn push_one(
+    t: &Target,
+    tag: &str,
+    n: u64,
+    count: usize,
+    size: usize,
+    format: Format,
+) -> Result<u64, String> {
     let (content_type, body) = push_body(tag, n, count, size, format)?;
-    match t.send_at(n, "POST", "/api/v1/push", content_type, body).await? {
+    match t
+        .send_at(n, "POST", "/api/v1/push", content_type, body)
+        .await?
+    {
         (200, _) => Ok(count as u64),
-        (code, b) => Err(format!("push answered {code}: {}", String::from_utf8_lossy(&b[..b.len().min(300)]))),
+        (code, b) => Err(format!(
+            "push answered {code}: {}",
+            String::from_utf8_lossy(&b[..b.len().min(300)])
+        )),
     }
 }
 
@@ -239,11 +323,19 @@ async fn push_one(t: &Target, tag: &str, n: u64, count: usize, size: usize, form
 /// them all completed with one `ack/batch` to the same node: the messages acked, or `None` when
 /// the pop found nothing.
 async fn pop_ack_one(t: &Target, i: u64) -> Result<Option<u64>, String> {
-    let (status, body) = t.call_at(i, "GET", "/api/v1/pop/queue/bench?batch=100&wait=false", None).await?;
+    let (status, body) = t
+        .call_at(
+            i,
+            "GET",
+            "/api/v1/pop/queue/bench?batch=100&wait=false",
+            None,
+        )
+        .await?;
     if status == 204 {
         return Ok(None);
     }
-    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
     let acks: Vec<Value> = v["messages"]
         .as_array()
         .ok_or_else(|| format!("pop answered {status} without messages"))?
@@ -254,9 +346,20 @@ async fn pop_ack_one(t: &Target, i: u64) -> Result<Option<u64>, String> {
     if n == 0 {
         return Ok(None);
     }
-    match t.call_at(i, "POST", "/api/v1/ack/batch", Some(json!({ "acknowledgments": acks }).to_string())).await? {
+    match t
+        .call_at(
+            i,
+            "POST",
+            "/api/v1/ack/batch",
+            Some(json!({ "acknowledgments": acks }).to_string()),
+        )
+        .await?
+    {
         (200, _) => Ok(Some(n)),
-        (code, b) => Err(format!("ack/batch answered {code}: {}", String::from_utf8_lossy(&b[..b.len().min(300)]))),
+        (code, b) => Err(format!(
+            "ack/batch answered {code}: {}",
+            String::from_utf8_lossy(&b[..b.len().min(300)])
+        )),
     }
 }
 
@@ -285,18 +388,32 @@ fn start_node(bin: &PathBuf, dir: &std::path::Path, port: u16) -> Result<Proc, S
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e} (build it with cargo build --release -p queen)", bin.display()))?;
-    Ok(Proc { name: format!("queen on port {port}"), child, log: None })
+        .map_err(|e| {
+            format!(
+                "cannot start {}: {e} (build it with cargo build --release -p queen)",
+                bin.display()
+            )
+        })?;
+    Ok(Proc {
+        name: format!("queen on port {port}"),
+        child,
+        log: None,
+    })
 }
 
 fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).map_err(|e| format!("no free port: {e}"))
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
 }
 
 /// The single-node benchmark (the default).
 async fn single_node(args: &Args) -> Result<(), String> {
     let bin = queen_bin(args.bin.as_ref());
-    let dir = tempfile::tempdir_in(".").or_else(|_| tempfile::tempdir()).map_err(|e| format!("a temp dir: {e}"))?;
+    let dir = tempfile::tempdir_in(".")
+        .or_else(|_| tempfile::tempdir())
+        .map_err(|e| format!("a temp dir: {e}"))?;
     let port = free_port()?;
     let mut procs = Procs::default();
     procs.0.push(start_node(&bin, dir.path(), port)?);
@@ -313,11 +430,40 @@ async fn single_node(args: &Args) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let tag = format!("{}-", load::run_prefix(&mut load::Rng::seeded(0)));
-    println!("queen-bench: {} s per phase, {}-byte messages, node pid {pid}, data in {}", args.seconds, args.size, dir.path().display());
+    println!(
+        "queen-bench: {} s per phase, {}-byte messages, node pid {pid}, data in {}",
+        args.seconds,
+        args.size,
+        dir.path().display()
+    );
 
-    let (single, f) = push_phase(&t, Some(&t), &Pushes { tag: &format!("{tag}s"), inflight: 128, count: 1, size: args.size, format: Format::Json }, args.seconds).await;
+    let (single, f) = push_phase(
+        &t,
+        Some(&t),
+        &Pushes {
+            tag: &format!("{tag}s"),
+            inflight: 128,
+            count: 1,
+            size: args.size,
+            format: Format::Json,
+        },
+        args.seconds,
+    )
+    .await;
     print_phase("push 1/request, 128 in flight", &single, f);
-    let (batched, f) = push_phase(&t, Some(&t), &Pushes { tag: &format!("{tag}b"), inflight: 8, count: 100, size: args.size, format: Format::Json }, args.seconds).await;
+    let (batched, f) = push_phase(
+        &t,
+        Some(&t),
+        &Pushes {
+            tag: &format!("{tag}b"),
+            inflight: 8,
+            count: 100,
+            size: args.size,
+            format: Format::Json,
+        },
+        args.seconds,
+    )
+    .await;
     print_phase("push 100/request, 8 in flight", &batched, f);
 
     let f0 = t.fsyncs().await;
@@ -327,7 +473,11 @@ async fn single_node(args: &Args) -> Result<(), String> {
         async move { pop_ack_one(&t, n).await }
     })
     .await;
-    print_phase("pop 100 + ack/batch, 8 consumers", &consume, t.fsyncs().await.saturating_sub(f0));
+    print_phase(
+        "pop 100 + ack/batch, 8 consumers",
+        &consume,
+        t.fsyncs().await.saturating_sub(f0),
+    );
 
     let status = t.json("/status").await;
     println!(

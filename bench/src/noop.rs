@@ -56,7 +56,10 @@ fn answer(body: &[u8]) -> Result<Vec<u8>, String> {
         .map(|(index, it)| {
             let offset = NEXT.fetch_add(1, Ordering::Relaxed);
             // Touch the fields queen reads, so the parse is not optimised away.
-            let _ = (it.partition.unwrap_or("Default").len(), it.payload.get().len());
+            let _ = (
+                it.partition.unwrap_or("Default").len(),
+                it.payload.get().len(),
+            );
             Answer {
                 index,
                 message_id: format!("00000000-0000-7000-8000-{offset:012x}"),
@@ -70,26 +73,44 @@ fn answer(body: &[u8]) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&answers).map_err(|e| e.to_string())
 }
 
-async fn handle(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn handle(
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let path_ok = req.method() == hyper::Method::POST && req.uri().path() == "/api/v1/push";
     let body = req.into_body().collect().await?.to_bytes();
     let (status, out) = match (path_ok, answer(&body)) {
-        (false, _) => (StatusCode::NOT_FOUND, br#"{"error":"only POST /api/v1/push"}"#.to_vec()),
+        (false, _) => (
+            StatusCode::NOT_FOUND,
+            br#"{"error":"only POST /api/v1/push"}"#.to_vec(),
+        ),
         (true, Ok(out)) => (StatusCode::OK, out),
-        (true, Err(e)) => (StatusCode::BAD_REQUEST, serde_json::json!({ "error": e }).to_string().into_bytes()),
+        (true, Err(e)) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({ "error": e }).to_string().into_bytes(),
+        ),
     };
-    let resp = Response::builder().status(status).header("content-type", "application/json").body(Full::new(Bytes::from(out)));
+    let resp = Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(out)));
     Ok(resp.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
 }
 
 /// Serves until the process is stopped.
 pub async fn serve(port: u16) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
     loop {
-        let (stream, _) = listener.accept().await.map_err(|e| format!("accept: {e}"))?;
+        let (stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| format!("accept: {e}"))?;
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(handle)).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service_fn(handle))
+                .await;
         });
     }
 }
@@ -104,8 +125,21 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&answer(body).unwrap()).unwrap();
         let items = v.as_array().unwrap();
         assert_eq!(items.len(), 2);
-        assert_eq!((items[0]["transactionId"].as_str(), items[0]["status"].as_str(), items[0]["index"].as_u64()), (Some("a"), Some("queued"), Some(0)));
-        assert_eq!((items[1]["transactionId"].as_str(), items[1]["index"].as_u64()), (Some("b"), Some(1)));
+        assert_eq!(
+            (
+                items[0]["transactionId"].as_str(),
+                items[0]["status"].as_str(),
+                items[0]["index"].as_u64()
+            ),
+            (Some("a"), Some("queued"), Some(0))
+        );
+        assert_eq!(
+            (
+                items[1]["transactionId"].as_str(),
+                items[1]["index"].as_u64()
+            ),
+            (Some("b"), Some(1))
+        );
     }
 
     #[test]

@@ -133,7 +133,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Cmd::Serve(a)) => *a,
-        Some(Cmd::Lake(LakeCmd::Verify { bucket, prefix, endpoint, region, path_style })) => {
+        Some(Cmd::Lake(LakeCmd::Verify {
+            bucket,
+            prefix,
+            endpoint,
+            region,
+            path_style,
+        })) => {
             return lake_verify([
                 ("QUEEN_S3_BUCKET", bucket),
                 ("QUEEN_S3_PREFIX", prefix),
@@ -167,9 +173,16 @@ fn main() -> ExitCode {
         max_clock_skew_ms: args.max_clock_skew_ms,
         hostname: std::env::var("HOSTNAME").ok(),
     };
-    let log_format = match args.log_format.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+    let log_format = match args
+        .log_format
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         None => LogFormat::Human,
-        Some(f) if f.eq_ignore_ascii_case("human") || f.eq_ignore_ascii_case("text") => LogFormat::Human,
+        Some(f) if f.eq_ignore_ascii_case("human") || f.eq_ignore_ascii_case("text") => {
+            LogFormat::Human
+        }
         Some(f) if f.eq_ignore_ascii_case("json") => LogFormat::Json,
         Some(f) => {
             eprintln!("QUEEN_LOG_FORMAT: '{f}' is not a log format (human, json)");
@@ -192,10 +205,15 @@ fn main() -> ExitCode {
     };
     let telemetry = match Telemetry::init(TelemetryConfig {
         log_format,
-        log_filter: std::env::var("RUST_LOG").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| queen_telemetry::DEFAULT_LOG_FILTER.to_owned()),
+        log_filter: std::env::var("RUST_LOG")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| queen_telemetry::DEFAULT_LOG_FILTER.to_owned()),
         service_name: "queen".to_owned(),
         node_id: config.node_id,
-        otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|s| !s.trim().is_empty()),
+        otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .ok()
+            .filter(|s| !s.trim().is_empty()),
     }) {
         Ok(t) => t,
         Err(e) => {
@@ -203,7 +221,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -213,7 +234,12 @@ fn main() -> ExitCode {
     for w in &sink.warnings {
         tracing::warn!(target: "queen-s3", "{w}");
     }
-    let result = runtime.block_on(queen_app::run(config, sink.settings, telemetry.clone(), shutdown_signal()));
+    let result = runtime.block_on(queen_app::run(
+        config,
+        sink.settings,
+        telemetry.clone(),
+        shutdown_signal(),
+    ));
     telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -231,18 +257,27 @@ fn lake_verify(flags: [(&'static str, Option<String>); 5]) -> ExitCode {
         match k {
             "QUEEN_S3_EMBEDDED" => Some("true".to_owned()),
             "QUEEN_S3_QUEUES" => Some("*".to_owned()),
-            _ => flags.iter().find(|(n, _)| *n == k).and_then(|(_, v)| v.clone()).or_else(|| std::env::var(k).ok()),
+            _ => flags
+                .iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v.clone())
+                .or_else(|| std::env::var(k).ok()),
         }
     };
     let settings = match queen_app::sink_from_env(&get, 0) {
-        Ok(queen_app::SinkBoot { settings: Some(s), .. }) => s,
+        Ok(queen_app::SinkBoot {
+            settings: Some(s), ..
+        }) => s,
         Ok(_) => return ExitCode::from(2),
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -252,7 +287,11 @@ fn lake_verify(flags: [(&'static str, Option<String>); 5]) -> ExitCode {
     match runtime.block_on(queen_app::verify_lake(&settings)) {
         Ok((report, ok)) => {
             println!("{report}");
-            if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
         }
         Err(e) => {
             eprintln!("lake verify: {e}");

@@ -36,10 +36,12 @@ pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreE
 /// # Errors
 /// `StoreError::Corrupt` when the bytes do not start with a `T`.
 pub fn decode_head<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
-    postcard::take_from_bytes(bytes).map(|(head, _rest)| head).map_err(|e| StoreError::Corrupt {
-        key: escape(key),
-        detail: e.to_string(),
-    })
+    postcard::take_from_bytes(bytes)
+        .map(|(head, _rest)| head)
+        .map_err(|e| StoreError::Corrupt {
+            key: escape(key),
+            detail: e.to_string(),
+        })
 }
 
 /// A key shown printable for errors and logs.
@@ -72,10 +74,24 @@ mod tests {
     /// A message's head reads without its payload, and gives the same fields as the whole record.
     #[test]
     fn a_message_head_reads_the_fields_before_the_payload() {
-        let m = MessageRec { transaction_id: "t-9".to_owned(), id: [7; 16], trace_id: None, stamp: Stamp(42), payload: vec![b'x'; 10_000] };
+        let m = MessageRec {
+            transaction_id: "t-9".to_owned(),
+            id: [7; 16],
+            trace_id: None,
+            stamp: Stamp(42),
+            payload: vec![b'x'; 10_000],
+        };
         let bytes = super::encode(&m);
         let head: crate::model::MessageHead = super::decode_head(b"k", &bytes).unwrap();
-        assert_eq!((head.transaction_id.as_str(), head.id, head.trace_id, head.stamp), ("t-9", [7; 16], None, Stamp(42)));
+        assert_eq!(
+            (
+                head.transaction_id.as_str(),
+                head.id,
+                head.trace_id,
+                head.stamp
+            ),
+            ("t-9", [7; 16], None, Stamp(42))
+        );
         assert!(super::decode_head::<crate::model::MessageHead>(b"k", &bytes[..5]).is_err());
     }
 
@@ -111,7 +127,12 @@ mod tests {
     /// replicas and stores written either way agree.
     #[test]
     fn a_borrowed_message_encodes_as_the_owned_one() {
-        for (trace, len) in [(None, 0usize), (Some("tr"), 1), (None, 300), (Some(""), 70_000)] {
+        for (trace, len) in [
+            (None, 0usize),
+            (Some("tr"), 1),
+            (None, 300),
+            (Some(""), 70_000),
+        ] {
             let payload: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
             let owned = MessageRec {
                 transaction_id: "txn-42".to_owned(),
@@ -127,7 +148,11 @@ mod tests {
                 stamp: Stamp(1_700_000_000_123_456),
                 payload: &payload,
             };
-            assert_eq!(borrowed.encode(), super::encode(&owned), "payload of {len} bytes");
+            assert_eq!(
+                borrowed.encode(),
+                super::encode(&owned),
+                "payload of {len} bytes"
+            );
         }
     }
 }

@@ -38,17 +38,26 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
             usize::MAX,
         )
         .map_err(err)?;
-        let offsets: Vec<u64> = msgs.iter().filter_map(|(k, _)| keys::offset_of_message_key(k)).collect();
+        let offsets: Vec<u64> = msgs
+            .iter()
+            .filter_map(|(k, _)| keys::offset_of_message_key(k))
+            .collect();
         let expected: Vec<u64> = (p.log_start..p.next_offset).collect();
         if offsets != expected {
-            return Err(format!("partition {} stores {offsets:?}, expected {expected:?}", p.pid));
+            return Err(format!(
+                "partition {} stores {offsets:?}, expected {expected:?}",
+                p.pid
+            ));
         }
         for (k, m) in &msgs {
             let d: Option<Vec<u64>> =
                 crate::machine::get_rec(s, &keys::dedup(p.pid, &m.transaction_id)).map_err(err)?;
             let offset = keys::offset_of_message_key(k).unwrap_or(u64::MAX);
             if !d.is_some_and(|d| d.contains(&offset)) {
-                return Err(format!("message {} of partition {} has no dedup row", m.transaction_id, p.pid));
+                return Err(format!(
+                    "message {} of partition {} has no dedup row",
+                    m.transaction_id, p.pid
+                ));
             }
         }
         let prefix = keys::pid_prefix(keys::table::CURSOR, p.pid);
@@ -56,7 +65,10 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
             scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX).map_err(err)?;
         for (_, c) in cursors {
             if c.next > p.next_offset || c.lease.as_ref().is_some_and(|l| l.end > p.next_offset) {
-                return Err(format!("a cursor of partition {} points past its end", p.pid));
+                return Err(format!(
+                    "a cursor of partition {} points past its end",
+                    p.pid
+                ));
             }
         }
         *per_queue.entry(p.qid).or_default() += p.next_offset - p.log_start;
@@ -64,7 +76,10 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
     for (_, q) in queues {
         let stored = per_queue.get(&q.qid).copied().unwrap_or(0);
         if stored != q.messages {
-            return Err(format!("queue {} counts {} messages, stores {stored}", q.name, q.messages));
+            return Err(format!(
+                "queue {} counts {} messages, stores {stored}",
+                q.name, q.messages
+            ));
         }
     }
     Ok(())

@@ -175,7 +175,8 @@ pub fn partition(pid: u64) -> Vec<u8> {
 /// The pid encoded in a `partition` key.
 #[must_use]
 pub fn pid_of_partition_key(key: &[u8]) -> Option<u64> {
-    key.get(1..9).map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+    key.get(1..9)
+        .map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
 }
 
 /// One partition's message.
@@ -190,7 +191,8 @@ pub fn message(pid: u64, offset: u64) -> Vec<u8> {
 /// The offset encoded in a `message` key.
 #[must_use]
 pub fn offset_of_message_key(key: &[u8]) -> Option<u64> {
-    key.get(9..17).map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+    key.get(9..17)
+        .map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
 }
 
 /// A per-partition key prefix of `t`.

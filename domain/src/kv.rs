@@ -30,8 +30,14 @@ pub fn check_ns(ns: &str) -> Result<(), KvNameError> {
     let ok = !b.is_empty()
         && b.len() <= 64
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'));
-    if ok { Ok(()) } else { Err(KvNameError::Namespace) }
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(KvNameError::Namespace)
+    }
 }
 
 /// Validate a key.
@@ -39,7 +45,11 @@ pub fn check_ns(ns: &str) -> Result<(), KvNameError> {
 /// # Errors
 /// When it is empty, too long or has a NUL byte.
 pub fn check_key(key: &str) -> Result<(), KvNameError> {
-    if key.is_empty() || key.len() > 1024 || key.contains('\0') { Err(KvNameError::Key) } else { Ok(()) }
+    if key.is_empty() || key.len() > 1024 || key.contains('\0') {
+        Err(KvNameError::Key)
+    } else {
+        Ok(())
+    }
 }
 
 /// How long a written row lives.

@@ -132,7 +132,9 @@ impl QueueOptions {
     ///
     /// # Errors
     /// The first option with a wrong type, named.
-    pub fn from_json(obj: &serde_json::Map<String, serde_json::Value>) -> Result<Self, OptionError> {
+    pub fn from_json(
+        obj: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self, OptionError> {
         let mut o = Self::default();
         for (key, v) in obj {
             if v.is_null() {
@@ -182,26 +184,34 @@ impl QueueOptions {
                             .to_owned(),
                     );
                 }
-                "retentionSinkHoldMaxSeconds" => o.retention_sink_hold_max_seconds = seconds(key, v)?,
+                "retentionSinkHoldMaxSeconds" => {
+                    o.retention_sink_hold_max_seconds = seconds(key, v)?
+                }
                 _ => {
                     // Kept in replicated state and echoed, so bounded in count and size.
                     let text = v.to_string();
                     if key.len() > MAX_EXTRA_OPTION_KEY_BYTES {
                         return Err(OptionError {
                             field: key.chars().take(64).collect(),
-                            problem: format!("is an unknown option whose name is longer than {MAX_EXTRA_OPTION_KEY_BYTES} bytes"),
+                            problem: format!(
+                                "is an unknown option whose name is longer than {MAX_EXTRA_OPTION_KEY_BYTES} bytes"
+                            ),
                         });
                     }
                     if text.len() > MAX_EXTRA_OPTION_VALUE_BYTES {
                         return Err(OptionError {
                             field: key.clone(),
-                            problem: format!("is an unknown option; its value must be at most {MAX_EXTRA_OPTION_VALUE_BYTES} bytes of JSON"),
+                            problem: format!(
+                                "is an unknown option; its value must be at most {MAX_EXTRA_OPTION_VALUE_BYTES} bytes of JSON"
+                            ),
                         });
                     }
                     if o.extra.len() == MAX_EXTRA_OPTIONS && !o.extra.contains_key(key) {
                         return Err(OptionError {
                             field: key.clone(),
-                            problem: format!("is one unknown option too many: at most {MAX_EXTRA_OPTIONS} are kept"),
+                            problem: format!(
+                                "is one unknown option too many: at most {MAX_EXTRA_OPTIONS} are kept"
+                            ),
                         });
                     }
                     o.extra.insert(key.clone(), text);
@@ -336,10 +346,8 @@ impl MessageRecRef<'_> {
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         // Lengths are varints of at most 10 bytes; the stamp at most 10; the id 16.
-        let hint = self.transaction_id.len()
-            + self.trace_id.map_or(0, str::len)
-            + self.payload.len()
-            + 64;
+        let hint =
+            self.transaction_id.len() + self.trace_id.map_or(0, str::len) + self.payload.len() + 64;
         crate::codec::encode_with_capacity(self, hint)
     }
 }
@@ -372,7 +380,9 @@ pub fn message_stamp(bytes: &[u8]) -> Option<Stamp> {
         _trace_id: Option<&'a str>,
         stamp: Stamp,
     }
-    postcard::take_from_bytes::<StampOnly<'_>>(bytes).ok().map(|(s, _)| s.stamp)
+    postcard::take_from_bytes::<StampOnly<'_>>(bytes)
+        .ok()
+        .map(|(s, _)| s.stamp)
 }
 
 /// A dedup row of the first store format (by transactionId text), read by the migration.
@@ -531,15 +541,42 @@ mod tests {
     #[test]
     fn durations_are_bounded_to_ten_years() {
         let parse = |v: serde_json::Value| QueueOptions::from_json(v.as_object().unwrap());
-        assert_eq!(parse(serde_json::json!({"leaseTime": MAX_DURATION_SECONDS})).unwrap().lease_time, MAX_DURATION_SECONDS);
-        for key in ["leaseTime", "delayedProcessing", "windowBuffer", "retentionSeconds", "completedRetentionSeconds", "maxWaitTimeSeconds", "ttl", "retentionSinkHoldMaxSeconds"] {
+        assert_eq!(
+            parse(serde_json::json!({"leaseTime": MAX_DURATION_SECONDS}))
+                .unwrap()
+                .lease_time,
+            MAX_DURATION_SECONDS
+        );
+        for key in [
+            "leaseTime",
+            "delayedProcessing",
+            "windowBuffer",
+            "retentionSeconds",
+            "completedRetentionSeconds",
+            "maxWaitTimeSeconds",
+            "ttl",
+            "retentionSinkHoldMaxSeconds",
+        ] {
             let e = parse(serde_json::json!({key: MAX_DURATION_SECONDS + 1})).unwrap_err();
             assert_eq!(e.field, key);
             assert_eq!(e.problem, "must be 0 to 315360000 seconds (ten years)");
-            assert!(parse(serde_json::json!({key: 9_223_372_036_854_775_807_u64})).is_err(), "{key}");
+            assert!(
+                parse(serde_json::json!({key: 9_223_372_036_854_775_807_u64})).is_err(),
+                "{key}"
+            );
         }
-        assert_eq!(parse(serde_json::json!({"retryDelay": MAX_DURATION_MS})).unwrap().retry_delay, MAX_DURATION_MS);
-        assert_eq!(parse(serde_json::json!({"retryDelay": MAX_DURATION_MS + 1})).unwrap_err().field, "retryDelay");
+        assert_eq!(
+            parse(serde_json::json!({"retryDelay": MAX_DURATION_MS}))
+                .unwrap()
+                .retry_delay,
+            MAX_DURATION_MS
+        );
+        assert_eq!(
+            parse(serde_json::json!({"retryDelay": MAX_DURATION_MS + 1}))
+                .unwrap_err()
+                .field,
+            "retryDelay"
+        );
     }
 
     #[test]
@@ -549,13 +586,19 @@ mod tests {
         for i in 0..MAX_EXTRA_OPTIONS {
             many.insert(format!("k{i:03}"), serde_json::json!(i));
         }
-        assert_eq!(QueueOptions::from_json(&many).unwrap().extra.len(), MAX_EXTRA_OPTIONS);
+        assert_eq!(
+            QueueOptions::from_json(&many).unwrap().extra.len(),
+            MAX_EXTRA_OPTIONS
+        );
         many.insert("k999".to_owned(), serde_json::json!(1));
         let e = QueueOptions::from_json(&many).unwrap_err();
         assert_eq!(e.field, "k999");
-        let e = parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES)})).unwrap_err();
+        let e = parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES)}))
+            .unwrap_err();
         assert_eq!(e.field, "big");
-        assert!(parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES - 2)})).is_ok());
+        assert!(
+            parse(serde_json::json!({"big": "x".repeat(MAX_EXTRA_OPTION_VALUE_BYTES - 2)})).is_ok()
+        );
         let e = parse(serde_json::json!({"k".repeat(300): 1})).unwrap_err();
         assert_eq!(e.field.len(), 64);
     }

@@ -8,8 +8,8 @@ use crate::model::{CursorRec, DlqRec, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
-pub use crate::machine::last_stamp as safe_time;
 pub use crate::machine::cluster::{cluster_version, max_clock_skew_ms};
+pub use crate::machine::last_stamp as safe_time;
 
 /// One queue with its partitions.
 #[derive(Debug, Clone)]
@@ -49,14 +49,19 @@ pub fn queues(s: &dyn StateRead, limit: usize) -> Result<Vec<QueueRec>, StoreErr
 /// # Errors
 /// Store failures.
 pub fn queue_view(s: &dyn StateRead, name: &str) -> Result<Option<QueueView>, StoreError> {
-    let Some(q) = queue(s, name)? else { return Ok(None) };
+    let Some(q) = queue(s, name)? else {
+        return Ok(None);
+    };
     let mut partitions = Vec::new();
     for pid in crate::machine::partition_ids_pub(s, q.qid)? {
         if let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(pid))? {
             partitions.push(p);
         }
     }
-    Ok(Some(QueueView { queue: q, partitions }))
+    Ok(Some(QueueView {
+        queue: q,
+        partitions,
+    }))
 }
 
 /// A group's cursor on a partition.
@@ -73,10 +78,17 @@ pub fn cursor(s: &dyn StateRead, pid: u64, group: &str) -> Result<Option<CursorR
 /// Store failures.
 pub fn cursors(s: &dyn StateRead, pid: u64) -> Result<Vec<(String, CursorRec)>, StoreError> {
     let prefix = keys::pid_prefix(keys::table::CURSOR, pid);
-    Ok(scan_recs::<CursorRec>(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?
-        .into_iter()
-        .map(|(k, c)| (String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(), c))
-        .collect())
+    Ok(
+        scan_recs::<CursorRec>(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?
+            .into_iter()
+            .map(|(k, c)| {
+                (
+                    String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(),
+                    c,
+                )
+            })
+            .collect(),
+    )
 }
 
 /// A page of a queue's dead letters, filtered, with the filtered total.
@@ -91,10 +103,18 @@ pub fn dead_letters(
     limit: usize,
 ) -> Result<(Vec<DlqRec>, usize), StoreError> {
     let prefix = keys::pid_prefix(keys::table::DLQ, qid);
-    let all: Vec<(Vec<u8>, DlqRec)> = scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
-    let matching: Vec<DlqRec> = all.into_iter().map(|(_, d)| d).filter(|d| filter(d)).collect();
+    let all: Vec<(Vec<u8>, DlqRec)> =
+        scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
+    let matching: Vec<DlqRec> = all
+        .into_iter()
+        .map(|(_, d)| d)
+        .filter(|d| filter(d))
+        .collect();
     let total = matching.len();
-    Ok((matching.into_iter().skip(offset).take(limit).collect(), total))
+    Ok((
+        matching.into_iter().skip(offset).take(limit).collect(),
+        total,
+    ))
 }
 
 /// What a pop would deliver at `now` on the current state, without writing anything: the
@@ -102,7 +122,11 @@ pub fn dead_letters(
 ///
 /// # Errors
 /// Store failures.
-pub fn would_pop(s: &dyn StateRead, now: Stamp, cmd: &PopCommand) -> Result<PopOutcome, StoreError> {
+pub fn would_pop(
+    s: &dyn StateRead,
+    now: Stamp,
+    cmd: &PopCommand,
+) -> Result<PopOutcome, StoreError> {
     let mut scratch = Txn::new(s);
     let now = now.max(Stamp(safe_time(s)?.0 + 1));
     pop(&mut scratch, now, cmd)
@@ -120,9 +144,17 @@ pub fn purged_stamp(s: &dyn StateRead, pid: u64) -> Result<Option<Stamp>, StoreE
 ///
 /// # Errors
 /// Store failures.
-pub fn partition_by_name(s: &dyn StateRead, queue: &str, name: &str) -> Result<Option<PartitionRec>, StoreError> {
-    let Some(q) = self::queue(s, queue)? else { return Ok(None) };
-    let Some(pid) = get_rec::<u64>(s, &keys::partition_name(q.qid, name))? else { return Ok(None) };
+pub fn partition_by_name(
+    s: &dyn StateRead,
+    queue: &str,
+    name: &str,
+) -> Result<Option<PartitionRec>, StoreError> {
+    let Some(q) = self::queue(s, queue)? else {
+        return Ok(None);
+    };
+    let Some(pid) = get_rec::<u64>(s, &keys::partition_name(q.qid, name))? else {
+        return Ok(None);
+    };
     get_rec(s, &keys::partition(pid))
 }
 
@@ -131,12 +163,20 @@ pub fn partition_by_name(s: &dyn StateRead, queue: &str, name: &str) -> Result<O
 ///
 /// # Errors
 /// Store failures.
-pub fn messages(s: &dyn StateRead, p: &PartitionRec, from: u64, max_bytes: usize, max_count: usize) -> Result<Vec<(u64, crate::model::MessageRec)>, StoreError> {
+pub fn messages(
+    s: &dyn StateRead,
+    p: &PartitionRec,
+    from: u64,
+    max_bytes: usize,
+    max_count: usize,
+) -> Result<Vec<(u64, crate::model::MessageRec)>, StoreError> {
     let mut out = Vec::new();
     let mut bytes = 0usize;
     let mut failed = None;
-    s.scan(&keys::message(p.pid, from), &keys::message(p.pid, p.next_offset), &mut |k, v| {
-        match crate::codec::decode::<crate::model::MessageRec>(k, v) {
+    s.scan(
+        &keys::message(p.pid, from),
+        &keys::message(p.pid, p.next_offset),
+        &mut |k, v| match crate::codec::decode::<crate::model::MessageRec>(k, v) {
             Ok(m) => {
                 let size = m.payload.len() + m.transaction_id.len() + 64;
                 if !out.is_empty() && bytes + size > max_bytes {
@@ -150,8 +190,8 @@ pub fn messages(s: &dyn StateRead, p: &PartitionRec, from: u64, max_bytes: usize
                 failed = Some(e);
                 false
             }
-        }
-    })?;
+        },
+    )?;
     match failed {
         Some(e) => Err(e),
         None => Ok(out),
@@ -162,16 +202,29 @@ pub fn messages(s: &dyn StateRead, p: &PartitionRec, from: u64, max_bytes: usize
 ///
 /// # Errors
 /// Store failures.
-pub fn groups(s: &dyn StateRead) -> Result<Vec<(QueueRec, String, crate::model::GroupRec)>, StoreError> {
-    let by_qid: std::collections::BTreeMap<u64, QueueRec> = queues(s, usize::MAX)?.into_iter().map(|q| (q.qid, q)).collect();
-    let rows: Vec<(Vec<u8>, crate::model::GroupRec)> =
-        scan_recs(s, &keys::table_start(keys::table::GROUP), &keys::table_end(keys::table::GROUP), usize::MAX)?;
+pub fn groups(
+    s: &dyn StateRead,
+) -> Result<Vec<(QueueRec, String, crate::model::GroupRec)>, StoreError> {
+    let by_qid: std::collections::BTreeMap<u64, QueueRec> = queues(s, usize::MAX)?
+        .into_iter()
+        .map(|q| (q.qid, q))
+        .collect();
+    let rows: Vec<(Vec<u8>, crate::model::GroupRec)> = scan_recs(
+        s,
+        &keys::table_start(keys::table::GROUP),
+        &keys::table_end(keys::table::GROUP),
+        usize::MAX,
+    )?;
     Ok(rows
         .into_iter()
         .filter_map(|(k, g)| {
             let qid = keys::u64_at(&k, 1)?;
             let q = by_qid.get(&qid)?.clone();
-            Some((q, String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(), g))
+            Some((
+                q,
+                String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned(),
+                g,
+            ))
         })
         .collect())
 }
@@ -181,17 +234,29 @@ pub fn groups(s: &dyn StateRead) -> Result<Vec<(QueueRec, String, crate::model::
 ///
 /// # Errors
 /// Store failures.
-pub fn lag(s: &dyn StateRead, p: &PartitionRec, group: &str, start: crate::model::SubscriptionStart, now: Stamp) -> Result<(u64, Option<Stamp>, bool, Stamp), StoreError> {
+pub fn lag(
+    s: &dyn StateRead,
+    p: &PartitionRec,
+    group: &str,
+    start: crate::model::SubscriptionStart,
+    now: Stamp,
+) -> Result<(u64, Option<Stamp>, bool, Stamp), StoreError> {
     let c = cursor(s, p.pid, group)?;
     let next = match &c {
         Some(c) => c.next.max(p.log_start),
         None => match start {
             crate::model::SubscriptionStart::All => p.log_start,
-            crate::model::SubscriptionStart::From(_) => crate::machine::start_offset_pub(s, p, start)?,
+            crate::model::SubscriptionStart::From(_) => {
+                crate::machine::start_offset_pub(s, p, start)?
+            }
         },
     };
     let lag = p.next_offset.saturating_sub(next);
-    let oldest = if lag > 0 { get_rec::<crate::model::MessageRec>(s, &keys::message(p.pid, next))?.map(|m| m.stamp) } else { None };
+    let oldest = if lag > 0 {
+        get_rec::<crate::model::MessageRec>(s, &keys::message(p.pid, next))?.map(|m| m.stamp)
+    } else {
+        None
+    };
     let leased = c.as_ref().is_some_and(|c| c.live_lease(now).is_some());
     Ok((lag, oldest, leased, c.map_or(Stamp(0), |c| c.last_consumed)))
 }
@@ -200,7 +265,11 @@ pub fn lag(s: &dyn StateRead, p: &PartitionRec, group: &str, start: crate::model
 ///
 /// # Errors
 /// Store failures.
-pub fn timer(s: &dyn StateRead, queue: &str, key: &str) -> Result<Option<crate::timers::TimerRec>, StoreError> {
+pub fn timer(
+    s: &dyn StateRead,
+    queue: &str,
+    key: &str,
+) -> Result<Option<crate::timers::TimerRec>, StoreError> {
     get_rec(s, &keys::timer(queue, key))
 }
 
@@ -208,7 +277,12 @@ pub fn timer(s: &dyn StateRead, queue: &str, key: &str) -> Result<Option<crate::
 ///
 /// # Errors
 /// Store failures.
-pub fn timers(s: &dyn StateRead, queue: &str, after: Option<&str>, limit: usize) -> Result<(Vec<(String, crate::timers::TimerRec)>, bool), StoreError> {
+pub fn timers(
+    s: &dyn StateRead,
+    queue: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<(String, crate::timers::TimerRec)>, bool), StoreError> {
     let base = keys::timer_queue(queue);
     let start = match after {
         Some(a) => {
@@ -218,12 +292,18 @@ pub fn timers(s: &dyn StateRead, queue: &str, after: Option<&str>, limit: usize)
         }
         None => base.clone(),
     };
-    let rows: Vec<(Vec<u8>, crate::timers::TimerRec)> = scan_recs(s, &start, &keys::prefix_end(&base), limit + 1)?;
+    let rows: Vec<(Vec<u8>, crate::timers::TimerRec)> =
+        scan_recs(s, &start, &keys::prefix_end(&base), limit + 1)?;
     let more = rows.len() > limit;
     Ok((
         rows.into_iter()
             .take(limit)
-            .map(|(k, t)| (String::from_utf8_lossy(k.get(base.len()..).unwrap_or_default()).into_owned(), t))
+            .map(|(k, t)| {
+                (
+                    String::from_utf8_lossy(k.get(base.len()..).unwrap_or_default()).into_owned(),
+                    t,
+                )
+            })
             .collect(),
         more,
     ))
@@ -236,9 +316,13 @@ pub fn timers(s: &dyn StateRead, queue: &str, after: Option<&str>, limit: usize)
 /// Store failures.
 pub fn deletions_pending(s: &dyn StateRead) -> Result<bool, StoreError> {
     let mut any = false;
-    s.scan(&keys::table_start(keys::table::GRAVE), &keys::table_end(keys::table::GRAVE), &mut |_, _| {
-        any = true;
-        false
-    })?;
+    s.scan(
+        &keys::table_start(keys::table::GRAVE),
+        &keys::table_end(keys::table::GRAVE),
+        &mut |_, _| {
+            any = true;
+            false
+        },
+    )?;
     Ok(any)
 }

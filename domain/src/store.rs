@@ -65,7 +65,11 @@ pub struct Txn<'a> {
 impl<'a> Txn<'a> {
     /// An empty overlay on `base`.
     pub fn new(base: &'a dyn StateRead) -> Self {
-        Self { base, writes: WriteSet::new(), appends: Appends::new() }
+        Self {
+            base,
+            writes: WriteSet::new(),
+            appends: Appends::new(),
+        }
     }
 
     /// Stage an append to an append-only table: `key` must be new (never stored, never
@@ -100,7 +104,11 @@ impl<'a> Txn<'a> {
     /// The staged writes, appends included as puts, to commit atomically.
     #[must_use]
     pub fn into_writes(self) -> WriteSet {
-        let mut all: WriteSet = self.appends.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        let mut all: WriteSet = self
+            .appends
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect();
         all.extend(self.writes);
         all
     }
@@ -131,8 +139,14 @@ fn overlay_range<'s>(
     end: &[u8],
 ) -> impl Iterator<Item = (&'s [u8], Option<&'s [u8]>)> + 's {
     let range = (Bound::Included(start), Bound::Excluded(end));
-    let mut w = writes.range::<[u8], _>(range).map(|(k, v)| (k.as_slice(), v.as_deref())).peekable();
-    let mut a = appends.range::<[u8], _>(range).map(|(k, v)| (k.as_slice(), Some(v.as_slice()))).peekable();
+    let mut w = writes
+        .range::<[u8], _>(range)
+        .map(|(k, v)| (k.as_slice(), v.as_deref()))
+        .peekable();
+    let mut a = appends
+        .range::<[u8], _>(range)
+        .map(|(k, v)| (k.as_slice(), Some(v.as_slice())))
+        .peekable();
     std::iter::from_fn(move || match (w.peek(), a.peek()) {
         (Some(x), Some(y)) if x.0 == y.0 => {
             a.next();
@@ -173,24 +187,26 @@ impl StateRead for Txn<'_> {
                     break;
                 }
                 if let Some(ov) = ov
-                    && !visit(ok, ov) {
-                        stopped = true;
-                        return false;
-                    }
+                    && !visit(ok, ov)
+                {
+                    stopped = true;
+                    return false;
+                }
                 overlay.next();
             }
             if let Some((ok, ov)) = overlay.peek()
-                && *ok == k {
-                    let keep = match ov {
-                        Some(ov) => visit(k, ov),
-                        None => true,
-                    };
-                    overlay.next();
-                    if !keep {
-                        stopped = true;
-                    }
-                    return keep;
+                && *ok == k
+            {
+                let keep = match ov {
+                    Some(ov) => visit(k, ov),
+                    None => true,
+                };
+                overlay.next();
+                if !keep {
+                    stopped = true;
                 }
+                return keep;
+            }
             if !visit(k, v) {
                 stopped = true;
                 return false;
@@ -200,9 +216,10 @@ impl StateRead for Txn<'_> {
         if !stopped {
             for (ok, ov) in overlay {
                 if let Some(ov) = ov
-                    && !visit(ok, ov) {
-                        break;
-                    }
+                    && !visit(ok, ov)
+                {
+                    break;
+                }
             }
         }
         Ok(())

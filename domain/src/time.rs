@@ -6,7 +6,9 @@ use time::format_description::well_known::Rfc3339;
 
 /// A broker stamp: microseconds since the Unix epoch, UTC. Assigned by the state machine as
 /// `max(previous + 1, proposed)`, so stamps of applied entries strictly rise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct Stamp(pub u64);
 
 impl Stamp {
@@ -111,7 +113,11 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let s = Stamp(if i < 4 { [0, 1, 999_999, 253_402_300_799_999_999][i as usize] } else { x % 300_000_000_000_000_000 });
+            let s = Stamp(if i < 4 {
+                [0, 1, 999_999, 253_402_300_799_999_999][i as usize]
+            } else {
+                x % 300_000_000_000_000_000
+            });
             let d = s.datetime();
             let base = format!(
                 "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
@@ -122,8 +128,16 @@ mod tests {
                 d.minute(),
                 d.second()
             );
-            assert_eq!(s.iso_millis(), format!("{base}.{:03}Z", d.millisecond()), "{s:?}");
-            assert_eq!(s.iso_micros(), format!("{base}.{:06}Z", d.microsecond()), "{s:?}");
+            assert_eq!(
+                s.iso_millis(),
+                format!("{base}.{:03}Z", d.millisecond()),
+                "{s:?}"
+            );
+            assert_eq!(
+                s.iso_micros(),
+                format!("{base}.{:06}Z", d.microsecond()),
+                "{s:?}"
+            );
         }
     }
 

@@ -1,6 +1,9 @@
 //! The broker's rules, driven through entries on an in-memory store.
 
-use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, PushStatus, Subscription};
+use queen_domain::command::{
+    AckItem, Command, Entry, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, PushStatus,
+    Subscription,
+};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants, reads};
@@ -15,11 +18,19 @@ struct Sim {
 
 impl Sim {
     fn new() -> Self {
-        Self { store: MemStore::new(), now: 1_700_000_000_000_000, seq: 0, index: 0 }
+        Self {
+            store: MemStore::new(),
+            now: 1_700_000_000_000_000,
+            seq: 0,
+            index: 0,
+        }
     }
 
     fn apply(&mut self, command: Command) -> Outcome {
-        let entry = Entry { proposed_at: self.now, command };
+        let entry = Entry {
+            proposed_at: self.now,
+            command,
+        };
         let mut txn = Txn::new(&self.store);
         self.index += 1;
         let r = apply_entry(&mut txn, &entry, self.index).expect("apply");
@@ -67,7 +78,15 @@ impl Sim {
         self.pop_with(queue, None, group, batch, 1, Subscription::Default)
     }
 
-    fn pop_with(&mut self, queue: &str, partition: Option<&str>, group: Option<&str>, batch: u32, parts: u32, sub: Subscription) -> PopOutcome {
+    fn pop_with(
+        &mut self,
+        queue: &str,
+        partition: Option<&str>,
+        group: Option<&str>,
+        batch: u32,
+        parts: u32,
+        sub: Subscription,
+    ) -> PopOutcome {
         self.seq += 1;
         match self.apply(Command::Pop(PopCommand {
             queue: QueueName::new(queue).unwrap(),
@@ -84,7 +103,13 @@ impl Sim {
         }
     }
 
-    fn ack(&mut self, group: Option<&str>, pop: &PopOutcome, idx: usize, status: &str) -> queen_domain::model::AckVerdict {
+    fn ack(
+        &mut self,
+        group: Option<&str>,
+        pop: &PopOutcome,
+        idx: usize,
+        status: &str,
+    ) -> queen_domain::model::AckVerdict {
         let claim = &pop.claims[0];
         let m = &claim.messages[idx];
         match self.apply(Command::Ack {
@@ -103,12 +128,20 @@ impl Sim {
     }
 
     fn configure(&mut self, queue: &str, o: QueueOptions) {
-        self.apply(Command::Configure { queue: QueueName::new(queue).unwrap(), namespace: None, task: None, options: o });
+        self.apply(Command::Configure {
+            queue: QueueName::new(queue).unwrap(),
+            namespace: None,
+            task: None,
+            options: o,
+        });
     }
 }
 
 fn txns(p: &PopOutcome) -> Vec<String> {
-    p.claims.iter().flat_map(|c| c.messages.iter().map(|m| m.transaction_id.clone())).collect()
+    p.claims
+        .iter()
+        .flat_map(|c| c.messages.iter().map(|m| m.transaction_id.clone()))
+        .collect()
 }
 
 #[test]
@@ -134,7 +167,13 @@ fn repeats_inside_one_push_keep_the_first() {
         payload: b"1".to_vec(),
         trace_id: None,
     };
-    let Outcome::Push(v) = s.apply(Command::Push(vec![item("x", 1), item("x", 2), item("y", 3)])) else { panic!() };
+    let Outcome::Push(v) = s.apply(Command::Push(vec![
+        item("x", 1),
+        item("x", 2),
+        item("y", 3),
+    ])) else {
+        panic!()
+    };
     assert_eq!(v[0].status, PushStatus::Queued);
     assert_eq!(v[1].status, PushStatus::Duplicate);
     assert_eq!(v[1].message_id, [1; 16]);
@@ -160,7 +199,10 @@ fn a_leased_partition_is_skipped_until_acked() {
     }
     let p1 = s.pop("q", None, 2);
     assert_eq!(txns(&p1), ["t0", "t1"]);
-    assert!(s.pop("q", None, 2).is_empty(), "one live lease per partition and group");
+    assert!(
+        s.pop("q", None, 2).is_empty(),
+        "one live lease per partition and group"
+    );
     assert!(s.ack(None, &p1, 0, "completed").success);
     let v = s.ack(None, &p1, 1, "completed");
     assert!(v.success && v.lease_released);
@@ -170,7 +212,13 @@ fn a_leased_partition_is_skipped_until_acked() {
 #[test]
 fn an_expired_lease_redelivers_without_counting_a_retry() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { lease_time: 5, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            lease_time: 5,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "Default", "t0");
     let first = s.pop("q", None, 1);
     s.advance_secs(6);
@@ -185,7 +233,13 @@ fn an_expired_lease_redelivers_without_counting_a_retry() {
 #[test]
 fn failures_retry_up_to_the_limit_then_dead_letter() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { retry_limit: 2, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            retry_limit: 2,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "Default", "bad");
     s.push("q", "Default", "good");
     for attempt in 1..=3 {
@@ -213,7 +267,10 @@ fn a_nack_rewinds_the_partition_and_refuses_the_rest_of_the_batch() {
     let p = s.pop("q", None, 3);
     assert!(s.ack(None, &p, 0, "completed").success);
     assert!(s.ack(None, &p, 1, "failed").success);
-    assert!(!s.ack(None, &p, 2, "completed").success, "the lease was released by the nack");
+    assert!(
+        !s.ack(None, &p, 2, "completed").success,
+        "the lease was released by the nack"
+    );
     assert_eq!(txns(&s.pop("q", None, 3)), ["t1", "t2"]);
 }
 
@@ -225,7 +282,10 @@ fn a_repeated_ack_is_answered_as_the_first() {
     let p = s.pop("q", None, 2);
     let first = s.ack(None, &p, 0, "completed");
     let again = s.ack(None, &p, 0, "completed");
-    assert_eq!((first.success, first.lease_released), (again.success, again.lease_released));
+    assert_eq!(
+        (first.success, first.lease_released),
+        (again.success, again.lease_released)
+    );
     assert!(again.noop && !first.noop);
 }
 
@@ -237,12 +297,18 @@ fn each_group_sees_every_message_and_new_starts_now() {
     let b = s.pop("q", Some("b"), 10);
     assert_eq!(txns(&a), ["old"]);
     assert_eq!(txns(&b), ["old"]);
-    assert!(s.pop_with("q", None, Some("late"), 10, 1, Subscription::New).is_empty());
+    assert!(
+        s.pop_with("q", None, Some("late"), 10, 1, Subscription::New)
+            .is_empty()
+    );
     s.advance_secs(1);
     s.push("q", "p", "fresh");
     let late = s.pop_with("q", None, Some("late"), 10, 1, Subscription::All);
     assert_eq!(txns(&late), ["fresh"], "the first choice sticks");
-    assert!(s.pop("q", None, 10).claims[0].messages.len() == 2, "queue mode starts at the oldest");
+    assert!(
+        s.pop("q", None, 10).claims[0].messages.len() == 2,
+        "queue mode starts at the oldest"
+    );
 }
 
 #[test]
@@ -253,27 +319,53 @@ fn one_pop_claims_several_partitions_under_one_lease() {
     }
     let pop = s.pop_with("q", None, None, 10, 2, Subscription::Default);
     assert_eq!(pop.claims.len(), 2);
-    let Outcome::Extend { success, renewed, .. } = s.apply(Command::ExtendLease { lease_id: pop.lease_id.clone() }) else { panic!() };
+    let Outcome::Extend {
+        success, renewed, ..
+    } = s.apply(Command::ExtendLease {
+        lease_id: pop.lease_id.clone(),
+    })
+    else {
+        panic!()
+    };
     assert!(success);
     assert_eq!(renewed, 2);
-    assert_eq!(txns(&s.pop_with("q", None, None, 10, 5, Subscription::Default)), ["c0"]);
+    assert_eq!(
+        txns(&s.pop_with("q", None, None, 10, 5, Subscription::Default)),
+        ["c0"]
+    );
 }
 
 #[test]
 fn extending_an_expired_lease_fails() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { lease_time: 1, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            lease_time: 1,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "Default", "t");
     let p = s.pop("q", None, 1);
     s.advance_secs(2);
-    let Outcome::Extend { success, .. } = s.apply(Command::ExtendLease { lease_id: p.lease_id }) else { panic!() };
+    let Outcome::Extend { success, .. } = s.apply(Command::ExtendLease {
+        lease_id: p.lease_id,
+    }) else {
+        panic!()
+    };
     assert!(!success);
 }
 
 #[test]
 fn retention_deletes_old_messages_through_ticks_and_frees_their_dedup() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { retention_seconds: 10, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            retention_seconds: 10,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "p", "t0");
     s.advance_secs(5);
     s.push("q", "p", "t1");
@@ -283,21 +375,35 @@ fn retention_deletes_old_messages_through_ticks_and_frees_their_dedup() {
     let p = v.partitions.iter().find(|p| p.name == "p").unwrap();
     assert_eq!((p.log_start, p.next_offset), (1, 2));
     assert_eq!(v.queue.messages, 1);
-    assert_eq!(s.push("q", "p", "t0").status, PushStatus::Queued, "dedup lasts as long as the original");
+    assert_eq!(
+        s.push("q", "p", "t0").status,
+        PushStatus::Queued,
+        "dedup lasts as long as the original"
+    );
     assert_eq!(s.push("q", "p", "t1").status, PushStatus::Duplicate);
 }
 
 #[test]
 fn completed_retention_waits_for_every_group() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { completed_retention_seconds: 1, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            completed_retention_seconds: 1,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "p", "t0");
     let a = s.pop("q", Some("a"), 1);
     let _b = s.pop("q", Some("b"), 1);
     s.ack(Some("a"), &a, 0, "completed");
     s.advance_secs(2);
     s.apply(Command::Tick);
-    assert_eq!(reads::queue(&s.store, "q").unwrap().unwrap().messages, 1, "group b has not consumed it");
+    assert_eq!(
+        reads::queue(&s.store, "q").unwrap().unwrap().messages,
+        1,
+        "group b has not consumed it"
+    );
 }
 
 #[test]
@@ -306,7 +412,11 @@ fn deleting_a_queue_removes_everything_in_bounded_ticks() {
     for i in 0..50 {
         s.push("q", &format!("p{}", i % 3), &format!("t{i}"));
     }
-    let Outcome::Deleted { existed } = s.apply(Command::DeleteQueue { queue: QueueName::new("q").unwrap() }) else { panic!() };
+    let Outcome::Deleted { existed } = s.apply(Command::DeleteQueue {
+        queue: QueueName::new("q").unwrap(),
+    }) else {
+        panic!()
+    };
     assert!(existed);
     assert!(s.pop("q", None, 10).is_empty());
     for _ in 0..3 {
@@ -314,13 +424,23 @@ fn deleting_a_queue_removes_everything_in_bounded_ticks() {
     }
     // Only meta keys and the lease expiry-free tables remain.
     assert!(s.store.len() < 8, "rows left: {}", s.store.len());
-    assert_eq!(s.push("q", "p0", "t0").status, PushStatus::Queued, "a new queue of the same name starts empty");
+    assert_eq!(
+        s.push("q", "p0", "t0").status,
+        PushStatus::Queued,
+        "a new queue of the same name starts empty"
+    );
 }
 
 #[test]
 fn delayed_processing_hides_messages_until_due() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { delayed_processing: 10, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            delayed_processing: 10,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "Default", "t");
     assert!(s.pop("q", None, 1).is_empty());
     s.advance_secs(11);
@@ -330,9 +450,18 @@ fn delayed_processing_hides_messages_until_due() {
 #[test]
 fn max_size_refuses_per_item() {
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { max_size: 1, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            max_size: 1,
+            ..QueueOptions::default()
+        },
+    );
     assert_eq!(s.push("q", "Default", "a").status, PushStatus::Queued);
-    assert!(matches!(s.push("q", "Default", "b").status, PushStatus::Failed(_)));
+    assert!(matches!(
+        s.push("q", "Default", "b").status,
+        PushStatus::Failed(_)
+    ));
 }
 
 #[test]
@@ -342,12 +471,35 @@ fn unknown_ack_targets_are_refused_not_errors() {
     let Outcome::Ack(v) = s.apply(Command::Ack {
         group: GroupName::queue_mode(),
         items: vec![
-            AckItem { transaction_id: "t".into(), partition_id: "999".into(), status: "completed".into(), error: None, lease_id: None },
-            AckItem { transaction_id: "t".into(), partition_id: "nope".into(), status: "completed".into(), error: None, lease_id: None },
-            AckItem { transaction_id: "t".into(), partition_id: "1".into(), status: "weird".into(), error: None, lease_id: None },
+            AckItem {
+                transaction_id: "t".into(),
+                partition_id: "999".into(),
+                status: "completed".into(),
+                error: None,
+                lease_id: None,
+            },
+            AckItem {
+                transaction_id: "t".into(),
+                partition_id: "nope".into(),
+                status: "completed".into(),
+                error: None,
+                lease_id: None,
+            },
+            AckItem {
+                transaction_id: "t".into(),
+                partition_id: "1".into(),
+                status: "weird".into(),
+                error: None,
+                lease_id: None,
+            },
         ],
-    }) else { panic!() };
-    assert!(v.iter().all(|o| !o.verdict.success && o.verdict.error.is_some()));
+    }) else {
+        panic!()
+    };
+    assert!(
+        v.iter()
+            .all(|o| !o.verdict.success && o.verdict.error.is_some())
+    );
 }
 
 #[test]
@@ -365,7 +517,11 @@ fn would_pop_writes_nothing() {
         auto_ack: false,
         subscription: Subscription::Default,
     };
-    assert!(!reads::would_pop(&s.store, queen_domain::time::Stamp(s.now), &cmd).unwrap().is_empty());
+    assert!(
+        !reads::would_pop(&s.store, queen_domain::time::Stamp(s.now), &cmd)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(before, s.store);
 }
 
@@ -403,19 +559,32 @@ mod transactions {
         let mut s = Sim::new();
         s.push("in", "Default", "m1");
         let p = s.pop("in", None, 1);
-        let cmd = Command::Transaction { ops: vec![ack_op(&p, false), TxnOp::Push(item("out", "derived-1"))], required_leases: vec![p.lease_id.clone()], kv: vec![], timers: vec![] };
-        let Outcome::Transaction(t) = s.apply(cmd.clone()) else { panic!() };
+        let cmd = Command::Transaction {
+            ops: vec![ack_op(&p, false), TxnOp::Push(item("out", "derived-1"))],
+            required_leases: vec![p.lease_id.clone()],
+            kv: vec![],
+            timers: vec![],
+        };
+        let Outcome::Transaction(t) = s.apply(cmd.clone()) else {
+            panic!()
+        };
         assert!(t.success, "{t:?}");
         assert!(matches!(&t.results[1], TxnResult::Push(o) if o.status == PushStatus::Queued));
         assert_eq!(txns(&s.pop("out", None, 5)), ["derived-1"]);
         // The resend fails on the released lease and writes nothing.
         let before = s.store.clone();
-        let Outcome::Transaction(again) = s.apply(cmd) else { panic!() };
+        let Outcome::Transaction(again) = s.apply(cmd) else {
+            panic!()
+        };
         assert!(!again.success);
         // Only the stamp moved.
         let without_stamp = |m: &MemStore| {
             let mut m = m.clone();
-            m.commit([(queen_domain::keys::meta_stamp(), None)].into_iter().collect());
+            m.commit(
+                [(queen_domain::keys::meta_stamp(), None)]
+                    .into_iter()
+                    .collect(),
+            );
             m
         };
         assert_eq!(without_stamp(&s.store), without_stamp(&before));
@@ -430,21 +599,44 @@ mod transactions {
         if let TxnOp::Ack { item, .. } = &mut bad {
             item.transaction_id = "no-such-message".into();
         }
-        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x")), bad], required_leases: vec![], kv: vec![], timers: vec![] }) else { panic!() };
+        let Outcome::Transaction(t) = s.apply(Command::Transaction {
+            ops: vec![TxnOp::Push(item("out", "x")), bad],
+            required_leases: vec![],
+            kv: vec![],
+            timers: vec![],
+        }) else {
+            panic!()
+        };
         assert!(!t.success);
         assert!(t.error.unwrap().contains("operation 1"));
         assert!(s.pop("out", None, 5).is_empty(), "the push was rolled back");
-        assert!(s.ack(None, &p, 0, "completed").success, "the lease is untouched");
+        assert!(
+            s.ack(None, &p, 0, "completed").success,
+            "the lease is untouched"
+        );
     }
 
     #[test]
     fn an_expired_required_lease_fails_the_bundle() {
         let mut s = Sim::new();
-        s.configure("in", QueueOptions { lease_time: 1, ..QueueOptions::default() });
+        s.configure(
+            "in",
+            QueueOptions {
+                lease_time: 1,
+                ..QueueOptions::default()
+            },
+        );
         s.push("in", "Default", "m1");
         let p = s.pop("in", None, 1);
         s.advance_secs(2);
-        let Outcome::Transaction(t) = s.apply(Command::Transaction { ops: vec![TxnOp::Push(item("out", "x"))], required_leases: vec![p.lease_id], kv: vec![], timers: vec![] }) else { panic!() };
+        let Outcome::Transaction(t) = s.apply(Command::Transaction {
+            ops: vec![TxnOp::Push(item("out", "x"))],
+            required_leases: vec![p.lease_id],
+            kv: vec![],
+            timers: vec![],
+        }) else {
+            panic!()
+        };
         assert!(!t.success);
         assert!(s.pop("out", None, 5).is_empty());
     }
@@ -462,16 +654,34 @@ mod kv_rules {
     }
 
     fn put(key: &str, v: &str, expect: Option<u64>, required: bool) -> KvOp {
-        KvOp::Put { ns: "app".into(), key: key.into(), value: v.as_bytes().to_vec(), expiry: Expiry::Ttl(10), expect, required }
+        KvOp::Put {
+            ns: "app".into(),
+            key: key.into(),
+            value: v.as_bytes().to_vec(),
+            expiry: Expiry::Ttl(10),
+            expect,
+            required,
+        }
     }
 
     fn get(key: &str) -> KvOp {
-        KvOp::Get { ns: "app".into(), key: key.into() }
+        KvOp::Get {
+            ns: "app".into(),
+            key: key.into(),
+        }
     }
 
     fn applied(r: &KvResult) -> (bool, Option<String>, Option<u64>) {
         match r {
-            KvResult::Write { applied, reason, current } => (*applied, reason.clone(), current.as_ref().map(|c| c.version)),
+            KvResult::Write {
+                applied,
+                reason,
+                current,
+            } => (
+                *applied,
+                reason.clone(),
+                current.as_ref().map(|c| c.version),
+            ),
             other => panic!("{other:?}"),
         }
     }
@@ -486,7 +696,11 @@ mod kv_rules {
         let (ok, _, v2) = applied(&b.results[0]);
         assert!(ok && v2 > v1, "versions rise");
         let stale = kv(&mut s, vec![put("k", "3", v1, false)]);
-        assert_eq!(applied(&stale.results[0]), (false, Some("version".into()), v2), "the loser sees the winner's version");
+        assert_eq!(
+            applied(&stale.results[0]),
+            (false, Some("version".into()), v2),
+            "the loser sees the winner's version"
+        );
         let absent = kv(&mut s, vec![put("k", "4", Some(0), false)]);
         assert_eq!(applied(&absent.results[0]).1.as_deref(), Some("exists"));
     }
@@ -498,49 +712,123 @@ mod kv_rules {
         s.advance_secs(11);
         let r = kv(&mut s, vec![get("t"), put("t", "2", Some(0), false)]);
         assert_eq!(r.results[0], KvResult::Get(None));
-        assert!(applied(&r.results[1]).0, "expect 0 wins over an expired row");
+        assert!(
+            applied(&r.results[1]).0,
+            "expect 0 wins over an expired row"
+        );
         s.advance_secs(11);
         s.apply(Command::Tick);
-        assert!(matches!(kv(&mut s, vec![get("t")]).results[0], KvResult::Get(None)));
+        assert!(matches!(
+            kv(&mut s, vec![get("t")]).results[0],
+            KvResult::Get(None)
+        ));
     }
 
     #[test]
     fn a_lost_required_precondition_rolls_back_the_whole_call() {
         let mut s = Sim::new();
-        let r = kv(&mut s, vec![put("a", "1", None, false), KvOp::Check { ns: "app".into(), key: "zzz".into(), expect: 5, required: true }, put("b", "1", None, false)]);
+        let r = kv(
+            &mut s,
+            vec![
+                put("a", "1", None, false),
+                KvOp::Check {
+                    ns: "app".into(),
+                    key: "zzz".into(),
+                    expect: 5,
+                    required: true,
+                },
+                put("b", "1", None, false),
+            ],
+        );
         assert_eq!(r.failed, Some(1));
         assert_eq!(r.results.len(), 3, "index-aligned, never shorter");
         assert_eq!(applied(&r.results[0]).1.as_deref(), Some("rolled_back"));
         assert_eq!(applied(&r.results[1]).1.as_deref(), Some("absent"));
-        assert!(matches!(kv(&mut s, vec![get("a")]).results[0], KvResult::Get(None)));
+        assert!(matches!(
+            kv(&mut s, vec![get("a")]).results[0],
+            KvResult::Get(None)
+        ));
         // Without `required` the same failure keeps the other writes.
-        let r = kv(&mut s, vec![put("a", "1", None, false), KvOp::Check { ns: "app".into(), key: "zzz".into(), expect: 5, required: false }]);
+        let r = kv(
+            &mut s,
+            vec![
+                put("a", "1", None, false),
+                KvOp::Check {
+                    ns: "app".into(),
+                    key: "zzz".into(),
+                    expect: 5,
+                    required: false,
+                },
+            ],
+        );
         assert_eq!(r.failed, None);
-        assert!(matches!(&kv(&mut s, vec![get("a")]).results[0], KvResult::Get(Some(_))));
+        assert!(matches!(
+            &kv(&mut s, vec![get("a")]).results[0],
+            KvResult::Get(Some(_))
+        ));
     }
 
     #[test]
     fn incr_counts_from_zero_refuses_out_of_bounds_and_wrong_types() {
         let mut s = Sim::new();
-        let incr = |d: i64, max: Option<f64>| KvOp::Incr { ns: "app".into(), key: "n".into(), delta: Num::Int(d), min: None, max, expiry: Expiry::Forever, required: false };
+        let incr = |d: i64, max: Option<f64>| KvOp::Incr {
+            ns: "app".into(),
+            key: "n".into(),
+            delta: Num::Int(d),
+            min: None,
+            max,
+            expiry: Expiry::Forever,
+            required: false,
+        };
         kv(&mut s, vec![incr(2, None)]);
         let r = kv(&mut s, vec![incr(3, None)]);
-        let KvResult::Write { current: Some(row), .. } = &r.results[0] else { panic!() };
+        let KvResult::Write {
+            current: Some(row), ..
+        } = &r.results[0]
+        else {
+            panic!()
+        };
         assert_eq!(row.value, b"5");
-        assert_eq!(applied(&kv(&mut s, vec![incr(1, Some(5.0))]).results[0]).1.as_deref(), Some("limit"));
+        assert_eq!(
+            applied(&kv(&mut s, vec![incr(1, Some(5.0))]).results[0])
+                .1
+                .as_deref(),
+            Some("limit")
+        );
         kv(&mut s, vec![put("n", "\"text\"", None, false)]);
-        assert_eq!(applied(&kv(&mut s, vec![incr(1, None)]).results[0]).1.as_deref(), Some("type"));
+        assert_eq!(
+            applied(&kv(&mut s, vec![incr(1, None)]).results[0])
+                .1
+                .as_deref(),
+            Some("type")
+        );
     }
 
     fn incr_op(delta: Num, min: Option<f64>, max: Option<f64>) -> KvOp {
-        KvOp::Incr { ns: "app".into(), key: "c".into(), delta, min, max, expiry: Expiry::Forever, required: false }
+        KvOp::Incr {
+            ns: "app".into(),
+            key: "c".into(),
+            delta,
+            min,
+            max,
+            expiry: Expiry::Forever,
+            required: false,
+        }
     }
 
     /// The row's text after an incr, or `refused: <reason>`.
     fn incr_text(s: &mut Sim, op: KvOp) -> String {
         match &kv(s, vec![op]).results[0] {
-            KvResult::Write { applied: true, current: Some(row), .. } => String::from_utf8_lossy(&row.value).into_owned(),
-            KvResult::Write { applied: false, reason, .. } => format!("refused: {}", reason.clone().unwrap_or_default()),
+            KvResult::Write {
+                applied: true,
+                current: Some(row),
+                ..
+            } => String::from_utf8_lossy(&row.value).into_owned(),
+            KvResult::Write {
+                applied: false,
+                reason,
+                ..
+            } => format!("refused: {}", reason.clone().unwrap_or_default()),
             other => panic!("{other:?}"),
         }
     }
@@ -549,14 +837,32 @@ mod kv_rules {
     fn incr_is_exact_for_integers_and_refuses_overflow() {
         let mut s = Sim::new();
         kv(&mut s, vec![put("c", "9007199254740992", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "9007199254740993", "2^53 + 1 is kept");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "9007199254740993",
+            "2^53 + 1 is kept"
+        );
         kv(&mut s, vec![put("c", "9223372036854775806", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "9223372036854775807");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "i64::MAX + 1 is not applied");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "9223372036854775807"
+        );
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "refused: overflow",
+            "i64::MAX + 1 is not applied"
+        );
         kv(&mut s, vec![put("c", "-9223372036854775808", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(-1), None, None)), "refused: overflow");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(-1), None, None)),
+            "refused: overflow"
+        );
         kv(&mut s, vec![put("c", "18446744073709551616", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "a stored integer outside i64");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "refused: overflow",
+            "a stored integer outside i64"
+        );
         kv(&mut s, vec![put("c", "-0", None, false)]);
         assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "1");
     }
@@ -565,15 +871,29 @@ mod kv_rules {
     fn incr_uses_floats_only_for_fractions_and_refuses_infinity() {
         let mut s = Sim::new();
         kv(&mut s, vec![put("c", "1e308", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Float(1e308), None, None)), "refused: overflow", "1e308 + 1e308");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Float(1e308), None, None)),
+            "refused: overflow",
+            "1e308 + 1e308"
+        );
         kv(&mut s, vec![put("c", "1e400", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: overflow", "a stored 1e400 is infinite");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "refused: overflow",
+            "a stored 1e400 is infinite"
+        );
         kv(&mut s, vec![put("c", "42.00", None, false)]);
         assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "43.0");
         kv(&mut s, vec![put("c", "2", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Float(0.5), None, None)), "2.5");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Float(0.5), None, None)),
+            "2.5"
+        );
         kv(&mut s, vec![put("c", "true", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, None)), "refused: type");
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, None)),
+            "refused: type"
+        );
     }
 
     #[test]
@@ -581,14 +901,50 @@ mod kv_rules {
         let mut s = Sim::new();
         kv(&mut s, vec![put("c", "9007199254740992", None, false)]);
         // 2^53 + 1 is above the float 2^53 although it rounds to it.
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(9_007_199_254_740_992.0))), "refused: limit");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), None, Some(9_007_199_254_740_992.0))), "9007199254740992");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(9.3e18))), "9007199254740993");
+        assert_eq!(
+            incr_text(
+                &mut s,
+                incr_op(Num::Int(1), None, Some(9_007_199_254_740_992.0))
+            ),
+            "refused: limit"
+        );
+        assert_eq!(
+            incr_text(
+                &mut s,
+                incr_op(Num::Int(0), None, Some(9_007_199_254_740_992.0))
+            ),
+            "9007199254740992"
+        );
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), None, Some(9.3e18))),
+            "9007199254740993"
+        );
         kv(&mut s, vec![put("c", "4503599627370495", None, false)]);
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), Some(4_503_599_627_370_495.5), None)), "refused: limit");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(0), None, Some(4_503_599_627_370_494.5))), "refused: limit");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), None, Some(4_503_599_627_370_496.5))), "4503599627370496");
-        assert_eq!(incr_text(&mut s, incr_op(Num::Int(1), Some(-1e300), Some(1e300))), "4503599627370497");
+        assert_eq!(
+            incr_text(
+                &mut s,
+                incr_op(Num::Int(0), Some(4_503_599_627_370_495.5), None)
+            ),
+            "refused: limit"
+        );
+        assert_eq!(
+            incr_text(
+                &mut s,
+                incr_op(Num::Int(0), None, Some(4_503_599_627_370_494.5))
+            ),
+            "refused: limit"
+        );
+        assert_eq!(
+            incr_text(
+                &mut s,
+                incr_op(Num::Int(1), None, Some(4_503_599_627_370_496.5))
+            ),
+            "4503599627370496"
+        );
+        assert_eq!(
+            incr_text(&mut s, incr_op(Num::Int(1), Some(-1e300), Some(1e300))),
+            "4503599627370497"
+        );
     }
 
     #[test]
@@ -598,20 +954,77 @@ mod kv_rules {
             Outcome::Locks(r) => r,
             o => panic!("{o:?}"),
         };
-        let acq = |owner: &str| LockOp::Acquire { name: "job".into(), ttl: 5, owner: owner.into(), limit: 1 };
+        let acq = |owner: &str| LockOp::Acquire {
+            name: "job".into(),
+            ttl: 5,
+            owner: owner.into(),
+            limit: 1,
+        };
         let r = locks(&mut s, vec![acq("me")]);
-        let LockResult::Acquired { token, already: false, slot: 0, .. } = r[0].clone() else { panic!("{r:?}") };
-        assert!(matches!(&locks(&mut s, vec![acq("me")])[0], LockResult::Acquired { already: true, .. }), "a resend is safe");
-        assert!(matches!(&locks(&mut s, vec![acq("you")])[0], LockResult::NotAcquired { reason, .. } if reason == "held"));
-        let r = locks(&mut s, vec![LockOp::Renew { name: "job".into(), token, ttl: 5, slot: 0 }]);
-        let LockResult::Renewed { token: t2, .. } = r[0].clone() else { panic!("{r:?}") };
+        let LockResult::Acquired {
+            token,
+            already: false,
+            slot: 0,
+            ..
+        } = r[0].clone()
+        else {
+            panic!("{r:?}")
+        };
+        assert!(
+            matches!(
+                &locks(&mut s, vec![acq("me")])[0],
+                LockResult::Acquired { already: true, .. }
+            ),
+            "a resend is safe"
+        );
+        assert!(
+            matches!(&locks(&mut s, vec![acq("you")])[0], LockResult::NotAcquired { reason, .. } if reason == "held")
+        );
+        let r = locks(
+            &mut s,
+            vec![LockOp::Renew {
+                name: "job".into(),
+                token,
+                ttl: 5,
+                slot: 0,
+            }],
+        );
+        let LockResult::Renewed { token: t2, .. } = r[0].clone() else {
+            panic!("{r:?}")
+        };
         assert!(t2 > token);
-        assert_eq!(locks(&mut s, vec![LockOp::Release { name: "job".into(), token, slot: 0 }])[0], LockResult::Released(false));
-        assert_eq!(locks(&mut s, vec![LockOp::Release { name: "job".into(), token: t2, slot: 0 }])[0], LockResult::Released(true));
-        assert!(matches!(&locks(&mut s, vec![acq("you")])[0], LockResult::Acquired { .. }));
+        assert_eq!(
+            locks(
+                &mut s,
+                vec![LockOp::Release {
+                    name: "job".into(),
+                    token,
+                    slot: 0
+                }]
+            )[0],
+            LockResult::Released(false)
+        );
+        assert_eq!(
+            locks(
+                &mut s,
+                vec![LockOp::Release {
+                    name: "job".into(),
+                    token: t2,
+                    slot: 0
+                }]
+            )[0],
+            LockResult::Released(true)
+        );
+        assert!(matches!(
+            &locks(&mut s, vec![acq("you")])[0],
+            LockResult::Acquired { .. }
+        ));
         // An expired permit frees the lock.
         s.advance_secs(6);
-        assert!(matches!(&locks(&mut s, vec![acq("me")])[0], LockResult::Acquired { already: false, .. }));
+        assert!(matches!(
+            &locks(&mut s, vec![acq("me")])[0],
+            LockResult::Acquired { already: false, .. }
+        ));
     }
 }
 
@@ -651,20 +1064,42 @@ mod timer_rules {
         let p = s.pop("later", None, 5);
         assert_eq!(txns(&p), ["txn-1"]);
         assert_eq!(p.claims[0].messages[0].id, [7; 16]);
-        assert_eq!(timers(&mut s, vec![TimerOp::Cancel { queue: QueueName::new("later").unwrap(), key: "k".into() }])[0].status, "absent");
+        assert_eq!(
+            timers(
+                &mut s,
+                vec![TimerOp::Cancel {
+                    queue: QueueName::new("later").unwrap(),
+                    key: "k".into()
+                }]
+            )[0]
+            .status,
+            "absent"
+        );
     }
 
     #[test]
     fn rescheduling_replaces_and_cancelling_prevents_delivery() {
         let mut s = Sim::new();
-        timers(&mut s, vec![sched("a", 1_000, "first"), sched("b", 1_000, "b")]);
+        timers(
+            &mut s,
+            vec![sched("a", 1_000, "first"), sched("b", 1_000, "b")],
+        );
         timers(&mut s, vec![sched("a", 60_000, "second")]);
-        let c = timers(&mut s, vec![TimerOp::Cancel { queue: QueueName::new("later").unwrap(), key: "b".into() }]);
+        let c = timers(
+            &mut s,
+            vec![TimerOp::Cancel {
+                queue: QueueName::new("later").unwrap(),
+                key: "b".into(),
+            }],
+        );
         assert_eq!(c[0].status, "cancelled");
         assert_eq!(c[0].txn.as_deref(), Some("b"));
         s.advance_secs(2);
         s.apply(Command::Tick);
-        assert!(s.pop("later", None, 5).is_empty(), "a moved to 60 s, b was cancelled");
+        assert!(
+            s.pop("later", None, 5).is_empty(),
+            "a moved to 60 s, b was cancelled"
+        );
         s.advance_secs(60);
         s.apply(Command::Tick);
         assert_eq!(txns(&s.pop("later", None, 5)), ["second"]);
@@ -689,8 +1124,16 @@ fn the_sink_hold_keeps_what_the_lake_has_not_committed_up_to_its_cap() {
     s.push("q", "p", "t1");
     s.advance_secs(20);
     s.apply(Command::Tick);
-    let part = |s: &Sim| reads::partition_by_name(&s.store, "q", "p").unwrap().unwrap();
-    assert_eq!(part(&s).log_start, 0, "no commit pointer yet: everything younger than the cap stays");
+    let part = |s: &Sim| {
+        reads::partition_by_name(&s.store, "q", "p")
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(
+        part(&s).log_start,
+        0,
+        "no commit pointer yet: everything younger than the cap stays"
+    );
     let pointer = format!(r#"{{"k":1,"tEnd":{}}}"#, t0 + 62_000_000);
     s.apply(Command::Kv(vec![KvOp::Put {
         ns: documents::NS.into(),
@@ -702,27 +1145,54 @@ fn the_sink_hold_keeps_what_the_lake_has_not_committed_up_to_its_cap() {
     }]));
     s.apply(Command::Tick);
     let p = part(&s);
-    assert_eq!(p.log_start, 1, "t0 is older than the pointer minus a minute, t1 is not");
-    assert!(reads::purged_stamp(&s.store, p.pid).unwrap().is_some_and(|t| t.0 >= t0 && t.0 < t0 + 1_000_000));
+    assert_eq!(
+        p.log_start, 1,
+        "t0 is older than the pointer minus a minute, t1 is not"
+    );
+    assert!(
+        reads::purged_stamp(&s.store, p.pid)
+            .unwrap()
+            .is_some_and(|t| t.0 >= t0 && t.0 < t0 + 1_000_000)
+    );
     s.advance_secs(1000);
     s.apply(Command::Tick);
-    assert_eq!(part(&s).log_start, 2, "past retentionSinkHoldMaxSeconds the hold lets go");
+    assert_eq!(
+        part(&s).log_start,
+        2,
+        "past retentionSinkHoldMaxSeconds the hold lets go"
+    );
 }
 
 #[test]
 fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
     // Without a leader change a lease ends at its expiry.
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            lease_time: 2,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "p", "t1");
     assert_eq!(txns(&s.pop("q", None, 1)), ["t1"]);
     s.advance_ms(2100);
-    assert_eq!(txns(&s.pop("q", None, 1)), ["t1"], "redelivered 100 ms past expiry");
+    assert_eq!(
+        txns(&s.pop("q", None, 1)),
+        ["t1"],
+        "redelivered 100 ms past expiry"
+    );
 
     // After a leader change the same lease is held the default 500 ms past its expiry: not
     // redelivered, not expired by a tick, still good for an extension and an ack.
     let mut s = Sim::new();
-    s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+    s.configure(
+        "q",
+        QueueOptions {
+            lease_time: 2,
+            ..QueueOptions::default()
+        },
+    );
     s.push("q", "p", "t1");
     s.push("q", "p", "t2");
     let first = s.pop("q", None, 1);
@@ -731,21 +1201,40 @@ fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
     s.leader_change();
     s.advance_ms(1100);
     s.apply(Command::Tick);
-    assert!(s.pop("q", None, 1).is_empty(), "held within the skew of its expiry");
+    assert!(
+        s.pop("q", None, 1).is_empty(),
+        "held within the skew of its expiry"
+    );
     let v = s.ack(None, &first, 0, "completed");
-    assert!(v.success && v.lease_released, "the holder's ack is accepted: {v:?}");
+    assert!(
+        v.success && v.lease_released,
+        "the holder's ack is accepted: {v:?}"
+    );
     let second = s.pop("q", None, 1);
     assert_eq!(txns(&second), ["t2"]);
     // The hold is over once every lease granted before the change is past expiry + skew;
     // a lease granted afterwards expires on time again.
     s.advance_ms(2100);
-    assert_eq!(txns(&s.pop("q", None, 1)), ["t2"], "redelivered after the hold ended");
+    assert_eq!(
+        txns(&s.pop("q", None, 1)),
+        ["t2"],
+        "redelivered after the hold ended"
+    );
 
     // The leader's setting replaces the default; 0 turns the hold off.
     for (skew, held) in [(0, false), (1500, true)] {
         let mut s = Sim::new();
-        s.apply(Command::ClusterSettings { version: 1, max_clock_skew_ms: skew });
-        s.configure("q", QueueOptions { lease_time: 2, ..QueueOptions::default() });
+        s.apply(Command::ClusterSettings {
+            version: 1,
+            max_clock_skew_ms: skew,
+        });
+        s.configure(
+            "q",
+            QueueOptions {
+                lease_time: 2,
+                ..QueueOptions::default()
+            },
+        );
         s.push("q", "p", "t1");
         s.pop("q", None, 1);
         s.leader_change();
@@ -754,7 +1243,11 @@ fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
         if held {
             assert!(at_1s.is_empty(), "skew {skew} ms: held 1 s past expiry");
             s.advance_ms(600);
-            assert_eq!(txns(&s.pop("q", None, 1)), ["t1"], "skew {skew} ms, 1.6 s past expiry");
+            assert_eq!(
+                txns(&s.pop("q", None, 1)),
+                ["t1"],
+                "skew {skew} ms, 1.6 s past expiry"
+            );
         } else {
             assert_eq!(txns(&at_1s), ["t1"], "skew 0: redelivered 1 s past expiry");
         }
@@ -765,9 +1258,15 @@ fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
 fn the_cluster_version_only_rises() {
     let mut s = Sim::new();
     assert_eq!(reads::cluster_version(&s.store).unwrap(), 0);
-    let r = s.apply(Command::ClusterSettings { version: 2, max_clock_skew_ms: 500 });
+    let r = s.apply(Command::ClusterSettings {
+        version: 2,
+        max_clock_skew_ms: 500,
+    });
     assert_eq!(r, Outcome::ClusterSettings { version: 2 });
-    let r = s.apply(Command::ClusterSettings { version: 1, max_clock_skew_ms: 700 });
+    let r = s.apply(Command::ClusterSettings {
+        version: 1,
+        max_clock_skew_ms: 700,
+    });
     assert_eq!(r, Outcome::ClusterSettings { version: 2 }, "never lowered");
     assert_eq!(reads::cluster_version(&s.store).unwrap(), 2);
     assert_eq!(reads::max_clock_skew_ms(&s.store).unwrap(), Some(700));

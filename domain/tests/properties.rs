@@ -50,10 +50,18 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 payload: b"{}".to_vec(),
                 trace_id: None,
             }]),
-            Op::Pop { group, batch, parts } => Command::Pop(PopCommand {
+            Op::Pop {
+                group,
+                batch,
+                parts,
+            } => Command::Pop(PopCommand {
                 queue: q.clone(),
                 partition: None,
-                group: if *group == 0 { GroupName::queue_mode() } else { GroupName::new(format!("g{group}")).unwrap() },
+                group: if *group == 0 {
+                    GroupName::queue_mode()
+                } else {
+                    GroupName::new(format!("g{group}")).unwrap()
+                },
                 batch: u32::from(*batch),
                 max_partitions: u32::from(*parts),
                 lease_id: format!("L{i}"),
@@ -61,15 +69,24 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 subscription: Subscription::Default,
             }),
             Op::AckLast { status, idx } => {
-                let Some((group, pop)) = &last_pop else { continue };
-                let msgs: Vec<_> = pop.claims.iter().flat_map(|c| c.messages.iter().map(move |m| (c.pid, m))).collect();
-                let Some((pid, m)) = msgs.get(*idx as usize % msgs.len().max(1)) else { continue };
+                let Some((group, pop)) = &last_pop else {
+                    continue;
+                };
+                let msgs: Vec<_> = pop
+                    .claims
+                    .iter()
+                    .flat_map(|c| c.messages.iter().map(move |m| (c.pid, m)))
+                    .collect();
+                let Some((pid, m)) = msgs.get(*idx as usize % msgs.len().max(1)) else {
+                    continue;
+                };
                 Command::Ack {
                     group: GroupName::or_queue_mode(Some(group)).unwrap(),
                     items: vec![AckItem {
                         transaction_id: m.transaction_id.clone(),
                         partition_id: pid.to_string(),
-                        status: ["completed", "failed", "dlq", "retry"][*status as usize].to_owned(),
+                        status: ["completed", "failed", "dlq", "retry"][*status as usize]
+                            .to_owned(),
                         error: None,
                         lease_id: Some(pop.lease_id.clone()),
                     }],
@@ -77,14 +94,20 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
             }
             Op::Extend => {
                 let Some((_, pop)) = &last_pop else { continue };
-                Command::ExtendLease { lease_id: pop.lease_id.clone() }
+                Command::ExtendLease {
+                    lease_id: pop.lease_id.clone(),
+                }
             }
             Op::Tick => Command::Tick,
             Op::Wait { secs } => {
                 now += u64::from(*secs) * 1_000_000;
                 continue;
             }
-            Op::Configure { retention, retry, lease } => Command::Configure {
+            Op::Configure {
+                retention,
+                retry,
+                lease,
+            } => Command::Configure {
                 queue: q.clone(),
                 namespace: None,
                 task: None,
@@ -97,13 +120,19 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
             },
             Op::Delete => Command::DeleteQueue { queue: q.clone() },
         };
-        let entry = Entry { proposed_at: now, command };
+        let entry = Entry {
+            proposed_at: now,
+            command,
+        };
         let mut txn = Txn::new(&store);
         let r = apply_entry(&mut txn, &entry, entries.len() as u64 + 1).unwrap();
         let w = txn.into_writes();
         store.commit(w);
         if let Outcome::Pop(p) = &r.outcome {
-            let group = match &entry.command { Command::Pop(c) => c.group.as_str().to_owned(), _ => unreachable!() };
+            let group = match &entry.command {
+                Command::Pop(c) => c.group.as_str().to_owned(),
+                _ => unreachable!(),
+            };
             if !p.is_empty() {
                 last_pop = Some((group, p.clone()));
             }

@@ -40,24 +40,39 @@ impl Tmpfs {
             .output()
             .map_err(|e| format!("cannot run mount: {e}"))?;
         if !out.status.success() {
-            return Err(format!("mount -t tmpfs failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
-        Ok(Tmpfs { dir: dir.to_path_buf() })
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
     }
 }
 
 /// (size, used) of the file system holding `dir`, in bytes, from `statvfs` (via `stat -f`), used
 /// counted as the node counts it: size minus what an unprivileged writer may still use.
 fn disk_use(dir: &Path) -> (u64, u64) {
-    let out = std::process::Command::new("stat").args(["-f", "-c", "%b %a %S"]).arg(dir).output().expect("stat -f");
+    let out = std::process::Command::new("stat")
+        .args(["-f", "-c", "%b %a %S"])
+        .arg(dir)
+        .output()
+        .expect("stat -f");
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: Vec<u64> = text.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+    let v: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect();
     assert_eq!(v.len(), 3, "stat -f answered {text:?}");
     (v[0] * v[2], (v[0] - v[1]) * v[2])
 }
@@ -84,7 +99,10 @@ struct PeakWatch {
 
 impl PeakWatch {
     fn start(dir: &Path) -> PeakWatch {
-        let (peak, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (peak, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let (p, s, d) = (peak.clone(), stop.clone(), dir.to_path_buf());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
@@ -92,7 +110,11 @@ impl PeakWatch {
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
-        PeakWatch { peak, stop, thread: Some(thread) }
+        PeakWatch {
+            peak,
+            stop,
+            thread: Some(thread),
+        }
     }
 
     fn peak(&self) -> u64 {
@@ -123,7 +145,11 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
     };
     // The node's log file is written next to the directory (n1.log), outside the tmpfs.
     let high = HIGH_PCT.to_string();
-    let mut n = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &data, &[("QUEEN_RAFT_DISK_HIGH_PCT", &high)]);
+    let mut n = Node::start(
+        Path::new(env!("CARGO_BIN_EXE_queen")),
+        &data,
+        &[("QUEEN_RAFT_DISK_HIGH_PCT", &high)],
+    );
     let watch = PeakWatch::start(&mount.dir);
     let (total, at_start) = disk_use(&mount.dir);
     println!("tmpfs: {total} bytes, {at_start} in use at start");
@@ -171,23 +197,50 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
     let refusal = first_refusal.expect("a refusal");
     assert_eq!(refusal.json["code"], "disk_full", "{}", refusal.text);
     let message = refusal.json["error"].as_str().unwrap_or_default();
-    assert!(message.contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"), "names the setting and the limit: {message}");
+    assert!(
+        message.contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"),
+        "names the setting and the limit: {message}"
+    );
     let (_, at_gate) = disk_use(&mount.dir);
-    println!("gate held after {} pushes; {at_gate} bytes in use", accepted.len());
-    assert_eq!(n.get("/health").status, 200, "a closed gate is not a failure");
+    println!(
+        "gate held after {} pushes; {at_gate} bytes in use",
+        accepted.len()
+    );
+    assert_eq!(
+        n.get("/health").status,
+        200,
+        "a closed gate is not a failure"
+    );
     let peak = watch.peak();
     let peak_pct = peak * 100 / total;
     println!("peak disk use while pushing: {peak} bytes ({peak_pct}%)");
-    assert!(peak * 100 <= total * (HIGH_PCT + MARGIN_PCT), "the disk reached {peak_pct}%, past {HIGH_PCT}% + {MARGIN_PCT}%");
-    assert!(accepted.len() >= 20, "the gate closed early: {} pushes", accepted.len());
+    assert!(
+        peak * 100 <= total * (HIGH_PCT + MARGIN_PCT),
+        "the disk reached {peak_pct}%, past {HIGH_PCT}% + {MARGIN_PCT}%"
+    );
+    assert!(
+        accepted.len() >= 20,
+        "the gate closed early: {} pushes",
+        accepted.len()
+    );
 
     // Drain: every message comes back, pops and acks never fail, health stays ready.
     let mut drained: BTreeSet<String> = BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(30);
     while drained.len() < accepted.len() {
-        assert!(Instant::now() < until, "drained {} of {}", drained.len(), accepted.len());
+        assert!(
+            Instant::now() < until,
+            "drained {} of {}",
+            drained.len(),
+            accepted.len()
+        );
         let got = n.get("/api/v1/pop/queue/q?batch=5&wait=false");
-        assert_eq!(got.status, 200, "pop at a closed gate: {}", &got.text[..got.text.len().min(300)]);
+        assert_eq!(
+            got.status,
+            200,
+            "pop at a closed gate: {}",
+            &got.text[..got.text.len().min(300)]
+        );
         let messages = got.json["messages"].as_array().cloned().unwrap_or_default();
         let lease = got.json["leaseId"].clone();
         for m in &messages {
@@ -199,11 +252,18 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
         let h = n.get("/health");
         assert_eq!(h.status, 200, "health at a closed gate: {}", h.text);
     }
-    assert_eq!(drained, accepted, "every accepted message came back, none other");
+    assert_eq!(
+        drained, accepted,
+        "every accepted message came back, none other"
+    );
 
     // Deleting the drained queue frees its data: 1 MiB pushes are accepted again.
     let big = json!({"items": [{"queue": "q2", "transactionId": "again", "payload": payload(7)}]});
-    assert_eq!(n.post("/api/v1/push", &big).status, 507, "still closed before the delete");
+    assert_eq!(
+        n.post("/api/v1/push", &big).status,
+        507,
+        "still closed before the delete"
+    );
     let d = n.request("DELETE", "/api/v1/resources/queues/q", None);
     assert_eq!(d.status, 200, "queue delete at a closed gate: {}", d.text);
     let until = Instant::now() + Duration::from_secs(20);
@@ -213,8 +273,18 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
             break;
         }
         assert_eq!(a.status, 507, "{}", a.text);
-        let reclaim: Vec<String> = n.log_text().lines().filter(|l| l.contains("reclaim")).map(str::to_owned).collect();
-        assert!(Instant::now() < until, "pushes still refused after the queue was deleted: {} (disk {:?}; {reclaim:?})", a.text, disk_use(&mount.dir));
+        let reclaim: Vec<String> = n
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("reclaim"))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            Instant::now() < until,
+            "pushes still refused after the queue was deleted: {} (disk {:?}; {reclaim:?})",
+            a.text,
+            disk_use(&mount.dir)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // And the node gives the deleted queue's space back to the file system (the reclaim after a
@@ -224,12 +294,23 @@ fn on_a_small_disk_pushes_stop_at_the_gate_and_consumers_drain_everything() {
         now = disk_use(&mount.dir).1;
         now * 10 < at_gate * 9
     });
-    assert!(freed, "{now} bytes still in use after the queue was deleted ({at_gate} at the gate)");
+    assert!(
+        freed,
+        "{now} bytes still in use after the queue was deleted ({at_gate} at the gate)"
+    );
     println!("accepted again; {now} bytes in use");
     assert_eq!(n.get("/health").status, 200);
     let peak = watch.peak();
-    assert!(peak * 100 <= total * (HIGH_PCT + MARGIN_PCT), "the disk reached {}% during the drain", peak * 100 / total);
-    println!("done in {:?}; disk now {:?}", started.elapsed(), disk_use(&mount.dir));
+    assert!(
+        peak * 100 <= total * (HIGH_PCT + MARGIN_PCT),
+        "the disk reached {}% during the drain",
+        peak * 100 / total
+    );
+    println!(
+        "done in {:?}; disk now {:?}",
+        started.elapsed(),
+        disk_use(&mount.dir)
+    );
     drop(watch);
     n.kill9();
     drop(mount);
@@ -248,12 +329,19 @@ fn with_the_gate_at_100_percent_the_reserve_stops_writes_before_the_store_fails(
     };
     // The default reserve (32 MiB). Without it (QUEEN_RAFT_DISK_RESERVE_BYTES=0) this disk fills
     // and the state store fails a write: /health 503 and 500 for every write until a restart.
-    let mut n = Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &data, &[("QUEEN_RAFT_DISK_HIGH_PCT", "100")]);
+    let mut n = Node::start(
+        Path::new(env!("CARGO_BIN_EXE_queen")),
+        &data,
+        &[("QUEEN_RAFT_DISK_HIGH_PCT", "100")],
+    );
     let watch = PeakWatch::start(&mount.dir);
     let (total, _) = disk_use(&mount.dir);
     let (mut accepted, mut refused_in_a_row, mut message) = (0u64, 0, String::new());
     while refused_in_a_row < 10 {
-        assert!(accepted < 200, "the reserve never stopped pushes on a 100 MiB disk");
+        assert!(
+            accepted < 200,
+            "the reserve never stopped pushes on a 100 MiB disk"
+        );
         let a = n.post("/api/v1/push", &json!({"items": [{"queue": "q", "transactionId": format!("m{accepted}"), "payload": payload(accepted)}]}));
         match a.status {
             200 => {
@@ -268,7 +356,10 @@ fn with_the_gate_at_100_percent_the_reserve_stops_writes_before_the_store_fails(
             other => panic!("push answered {other}: {}", a.text),
         }
     }
-    assert!(message.contains("QUEEN_RAFT_DISK_RESERVE_BYTES"), "names the reserve: {message}");
+    assert!(
+        message.contains("QUEEN_RAFT_DISK_RESERVE_BYTES"),
+        "names the reserve: {message}"
+    );
     let free_at_peak = total - watch.peak();
     println!("accepted {accepted}; least free {free_at_peak} bytes; {message}");
     assert!(free_at_peak > 0, "the disk filled");
@@ -291,7 +382,9 @@ fn above_the_gate_the_sink_keeps_committing_its_backlog() {
     let lake = dir.path().join("lake");
     let bin = Path::new(env!("CARGO_BIN_EXE_queen"));
     let mut n = Node::start(bin, &data, &[]);
-    let items: Vec<serde_json::Value> = (0..5).map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}})).collect();
+    let items: Vec<serde_json::Value> = (0..5)
+        .map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}}))
+        .collect();
     let a = n.post("/api/v1/push", &json!({ "items": items }));
     assert_eq!(a.status, 200, "{}", a.text);
     assert!(n.sigterm(Duration::from_secs(30)).success());
@@ -307,18 +400,35 @@ fn above_the_gate_the_sink_keeps_committing_its_backlog() {
         ("QUEEN_S3_SAFE_GUARD_MS", "500"),
     ];
     let mut n = Node::start(bin, &data, &sink);
-    let refused = n.post("/api/v1/push", &json!({"items": [{"queue": "local", "partition": "p", "payload": {"i": 5}}]}));
+    let refused = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "local", "partition": "p", "payload": {"i": 5}}]}),
+    );
     assert_eq!(refused.status, 507, "the gate is closed: {}", refused.text);
     let mut last = serde_json::Value::Null;
     let committed = eventually(Duration::from_secs(60), || {
         let s = n.get("/status").json;
-        last = s["s3"]["sinks"][0]["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "local").cloned()).unwrap_or_default();
+        last = s["s3"]["sinks"][0]["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|q| q["queue"] == "local").cloned())
+            .unwrap_or_default();
         last["windowsCommitted"].as_u64() >= Some(1) && last["records"] == 5
     });
-    assert!(committed, "the sink committed its backlog at a closed gate: {last:#}\n{}", n.log_text());
+    assert!(
+        committed,
+        "the sink committed its backlog at a closed gate: {last:#}\n{}",
+        n.log_text()
+    );
     assert!(n.sigterm(Duration::from_secs(60)).success());
-    let out = std::process::Command::new(bin).args(["lake", "verify", "--endpoint", &endpoint]).output().expect("verify");
+    let out = std::process::Command::new(bin)
+        .args(["lake", "verify", "--endpoint", &endpoint])
+        .output()
+        .expect("verify");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    assert!(out.status.success(), "{report:#} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{report:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(report["queues"][0]["records"], 5, "{report:#}");
 }

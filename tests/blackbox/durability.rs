@@ -17,7 +17,9 @@ fn bin() -> &'static Path {
 fn drain(n: &Node, queue: &str) -> Vec<String> {
     let mut seen = Vec::new();
     loop {
-        let a = n.get(&format!("/api/v1/pop/queue/{queue}?batch=1000&partitions=16&wait=false&autoAck=true"));
+        let a = n.get(&format!(
+            "/api/v1/pop/queue/{queue}?batch=1000&partitions=16&wait=false&autoAck=true"
+        ));
         if a.status == 204 {
             return seen;
         }
@@ -60,7 +62,8 @@ fn every_acknowledged_push_survives_kill_9_exactly_once() {
         })
         .collect();
     assert!(
-        queen_tests::eventually(Duration::from_secs(20), || acked.lock().unwrap().len() >= 300),
+        queen_tests::eventually(Duration::from_secs(20), || acked.lock().unwrap().len()
+            >= 300),
         "writers made no progress:\n{}",
         n.log_text()
     );
@@ -71,11 +74,19 @@ fn every_acknowledged_push_survives_kill_9_exactly_once() {
     let acked = acked.lock().unwrap().clone();
     n.restart();
     let seen = drain(&n, "durable");
-    eprintln!("acknowledged before kill -9: {}, stored after restart: {}", acked.len(), seen.len());
+    eprintln!(
+        "acknowledged before kill -9: {}, stored after restart: {}",
+        acked.len(),
+        seen.len()
+    );
     let unique: BTreeSet<String> = seen.iter().cloned().collect();
     assert_eq!(unique.len(), seen.len(), "a message was stored twice");
     let missing: Vec<_> = acked.difference(&unique).take(5).collect();
-    assert!(missing.is_empty(), "{} acknowledged pushes lost after kill -9, e.g. {missing:?}", acked.difference(&unique).count());
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged pushes lost after kill -9, e.g. {missing:?}",
+        acked.difference(&unique).count()
+    );
     // Resending acknowledged pushes after the restart writes nothing new.
     let some: Vec<&String> = acked.iter().take(20).collect();
     for txn in some {
@@ -91,7 +102,10 @@ fn leases_and_cursors_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let mut n = Node::start(bin(), &dir.path().join("n1"), &[]);
     for i in 0..3 {
-        n.post("/api/v1/push", &json!({"items": [{"queue": "c", "transactionId": format!("t{i}"), "payload": i}]}));
+        n.post(
+            "/api/v1/push",
+            &json!({"items": [{"queue": "c", "transactionId": format!("t{i}"), "payload": i}]}),
+        );
     }
     let got = n.get("/api/v1/pop/queue/c?batch=1&wait=false");
     let m = got.json["messages"][0].clone();
@@ -114,11 +128,18 @@ fn leases_and_cursors_survive_kill_9() {
 fn sigterm_finishes_and_exits_zero_then_restarts_with_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let mut n = Node::start(bin(), &dir.path().join("n1"), &[]);
-    let a = n.post("/api/v1/push", &json!({"items": [{"queue": "t", "transactionId": "x", "payload": 1}]}));
+    let a = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "t", "transactionId": "x", "payload": 1}]}),
+    );
     assert_eq!(a.status, 200);
     // A long poll in flight when SIGTERM arrives is answered, not cut.
     let port = n.port;
-    let poll = std::thread::spawn(move || queen_tests::get_url(&format!("http://127.0.0.1:{port}/api/v1/pop/queue/nothing?wait=true&timeout=2000")));
+    let poll = std::thread::spawn(move || {
+        queen_tests::get_url(&format!(
+            "http://127.0.0.1:{port}/api/v1/pop/queue/nothing?wait=true&timeout=2000"
+        ))
+    });
     std::thread::sleep(Duration::from_millis(200));
     let status = n.sigterm(Duration::from_secs(40));
     assert!(status.success(), "exit status {status}:\n{}", n.log_text());

@@ -17,6 +17,10 @@ fn the_official_python_client_drives_a_real_node() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(out.status.success(), "the official client suite failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "the official client suite failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
     assert!(stdout.contains("passed"), "pytest ran no test:\n{stdout}");
 }

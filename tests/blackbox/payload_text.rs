@@ -21,7 +21,11 @@ const PAYLOADS: &[&str] = &[
 ];
 
 fn node(dir: &tempfile::TempDir) -> Node {
-    Node::start(Path::new(env!("CARGO_BIN_EXE_queen")), &dir.path().join("n1"), &[])
+    Node::start(
+        Path::new(env!("CARGO_BIN_EXE_queen")),
+        &dir.path().join("n1"),
+        &[],
+    )
 }
 
 /// A push body with every payload, written by hand so the text is ours.
@@ -29,7 +33,9 @@ fn push_items(queue: &str, tag: &str) -> String {
     let items: Vec<String> = PAYLOADS
         .iter()
         .enumerate()
-        .map(|(i, p)| format!(r#"{{"queue":"{queue}","transactionId":"{tag}-{i}","payload": {p} }}"#))
+        .map(|(i, p)| {
+            format!(r#"{{"queue":"{queue}","transactionId":"{tag}-{i}","payload": {p} }}"#)
+        })
         .collect();
     format!("[{}]", items.join(","))
 }
@@ -37,7 +43,10 @@ fn push_items(queue: &str, tag: &str) -> String {
 fn assert_has_all(text: &str, before: &str, after: &str, what: &str) {
     for p in PAYLOADS {
         let needle = format!("{before}{p}{after}");
-        assert!(text.contains(&needle), "{what}: {needle:?} missing in {text}");
+        assert!(
+            text.contains(&needle),
+            "{what}: {needle:?} missing in {text}"
+        );
     }
 }
 
@@ -45,10 +54,16 @@ fn assert_has_all(text: &str, before: &str, after: &str, what: &str) {
 fn payloads_come_back_byte_for_byte_from_pop_fetch_dlq_transactions_and_kv() {
     let dir = tempfile::tempdir().unwrap();
     let n = node(&dir);
-    let a = n.post("/api/v1/configure", &json!({"queue": "exact", "options": {"retryLimit": 0}}));
+    let a = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "exact", "options": {"retryLimit": 0}}),
+    );
     assert_eq!(a.status, 200, "{}", a.text);
 
-    let pushed = n.post_raw("/api/v1/push", &format!(r#"{{"items":{}}}"#, push_items("exact", "p")));
+    let pushed = n.post_raw(
+        "/api/v1/push",
+        &format!(r#"{{"items":{}}}"#, push_items("exact", "p")),
+    );
     assert_eq!(pushed.status, 200, "{}", pushed.text);
     assert!(pushed.json.as_array().is_some_and(|a| a.len() == PAYLOADS.len() && a.iter().all(|r| r["status"] == "queued")), "{}", pushed.text);
 
@@ -58,7 +73,10 @@ fn payloads_come_back_byte_for_byte_from_pop_fetch_dlq_transactions_and_kv() {
     assert_has_all(&p.text, r#""data":"#, r#","producerSub""#, "pop");
 
     // Fetch.
-    let f = n.post_raw("/api/v1/fetch", r#"{"entries":[{"queue":"exact","partition":"Default","offset":0}]}"#);
+    let f = n.post_raw(
+        "/api/v1/fetch",
+        r#"{"entries":[{"queue":"exact","partition":"Default","offset":0}]}"#,
+    );
     assert_eq!(f.status, 200, "{}", f.text);
     assert_has_all(&f.text, r#""payload":"#, r#","ts""#, "fetch");
 
@@ -75,41 +93,88 @@ fn payloads_come_back_byte_for_byte_from_pop_fetch_dlq_transactions_and_kv() {
         assert_eq!(a.json[0]["dlq"], true, "{}", a.text);
     }
     let d = n.get("/api/v1/dlq?queue=exact&limit=100&consumerGroup=workers");
-    assert_eq!(readable(&d.text, r#""data":"#)["total"], PAYLOADS.len(), "{}", d.text);
+    assert_eq!(
+        readable(&d.text, r#""data":"#)["total"],
+        PAYLOADS.len(),
+        "{}",
+        d.text
+    );
     assert_has_all(&d.text, r#""data":"#, r#","createdAt""#, "dlq");
 
     // A transaction's pushes.
-    let t = n.post_raw("/api/v1/transaction", &format!(r#"{{"operations":[{{"type":"push","items":{}}}]}}"#, push_items("txq", "t")));
+    let t = n.post_raw(
+        "/api/v1/transaction",
+        &format!(
+            r#"{{"operations":[{{"type":"push","items":{}}}]}}"#,
+            push_items("txq", "t")
+        ),
+    );
     assert_eq!(t.status, 200, "{}", t.text);
     assert_eq!(t.json["success"], true, "{}", t.text);
     let p = n.get("/api/v1/pop/queue/txq?batch=100&wait=false");
-    assert_has_all(&p.text, r#""data":"#, r#","producerSub""#, "transaction push, popped");
+    assert_has_all(
+        &p.text,
+        r#""data":"#,
+        r#","producerSub""#,
+        "transaction push, popped",
+    );
 
     // KV values: put, get, getMany, getPrefix, the path form, and a transaction's kv rider.
     for (i, v) in PAYLOADS.iter().enumerate() {
         let put = n.post_raw("/api/v1/kv", &format!(r#"{{"operations":[{{"op":"put","ns":"app","key":"v{i}","value": {v} ,"forever":true}}]}}"#));
         assert_eq!(put.status, 200, "{}", put.text);
-        assert!(put.text.contains(&format!(r#""value":{v},"#)), "put answer: {}", put.text);
-        let path_put = n.request("PUT", &format!("/api/v1/kv/app/w{i}"), Some(&format!(r#"{{"value": {v} , "ttlSeconds": 600}}"#)));
+        assert!(
+            put.text.contains(&format!(r#""value":{v},"#)),
+            "put answer: {}",
+            put.text
+        );
+        let path_put = n.request(
+            "PUT",
+            &format!("/api/v1/kv/app/w{i}"),
+            Some(&format!(r#"{{"value": {v} , "ttlSeconds": 600}}"#)),
+        );
         assert_eq!(path_put.status, 200, "{}", path_put.text);
         let path_get = n.get(&format!("/api/v1/kv/app/w{i}"));
-        assert!(path_get.text.contains(&format!(r#""value":{v},"found":true"#)), "path get: {}", path_get.text);
+        assert!(
+            path_get
+                .text
+                .contains(&format!(r#""value":{v},"found":true"#)),
+            "path get: {}",
+            path_get.text
+        );
     }
     let keys: Vec<String> = (0..PAYLOADS.len()).map(|i| format!("v{i}")).collect();
     let many = n.post("/api/v1/kv", &json!({"operations": [{"op": "getMany", "ns": "app", "keys": keys}, {"op": "getPrefix", "ns": "app", "prefix": "v"}]}));
     assert_eq!(many.status, 200, "{}", many.text);
     for v in PAYLOADS {
-        assert_eq!(many.text.matches(&format!(r#""value":{v}}}"#)).count(), 2, "getMany and getPrefix show {v}: {}", many.text);
+        assert_eq!(
+            many.text.matches(&format!(r#""value":{v}}}"#)).count(),
+            2,
+            "getMany and getPrefix show {v}: {}",
+            many.text
+        );
     }
-    let get = n.post("/api/v1/kv", &json!({"operations": [{"op": "get", "ns": "app", "key": "v0"}]}));
-    assert!(get.text.contains(&format!(r#""value":{},"found":true"#, PAYLOADS[0])), "{}", get.text);
+    let get = n.post(
+        "/api/v1/kv",
+        &json!({"operations": [{"op": "get", "ns": "app", "key": "v0"}]}),
+    );
+    assert!(
+        get.text
+            .contains(&format!(r#""value":{},"found":true"#, PAYLOADS[0])),
+        "{}",
+        get.text
+    );
     let rider = format!(
         r#"{{"operations":[{{"type":"push","items":[{{"queue":"txq","payload":{}}}]}}],"kv":[{{"op":"put","ns":"app","key":"r","value":{},"forever":true}}]}}"#,
         PAYLOADS[1], PAYLOADS[5]
     );
     let t = n.post_raw("/api/v1/transaction", &rider);
     assert_eq!(t.json["success"], true, "{}", t.text);
-    assert!(t.text.contains(&format!(r#""value":{},"#, PAYLOADS[5])), "transaction kv result: {}", t.text);
+    assert!(
+        t.text.contains(&format!(r#""value":{},"#, PAYLOADS[5])),
+        "transaction kv result: {}",
+        t.text
+    );
 }
 
 /// The answer parsed with each payload after `before` replaced by 0.
@@ -129,37 +194,107 @@ fn kv(n: &Node, ops: &str) -> queen_tests::Answer {
 fn kv_incr_is_exact_in_integers_and_refuses_overflow() {
     let dir = tempfile::tempdir().unwrap();
     let n = node(&dir);
-    kv(&n, r#"{"op":"put","ns":"app","key":"c","value":9007199254740992,"forever":true}"#);
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#);
-    assert!(r.text.contains(r#""applied":true,"value":9007199254740993,"#), "2^53 + 1: {}", r.text);
+    kv(
+        &n,
+        r#"{"op":"put","ns":"app","key":"c","value":9007199254740992,"forever":true}"#,
+    );
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#,
+    );
+    assert!(
+        r.text
+            .contains(r#""applied":true,"value":9007199254740993,"#),
+        "2^53 + 1: {}",
+        r.text
+    );
     let g = kv(&n, r#"{"op":"get","ns":"app","key":"c"}"#);
-    assert!(g.text.contains(r#""value":9007199254740993,"#), "{}", g.text);
+    assert!(
+        g.text.contains(r#""value":9007199254740993,"#),
+        "{}",
+        g.text
+    );
 
-    kv(&n, r#"{"op":"put","ns":"app","key":"c","value":9223372036854775807,"forever":true}"#);
+    kv(
+        &n,
+        r#"{"op":"put","ns":"app","key":"c","value":9223372036854775807,"forever":true}"#,
+    );
     // A call that wrote nothing because its incr overflowed is a 400 naming the operation.
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#);
-    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "{}", r.text);
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#,
+    );
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (400, json!("kv_overflow")),
+        "{}",
+        r.text
+    );
     assert!(r.text.contains("operations[0].delta"), "{}", r.text);
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true,"required":true}"#);
-    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "{}", r.text);
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"c","delta":1,"forever":true,"required":true}"#,
+    );
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (400, json!("kv_overflow")),
+        "{}",
+        r.text
+    );
     // In a call whose other writes took effect, the overflowed one says why in its result.
-    let r = kv(&n, r#"{"op":"put","ns":"app","key":"other","value":1,"forever":true},{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#);
+    let r = kv(
+        &n,
+        r#"{"op":"put","ns":"app","key":"other","value":1,"forever":true},{"op":"incr","ns":"app","key":"c","delta":1,"forever":true}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!((r.json["results"][1]["applied"].clone(), r.json["results"][1]["reason"].clone()), (json!(false), json!("overflow")), "{}", r.text);
-    assert!(r.text.contains(r#""value":9223372036854775807,"#), "the current value is shown: {}", r.text);
+    assert_eq!(
+        (
+            r.json["results"][1]["applied"].clone(),
+            r.json["results"][1]["reason"].clone()
+        ),
+        (json!(false), json!("overflow")),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.text.contains(r#""value":9223372036854775807,"#),
+        "the current value is shown: {}",
+        r.text
+    );
     let g = kv(&n, r#"{"op":"get","ns":"app","key":"c"}"#);
-    assert!(g.text.contains(r#""value":9223372036854775807,"#), "nothing changed: {}", g.text);
+    assert!(
+        g.text.contains(r#""value":9223372036854775807,"#),
+        "nothing changed: {}",
+        g.text
+    );
 
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"c","delta":9223372036854775808,"forever":true}"#);
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"c","delta":9223372036854775808,"forever":true}"#,
+    );
     assert_eq!(r.status, 400, "{}", r.text);
     assert!(r.text.contains("operations[0].delta"), "{}", r.text);
 
-    kv(&n, r#"{"op":"put","ns":"app","key":"f","value":1e308,"forever":true}"#);
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"f","delta":1e308,"forever":true}"#);
-    assert_eq!((r.status, r.json["code"].clone()), (400, json!("kv_overflow")), "1e308 + 1e308: {}", r.text);
+    kv(
+        &n,
+        r#"{"op":"put","ns":"app","key":"f","value":1e308,"forever":true}"#,
+    );
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"f","delta":1e308,"forever":true}"#,
+    );
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (400, json!("kv_overflow")),
+        "1e308 + 1e308: {}",
+        r.text
+    );
     let g = kv(&n, r#"{"op":"get","ns":"app","key":"f"}"#);
     assert!(g.text.contains(r#""value":1e308,"#), "{}", g.text);
-    let r = kv(&n, r#"{"op":"incr","ns":"app","key":"f","delta":-0.5e308,"forever":true}"#);
+    let r = kv(
+        &n,
+        r#"{"op":"incr","ns":"app","key":"f","delta":-0.5e308,"forever":true}"#,
+    );
     assert_eq!(r.json["results"][0]["applied"], true, "{}", r.text);
 }
 
@@ -194,11 +329,21 @@ fn durations_and_configure_are_bounded_and_errors_name_the_exact_field() {
     ];
     for (method, path, body, needle) in &cases {
         let a = n.request(method, path, (*method != "GET").then_some(body.as_str()));
-        assert_eq!(a.status, 400, "{method} {path} {body:.100} -> {:.300}", a.text);
+        assert_eq!(
+            a.status, 400,
+            "{method} {path} {body:.100} -> {:.300}",
+            a.text
+        );
         assert!(a.json["code"].is_string(), "{}", a.text);
         let error = a.json["error"].as_str().unwrap_or_default();
-        assert!(error.contains(needle), "{method} {path}: error should say '{needle}': {error:.300}");
-        assert!(!error.contains(". "), "no stray space in the path: {error:.300}");
+        assert!(
+            error.contains(needle),
+            "{method} {path}: error should say '{needle}': {error:.300}"
+        );
+        assert!(
+            !error.contains(". "),
+            "no stray space in the path: {error:.300}"
+        );
     }
     // Nothing refused reached the state: the queue was never created.
     assert_eq!(n.get("/api/v1/resources/queues/q").status, 404);
@@ -206,12 +351,22 @@ fn durations_and_configure_are_bounded_and_errors_name_the_exact_field() {
     let ok = n.post("/api/v1/configure", &json!({"queue": "q", "namespace": "n".repeat(255), "options": {"leaseTime": 315_360_000, "custom": {"a": 1}}}));
     assert_eq!(ok.status, 200, "{}", ok.text);
     assert_eq!(ok.json["options"]["custom"], json!({"a": 1}));
-    let lease = n.post("/api/v1/locks", &json!({"operations": [{"op": "acquire", "name": "n", "ttlSeconds": 315_360_000}]}));
+    let lease = n.post(
+        "/api/v1/locks",
+        &json!({"operations": [{"op": "acquire", "name": "n", "ttlSeconds": 315_360_000}]}),
+    );
     assert_eq!(lease.json["results"][0]["acquired"], true, "{}", lease.text);
     let t = n.post("/api/v1/timers", &json!({"operations": [{"op": "schedule", "queue": "q", "timerKey": "k", "payload": "MQ==", "delayMs": 315_360_000_000_u64}]}));
     assert_eq!(t.status, 200, "{}", t.text);
-    let deliver = t.json["results"][0]["deliverAt"].as_str().unwrap_or_default().to_owned();
-    assert!(!deliver.starts_with("1970"), "a real time, not a saturated one: {}", t.text);
+    let deliver = t.json["results"][0]["deliverAt"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        !deliver.starts_with("1970"),
+        "a real time, not a saturated one: {}",
+        t.text
+    );
     assert_eq!(n.get("/health").status, 200);
 }
 

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use queen_tests::s3::{self, Mode, S3Server};
 use queen_tests::sink::{
-    WriterPlan, assert_lake_is_the_log, cluster, instance, metric, owner, owner_k, owners, reports, row, rows, sink, spawn_writer, verified_records, verify,
+    WriterPlan, assert_lake_is_the_log, cluster, instance, metric, owner, owner_k, owners, reports,
+    row, rows, sink, spawn_writer, verified_records, verify,
 };
 use queen_tests::{Node, eventually};
 use serde_json::{Value, json};
@@ -30,7 +31,8 @@ fn bin() -> &'static Path {
 /// One test at a time: three brokers and moto each.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The same sink settings for every node.
@@ -38,7 +40,10 @@ fn sink_env(endpoint: &str, queues: &str) -> Vec<(&'static str, String)> {
     s3::sink_env(
         endpoint,
         queues,
-        &[("QUEEN_S3_LEASE_TTL_MS", TTL.as_millis().to_string()), ("QUEEN_S3_CHECKPOINT_EVERY", "3".into())],
+        &[
+            ("QUEEN_S3_LEASE_TTL_MS", TTL.as_millis().to_string()),
+            ("QUEEN_S3_CHECKPOINT_EVERY", "3".into()),
+        ],
     )
 }
 
@@ -60,7 +65,10 @@ fn push_any(nodes: &[Node], live: &[bool], items: &Value) {
     let mut last = Vec::new();
     let ok = eventually(Duration::from_secs(60), || {
         (0..nodes.len()).filter(|i| live[*i]).any(|i| {
-            match queen_tests::post_url(&format!("http://127.0.0.1:{}/api/v1/push", nodes[i].port), &body) {
+            match queen_tests::post_url(
+                &format!("http://127.0.0.1:{}/api/v1/push", nodes[i].port),
+                &body,
+            ) {
                 Ok((200, _)) => true,
                 other => {
                     last.push(format!("node {i}: {other:?}"));
@@ -86,7 +94,16 @@ fn manifest_objects(server: &S3Server) -> BTreeMap<String, Vec<(String, String)>
         .map(|(k, m)| {
             let objects = m["objects"]
                 .as_array()
-                .map(|os| os.iter().map(|o| (o["key"].as_str().unwrap_or_default().to_owned(), o["sha256"].as_str().unwrap_or_default().to_owned())).collect())
+                .map(|os| {
+                    os.iter()
+                        .map(|o| {
+                            (
+                                o["key"].as_str().unwrap_or_default().to_owned(),
+                                o["sha256"].as_str().unwrap_or_default().to_owned(),
+                            )
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             (k.clone(), objects)
         })
@@ -95,7 +112,13 @@ fn manifest_objects(server: &S3Server) -> BTreeMap<String, Vec<(String, String)>
 
 /// Wait for a placement where the live nodes run every queue once, each runs `share`, and every
 /// live node counts `live` sink nodes and names the same holder for every queue.
-fn settle(nodes: &[Node], live: &[bool], queues: &[&str], share: u64, limit: Duration) -> BTreeMap<String, usize> {
+fn settle(
+    nodes: &[Node],
+    live: &[bool],
+    queues: &[&str],
+    share: u64,
+    limit: Duration,
+) -> BTreeMap<String, usize> {
     let n_live = live.iter().filter(|l| **l).count() as u64;
     let mut last = String::new();
     let mut found = None;
@@ -113,8 +136,13 @@ fn settle(nodes: &[Node], live: &[bool], queues: &[&str], share: u64, limit: Dur
             }
             let r = rows(&s);
             for (q, holder) in &o {
-                if r.get(q).is_none_or(|row| row["heldBy"] != instance(*holder)) {
-                    last = format!("node {i} names another holder for {q}: {}", r.get(q).cloned().unwrap_or_default());
+                if r.get(q)
+                    .is_none_or(|row| row["heldBy"] != instance(*holder))
+                {
+                    last = format!(
+                        "node {i} names another holder for {q}: {}",
+                        r.get(q).cloned().unwrap_or_default()
+                    );
                     return false;
                 }
             }
@@ -122,12 +150,19 @@ fn settle(nodes: &[Node], live: &[bool], queues: &[&str], share: u64, limit: Dur
         found = Some(o);
         true
     });
-    assert!(ok, "no settled placement within {limit:?} ({last}):\n{:#?}", reports(nodes, live));
+    assert!(
+        ok,
+        "no settled placement within {limit:?} ({last}):\n{:#?}",
+        reports(nodes, live)
+    );
     found.unwrap_or_default()
 }
 
 fn held_by(o: &BTreeMap<String, usize>, i: usize) -> BTreeSet<String> {
-    o.iter().filter(|(_, h)| **h == i).map(|(q, _)| q.clone()).collect()
+    o.iter()
+        .filter(|(_, h)| **h == i)
+        .map(|(q, _)| q.clone())
+        .collect()
 }
 
 const SIX: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "p6"];
@@ -139,34 +174,72 @@ fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(bin(), dir.path(), &sink_env(&server.endpoint, &SIX.join(",")));
+    let mut nodes = cluster(
+        bin(),
+        dir.path(),
+        &sink_env(&server.endpoint, &SIX.join(",")),
+    );
     let mut live = vec![true; 3];
     for (i, q) in SIX.iter().enumerate() {
-        push_any(&nodes, &live, &json!([{"queue": q, "transactionId": format!("{q}-0"), "payload": i}]));
+        push_any(
+            &nodes,
+            &live,
+            &json!([{"queue": q, "transactionId": format!("{q}-0"), "payload": i}]),
+        );
     }
     let first = settle(&nodes, &live, &SIX, 2, Duration::from_secs(90));
     eprintln!("placement: 2/2/2 after {:?}: {first:?}", started.elapsed());
     // A steady state: nothing moves for longer than a lease TTL.
-    let given: Vec<f64> = nodes.iter().map(|n| metric(n, "queen_s3_queues_given_back_total")).collect();
+    let given: Vec<f64> = nodes
+        .iter()
+        .map(|n| metric(n, "queen_s3_queues_given_back_total"))
+        .collect();
     std::thread::sleep(TTL + Duration::from_secs(2));
-    assert_eq!(owners(&nodes, &live, &SIX).as_ref(), Some(&first), "a queue moved in a steady state");
-    assert_eq!(nodes.iter().map(|n| metric(n, "queen_s3_queues_given_back_total")).collect::<Vec<_>>(), given);
+    assert_eq!(
+        owners(&nodes, &live, &SIX).as_ref(),
+        Some(&first),
+        "a queue moved in a steady state"
+    );
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| metric(n, "queen_s3_queues_given_back_total"))
+            .collect::<Vec<_>>(),
+        given
+    );
 
     // SIGTERM one node: its two queues go to the others, and only those move.
     let gone = 0;
     let t = Instant::now();
-    assert!(nodes[gone].sigterm(Duration::from_secs(60)).success(), "{}", nodes[gone].log_text());
+    assert!(
+        nodes[gone].sigterm(Duration::from_secs(60)).success(),
+        "{}",
+        nodes[gone].log_text()
+    );
     live[gone] = false;
-    assert!(nodes[gone].log_text().contains("queen-s3"), "the sink ran on the stopped node");
+    assert!(
+        nodes[gone].log_text().contains("queen-s3"),
+        "the sink ran on the stopped node"
+    );
     let second = settle(&nodes, &live, &SIX, 3, Duration::from_secs(60));
-    eprintln!("placement: node 1 stopped, 3/3 after {:?}: {second:?}", t.elapsed());
+    eprintln!(
+        "placement: node 1 stopped, 3/3 after {:?}: {second:?}",
+        t.elapsed()
+    );
     for (q, h) in &first {
         if *h != gone {
-            assert_eq!(second[q], *h, "{q} moved from node {h} though only node {gone} left: {first:?} -> {second:?}");
+            assert_eq!(
+                second[q], *h,
+                "{q} moved from node {h} though only node {gone} left: {first:?} -> {second:?}"
+            );
         }
     }
     for i in [1, 2] {
-        assert_eq!(metric(&nodes[i], "queen_s3_queues_given_back_total"), given[i], "node {i} gave a queue back after the leave");
+        assert_eq!(
+            metric(&nodes[i], "queen_s3_queues_given_back_total"),
+            given[i],
+            "node {i} gave a queue back after the leave"
+        );
     }
 
     // Back again: the two others are over the new share (2) for a TTL, give one back each, and
@@ -175,12 +248,30 @@ fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
     nodes[gone].restart();
     live[gone] = true;
     let third = settle(&nodes, &live, &SIX, 2, Duration::from_secs(90));
-    eprintln!("placement: node 1 back, 2/2/2 after {:?}: {third:?}", t.elapsed());
-    let moved: BTreeSet<String> = SIX.iter().filter(|q| second[**q] != third[**q]).map(|q| (*q).to_owned()).collect();
-    assert_eq!(moved, held_by(&third, gone), "only what the returning node took moved: {second:?} -> {third:?}");
+    eprintln!(
+        "placement: node 1 back, 2/2/2 after {:?}: {third:?}",
+        t.elapsed()
+    );
+    let moved: BTreeSet<String> = SIX
+        .iter()
+        .filter(|q| second[**q] != third[**q])
+        .map(|q| (*q).to_owned())
+        .collect();
+    assert_eq!(
+        moved,
+        held_by(&third, gone),
+        "only what the returning node took moved: {second:?} -> {third:?}"
+    );
     for i in [1, 2] {
-        assert!(held_by(&third, i).is_subset(&held_by(&second, i)), "node {i} took a queue: {second:?} -> {third:?}");
-        assert_eq!(metric(&nodes[i], "queen_s3_queues_given_back_total"), given[i] + 1.0, "node {i} should have given back exactly one queue");
+        assert!(
+            held_by(&third, i).is_subset(&held_by(&second, i)),
+            "node {i} took a queue: {second:?} -> {third:?}"
+        );
+        assert_eq!(
+            metric(&nodes[i], "queen_s3_queues_given_back_total"),
+            given[i] + 1.0,
+            "node {i} should have given back exactly one queue"
+        );
     }
     eprintln!("placement test took {:?}", started.elapsed());
 }
@@ -194,13 +285,24 @@ fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(bin(), dir.path(), &sink_env(&server.endpoint, &WQ.join(",")));
+    let mut nodes = cluster(
+        bin(),
+        dir.path(),
+        &sink_env(&server.endpoint, &WQ.join(",")),
+    );
     let mut live = vec![true; 3];
     let live_flags = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect::<Vec<_>>());
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), plan(WQ, "w"), acked.clone(), stop.clone());
-    let progress = |n: usize| eventually(Duration::from_secs(60), || acked.lock().unwrap().len() >= n);
+    let writer = spawn_writer(
+        nodes.iter().map(|n| n.port).collect(),
+        live_flags.clone(),
+        plan(WQ, "w"),
+        acked.clone(),
+        stop.clone(),
+    );
+    let progress =
+        |n: usize| eventually(Duration::from_secs(60), || acked.lock().unwrap().len() >= n);
 
     let committed = |nodes: &[Node], live: &[bool], q: &str, above: u64| {
         let mut last = (None, 0);
@@ -208,32 +310,53 @@ fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once
             last = owner_k(nodes, live, q);
             last.1 > above
         });
-        assert!(ok, "{q}: no window committed past {above} (owner, k = {last:?}):\n{:#?}", reports(nodes, live));
+        assert!(
+            ok,
+            "{q}: no window committed past {above} (owner, k = {last:?}):\n{:#?}",
+            reports(nodes, live)
+        );
         last
     };
     for q in WQ {
         committed(&nodes, &live, q, 0);
     }
-    eprintln!("writer: every queue committed after {:?}", started.elapsed());
+    eprintln!(
+        "writer: every queue committed after {:?}",
+        started.elapsed()
+    );
 
     for (round, queue) in ["w1", "w2", "w1", "w3"].into_iter().enumerate() {
         let kill = round % 2 == 0;
         // A queue may be on its way back to the node restarted last round: wait for its owner.
         let mut found = (None, 0);
-        assert!(eventually(Duration::from_secs(30), || {
-            found = owner_k(&nodes, &live, queue);
-            found.0.is_some()
-        }), "{queue} has no single owner");
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                found = owner_k(&nodes, &live, queue);
+                found.0.is_some()
+            }),
+            "{queue} has no single owner"
+        );
         let victim = found.0.unwrap();
-        let k = (0..3).filter(|i| live[*i]).filter_map(|i| row(&nodes, i, queue)["k"].as_u64()).max().unwrap_or(0);
+        let k = (0..3)
+            .filter(|i| live[*i])
+            .filter_map(|i| row(&nodes, i, queue)["k"].as_u64())
+            .max()
+            .unwrap_or(0);
         let n = acked.lock().unwrap().len();
-        assert!(progress(n + 20), "the writer made no progress before round {round}");
+        assert!(
+            progress(n + 20),
+            "the writer made no progress before round {round}"
+        );
         let t = Instant::now();
         live_flags[victim].store(false, Ordering::Relaxed);
         if kill {
             nodes[victim].kill9();
         } else {
-            assert!(nodes[victim].sigterm(Duration::from_secs(60)).success(), "{}", nodes[victim].log_text());
+            assert!(
+                nodes[victim].sigterm(Duration::from_secs(60)).success(),
+                "{}",
+                nodes[victim].log_text()
+            );
         }
         live[victim] = false;
         let (taker, k2) = committed(&nodes, &live, queue, k);
@@ -243,24 +366,54 @@ fn kill_9_takeovers_and_sigterm_hand_overs_under_a_writer_keep_every_record_once
             t.elapsed()
         );
         let n = acked.lock().unwrap().len();
-        assert!(progress(n + 20), "the writer made no progress with node {victim} down");
+        assert!(
+            progress(n + 20),
+            "the writer made no progress with node {victim} down"
+        );
         nodes[victim].restart();
         live[victim] = true;
         live_flags[victim].store(true, Ordering::Relaxed);
     }
     let n = acked.lock().unwrap().len();
-    assert!(progress(n + 30), "the writer made no progress after the last restart");
+    assert!(
+        progress(n + 30),
+        "the writer made no progress after the last restart"
+    );
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    let report = assert_lake_is_the_log(bin(), &server, &nodes, 0, WQ, &acked, Duration::from_secs(90));
-    let windows: u64 = report["queues"].as_array().unwrap().iter().map(|q| q["windows"].as_u64().unwrap_or(0)).sum();
-    eprintln!("takeovers: {} acknowledged records in {windows} windows, each once; {:?}", acked.len(), started.elapsed());
+    let report = assert_lake_is_the_log(
+        bin(),
+        &server,
+        &nodes,
+        0,
+        WQ,
+        &acked,
+        Duration::from_secs(90),
+    );
+    let windows: u64 = report["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["windows"].as_u64().unwrap_or(0))
+        .sum();
+    eprintln!(
+        "takeovers: {} acknowledged records in {windows} windows, each once; {:?}",
+        acked.len(),
+        started.elapsed()
+    );
 }
 
 fn signal(n: &Node, sig: &str) {
     let pid = n.pid().expect("a running node").to_string();
-    assert!(Command::new("kill").args([sig, &pid]).status().expect("kill").success(), "kill {sig} {pid}");
+    assert!(
+        Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success(),
+        "kill {sig} {pid}"
+    );
 }
 
 #[test]
@@ -293,7 +446,11 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
         stalled = o;
         k >= 2
     });
-    assert!(ok, "the owner committed no windows: {:#?}", nodes.iter().map(sink).collect::<Vec<_>>());
+    assert!(
+        ok,
+        "the owner committed no windows: {:#?}",
+        nodes.iter().map(sink).collect::<Vec<_>>()
+    );
     let a = stalled.unwrap();
     let lost_before = metric(&nodes[a], "queen_s3_commit_precondition_lost_total");
     assert_eq!(lost_before, 0.0);
@@ -309,14 +466,25 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
         push_batch(&nodes, &live);
         std::thread::sleep(Duration::from_millis(200));
         taker = owner_k(&nodes, &live, "stall");
-        taker.0.is_some_and(|b| row(&nodes, b, "stall")["windowsCommitted"].as_u64() >= Some(1)) && t.elapsed() > TTL
+        taker
+            .0
+            .is_some_and(|b| row(&nodes, b, "stall")["windowsCommitted"].as_u64() >= Some(1))
+            && t.elapsed() > TTL
     });
     if !ok {
         signal(&nodes[a], "-CONT");
     }
-    assert!(ok, "no other node took the stalled owner's queue and committed: {taker:?}\n{:#?}", reports(&nodes, &live));
+    assert!(
+        ok,
+        "no other node took the stalled owner's queue and committed: {taker:?}\n{:#?}",
+        reports(&nodes, &live)
+    );
     let b = taker.0.unwrap();
-    eprintln!("stall: node {b} took over from node {a} and committed k={} after {:?}", taker.1, t.elapsed());
+    eprintln!(
+        "stall: node {b} took over from node {a} and committed k={} after {:?}",
+        taker.1,
+        t.elapsed()
+    );
     let before = manifest_objects(&server);
 
     // Wake it: it finds its lease gone, counts the lost precondition, and stops the queue.
@@ -328,11 +496,22 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
         last = row(&nodes, a, "stall");
         last["state"] == "fenced"
     });
-    assert!(fenced, "the stalled node should end fenced: {last:#}\n{}", nodes[a].log_text());
+    assert!(
+        fenced,
+        "the stalled node should end fenced: {last:#}\n{}",
+        nodes[a].log_text()
+    );
     eprintln!("stall: node {a} fenced {:?} after SIGCONT", t.elapsed());
     let lost = metric(&nodes[a], "queen_s3_commit_precondition_lost_total");
-    assert!(lost >= 1.0, "queen_s3_commit_precondition_lost_total on the stalled node: {lost}");
-    assert!(nodes[a].log_text().contains("lease lost to another node"), "{}", nodes[a].log_text());
+    assert!(
+        lost >= 1.0,
+        "queen_s3_commit_precondition_lost_total on the stalled node: {lost}"
+    );
+    assert!(
+        nodes[a].log_text().contains("lease lost to another node"),
+        "{}",
+        nodes[a].log_text()
+    );
     // It stays fenced while the other node holds the queue, and writes nothing.
     for _ in 0..5 {
         push_batch(&nodes, &live);
@@ -343,17 +522,39 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
         r = row(&nodes, a, "stall");
         r["heldBy"] == instance(b)
     });
-    assert!(names, "the fenced node's row should name the new holder: {r:#}");
+    assert!(
+        names,
+        "the fenced node's row should name the new holder: {r:#}"
+    );
     assert_eq!(r["state"], "fenced", "{r:#}");
-    assert_eq!(owner(&nodes, &live, "stall"), Some(b), "the queue stays with the node that took it over");
+    assert_eq!(
+        owner(&nodes, &live, "stall"),
+        Some(b),
+        "the queue stays with the node that took it over"
+    );
     assert_eq!(sink(&nodes[a])["placement"]["held"], 0);
 
-    assert_lake_is_the_log(bin(), &server, &nodes, b, &["stall"], &acked, Duration::from_secs(90));
+    assert_lake_is_the_log(
+        bin(),
+        &server,
+        &nodes,
+        b,
+        &["stall"],
+        &acked,
+        Duration::from_secs(90),
+    );
     let after = manifest_objects(&server);
     for (key, objects) in &before {
-        assert_eq!(after.get(key), Some(objects), "{key}: a committed window changed after the stalled node woke");
+        assert_eq!(
+            after.get(key),
+            Some(objects),
+            "{key}: a committed window changed after the stalled node woke"
+        );
     }
-    assert!(after.len() > before.len(), "windows committed after the wake-up");
+    assert!(
+        after.len() > before.len(),
+        "windows committed after the wake-up"
+    );
     eprintln!("stall test took {:?}", started.elapsed());
 }
 
@@ -372,31 +573,65 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     let live_flags = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect::<Vec<_>>());
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(nodes.iter().map(|n| n.port).collect(), live_flags.clone(), plan(DQ, "d"), acked.clone(), stop.clone());
+    let writer = spawn_writer(
+        nodes.iter().map(|n| n.port).collect(),
+        live_flags.clone(),
+        plan(DQ, "d"),
+        acked.clone(),
+        stop.clone(),
+    );
     for q in DQ {
-        assert!(eventually(Duration::from_secs(60), || owner_k(&nodes, &live, q).1 >= 1), "{q}: no first window");
+        assert!(
+            eventually(Duration::from_secs(60), || owner_k(&nodes, &live, q).1 >= 1),
+            "{q}: no first window"
+        );
     }
     let before = verified_records(&verify(bin(), &server).1);
-    let errors_before: BTreeMap<&str, Value> = DQ.iter().map(|q| (*q, owner(&nodes, &live, q).map_or(Value::Null, |i| row(&nodes, i, q)["lastError"].clone()))).collect();
+    let errors_before: BTreeMap<&str, Value> = DQ
+        .iter()
+        .map(|q| {
+            (
+                *q,
+                owner(&nodes, &live, q)
+                    .map_or(Value::Null, |i| row(&nodes, i, q)["lastError"].clone()),
+            )
+        })
+        .collect();
 
     // 503 for every request: uploads fail, the owners say so, nothing commits.
     proxy.set_mode(Mode::Http503);
     let t = Instant::now();
     let failing = eventually(Duration::from_secs(60), || {
-        DQ.iter().all(|q| owner(&nodes, &live, q).is_some_and(|i| {
-            let e = &row(&nodes, i, q)["lastError"];
-            e.is_string() && *e != errors_before[q]
-        }))
+        DQ.iter().all(|q| {
+            owner(&nodes, &live, q).is_some_and(|i| {
+                let e = &row(&nodes, i, q)["lastError"];
+                e.is_string() && *e != errors_before[q]
+            })
+        })
     });
-    assert!(failing, "every owner should show the failing bucket as lastError: {:#?}", nodes.iter().map(sink).collect::<Vec<_>>());
-    eprintln!("bucket down: every owner reported it after {:?}", t.elapsed());
+    assert!(
+        failing,
+        "every owner should show the failing bucket as lastError: {:#?}",
+        nodes.iter().map(sink).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "bucket down: every owner reported it after {:?}",
+        t.elapsed()
+    );
     let during = verified_records(&verify(bin(), &server).1);
     for q in DQ {
-        let (b, d) = (before.get(*q).copied().unwrap_or(0), during.get(*q).copied().unwrap_or(0));
+        let (b, d) = (
+            before.get(*q).copied().unwrap_or(0),
+            during.get(*q).copied().unwrap_or(0),
+        );
         assert!(d >= b, "{q}: the lake lost records");
     }
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(verified_records(&verify(bin(), &server).1), during, "a window committed while every upload failed");
+    assert_eq!(
+        verified_records(&verify(bin(), &server).1),
+        during,
+        "a window committed while every upload failed"
+    );
 
     // Then the connections are refused, and an owner dies meanwhile: its queue moves while the
     // bucket is still down.
@@ -406,7 +641,9 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     live_flags[victim].store(false, Ordering::Relaxed);
     nodes[victim].kill9();
     live[victim] = false;
-    let moved = eventually(Duration::from_secs(30), || owner(&nodes, &live, "d1").is_some());
+    let moved = eventually(Duration::from_secs(30), || {
+        owner(&nodes, &live, "d1").is_some()
+    });
     assert!(moved, "d1 did not move while the bucket was down");
     std::thread::sleep(Duration::from_secs(2));
     nodes[victim].restart();
@@ -417,10 +654,27 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
     proxy.set_mode(Mode::Pass);
     let t = Instant::now();
     let n = acked.lock().unwrap().len();
-    assert!(eventually(Duration::from_secs(60), || acked.lock().unwrap().len() >= n + 30), "the writer made no progress");
+    assert!(
+        eventually(Duration::from_secs(60), || acked.lock().unwrap().len()
+            >= n + 30),
+        "the writer made no progress"
+    );
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    assert_lake_is_the_log(bin(), &server, &nodes, 0, DQ, &acked, Duration::from_secs(90));
-    eprintln!("bucket back: the lake caught up after {:?}; {} records once; test took {:?}", t.elapsed(), acked.len(), started.elapsed());
+    assert_lake_is_the_log(
+        bin(),
+        &server,
+        &nodes,
+        0,
+        DQ,
+        &acked,
+        Duration::from_secs(90),
+    );
+    eprintln!(
+        "bucket back: the lake caught up after {:?}; {} records once; test took {:?}",
+        t.elapsed(),
+        acked.len(),
+        started.elapsed()
+    );
 }

@@ -20,8 +20,10 @@ fn bin() -> &'static Path {
 /// The sink's settings for a bucket at `endpoint`, mirroring `orders`, with three-second
 /// leases and a checkpoint after every window.
 fn sink_env(endpoint: &str, extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
-    let mut all: Vec<(&'static str, String)> =
-        vec![("QUEEN_S3_LEASE_TTL_MS", "3000".into()), ("QUEEN_S3_CHECKPOINT_EVERY", "1".into())];
+    let mut all: Vec<(&'static str, String)> = vec![
+        ("QUEEN_S3_LEASE_TTL_MS", "3000".into()),
+        ("QUEEN_S3_CHECKPOINT_EVERY", "1".into()),
+    ];
     all.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     s3::sink_env(endpoint, "orders", &all)
 }
@@ -39,7 +41,10 @@ fn push(n: &Node, items: &Value) {
 /// The `orders` row of the sink's status.
 fn queue_status(n: &Node) -> Value {
     let s = n.get("/status").json;
-    s["s3"]["sinks"][0]["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned()).unwrap_or(Value::Null)
+    s["s3"]["sinks"][0]["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned())
+        .unwrap_or(Value::Null)
 }
 
 /// Wait until the sink reports at least `k` committed windows with every pushed record in them.
@@ -56,13 +61,28 @@ fn wait_committed(n: &Node, what: &str, cond: impl Fn(&Value) -> bool) -> Value 
 /// `queen lake verify` on the bucket: the report; panics unless it is clean.
 fn verify(endpoint: &str) -> Value {
     let out = Command::new(bin())
-        .args(["lake", "verify", "--bucket", "lake", "--endpoint", endpoint, "--path-style", "true", "--region", s3::REGION])
+        .args([
+            "lake",
+            "verify",
+            "--bucket",
+            "lake",
+            "--endpoint",
+            endpoint,
+            "--path-style",
+            "true",
+            "--region",
+            s3::REGION,
+        ])
         .env("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY)
         .env("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY)
         .output()
         .expect("run queen lake verify");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "lake verify failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "lake verify failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_str(&text).expect("verify prints JSON")
 }
 
@@ -78,7 +98,12 @@ fn lake_records(server: &S3Server, reader: &str) -> Vec<(String, u64, String, Va
         .map(|r| {
             assert_eq!(r[0], TENANT);
             assert_eq!(r[1], "orders");
-            (r[2].as_str().unwrap().to_owned(), r[3].as_u64().unwrap(), r[4].as_str().unwrap().to_owned(), r[5].clone())
+            (
+                r[2].as_str().unwrap().to_owned(),
+                r[3].as_u64().unwrap(),
+                r[4].as_str().unwrap().to_owned(),
+                r[5].clone(),
+            )
         })
         .collect()
 }
@@ -90,7 +115,11 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
     let dir = tempfile::tempdir().unwrap();
     let n = start(&dir.path().join("n1"), &sink_env(&server.endpoint, &[]));
     let before = queue_status(&n);
-    assert!(eventually(Duration::from_secs(10), || queue_status(&n)["state"] == "missing"), "{before:#}");
+    assert!(
+        eventually(Duration::from_secs(10), || queue_status(&n)["state"]
+            == "missing"),
+        "{before:#}"
+    );
     let t0 = std::time::Instant::now();
     // Raw text: serde_json would print 42.00 as 42.0, and the point is that the lake keeps the
     // producer's own text.
@@ -105,9 +134,16 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
     assert_eq!(a.status, 200, "{}", a.text);
     // Before the first window commits, the lag counts from the queue's oldest record (seconds),
     // not from the epoch.
-    let early = wait_committed(&n, "a lag before the first commit", |q| q["lagSeconds"].as_f64().is_some());
-    assert!(early["lagSeconds"].as_f64().is_some_and(|l| l < 120.0), "{early:#}");
-    let s = wait_committed(&n, "window 1", |q| q["windowsCommitted"].as_u64() >= Some(1) && q["records"] == 3);
+    let early = wait_committed(&n, "a lag before the first commit", |q| {
+        q["lagSeconds"].as_f64().is_some()
+    });
+    assert!(
+        early["lagSeconds"].as_f64().is_some_and(|l| l < 120.0),
+        "{early:#}"
+    );
+    let s = wait_committed(&n, "window 1", |q| {
+        q["windowsCommitted"].as_u64() >= Some(1) && q["records"] == 3
+    });
     assert_eq!(s["k"], 1);
     assert!(t0.elapsed() < Duration::from_secs(40));
     assert!(s["lagSeconds"].as_f64().is_some());
@@ -120,18 +156,46 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
     assert_eq!(report["queues"][0]["records"], 3, "{report:#}");
     let manifest_key = format!("queen/_queen/tenant={TENANT}/queue=orders/windows/0000000001.json");
     let lake = s3::read_lake(&[server.lake_args("lake"), vec!["--prefix", "queen"]].concat());
-    let files: Vec<String> = lake["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_owned()).collect();
+    let files: Vec<String> = lake["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(files.len(), 1, "{lake:#}");
-    assert_eq!(lake["duckdb"]["read_json_rows"], 3, "DuckDB's read_json reads the JSONL too: {lake:#}");
-    let re_ok = files[0].starts_with(&format!("tenant={TENANT}/queue=orders/dt=")) && files[0].contains("/hour=") && files[0].contains("/w-0000000001-") && files[0].ends_with(".jsonl.zst");
+    assert_eq!(
+        lake["duckdb"]["read_json_rows"], 3,
+        "DuckDB's read_json reads the JSONL too: {lake:#}"
+    );
+    let re_ok = files[0].starts_with(&format!("tenant={TENANT}/queue=orders/dt="))
+        && files[0].contains("/hour=")
+        && files[0].contains("/w-0000000001-")
+        && files[0].ends_with(".jsonl.zst");
     assert!(re_ok, "data key {files:?}");
-    assert!(lake["manifests"].get(manifest_key.trim_start_matches("queen/")).is_some(), "{lake:#}");
+    assert!(
+        lake["manifests"]
+            .get(manifest_key.trim_start_matches("queen/"))
+            .is_some(),
+        "{lake:#}"
+    );
     for reader in ["duckdb", "pyarrow"] {
         let recs = lake_records(&server, reader);
         let want = vec![
-            ("cust-1".to_owned(), 0, r#"{"order":1,"status":"new","total":42.00}"#),
-            ("cust-1".to_owned(), 1, r#"{"order":1,"status":"paid","total":42.00}"#),
-            ("cust-2".to_owned(), 0, r#"{"order":2,"status":"new","total":17.50}"#),
+            (
+                "cust-1".to_owned(),
+                0,
+                r#"{"order":1,"status":"new","total":42.00}"#,
+            ),
+            (
+                "cust-1".to_owned(),
+                1,
+                r#"{"order":1,"status":"paid","total":42.00}"#,
+            ),
+            (
+                "cust-2".to_owned(),
+                0,
+                r#"{"order":2,"status":"new","total":17.50}"#,
+            ),
         ];
         assert_eq!(recs.len(), 3, "{reader}: {recs:?}");
         for ((p, o, _, payload), (wp, wo, wpay)) in recs.iter().zip(want) {
@@ -141,11 +205,25 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
         }
     }
     let metrics = n.get("/metrics/prometheus").text;
-    for name in ["queen_s3_windows_committed_total", "queen_s3_records_written_total", "queen_s3_lag_seconds", "queen_s3_s3_requests_total"] {
-        assert!(metrics.contains(name), "{name} missing from /metrics/prometheus");
+    for name in [
+        "queen_s3_windows_committed_total",
+        "queen_s3_records_written_total",
+        "queen_s3_lag_seconds",
+        "queen_s3_s3_requests_total",
+    ] {
+        assert!(
+            metrics.contains(name),
+            "{name} missing from /metrics/prometheus"
+        );
     }
-    assert!(!n.log_text().contains(s3::SECRET_KEY), "the secret key reached the log");
-    assert!(!n.get("/status").text.contains(s3::SECRET_KEY), "the secret key reached /status");
+    assert!(
+        !n.log_text().contains(s3::SECRET_KEY),
+        "the secret key reached the log"
+    );
+    assert!(
+        !n.get("/status").text.contains(s3::SECRET_KEY),
+        "the secret key reached /status"
+    );
 }
 
 #[test]
@@ -153,9 +231,28 @@ fn parquet_reads_back_with_hive_partitioning() {
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let n = start(&dir.path().join("n1"), &sink_env(&server.endpoint, &[("QUEEN_S3_FORMAT", "parquet"), ("QUEEN_S3_LAYOUT", "per-partition")]));
-    let items: Vec<String> = (0..40).map(|i| format!(r#"{{"queue":"orders","partition":"p{}","payload":{{"i":{i},"x":1.50}}}}"#, i % 4)).collect();
-    let a = n.post_raw("/api/v1/push", &format!(r#"{{"items":[{}]}}"#, items.join(",")));
+    let n = start(
+        &dir.path().join("n1"),
+        &sink_env(
+            &server.endpoint,
+            &[
+                ("QUEEN_S3_FORMAT", "parquet"),
+                ("QUEEN_S3_LAYOUT", "per-partition"),
+            ],
+        ),
+    );
+    let items: Vec<String> = (0..40)
+        .map(|i| {
+            format!(
+                r#"{{"queue":"orders","partition":"p{}","payload":{{"i":{i},"x":1.50}}}}"#,
+                i % 4
+            )
+        })
+        .collect();
+    let a = n.post_raw(
+        "/api/v1/push",
+        &format!(r#"{{"items":[{}]}}"#, items.join(",")),
+    );
     assert_eq!(a.status, 200, "{}", a.text);
     wait_committed(&n, "parquet windows", |q| q["records"] == 40);
     verify(&server.endpoint);
@@ -165,7 +262,11 @@ fn parquet_reads_back_with_hive_partitioning() {
         let mut keys: Vec<(String, u64)> = recs.iter().map(|r| (r.0.clone(), r.1)).collect();
         keys.dedup();
         assert_eq!(keys.len(), 40, "{reader}: each (partition, offset) once");
-        assert!(recs.iter().all(|r| r.3.as_str().is_some_and(|t| t.contains("1.50"))), "{reader}: payload text kept");
+        assert!(
+            recs.iter()
+                .all(|r| r.3.as_str().is_some_and(|t| t.contains("1.50"))),
+            "{reader}: payload text kept"
+        );
     }
 }
 
@@ -175,7 +276,10 @@ fn parquet_reads_back_with_hive_partitioning() {
 fn a_crash_at_each_commit_point_leaves_every_record_once() {
     let server = S3Server::start();
     let dir = tempfile::tempdir().unwrap();
-    for (i, point) in ["intent", "objects", "manifest", "pointer", "checkpoint"].into_iter().enumerate() {
+    for (i, point) in ["intent", "objects", "manifest", "pointer", "checkpoint"]
+        .into_iter()
+        .enumerate()
+    {
         let bucket = format!("crash{i}");
         server.create_bucket(&bucket);
         let mut env = sink_env(&server.endpoint, &[("QUEEN_S3_BUCKET", "x")]);
@@ -186,14 +290,27 @@ fn a_crash_at_each_commit_point_leaves_every_record_once() {
         let items: Vec<Value> = (0..30).map(|j| json!({"queue": "orders", "partition": format!("p{}", j % 3), "transactionId": format!("t{j}"), "payload": {"j": j}})).collect();
         push(&n, &json!(items));
         let status = n.wait_exit(Duration::from_secs(60));
-        assert!(status.is_some_and(|s| !s.success()), "{point}: the node should have aborted at the crash point\n{}", n.log_text());
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{point}: the node should have aborted at the crash point\n{}",
+            n.log_text()
+        );
         n.set_env("QUEEN_TEST_S3_CRASH_AT", "");
         n.restart();
         let more: Vec<Value> = (30..40).map(|j| json!({"queue": "orders", "partition": format!("p{}", j % 3), "transactionId": format!("t{j}"), "payload": {"j": j}})).collect();
         push(&n, &json!(more));
         let report_ok = eventually(Duration::from_secs(60), || {
             let out = Command::new(bin())
-                .args(["lake", "verify", "--bucket", &bucket, "--endpoint", &server.endpoint, "--path-style", "true"])
+                .args([
+                    "lake",
+                    "verify",
+                    "--bucket",
+                    &bucket,
+                    "--endpoint",
+                    &server.endpoint,
+                    "--path-style",
+                    "true",
+                ])
                 .env("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY)
                 .env("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY)
                 .output()
@@ -201,7 +318,11 @@ fn a_crash_at_each_commit_point_leaves_every_record_once() {
             let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
             out.status.success() && report["queues"][0]["records"] == 40
         });
-        assert!(report_ok, "{point}: the lake should hold all 40 records once\n{}", n.log_text());
+        assert!(
+            report_ok,
+            "{point}: the lake should hold all 40 records once\n{}",
+            n.log_text()
+        );
         let mut args = server.lake_args(&bucket);
         args.extend(["--prefix", "queen"]);
         let lake = s3::read_lake(&args);
@@ -220,16 +341,27 @@ fn a_bucket_that_fails_then_recovers_loses_and_doubles_nothing() {
     let proxy = server.proxy();
     let dir = tempfile::tempdir().unwrap();
     let n = start(&dir.path().join("n1"), &sink_env(&proxy.endpoint, &[]));
-    push(&n, &json!([{"queue": "orders", "partition": "a", "payload": 1}]));
+    push(
+        &n,
+        &json!([{"queue": "orders", "partition": "a", "payload": 1}]),
+    );
     wait_committed(&n, "first window", |q| q["records"] == 1);
     proxy.set_mode(Mode::Http503);
-    push(&n, &json!([{"queue": "orders", "partition": "a", "payload": 2}, {"queue": "orders", "partition": "b", "payload": 3}]));
+    push(
+        &n,
+        &json!([{"queue": "orders", "partition": "a", "payload": 2}, {"queue": "orders", "partition": "b", "payload": 3}]),
+    );
     assert!(
-        eventually(Duration::from_secs(60), || queue_status(&n)["lastError"].is_string()),
+        eventually(Duration::from_secs(60), || queue_status(&n)["lastError"]
+            .is_string()),
         "the failing upload should show as lastError: {:#}",
         queue_status(&n)
     );
-    assert_eq!(queue_status(&n)["records"], 1, "nothing commits while the bucket fails");
+    assert_eq!(
+        queue_status(&n)["records"],
+        1,
+        "nothing commits while the bucket fails"
+    );
     proxy.set_mode(Mode::Refuse);
     std::thread::sleep(Duration::from_secs(2));
     proxy.set_mode(Mode::Pass);
@@ -246,24 +378,54 @@ fn retention_that_overruns_the_sink_is_recorded_as_lost() {
     proxy.set_mode(Mode::Refuse);
     let dir = tempfile::tempdir().unwrap();
     let n = start(&dir.path().join("n1"), &sink_env(&proxy.endpoint, &[]));
-    let a = n.post("/api/v1/configure", &json!({"queue": "orders", "options": {"retentionEnabled": true, "retentionSeconds": 1}}));
+    let a = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "orders", "options": {"retentionEnabled": true, "retentionSeconds": 1}}),
+    );
     assert_eq!(a.status, 200, "{}", a.text);
-    push(&n, &json!([{"queue": "orders", "partition": "a", "payload": 1}, {"queue": "orders", "partition": "a", "payload": 2}]));
+    push(
+        &n,
+        &json!([{"queue": "orders", "partition": "a", "payload": 1}, {"queue": "orders", "partition": "a", "payload": 2}]),
+    );
     let gone = eventually(Duration::from_secs(30), || {
-        let f = n.post("/api/v1/fetch", &json!({"entries": [{"queue": "orders", "partition": "a", "offset": 0}]}));
-        f.json["entries"][0]["records"].as_array().is_some_and(Vec::is_empty)
+        let f = n.post(
+            "/api/v1/fetch",
+            &json!({"entries": [{"queue": "orders", "partition": "a", "offset": 0}]}),
+        );
+        f.json["entries"][0]["records"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
     });
     assert!(gone, "retention should have deleted both records");
-    let _ = n.post("/api/v1/configure", &json!({"queue": "orders", "options": {"retentionEnabled": false}}));
-    push(&n, &json!([{"queue": "orders", "partition": "a", "payload": 3}]));
+    let _ = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "orders", "options": {"retentionEnabled": false}}),
+    );
+    push(
+        &n,
+        &json!([{"queue": "orders", "partition": "a", "payload": 3}]),
+    );
     proxy.set_mode(Mode::Pass);
     wait_committed(&n, "window after the overrun", |q| q["records"] == 1);
     let mut args = server.lake_args("lake");
     args.extend(["--prefix", "queen"]);
     let lake = s3::read_lake(&args);
-    let lost: Vec<Value> = lake["manifests"].as_object().expect("manifests").values().flat_map(|m| m["lost"].as_array().cloned().unwrap_or_default()).collect();
-    assert_eq!(lost, vec![json!({"partition": "a", "from": 0, "to": 1})], "{lake:#}");
-    assert!(n.get("/metrics/prometheus").text.contains("queen_s3_records_lost_total{queue=\"orders\"} 2"));
+    let lost: Vec<Value> = lake["manifests"]
+        .as_object()
+        .expect("manifests")
+        .values()
+        .flat_map(|m| m["lost"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        lost,
+        vec![json!({"partition": "a", "from": 0, "to": 1})],
+        "{lake:#}"
+    );
+    assert!(
+        n.get("/metrics/prometheus")
+            .text
+            .contains("queen_s3_records_lost_total{queue=\"orders\"} 2")
+    );
 }
 
 #[test]
@@ -278,19 +440,35 @@ fn the_local_folder_default_needs_no_account_and_sigterm_drains() {
         ("QUEEN_S3_SAFE_GUARD_MS", "500".into()),
     ];
     let mut n = start(&dir.path().join("n1"), &env);
-    let items: Vec<Value> = (0..5).map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}})).collect();
+    let items: Vec<Value> = (0..5)
+        .map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}}))
+        .collect();
     push(&n, &json!(items));
     // The default window is five minutes: only the drain at SIGTERM commits it (it is open for
     // ten seconds on the broker's clock by then, or holds a megabyte).
     std::thread::sleep(Duration::from_secs(11));
     assert!(n.sigterm(Duration::from_secs(60)).success());
     let out = Command::new(bin())
-        .args(["lake", "verify", "--endpoint", &format!("file://{}", lake.display())])
+        .args([
+            "lake",
+            "verify",
+            "--endpoint",
+            &format!("file://{}", lake.display()),
+        ])
         .output()
         .expect("verify");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert!(out.status.success(), "{report:#} {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(report["queues"][0]["records"], 5, "{report:#}\n{}", n.log_text());
+    assert!(
+        out.status.success(),
+        "{report:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        report["queues"][0]["records"],
+        5,
+        "{report:#}\n{}",
+        n.log_text()
+    );
     let lake_json = s3::read_lake(&["--root", lake.to_str().unwrap(), "--prefix", "queen"]);
     assert_eq!(lake_json["duckdb"]["rows"], 5, "{lake_json:#}");
 }
@@ -327,16 +505,33 @@ fn size_closed_windows_over_many_partitions_keep_flowing() {
     let server = S3Server::start();
     server.create_bucket("lake");
     let dir = tempfile::tempdir().unwrap();
-    let n = start(&dir.path().join("n1"), &sink_env(&server.endpoint, &[("QUEEN_S3_TARGET_MB", "1"), ("QUEEN_S3_MAX_WINDOW_MS", "600000")]));
+    let n = start(
+        &dir.path().join("n1"),
+        &sink_env(
+            &server.endpoint,
+            &[
+                ("QUEEN_S3_TARGET_MB", "1"),
+                ("QUEEN_S3_MAX_WINDOW_MS", "600000"),
+            ],
+        ),
+    );
     let body = "x".repeat(1000);
     for r in 0..30 {
         let items: Vec<Value> = (0..100).map(|j| json!({"queue": "orders", "partition": format!("p{}", j % 4), "transactionId": format!("t{r}-{j}"), "payload": {"b": body}})).collect();
         push(&n, &json!(items));
     }
-    let s = wait_committed(&n, "size-closed windows", |q| q["records"].as_u64() >= Some(2000));
-    assert!(s["windowsCommitted"].as_u64() >= Some(2), "several 1 MB windows: {s:#}");
+    let s = wait_committed(&n, "size-closed windows", |q| {
+        q["records"].as_u64() >= Some(2000)
+    });
+    assert!(
+        s["windowsCommitted"].as_u64() >= Some(2),
+        "several 1 MB windows: {s:#}"
+    );
     let report = verify(&server.endpoint);
-    assert!(report["queues"][0]["records"].as_u64() >= Some(2000), "{report:#}");
+    assert!(
+        report["queues"][0]["records"].as_u64() >= Some(2000),
+        "{report:#}"
+    );
 }
 
 /// Every file under `dir` (the lake folder), as paths relative to it.
@@ -363,7 +558,10 @@ fn sink_report(n: &Node) -> Value {
 
 /// The row of `queue` in the sink's report.
 fn row_of(sink: &Value, queue: &str) -> Value {
-    sink["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == queue).cloned()).unwrap_or(Value::Null)
+    sink["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["queue"] == queue).cloned())
+        .unwrap_or(Value::Null)
 }
 
 /// The env of a sink writing every queue to a local folder in one-second windows.
@@ -392,7 +590,11 @@ fn local_folder_names_as_long_as_the_broker_takes_reach_the_lake() {
     let long_queue = "q".repeat(255);
     let cjk_queue = "漢".repeat(85);
     let long_partition = "p".repeat(200);
-    let want = [(long_queue.as_str(), 4_u64), (cjk_queue.as_str(), 2), ("orders", 2)];
+    let want = [
+        (long_queue.as_str(), 4_u64),
+        (cjk_queue.as_str(), 2),
+        ("orders", 2),
+    ];
     push(
         &n,
         &json!([
@@ -409,9 +611,14 @@ fn local_folder_names_as_long_as_the_broker_takes_reach_the_lake() {
     let mut last = Value::Null;
     let committed = eventually(Duration::from_secs(60), || {
         last = sink_report(&n);
-        want.iter().all(|(q, records)| row_of(&last, q)["records"].as_u64() == Some(*records))
+        want.iter()
+            .all(|(q, records)| row_of(&last, q)["records"].as_u64() == Some(*records))
     });
-    assert!(committed, "every queue should commit its records: {last:#}\n{}", n.log_text());
+    assert!(
+        committed,
+        "every queue should commit its records: {last:#}\n{}",
+        n.log_text()
+    );
     assert_eq!(last["ok"], true, "{last:#}");
     assert_eq!(last["health"]["failing"], 0, "{last:#}");
     for (q, _) in want {
@@ -419,8 +626,15 @@ fn local_folder_names_as_long_as_the_broker_takes_reach_the_lake() {
     }
 
     let files = files_under(&lake);
-    let data: Vec<&std::path::PathBuf> = files.iter().filter(|p| p.to_string_lossy().contains("/w-")).collect();
-    assert_eq!(data.len(), 7, "one object per partition and window: {files:#?}");
+    let data: Vec<&std::path::PathBuf> = files
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/w-"))
+        .collect();
+    assert_eq!(
+        data.len(),
+        7,
+        "one object per partition and window: {files:#?}"
+    );
     for f in &files {
         let key = f.to_string_lossy();
         assert!(key.len() <= 900, "{} bytes: {key}", key.len());
@@ -430,15 +644,40 @@ fn local_folder_names_as_long_as_the_broker_takes_reach_the_lake() {
         }
     }
     // The shortened names carry the marker; the short ones are encoded as ever.
-    assert!(files.iter().any(|f| f.to_string_lossy().contains(&format!("/queue={}~", "q".repeat(232)))), "{files:#?}");
-    assert!(files.iter().any(|f| f.to_string_lossy().contains("/queue=orders/")), "{files:#?}");
+    assert!(
+        files.iter().any(|f| f
+            .to_string_lossy()
+            .contains(&format!("/queue={}~", "q".repeat(232)))),
+        "{files:#?}"
+    );
+    assert!(
+        files
+            .iter()
+            .any(|f| f.to_string_lossy().contains("/queue=orders/")),
+        "{files:#?}"
+    );
 
-    let out = Command::new(bin()).args(["lake", "verify", "--endpoint", &format!("file://{}", lake.display())]).output().expect("verify");
+    let out = Command::new(bin())
+        .args([
+            "lake",
+            "verify",
+            "--endpoint",
+            &format!("file://{}", lake.display()),
+        ])
+        .output()
+        .expect("verify");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert!(out.status.success(), "{report:#} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{report:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The manifests keep the full names: verify reports every queue under its own name.
     for (q, records) in want {
-        let r = report["queues"].as_array().and_then(|qs| qs.iter().find(|r| r["queue"] == q).cloned()).unwrap_or(Value::Null);
+        let r = report["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|r| r["queue"] == q).cloned())
+            .unwrap_or(Value::Null);
         assert_eq!(r["records"], records, "{q}: {report:#}");
     }
 }
@@ -453,7 +692,10 @@ fn local_folder_a_queue_the_sink_cannot_write_turns_its_health_red_at_once() {
     std::fs::create_dir_all(blocker.parent().unwrap()).unwrap();
     std::fs::write(&blocker, b"not a folder").unwrap();
     let n = start(&dir.path().join("n1"), &local_env(&lake, &[]));
-    push(&n, &json!([{"queue": "blocked", "partition": "a", "payload": 1}, {"queue": "fine", "partition": "a", "payload": 2}]));
+    push(
+        &n,
+        &json!([{"queue": "blocked", "partition": "a", "payload": 1}, {"queue": "fine", "partition": "a", "payload": 2}]),
+    );
     let pushed = std::time::Instant::now();
     let mut last = Value::Null;
     let red = eventually(Duration::from_secs(20), || {
@@ -465,13 +707,27 @@ fn local_folder_a_queue_the_sink_cannot_write_turns_its_health_red_at_once() {
     assert!(took < Duration::from_secs(10), "red only after {took:?}");
     assert_eq!(last["health"]["ok"], false, "{last:#}");
     assert_eq!(last["health"]["failing"], 1, "{last:#}");
-    assert_eq!(last["health"]["lagging"], 0, "not lagging yet, failing: {last:#}");
+    assert_eq!(
+        last["health"]["lagging"], 0,
+        "not lagging yet, failing: {last:#}"
+    );
     let blocked = row_of(&last, "blocked");
     assert_eq!(blocked["failing"], true, "{last:#}");
     assert!(blocked["lastErrorAt"].is_string(), "{last:#}");
-    assert!(blocked["lastError"].as_str().is_some_and(|e| e.contains("queue=blocked")), "the reason names the key: {last:#}");
+    assert!(
+        blocked["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("queue=blocked")),
+        "the reason names the key: {last:#}"
+    );
     // The other queue is not held back by it.
-    assert!(eventually(Duration::from_secs(30), || row_of(&sink_report(&n), "fine")["records"] == 1), "{:#}", sink_report(&n));
+    assert!(
+        eventually(Duration::from_secs(30), || row_of(&sink_report(&n), "fine")
+            ["records"]
+            == 1),
+        "{:#}",
+        sink_report(&n)
+    );
     // `/health` is about raft only: the node stays ready.
     assert_eq!(n.get("/health").status, 200);
 
@@ -482,9 +738,16 @@ fn local_folder_a_queue_the_sink_cannot_write_turns_its_health_red_at_once() {
         last = sink_report(&n);
         last["ok"] == true && row_of(&last, "blocked")["records"] == 1
     });
-    assert!(green, "the sink should turn green again: {last:#}\n{}", n.log_text());
+    assert!(
+        green,
+        "the sink should turn green again: {last:#}\n{}",
+        n.log_text()
+    );
     let blocked = row_of(&last, "blocked");
     assert_eq!(blocked["failing"], false, "{last:#}");
     assert_eq!(last["health"]["failing"], 0, "{last:#}");
-    assert!(blocked["lastError"].is_string() && blocked["lastErrorAt"].is_string(), "{last:#}");
+    assert!(
+        blocked["lastError"].is_string() && blocked["lastErrorAt"].is_string(),
+        "{last:#}"
+    );
 }

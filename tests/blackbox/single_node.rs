@@ -43,13 +43,23 @@ fn the_cluster_documents_walkthrough_on_one_node() {
     assert_eq!(h.json["raft"]["role"], "leader");
     assert_eq!(h.json["raft"]["storageReady"], true);
 
-    let p = push(&n, "orders", "customer-42", "order-1001-created", json!({"orderId": 1001, "total": 42}));
+    let p = push(
+        &n,
+        "orders",
+        "customer-42",
+        "order-1001-created",
+        json!({"orderId": 1001, "total": 42}),
+    );
     assert_eq!(p["status"], "queued");
     assert_eq!(p["offset"], 0);
     assert_eq!(p["transaction_id"], "order-1001-created");
     assert_eq!(p["message_id"].as_str().unwrap().len(), 36);
 
-    let got = pop(&n, "/api/v1/pop/queue/orders?batch=1&wait=true&timeout=5000").expect("a message");
+    let got = pop(
+        &n,
+        "/api/v1/pop/queue/orders?batch=1&wait=true&timeout=5000",
+    )
+    .expect("a message");
     let m = &got["messages"][0];
     assert_eq!(m["transactionId"], "order-1001-created");
     assert_eq!(m["partition"], "customer-42");
@@ -59,9 +69,15 @@ fn the_cluster_documents_walkthrough_on_one_node() {
     assert!(m["createdAt"].as_str().unwrap().ends_with('Z'));
 
     let a = ack(&n, m, &got["leaseId"], "completed", None);
-    assert_eq!(a, json!({"index": 0, "transactionId": "order-1001-created", "success": true, "error": null, "leaseReleased": true, "dlq": false, "noop": false}));
+    assert_eq!(
+        a,
+        json!({"index": 0, "transactionId": "order-1001-created", "success": true, "error": null, "leaseReleased": true, "dlq": false, "noop": false})
+    );
     let again = ack(&n, m, &got["leaseId"], "completed", None);
-    assert_eq!(again["success"], true, "a repeated ack is answered as the first");
+    assert_eq!(
+        again["success"], true,
+        "a repeated ack is answered as the first"
+    );
     assert_eq!(again["noop"], true);
 
     assert!(pop(&n, "/api/v1/pop/queue/orders?batch=1&wait=false").is_none());
@@ -69,7 +85,11 @@ fn the_cluster_documents_walkthrough_on_one_node() {
     assert_eq!(status.status, 200);
     assert_eq!(status.json["queues"]["messages"], 1);
     let metrics = n.get("/metrics/prometheus");
-    assert!(metrics.text.contains("queen_http_requests_total"), "{}", metrics.text);
+    assert!(
+        metrics.text.contains("queen_http_requests_total"),
+        "{}",
+        metrics.text
+    );
     // A lone voter is its own quorum: it stays healthy past an election timeout.
     std::thread::sleep(Duration::from_millis(2500));
     let h = n.get("/health");
@@ -88,7 +108,10 @@ fn a_resent_push_is_deduplicated() {
     assert_eq!(got["messages"].as_array().unwrap().len(), 1);
     assert_eq!(got["messages"][0]["data"], 1);
     // Without a transactionId the node mints one: two pushes are two messages.
-    let a = n.post("/api/v1/push", &json!({"items": [{"queue": "q2", "payload": "x"}, {"queue": "q2", "payload": "x"}]}));
+    let a = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "q2", "payload": "x"}, {"queue": "q2", "payload": "x"}]}),
+    );
     assert_eq!(a.json[0]["status"], "queued");
     assert_eq!(a.json[1]["status"], "queued");
     assert_ne!(a.json[0]["transaction_id"], a.json[1]["transaction_id"]);
@@ -106,23 +129,45 @@ fn an_expired_lease_redelivers_and_retries_end_in_the_dead_letters() {
     let first = pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=false").unwrap();
     // Nothing else is delivered while the lease lives; after it expires, the same message is.
     assert!(pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=false").is_none());
-    let again = pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000").expect("redelivered after expiry");
+    let again = pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000")
+        .expect("redelivered after expiry");
     assert_eq!(again["messages"][0]["transactionId"], "j1");
-    assert_eq!(again["messages"][0]["deliveryAttempt"], 1, "expiry does not count a retry");
+    assert_eq!(
+        again["messages"][0]["deliveryAttempt"], 1,
+        "expiry does not count a retry"
+    );
     assert_ne!(again["leaseId"], first["leaseId"]);
-    let stale = ack(&n, &first["messages"][0], &first["leaseId"], "completed", None);
+    let stale = ack(
+        &n,
+        &first["messages"][0],
+        &first["leaseId"],
+        "completed",
+        None,
+    );
     assert_eq!(stale["success"], false);
 
     // Fail it: retried once, then dead-lettered.
     let a = ack(&n, &again["messages"][0], &again["leaseId"], "failed", None);
-    assert_eq!((a["success"].clone(), a["dlq"].clone()), (json!(true), json!(false)));
+    assert_eq!(
+        (a["success"].clone(), a["dlq"].clone()),
+        (json!(true), json!(false))
+    );
     let retry = pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=false").unwrap();
     assert_eq!(retry["messages"][0]["deliveryAttempt"], 2);
     let a = ack(&n, &retry["messages"][0], &retry["leaseId"], "failed", None);
     assert_eq!(a["dlq"], true);
-    assert!(pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=false").is_none(), "the cursor moved past it");
+    assert!(
+        pop(&n, "/api/v1/pop/queue/jobs?batch=1&wait=false").is_none(),
+        "the cursor moved past it"
+    );
     let status = n.get("/status");
-    let q = status.json["queues"]["items"].as_array().unwrap().iter().find(|q| q["name"] == "jobs").unwrap().clone();
+    let q = status.json["queues"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "jobs")
+        .unwrap()
+        .clone();
     assert_eq!(q["deadLettered"], 1);
 }
 
@@ -131,20 +176,45 @@ fn two_consumer_groups_each_see_every_message() {
     let dir = tempfile::tempdir().unwrap();
     let n = node(dir.path());
     for i in 0..5 {
-        push(&n, "events", &format!("p{}", i % 2), &format!("e{i}"), json!(i));
+        push(
+            &n,
+            "events",
+            &format!("p{}", i % 2),
+            &format!("e{i}"),
+            json!(i),
+        );
     }
     for group in ["billing", "audit"] {
         let mut seen = Vec::new();
-        while let Some(got) = pop(&n, &format!("/api/v1/pop/queue/events?batch=10&partitions=4&wait=false&consumerGroup={group}")) {
+        while let Some(got) = pop(
+            &n,
+            &format!(
+                "/api/v1/pop/queue/events?batch=10&partitions=4&wait=false&consumerGroup={group}"
+            ),
+        ) {
             assert_eq!(got["consumerGroup"], group);
             let msgs = got["messages"].as_array().unwrap().clone();
             let acks: Vec<Value> = msgs
                 .iter()
                 .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got["leaseId"], "status": "completed"}))
                 .collect();
-            let a = n.post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": group}));
-            assert!(a.json.as_array().unwrap().iter().all(|r| r["success"] == true), "{}", a.text);
-            seen.extend(msgs.into_iter().map(|m| m["transactionId"].as_str().unwrap().to_owned()));
+            let a = n.post(
+                "/api/v1/ack/batch",
+                &json!({"acknowledgments": acks, "consumerGroup": group}),
+            );
+            assert!(
+                a.json
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|r| r["success"] == true),
+                "{}",
+                a.text
+            );
+            seen.extend(
+                msgs.into_iter()
+                    .map(|m| m["transactionId"].as_str().unwrap().to_owned()),
+            );
         }
         seen.sort();
         assert_eq!(seen, ["e0", "e1", "e2", "e3", "e4"], "group {group}");
@@ -158,7 +228,9 @@ fn a_waiting_pop_is_woken_by_a_push() {
     let port = n.port;
     let waiter = std::thread::spawn(move || {
         let started = Instant::now();
-        let body = queen_tests::get_url(&format!("http://127.0.0.1:{port}/api/v1/pop/queue/later?batch=1&wait=true&timeout=20000"));
+        let body = queen_tests::get_url(&format!(
+            "http://127.0.0.1:{port}/api/v1/pop/queue/later?batch=1&wait=true&timeout=20000"
+        ));
         (body, started.elapsed())
     });
     std::thread::sleep(Duration::from_millis(300));
@@ -166,7 +238,10 @@ fn a_waiting_pop_is_woken_by_a_push() {
     let ((status, text), took) = waiter.join().unwrap();
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("wake"));
-    assert!(took < Duration::from_secs(15), "woken by the push, not by the timeout: {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "woken by the push, not by the timeout: {took:?}"
+    );
     // An empty long poll answers 204 after its timeout.
     let started = Instant::now();
     assert!(pop(&n, "/api/v1/pop/queue/empty?wait=true&timeout=500").is_none());
@@ -187,12 +262,14 @@ fn lease_extend_and_queue_delete() {
     let e = n.request("POST", "/api/v1/lease/no-such-lease/extend", None);
     assert_eq!(e.json["success"], false);
     let d = n.request("DELETE", "/api/v1/resources/queues/tmp", None);
-    assert_eq!(d.json, json!({"deleted": true, "queue": "tmp", "existed": true}));
+    assert_eq!(
+        d.json,
+        json!({"deleted": true, "queue": "tmp", "existed": true})
+    );
     let d = n.request("DELETE", "/api/v1/resources/queues/tmp", None);
     assert_eq!(d.json["existed"], false);
     assert!(pop(&n, "/api/v1/pop/queue/tmp?batch=1&wait=false").is_none());
 }
-
 
 #[test]
 fn a_transaction_acks_and_pushes_as_one_unit() {
@@ -220,9 +297,15 @@ fn a_transaction_acks_and_pushes_as_one_unit() {
     assert_eq!(again.json["success"], false);
     assert!(again.json["error"].as_str().unwrap().contains("lease"));
     // Malformed bundles are 400s naming the field.
-    let bad = n.post("/api/v1/transaction", &json!({"operations": [{"type": "bogus"}], "requiredLeases": []}));
+    let bad = n.post(
+        "/api/v1/transaction",
+        &json!({"operations": [{"type": "bogus"}], "requiredLeases": []}),
+    );
     assert_eq!(bad.status, 400);
     assert!(bad.text.contains("operations[0].type"), "{}", bad.text);
-    let empty = n.post("/api/v1/transaction", &json!({"operations": [], "requiredLeases": []}));
+    let empty = n.post(
+        "/api/v1/transaction",
+        &json!({"operations": [], "requiredLeases": []}),
+    );
     assert_eq!(empty.status, 400);
 }

@@ -73,7 +73,10 @@ impl Node {
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
             port,
-            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             child: None,
             agent,
             log: dir.with_extension("log"),
@@ -89,7 +92,10 @@ impl Node {
     /// An environment variable this node is started with.
     #[must_use]
     pub fn env_value(&self, key: &str) -> Option<String> {
-        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+        self.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
     }
 
     /// Start the process without waiting for health.
@@ -104,7 +110,11 @@ impl Node {
     }
 
     fn spawn_process(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
         let mut cmd = Command::new(&self.bin);
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -133,16 +143,21 @@ impl Node {
         let until = Instant::now() + limit;
         while Instant::now() < until {
             if let Some(c) = self.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait() {
-                    panic!("queen exited early with {status}:\n{}", self.log_text());
-                }
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("queen exited early with {status}:\n{}", self.log_text());
+            }
             if let Ok(a) = self.try_request("GET", "/health", None)
-                && a.status == 200 {
-                    return;
-                }
+                && a.status == 200
+            {
+                return;
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("queen did not become healthy within {limit:?}:\n{}", self.log_text());
+        panic!(
+            "queen did not become healthy within {limit:?}:\n{}",
+            self.log_text()
+        );
     }
 
     /// The node's log so far.
@@ -165,7 +180,12 @@ impl Node {
     ///
     /// # Errors
     /// Connection failures.
-    pub fn try_request(&self, method: &str, path: &str, body: Option<&str>) -> Result<Answer, String> {
+    pub fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Answer, String> {
         self.try_request_with(method, path, body, &[])
     }
 
@@ -173,7 +193,13 @@ impl Node {
     ///
     /// # Errors
     /// Connection failures.
-    pub fn try_request_with(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Result<Answer, String> {
+    pub fn try_request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, String> {
         let url = self.url(path);
         let with = |mut r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| {
             for (k, v) in headers {
@@ -190,18 +216,34 @@ impl Node {
         let resp = match (method, body) {
             ("GET", _) => with(self.agent.get(&url)).call(),
             ("DELETE", _) => with(self.agent.delete(&url)).call(),
-            ("POST", Some(b)) => with_body(self.agent.post(&url)).header("content-type", "application/json").send(b),
+            ("POST", Some(b)) => with_body(self.agent.post(&url))
+                .header("content-type", "application/json")
+                .send(b),
             ("POST", None) => with_body(self.agent.post(&url)).send_empty(),
-            ("PUT", Some(b)) => with_body(self.agent.put(&url)).header("content-type", "application/json").send(b),
+            ("PUT", Some(b)) => with_body(self.agent.put(&url))
+                .header("content-type", "application/json")
+                .send(b),
             _ => return Err(format!("unsupported {method}")),
         };
         let mut resp = resp.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let mut text = String::new();
-        resp.body_mut().as_reader().read_to_string(&mut text).map_err(|e| e.to_string())?;
+        resp.body_mut()
+            .as_reader()
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(Answer { status, json, text, retry_after })
+        Ok(Answer {
+            status,
+            json,
+            text,
+            retry_after,
+        })
     }
 
     /// An admin request (membership changes): carries this node's raft token in
@@ -212,8 +254,13 @@ impl Node {
     pub fn admin(&self, method: &str, path: &str, body: Option<&Value>) -> Answer {
         let token = self.env_value("QUEEN_RAFT_TOKEN").unwrap_or_default();
         let text = body.map(Value::to_string);
-        self.try_request_with(method, path, text.as_deref(), &[("x-queen-raft-token", &token)])
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        self.try_request_with(
+            method,
+            path,
+            text.as_deref(),
+            &[("x-queen-raft-token", &token)],
+        )
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// A request that must reach the node.
@@ -221,7 +268,8 @@ impl Node {
     /// # Panics
     /// On a transport error.
     pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
-        self.try_request(method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        self.try_request(method, path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// GET.
@@ -244,14 +292,30 @@ impl Node {
     /// # Panics
     /// On a transport error.
     pub fn post_bytes(&self, path: &str, content_type: &str, body: &[u8]) -> Answer {
-        let resp = self.agent.post(&self.url(path)).header("content-type", content_type).send(body);
+        let resp = self
+            .agent
+            .post(&self.url(path))
+            .header("content-type", content_type)
+            .send(body);
         let mut resp = resp.unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let status = resp.status().as_u16();
-        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let mut text = String::new();
-        resp.body_mut().as_reader().read_to_string(&mut text).unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        resp.body_mut()
+            .as_reader()
+            .read_to_string(&mut text)
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Answer { status, json, text, retry_after }
+        Answer {
+            status,
+            json,
+            text,
+            retry_after,
+        }
     }
 
     /// Every transactionId stored in a partition, in offset order, read through this node with
@@ -292,7 +356,9 @@ impl Node {
     /// When the process does not exit within `limit`.
     pub fn sigterm(&mut self, limit: Duration) -> ExitStatus {
         let mut c = self.child.take().expect("a running node");
-        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
         let until = Instant::now() + limit;
         loop {
             if let Ok(Some(s)) = c.try_wait() {
@@ -300,7 +366,10 @@ impl Node {
             }
             if Instant::now() > until {
                 let _ = c.kill();
-                panic!("queen did not exit within {limit:?} of SIGTERM:\n{}", self.log_text());
+                panic!(
+                    "queen did not exit within {limit:?} of SIGTERM:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -340,15 +409,27 @@ impl Drop for Node {
 ///
 /// # Panics
 /// When a node does not become healthy within a minute.
-pub fn three_nodes(bin: &Path, dir: &Path, token: &str, extra: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Node> {
+pub fn three_nodes(
+    bin: &Path,
+    dir: &Path,
+    token: &str,
+    extra: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Node> {
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let peers = (0..3).map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i])).collect::<Vec<_>>().join(",");
+    let peers = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
+        .collect::<Vec<_>>()
+        .join(",");
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| {
             let id = (i + 1).to_string();
             let more = extra(i);
-            let mut env: Vec<(&str, &str)> = vec![("QUEEN_RAFT_NODE_ID", &id), ("QUEEN_RAFT_PEERS", &peers), ("QUEEN_RAFT_TOKEN", token)];
+            let mut env: Vec<(&str, &str)> = vec![
+                ("QUEEN_RAFT_NODE_ID", &id),
+                ("QUEEN_RAFT_PEERS", &peers),
+                ("QUEEN_RAFT_TOKEN", token),
+            ];
             env.extend(more.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             Node::prepare(bin, &dir.join(format!("n{}", i + 1)), http[i], &env)
         })
@@ -388,7 +469,11 @@ pub fn get_url(url: &str) -> (u16, String) {
 /// # Errors
 /// Transport errors, as text.
 pub fn try_get_url(url: &str, limit: Duration) -> Result<(u16, String), String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(limit)).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(limit))
+        .build()
+        .into();
     let mut r = agent.get(url).call().map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
     Ok((status, r.body_mut().read_to_string().unwrap_or_default()))
@@ -404,7 +489,11 @@ pub fn post_url(url: &str, body: &str) -> Result<(u16, String), String> {
         .timeout_global(Some(Duration::from_secs(60)))
         .build()
         .into();
-    let mut r = agent.post(url).header("content-type", "application/json").send(body).map_err(|e| e.to_string())?;
+    let mut r = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(body)
+        .map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
     Ok((status, r.body_mut().read_to_string().unwrap_or_default()))
 }

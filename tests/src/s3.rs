@@ -11,7 +11,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,10 +47,28 @@ pub fn lake_python() -> PathBuf {
             let mut cmd = Command::new("bash");
             cmd.arg(&script);
             let out = run_bounded(cmd, Duration::from_secs(1500));
-            assert!(out.ok, "{} failed ({}):\n{}\n{}", script.display(), out.status, out.stdout, out.stderr);
-            let path = out.stdout.lines().last().unwrap_or_default().trim().to_owned();
+            assert!(
+                out.ok,
+                "{} failed ({}):\n{}\n{}",
+                script.display(),
+                out.status,
+                out.stdout,
+                out.stderr
+            );
+            let path = out
+                .stdout
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
             let path = PathBuf::from(path);
-            assert!(path.exists(), "ensure-venv.sh printed no usable python path:\n{}\n{}", out.stdout, out.stderr);
+            assert!(
+                path.exists(),
+                "ensure-venv.sh printed no usable python path:\n{}\n{}",
+                out.stdout,
+                out.stderr
+            );
             path
         })
         .clone()
@@ -112,7 +130,10 @@ pub fn try_run_lake_script(script: &str, args: &[&str]) -> Result<String, String
     if out.ok {
         Ok(out.stdout)
     } else {
-        Err(format!("{script} {args:?}: {}\n{}{}", out.status, out.stdout, out.stderr))
+        Err(format!(
+            "{script} {args:?}: {}\n{}{}",
+            out.status, out.stdout, out.stderr
+        ))
     }
 }
 
@@ -185,7 +206,11 @@ impl S3Server {
 
     fn spawn(&mut self) -> Result<(), String> {
         let moto = lake_python().with_file_name("moto_server");
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("moto log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("moto log");
         let child = Command::new(&moto)
             .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdin(Stdio::null())
@@ -200,7 +225,10 @@ impl S3Server {
                 && let Ok(Some(status)) = c.try_wait()
             {
                 self.child = None;
-                return Err(format!("moto_server exited with {status}:\n{}", self.log_text()));
+                return Err(format!(
+                    "moto_server exited with {status}:\n{}",
+                    self.log_text()
+                ));
             }
             if http(&self.endpoint, "GET", "/moto-api/").is_ok_and(|s| s == 200) {
                 return Ok(());
@@ -208,7 +236,10 @@ impl S3Server {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.stop();
-        Err(format!("moto_server not ready within 20 s:\n{}", self.log_text()))
+        Err(format!(
+            "moto_server not ready within 20 s:\n{}",
+            self.log_text()
+        ))
     }
 
     /// Create a bucket (moto accepts an unsigned `PUT /<bucket>`).
@@ -216,7 +247,8 @@ impl S3Server {
     /// # Panics
     /// When moto does not answer 200.
     pub fn create_bucket(&self, name: &str) {
-        let status = http(&self.endpoint, "PUT", &format!("/{name}")).unwrap_or_else(|e| panic!("PUT /{name}: {e}"));
+        let status = http(&self.endpoint, "PUT", &format!("/{name}"))
+            .unwrap_or_else(|e| panic!("PUT /{name}: {e}"));
         assert_eq!(status, 200, "create bucket {name}:\n{}", self.log_text());
     }
 
@@ -243,7 +275,9 @@ impl S3Server {
     /// Whether the process is running.
     #[must_use]
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// PID of the running process.
@@ -267,7 +301,18 @@ impl S3Server {
     /// Arguments for read_lake.py reading `bucket` on this server directly.
     #[must_use]
     pub fn lake_args<'a>(&'a self, bucket: &'a str) -> Vec<&'a str> {
-        vec!["--s3", &self.endpoint, "--bucket", bucket, "--key", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION]
+        vec![
+            "--s3",
+            &self.endpoint,
+            "--bucket",
+            bucket,
+            "--key",
+            ACCESS_KEY,
+            "--secret",
+            SECRET_KEY,
+            "--region",
+            REGION,
+        ]
     }
 }
 
@@ -289,7 +334,12 @@ pub fn http(endpoint: &str, method: &str, path: &str) -> Result<u16, String> {
 ///
 /// # Errors
 /// Transport errors and timeouts, as text.
-pub fn http_within(endpoint: &str, method: &str, path: &str, limit: Duration) -> Result<u16, String> {
+pub fn http_within(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    limit: Duration,
+) -> Result<u16, String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(limit))
@@ -359,14 +409,20 @@ impl Shared {
     }
 
     fn cut_all(&self) {
-        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (_, s) in live.drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
 
     fn forget(&self, id: u64) {
-        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         live.retain(|(i, _)| *i != id);
     }
 }
@@ -393,7 +449,9 @@ impl FaultProxy {
     pub fn start(upstream_port: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fault proxy");
         let port = listener.local_addr().expect("proxy address").port();
-        listener.set_nonblocking(true).expect("nonblocking listener");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(Mode::Pass.code()),
             applied: AtomicU8::new(Mode::Pass.code()),
@@ -407,7 +465,12 @@ impl FaultProxy {
             .name("fault-proxy".into())
             .spawn(move || accept_loop(Some(listener), port, upstream, &sh))
             .expect("spawn the fault proxy");
-        FaultProxy { endpoint: format!("http://127.0.0.1:{port}"), port, shared, acceptor: Some(acceptor) }
+        FaultProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+            shared,
+            acceptor: Some(acceptor),
+        }
     }
 
     /// Switch mode; returns once the new mode is in force for new connections (open ones are cut).
@@ -419,7 +482,10 @@ impl FaultProxy {
         self.shared.cut_all();
         let until = Instant::now() + Duration::from_secs(5);
         while self.shared.applied.load(Ordering::SeqCst) != mode.code() {
-            assert!(Instant::now() < until, "the fault proxy did not switch to {mode:?} within 5 s");
+            assert!(
+                Instant::now() < until,
+                "the fault proxy did not switch to {mode:?} within 5 s"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         // Connections accepted just before the switch.
@@ -450,7 +516,12 @@ impl Drop for FaultProxy {
     }
 }
 
-fn accept_loop(mut listener: Option<TcpListener>, port: u16, upstream: SocketAddr, sh: &Arc<Shared>) {
+fn accept_loop(
+    mut listener: Option<TcpListener>,
+    port: u16,
+    upstream: SocketAddr,
+    sh: &Arc<Shared>,
+) {
     let mut next_id = 0u64;
     while !sh.stop.load(Ordering::SeqCst) {
         let mode = sh.mode();
@@ -461,7 +532,9 @@ fn accept_loop(mut listener: Option<TcpListener>, port: u16, upstream: SocketAdd
             continue;
         }
         if listener.is_none() {
-            match TcpListener::bind(("127.0.0.1", port)).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+            match TcpListener::bind(("127.0.0.1", port))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            {
                 Ok(l) => listener = Some(l),
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(10));
@@ -479,19 +552,26 @@ fn accept_loop(mut listener: Option<TcpListener>, port: u16, upstream: SocketAdd
                 let id = next_id;
                 let mode = sh.mode();
                 if let Ok(c) = client.try_clone() {
-                    sh.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((id, c));
+                    sh.live
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((id, c));
                 }
                 let sh2 = Arc::clone(sh);
-                let _ = std::thread::Builder::new().name("fault-proxy-conn".into()).spawn(move || {
-                    match mode {
-                        Mode::Pass => relay(client, upstream),
-                        Mode::Http503 => answer_503(client),
-                        Mode::Stall | Mode::Refuse => stall(&client, &sh2, mode),
-                    }
-                    sh2.forget(id);
-                });
+                let _ = std::thread::Builder::new()
+                    .name("fault-proxy-conn".into())
+                    .spawn(move || {
+                        match mode {
+                            Mode::Pass => relay(client, upstream),
+                            Mode::Http503 => answer_503(client),
+                            Mode::Stall | Mode::Refuse => stall(&client, &sh2, mode),
+                        }
+                        sh2.forget(id);
+                    });
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
@@ -503,9 +583,12 @@ fn relay(client: TcpStream, upstream: SocketAddr) {
         let _ = client.shutdown(Shutdown::Both);
         return;
     };
-    let (Ok(mut c_read), Ok(mut s_write), Ok(s_shut), Ok(c_shut)) =
-        (client.try_clone(), server.try_clone(), server.try_clone(), client.try_clone())
-    else {
+    let (Ok(mut c_read), Ok(mut s_write), Ok(s_shut), Ok(c_shut)) = (
+        client.try_clone(),
+        server.try_clone(),
+        server.try_clone(),
+        client.try_clone(),
+    ) else {
         return;
     };
     let up = std::thread::spawn(move || {
@@ -577,7 +660,11 @@ fn stall(client: &TcpStream, sh: &Shared, mode: Mode) {
 /// `queues` from the start of each queue, with short windows (one second, a half-second guard)
 /// so tests run in seconds. `extra` replaces or adds settings.
 #[must_use]
-pub fn sink_env(endpoint: &str, queues: &str, extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+pub fn sink_env(
+    endpoint: &str,
+    queues: &str,
+    extra: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
     let mut v: Vec<(&'static str, String)> = vec![
         ("QUEEN_S3_EMBEDDED", "true".into()),
         ("QUEEN_S3_QUEUES", queues.to_owned()),

@@ -19,7 +19,15 @@ pub const TOKEN: &str = "s3-cluster-token";
 /// The tenant the sink writes under by default.
 pub const TENANT: &str = "00000000-0000-0000-0000-000000000001";
 /// The states of a queue a node is running (`placement.held` counts these).
-pub const RUNNING: [&str; 7] = ["held", "restoring", "filling", "intent", "upload", "commit", "draining"];
+pub const RUNNING: [&str; 7] = [
+    "held",
+    "restoring",
+    "filling",
+    "intent",
+    "upload",
+    "commit",
+    "draining",
+];
 
 /// The sink's instance name on node `i` (0-based): the default, `node-<id>`.
 #[must_use]
@@ -30,19 +38,29 @@ pub fn instance(i: usize) -> String {
 /// Three nodes, each with the cluster settings and `env`, healthy together.
 #[must_use]
 pub fn cluster(bin: &Path, dir: &Path, env: &[(&'static str, String)]) -> Vec<Node> {
-    crate::three_nodes(bin, dir, TOKEN, |_| env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect())
+    crate::three_nodes(bin, dir, TOKEN, |_| {
+        env.iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    })
 }
 
 /// The node's sink report (`/status` `.s3.sinks[0]`), Null when it does not answer.
 #[must_use]
 pub fn sink(n: &Node) -> Value {
-    n.try_request("GET", "/status", None).map(|a| a.json["s3"]["sinks"][0].clone()).unwrap_or(Value::Null)
+    n.try_request("GET", "/status", None)
+        .map(|a| a.json["s3"]["sinks"][0].clone())
+        .unwrap_or(Value::Null)
 }
 
 /// The live nodes' sink reports (Null for the others), for failure messages.
 #[must_use]
 pub fn reports(nodes: &[Node], live: &[bool]) -> Vec<Value> {
-    nodes.iter().zip(live).map(|(n, l)| if *l { sink(n) } else { Value::Null }).collect()
+    nodes
+        .iter()
+        .zip(live)
+        .map(|(n, l)| if *l { sink(n) } else { Value::Null })
+        .collect()
 }
 
 /// The report's queue rows by queue name.
@@ -50,7 +68,16 @@ pub fn reports(nodes: &[Node], live: &[bool]) -> Vec<Value> {
 pub fn rows(sink: &Value) -> BTreeMap<String, Value> {
     sink["queues"]
         .as_array()
-        .map(|qs| qs.iter().map(|q| (q["queue"].as_str().unwrap_or_default().to_owned(), q.clone())).collect())
+        .map(|qs| {
+            qs.iter()
+                .map(|q| {
+                    (
+                        q["queue"].as_str().unwrap_or_default().to_owned(),
+                        q.clone(),
+                    )
+                })
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -63,12 +90,23 @@ pub fn runs(i: usize, row: &Value) -> bool {
 /// Who runs each queue, from the live nodes' own reports: None while any queue has no runner
 /// or more than one.
 #[must_use]
-pub fn owners<Q: AsRef<str>>(nodes: &[Node], live: &[bool], queues: &[Q]) -> Option<BTreeMap<String, usize>> {
-    let reports: Vec<(usize, BTreeMap<String, Value>)> = (0..nodes.len()).filter(|i| live[*i]).map(|i| (i, rows(&sink(&nodes[i])))).collect();
+pub fn owners<Q: AsRef<str>>(
+    nodes: &[Node],
+    live: &[bool],
+    queues: &[Q],
+) -> Option<BTreeMap<String, usize>> {
+    let reports: Vec<(usize, BTreeMap<String, Value>)> = (0..nodes.len())
+        .filter(|i| live[*i])
+        .map(|i| (i, rows(&sink(&nodes[i]))))
+        .collect();
     let mut out = BTreeMap::new();
     for q in queues {
         let q = q.as_ref();
-        let runners: Vec<usize> = reports.iter().filter(|(i, r)| r.get(q).is_some_and(|row| runs(*i, row))).map(|(i, _)| *i).collect();
+        let runners: Vec<usize> = reports
+            .iter()
+            .filter(|(i, r)| r.get(q).is_some_and(|row| runs(*i, row)))
+            .map(|(i, _)| *i)
+            .collect();
         let [one] = runners[..] else { return None };
         out.insert(q.to_owned(), one);
     }
@@ -99,9 +137,15 @@ pub fn owner_k(nodes: &[Node], live: &[bool], queue: &str) -> (Option<usize>, u6
 /// The sum of every series of a counter on the node's `/metrics/prometheus`.
 #[must_use]
 pub fn metric(n: &Node, name: &str) -> f64 {
-    let text = n.try_request("GET", "/metrics/prometheus", None).map(|a| a.text).unwrap_or_default();
+    let text = n
+        .try_request("GET", "/metrics/prometheus", None)
+        .map(|a| a.text)
+        .unwrap_or_default();
     text.lines()
-        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
         .sum()
 }
@@ -140,7 +184,9 @@ pub fn spawn_writer(
                 break;
             }
             let queue = &plan.queues[(i % plan.queues.len() as u64) as usize];
-            let ids: Vec<String> = (0..plan.per_push).map(|j| format!("{}-{}", plan.prefix, i * plan.per_push + j)).collect();
+            let ids: Vec<String> = (0..plan.per_push)
+                .map(|j| format!("{}-{}", plan.prefix, i * plan.per_push + j))
+                .collect();
             let items: Vec<Value> = ids
                 .iter()
                 .enumerate()
@@ -161,9 +207,13 @@ pub fn spawn_writer(
                     }
                     continue;
                 }
-                match crate::post_url(&format!("http://127.0.0.1:{}/api/v1/push", ports[n]), &body) {
+                match crate::post_url(&format!("http://127.0.0.1:{}/api/v1/push", ports[n]), &body)
+                {
                     Ok((200, text)) if text.contains("queued") || text.contains("duplicate") => {
-                        acked.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ids.iter().cloned());
+                        acked
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .extend(ids.iter().cloned());
                         break;
                     }
                     _ => std::thread::sleep(Duration::from_millis(100)),
@@ -181,7 +231,10 @@ pub fn spawn_writer(
 /// through one node.
 #[must_use]
 pub fn stored(n: &Node, queue: &str) -> Vec<String> {
-    ["Default", "p0", "p1", "p2"].iter().flat_map(|p| n.stored_ids(queue, p)).collect()
+    ["Default", "p0", "p1", "p2"]
+        .iter()
+        .flat_map(|p| n.stored_ids(queue, p))
+        .collect()
 }
 
 /// `queen lake verify` on the bucket (read directly, never through a fault proxy): whether it
@@ -189,7 +242,18 @@ pub fn stored(n: &Node, queue: &str) -> Vec<String> {
 #[must_use]
 pub fn verify(bin: &Path, server: &S3Server) -> (bool, Value) {
     let out = Command::new(bin)
-        .args(["lake", "verify", "--bucket", "lake", "--endpoint", &server.endpoint, "--path-style", "true", "--region", s3::REGION])
+        .args([
+            "lake",
+            "verify",
+            "--bucket",
+            "lake",
+            "--endpoint",
+            &server.endpoint,
+            "--path-style",
+            "true",
+            "--region",
+            s3::REGION,
+        ])
         .env("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY)
         .env("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY)
         .output()
@@ -203,7 +267,16 @@ pub fn verify(bin: &Path, server: &S3Server) -> (bool, Value) {
 pub fn verified_records(report: &Value) -> BTreeMap<String, u64> {
     report["queues"]
         .as_array()
-        .map(|qs| qs.iter().map(|q| (q["queue"].as_str().unwrap_or_default().to_owned(), q["records"].as_u64().unwrap_or(0))).collect())
+        .map(|qs| {
+            qs.iter()
+                .map(|q| {
+                    (
+                        q["queue"].as_str().unwrap_or_default().to_owned(),
+                        q["records"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -213,13 +286,31 @@ pub fn verified_records(report: &Value) -> BTreeMap<String, u64> {
 ///
 /// # Panics
 /// On any of those failing, with what was found.
-pub fn assert_lake_is_the_log<Q: AsRef<str>>(bin: &Path, server: &S3Server, nodes: &[Node], reader: usize, queues: &[Q], acked: &[String], limit: Duration) -> Value {
-    let want: BTreeMap<String, Vec<String>> = queues.iter().map(|q| (q.as_ref().to_owned(), stored(&nodes[reader], q.as_ref()))).collect();
+pub fn assert_lake_is_the_log<Q: AsRef<str>>(
+    bin: &Path,
+    server: &S3Server,
+    nodes: &[Node],
+    reader: usize,
+    queues: &[Q],
+    acked: &[String],
+    limit: Duration,
+) -> Value {
+    let want: BTreeMap<String, Vec<String>> = queues
+        .iter()
+        .map(|q| (q.as_ref().to_owned(), stored(&nodes[reader], q.as_ref())))
+        .collect();
     for (q, ids) in &want {
         let unique: BTreeSet<&String> = ids.iter().collect();
-        assert_eq!(unique.len(), ids.len(), "the log of {q} holds a transactionId twice");
+        assert_eq!(
+            unique.len(),
+            ids.len(),
+            "the log of {q} holds a transactionId twice"
+        );
     }
-    let counts: BTreeMap<String, u64> = want.iter().map(|(q, ids)| (q.clone(), ids.len() as u64)).collect();
+    let counts: BTreeMap<String, u64> = want
+        .iter()
+        .map(|(q, ids)| (q.clone(), ids.len() as u64))
+        .collect();
     let mut last = (false, Value::Null);
     let caught_up = eventually(limit, || {
         last = verify(bin, server);
@@ -230,28 +321,57 @@ pub fn assert_lake_is_the_log<Q: AsRef<str>>(bin: &Path, server: &S3Server, node
         ok
     });
     let status: Vec<Value> = nodes.iter().map(sink).collect();
-    assert!(caught_up, "the lake did not catch up with the log {counts:?}: verify {:#}\nstatus {status:#?}", last.1);
+    assert!(
+        caught_up,
+        "the lake did not catch up with the log {counts:?}: verify {:#}\nstatus {status:#?}",
+        last.1
+    );
     assert!(last.0, "lake verify found problems: {:#}", last.1);
     let mut args = server.lake_args("lake");
     args.extend(["--prefix", "queen"]);
     let lake = s3::read_lake(&args);
     let in_log: BTreeSet<&String> = want.values().flatten().collect();
-    let by_queue: BTreeMap<&str, BTreeSet<&str>> = want.iter().map(|(q, ids)| (q.as_str(), ids.iter().map(String::as_str).collect())).collect();
+    let by_queue: BTreeMap<&str, BTreeSet<&str>> = want
+        .iter()
+        .map(|(q, ids)| (q.as_str(), ids.iter().map(String::as_str).collect()))
+        .collect();
     for reader in ["duckdb", "pyarrow"] {
-        let recs = lake[reader]["records"].as_array().unwrap_or_else(|| panic!("{reader}: no records in {lake:#}"));
+        let recs = lake[reader]["records"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{reader}: no records in {lake:#}"));
         let mut seen: BTreeMap<String, u32> = BTreeMap::new();
         for r in recs {
             assert_eq!(r[0], TENANT);
             let txn = r[4].as_str().unwrap_or_default().to_owned();
             let queue = r[1].as_str().unwrap_or_default();
-            assert!(by_queue.get(queue).is_some_and(|ids| ids.contains(txn.as_str())), "{reader}: {txn} is in the lake under {queue} but not in its log");
+            assert!(
+                by_queue
+                    .get(queue)
+                    .is_some_and(|ids| ids.contains(txn.as_str())),
+                "{reader}: {txn} is in the lake under {queue} but not in its log"
+            );
             *seen.entry(txn).or_default() += 1;
         }
         let doubled: Vec<(&String, &u32)> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-        assert!(doubled.is_empty(), "{reader}: records in the lake more than once: {doubled:?}");
-        assert_eq!(seen.len(), in_log.len(), "{reader}: the lake should hold every stored record once");
-        let missing: Vec<&String> = acked.iter().filter(|t| !seen.contains_key(*t)).take(5).collect();
-        assert!(missing.is_empty(), "{reader}: acknowledged records missing from the lake, e.g. {missing:?} (of {})", acked.len());
+        assert!(
+            doubled.is_empty(),
+            "{reader}: records in the lake more than once: {doubled:?}"
+        );
+        assert_eq!(
+            seen.len(),
+            in_log.len(),
+            "{reader}: the lake should hold every stored record once"
+        );
+        let missing: Vec<&String> = acked
+            .iter()
+            .filter(|t| !seen.contains_key(*t))
+            .take(5)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{reader}: acknowledged records missing from the lake, e.g. {missing:?} (of {})",
+            acked.len()
+        );
     }
     last.1
 }

@@ -4,11 +4,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use queen_domain::StateRead;
-use queen_domain::time::Stamp;
-use queen_domain::command::{Command, AckItem, AckOutcome, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp, TxnOutcome};
+use queen_domain::command::{
+    AckItem, AckOutcome, Command, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp,
+    TxnOutcome,
+};
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
+use queen_domain::time::Stamp;
 use queen_ports::LogProgress;
 
 /// A failure the client should see as an HTTP error.
@@ -29,7 +32,12 @@ impl ApiError {
     /// A 400 naming the field.
     #[must_use]
     pub fn bad_request(field: &str, problem: &str) -> Self {
-        Self { status: 400, code: "bad_request", message: format!("{field} {problem}"), retry_after: None }
+        Self {
+            status: 400,
+            code: "bad_request",
+            message: format!("{field} {problem}"),
+            retry_after: None,
+        }
     }
 
     /// A 503 after the request deadline passed.
@@ -46,7 +54,12 @@ impl ApiError {
     /// Any other status.
     #[must_use]
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 }
 
@@ -111,7 +124,10 @@ pub struct HealthView {
 /// (and answers with the outcome) or fails with an `ApiError`.
 pub trait Api: Send + Sync + 'static {
     /// Push items (ids already minted).
-    fn push(&self, items: Vec<PushItem>) -> impl Future<Output = Result<Vec<PushOutcome>, ApiError>> + Send;
+    fn push(
+        &self,
+        items: Vec<PushItem>,
+    ) -> impl Future<Output = Result<Vec<PushOutcome>, ApiError>> + Send;
     /// Pop, with an optional long poll.
     fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, ApiError>> + Send;
     /// Pop from any queue tagged with `namespace` and/or `task`; answers the queue it popped.
@@ -122,7 +138,11 @@ pub trait Api: Send + Sync + 'static {
         req: PopRequest,
     ) -> impl Future<Output = Result<(String, PopOutcome), ApiError>> + Send;
     /// Acknowledge in one group.
-    fn ack(&self, group: GroupName, items: Vec<AckItem>) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
+    fn ack(
+        &self,
+        group: GroupName,
+        items: Vec<AckItem>,
+    ) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
     /// Apply acks, pushes and a KV rider as one unit.
     fn transaction(
         &self,
@@ -134,7 +154,10 @@ pub trait Api: Send + Sync + 'static {
     /// Apply KV operations in one entry.
     fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, ApiError>> + Send;
     /// Apply lock operations in one entry.
-    fn locks(&self, ops: Vec<LockOp>) -> impl Future<Output = Result<Vec<LockResult>, ApiError>> + Send;
+    fn locks(
+        &self,
+        ops: Vec<LockOp>,
+    ) -> impl Future<Output = Result<Vec<LockResult>, ApiError>> + Send;
     /// Extend a lease; answers `Outcome::Extend`.
     fn extend(&self, lease_id: String) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Configure a queue.
@@ -146,11 +169,18 @@ pub trait Api: Send + Sync + 'static {
         options: QueueOptions,
     ) -> impl Future<Output = Result<QueueOptions, ApiError>> + Send;
     /// Delete a queue; answers whether it existed.
-    fn delete_queue(&self, queue: QueueName) -> impl Future<Output = Result<bool, ApiError>> + Send;
+    fn delete_queue(&self, queue: QueueName)
+    -> impl Future<Output = Result<bool, ApiError>> + Send;
     /// Apply timer operations in one entry.
-    fn timers(&self, ops: Vec<queen_domain::timers::TimerOp>) -> impl Future<Output = Result<Vec<queen_domain::timers::TimerResult>, ApiError>> + Send;
+    fn timers(
+        &self,
+        ops: Vec<queen_domain::timers::TimerOp>,
+    ) -> impl Future<Output = Result<Vec<queen_domain::timers::TimerResult>, ApiError>> + Send;
     /// Change or list the raft membership.
-    fn membership(&self, op: MembershipOp) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
+    fn membership(
+        &self,
+        op: MembershipOp,
+    ) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
     /// Propose an administrative command and answer its outcome.
     fn command(&self, command: Command) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
     /// Wait until this node has applied everything committed when the read began.

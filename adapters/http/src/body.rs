@@ -26,7 +26,10 @@ impl BodyBudget {
     /// A budget of `total` bytes.
     #[must_use]
     pub fn new(total: usize) -> Self {
-        Self { bytes: Arc::new(Semaphore::new(total.min(Semaphore::MAX_PERMITS))), total }
+        Self {
+            bytes: Arc::new(Semaphore::new(total.min(Semaphore::MAX_PERMITS))),
+            total,
+        }
     }
 
     /// Bytes not held by a body right now.
@@ -45,13 +48,20 @@ impl BodyBudget {
             let mut e = ApiError::new(
                 503,
                 "busy",
-                format!("the node holds its limit of request bodies in memory ({} bytes, QUEEN_BODY_BUDGET_BYTES); retry", self.total),
+                format!(
+                    "the node holds its limit of request bodies in memory ({} bytes, QUEEN_BODY_BUDGET_BYTES); retry",
+                    self.total
+                ),
             );
             e.retry_after = Some(1);
             e
         };
         let n = u32::try_from(n).map_err(|_| refused())?;
-        let permit = self.bytes.clone().try_acquire_many_owned(n).map_err(|_| refused())?;
+        let permit = self
+            .bytes
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| refused())?;
         match held {
             Some(h) => h.merge(permit),
             None => *held = Some(permit),
@@ -79,12 +89,26 @@ pub(crate) struct BodyLimits {
 }
 
 /// Read `body` whole under `limits` and `budget`. `declared` is its `content-length`, if any.
-pub(crate) async fn read<B>(body: B, declared: Option<usize>, limits: BodyLimits, budget: &BodyBudget) -> Result<HeldBody, ApiError>
+pub(crate) async fn read<B>(
+    body: B,
+    declared: Option<usize>,
+    limits: BodyLimits,
+    budget: &BodyBudget,
+) -> Result<HeldBody, ApiError>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let too_large = || ApiError::new(413, "payload_too_large", format!("body must be at most {} bytes (QUEEN_MAX_BODY_BYTES)", limits.max_bytes));
+    let too_large = || {
+        ApiError::new(
+            413,
+            "payload_too_large",
+            format!(
+                "body must be at most {} bytes (QUEEN_MAX_BODY_BYTES)",
+                limits.max_bytes
+            ),
+        )
+    };
     if declared.is_some_and(|n| n > limits.max_bytes) {
         return Err(too_large());
     }
@@ -97,8 +121,12 @@ where
         // body arriving in many frames is not grown and copied step by step.
         let mut buf = BytesMut::with_capacity(reserved);
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| ApiError::new(400, "bad_body", format!("body could not be read: {e}")))?;
-            let Ok(data) = frame.into_data() else { continue };
+            let frame = frame.map_err(|e| {
+                ApiError::new(400, "bad_body", format!("body could not be read: {e}"))
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
             let len = buf.len() + data.len();
             if len > limits.max_bytes {
                 return Err(too_large());
@@ -113,12 +141,18 @@ where
         Ok(buf.freeze())
     };
     match tokio::time::timeout(limits.timeout, collect).await {
-        Ok(Ok(bytes)) => Ok(HeldBody { bytes, _permit: held }),
+        Ok(Ok(bytes)) => Ok(HeldBody {
+            bytes,
+            _permit: held,
+        }),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError::new(
             408,
             "body_timeout",
-            format!("the request body did not arrive within {} ms (QUEEN_BODY_TIMEOUT_MS)", limits.timeout.as_millis()),
+            format!(
+                "the request body did not arrive within {} ms (QUEEN_BODY_TIMEOUT_MS)",
+                limits.timeout.as_millis()
+            ),
         )),
     }
 }
@@ -130,13 +164,23 @@ mod tests {
     use hyper::body::Frame;
 
     fn limits(max: usize, ms: u64) -> BodyLimits {
-        BodyLimits { max_bytes: max, timeout: Duration::from_millis(ms) }
+        BodyLimits {
+            max_bytes: max,
+            timeout: Duration::from_millis(ms),
+        }
     }
 
     #[tokio::test]
     async fn a_declared_body_holds_its_length_until_dropped() {
         let budget = BodyBudget::new(100);
-        let b = read(Full::new(Bytes::from_static(b"0123456789")), Some(10), limits(50, 1000), &budget).await.unwrap();
+        let b = read(
+            Full::new(Bytes::from_static(b"0123456789")),
+            Some(10),
+            limits(50, 1000),
+            &budget,
+        )
+        .await
+        .unwrap();
         assert_eq!(&b.bytes[..], b"0123456789");
         assert_eq!(budget.available(), 90);
         drop(b);
@@ -146,17 +190,56 @@ mod tests {
     #[tokio::test]
     async fn over_budget_is_503_at_once_and_too_large_is_413() {
         let budget = BodyBudget::new(100);
-        let first = read(Full::new(Bytes::from(vec![1u8; 60])), Some(60), limits(80, 1000), &budget).await.unwrap();
-        let e = read(Full::new(Bytes::from(vec![1u8; 60])), Some(60), limits(80, 1000), &budget).await.unwrap_err();
+        let first = read(
+            Full::new(Bytes::from(vec![1u8; 60])),
+            Some(60),
+            limits(80, 1000),
+            &budget,
+        )
+        .await
+        .unwrap();
+        let e = read(
+            Full::new(Bytes::from(vec![1u8; 60])),
+            Some(60),
+            limits(80, 1000),
+            &budget,
+        )
+        .await
+        .unwrap_err();
         assert_eq!((e.status, e.code, e.retry_after), (503, "busy", Some(1)));
-        let e = read(Full::new(Bytes::from(vec![1u8; 90])), Some(90), limits(80, 1000), &budget).await.unwrap_err();
+        let e = read(
+            Full::new(Bytes::from(vec![1u8; 90])),
+            Some(90),
+            limits(80, 1000),
+            &budget,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.status, 413);
         // Undeclared lengths take budget as they grow.
-        let e = read(Full::new(Bytes::from(vec![1u8; 60])), None, limits(80, 1000), &budget).await.unwrap_err();
+        let e = read(
+            Full::new(Bytes::from(vec![1u8; 60])),
+            None,
+            limits(80, 1000),
+            &budget,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.status, 503);
         drop(first);
-        assert_eq!(budget.available(), 100, "a refused body gives back what it took");
-        let b = read(Full::new(Bytes::from(vec![1u8; 60])), None, limits(80, 1000), &budget).await.unwrap();
+        assert_eq!(
+            budget.available(),
+            100,
+            "a refused body gives back what it took"
+        );
+        let b = read(
+            Full::new(Bytes::from(vec![1u8; 60])),
+            None,
+            limits(80, 1000),
+            &budget,
+        )
+        .await
+        .unwrap();
         assert_eq!(budget.available(), 40);
         drop(b);
     }
@@ -183,7 +266,9 @@ mod tests {
     #[tokio::test]
     async fn a_stalled_body_times_out_and_frees_its_budget() {
         let budget = BodyBudget::new(1000);
-        let e = read(Stalled(false), Some(500), limits(1000, 100), &budget).await.unwrap_err();
+        let e = read(Stalled(false), Some(500), limits(1000, 100), &budget)
+            .await
+            .unwrap_err();
         assert_eq!((e.status, e.code), (408, "body_timeout"));
         assert_eq!(budget.available(), 1000);
     }

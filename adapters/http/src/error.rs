@@ -27,13 +27,20 @@ pub(crate) fn json_response(status: u16, v: &serde_json::Value) -> Response<Full
 /// A JSON answer from anything serializable. Answers that carry stored text (payloads, KV
 /// values) are built as structs holding it raw, so it is written verbatim; never route them
 /// through `serde_json::to_value`, which would parse the text again.
-pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(status: u16, v: &T) -> Response<Full<Bytes>> {
+pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(
+    status: u16,
+    v: &T,
+) -> Response<Full<Bytes>> {
     json_answer_sized(status, v, 128)
 }
 
 /// A JSON answer written into a buffer of about `capacity` bytes (a large answer, such as a
 /// pop or a push of many messages, is then not grown and copied step by step).
-pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(status: u16, v: &T, capacity: usize) -> Response<Full<Bytes>> {
+pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(
+    status: u16,
+    v: &T,
+    capacity: usize,
+) -> Response<Full<Bytes>> {
     let mut body = Vec::with_capacity(capacity);
     match serde_json::to_writer(&mut body, v).map(|()| body) {
         Ok(body) => Response::builder()
@@ -43,13 +50,21 @@ pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(status: u16, v: &T
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         Err(e) => {
             tracing::error!(target: "queen-http", error = %e, "an answer could not be encoded");
-            error_response(&ApiError::new(500, "internal", "the answer could not be encoded; see the node's log"))
+            error_response(&ApiError::new(
+                500,
+                "internal",
+                "the answer could not be encoded; see the node's log",
+            ))
         }
     }
 }
 
 /// A text answer.
-pub(crate) fn text_response(status: u16, content_type: &str, body: String) -> Response<Full<Bytes>> {
+pub(crate) fn text_response(
+    status: u16,
+    content_type: &str,
+    body: String,
+) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header("content-type", content_type)

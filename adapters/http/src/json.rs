@@ -20,10 +20,23 @@ pub(crate) const MAX_TXN_BYTES: usize = 512;
 pub(crate) const MAX_TXN_OPS: usize = 10_000;
 
 /// A parsed transaction: operations, required leases, KV rider.
-pub(crate) type TxnRequest = (Vec<TxnOp>, Vec<String>, Vec<queen_domain::kv::KvOp>, Vec<queen_domain::timers::TimerOp>);
+pub(crate) type TxnRequest = (
+    Vec<TxnOp>,
+    Vec<String>,
+    Vec<queen_domain::kv::KvOp>,
+    Vec<queen_domain::timers::TimerOp>,
+);
 
 /// Fields of a transaction operation read as values (push items stay raw).
-const TXN_OP_FIELDS: &[&str] = &["type", "consumerGroup", "transactionId", "partitionId", "status", "error", "leaseId"];
+const TXN_OP_FIELDS: &[&str] = &[
+    "type",
+    "consumerGroup",
+    "transactionId",
+    "partitionId",
+    "status",
+    "error",
+    "leaseId",
+];
 
 /// `{"operations": [...], "requiredLeases": [...], "kv"?: [...], "timers"?: [...]}` to a
 /// transaction. Push payloads and KV values are kept as the client wrote them.
@@ -55,17 +68,29 @@ fn transaction_parts(body: &[u8], head: bool) -> Result<TxnRequest, ApiError> {
         let o = raw_op.values(TXN_OP_FIELDS, &at)?;
         match opt_str(&o, "type", &f("type"))?.as_deref() {
             Some("ack") => {
-                let group = GroupName::or_queue_mode(opt_str(&o, "consumerGroup", &f("consumerGroup"))?.as_deref())
-                    .map_err(|e| ApiError::bad_request(&f("consumerGroup"), &e.to_string()))?;
-                out.push(TxnOp::Ack { group, item: ack_item(&o, &f)? });
+                let group = GroupName::or_queue_mode(
+                    opt_str(&o, "consumerGroup", &f("consumerGroup"))?.as_deref(),
+                )
+                .map_err(|e| ApiError::bad_request(&f("consumerGroup"), &e.to_string()))?;
+                out.push(TxnOp::Ack {
+                    group,
+                    item: ack_item(&o, &f)?,
+                });
             }
             Some("push") => {
-                let items = raw_op.list("items", &f("items"), MAX_PUSH_ITEMS)?.ok_or_else(|| ApiError::bad_request(&f("items"), "is required"))?;
+                let items = raw_op
+                    .list("items", &f("items"), MAX_PUSH_ITEMS)?
+                    .ok_or_else(|| ApiError::bad_request(&f("items"), "is required"))?;
                 for (j, item) in items.iter().enumerate() {
                     out.push(TxnOp::Push(push_item(item, &format!("{at}.items[{j}]"))?));
                 }
             }
-            Some(other) => return Err(ApiError::bad_request(&f("type"), &format!("must be ack or push, not '{other}'"))),
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    &f("type"),
+                    &format!("must be ack or push, not '{other}'"),
+                ));
+            }
             None => return Err(ApiError::bad_request(&f("type"), "is required")),
         }
     }
@@ -77,7 +102,10 @@ fn transaction_parts(body: &[u8], head: bool) -> Result<TxnRequest, ApiError> {
             .enumerate()
             .map(|(i, v)| match v {
                 Value::String(s) if !s.is_empty() => Ok(s.clone()),
-                _ => Err(ApiError::bad_request(&format!("requiredLeases[{i}]"), "must be a non-empty string")),
+                _ => Err(ApiError::bad_request(
+                    &format!("requiredLeases[{i}]"),
+                    "must be a non-empty string",
+                )),
             })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::bad_request("requiredLeases", "must be a list")),
@@ -102,17 +130,28 @@ pub(crate) fn object(body: &[u8], empty_ok: bool) -> Result<Map<String, Value>, 
         if empty_ok {
             return Ok(Map::new());
         }
-        return Err(ApiError::bad_request("body", "must be a JSON object, got nothing"));
+        return Err(ApiError::bad_request(
+            "body",
+            "must be a JSON object, got nothing",
+        ));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::bad_request("body", "must be a JSON object")),
-        Err(e) => Err(ApiError::new(400, "bad_json", format!("body is not valid JSON: {e}"))),
+        Err(e) => Err(ApiError::new(
+            400,
+            "bad_json",
+            format!("body is not valid JSON: {e}"),
+        )),
     }
 }
 
 /// A field as an optional string (`null` = absent).
-pub(crate) fn opt_str(m: &Map<String, Value>, key: &str, field: &str) -> Result<Option<String>, ApiError> {
+pub(crate) fn opt_str(
+    m: &Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Result<Option<String>, ApiError> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -137,7 +176,10 @@ pub(crate) fn name<T>(
 fn list<'a>(m: &'a Map<String, Value>, key: &str, max: usize) -> Result<&'a Vec<Value>, ApiError> {
     match m.get(key) {
         Some(Value::Array(a)) if a.len() <= max => Ok(a),
-        Some(Value::Array(_)) => Err(ApiError::bad_request(key, &format!("must have at most {max} entries"))),
+        Some(Value::Array(_)) => Err(ApiError::bad_request(
+            key,
+            &format!("must have at most {max} entries"),
+        )),
         None | Some(Value::Null) => Err(ApiError::bad_request(key, "is required")),
         Some(_) => Err(ApiError::bad_request(key, "must be a list")),
     }
@@ -154,8 +196,19 @@ pub(crate) fn uuid_v7() -> uuid::Uuid {
 pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
     // The common case in one pass over the body. A body whose shape is off (not JSON, no list
     // of objects) is read again below, which names what is wrong.
-    match crate::raw::pick_list(body, "items", &[], &PUSH_FIELDS, MAX_PUSH_ITEMS, crate::raw::Unknown::Lax) {
-        Some(([], items)) => items.iter().enumerate().map(|(i, f)| push_item_fields(f, &|| format!("items[{i}]"))).collect(),
+    match crate::raw::pick_list(
+        body,
+        "items",
+        &[],
+        &PUSH_FIELDS,
+        MAX_PUSH_ITEMS,
+        crate::raw::Unknown::Lax,
+    ) {
+        Some(([], items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, f)| push_item_fields(f, &|| format!("items[{i}]")))
+            .collect(),
         None => push_items_slow(body),
     }
 }
@@ -163,13 +216,26 @@ pub(crate) fn push_items(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
 /// `push_items` object by object, naming what is wrong with the body's shape.
 fn push_items_slow(body: &[u8]) -> Result<Vec<PushItem>, ApiError> {
     let top = RawObject::body(body, false)?;
-    let items = top.list("items", "items", MAX_PUSH_ITEMS)?.ok_or_else(|| ApiError::bad_request("items", "is required"))?;
-    items.iter().enumerate().map(|(i, item)| push_item(item, &format!("items[{i}]"))).collect()
+    let items = top
+        .list("items", "items", MAX_PUSH_ITEMS)?
+        .ok_or_else(|| ApiError::bad_request("items", "is required"))?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| push_item(item, &format!("items[{i}]")))
+        .collect()
 }
 
 /// The fields of a push item, in this order: the first four are small strings; `payload` (or
 /// `data`) stays raw.
-const PUSH_FIELDS: [&str; 6] = ["queue", "partition", "transactionId", "traceId", "payload", "data"];
+const PUSH_FIELDS: [&str; 6] = [
+    "queue",
+    "partition",
+    "transactionId",
+    "traceId",
+    "payload",
+    "data",
+];
 
 /// One push item; `at` is its path in the body (`items[2]`, `operations[0].items[2]`).
 fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
@@ -178,7 +244,10 @@ fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
 }
 
 /// One push item from its fields as written; `at` makes its path for a refusal.
-fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String) -> Result<PushItem, ApiError> {
+fn push_item_fields(
+    fields: &crate::raw::Picked<'_, 6>,
+    at: &dyn Fn() -> String,
+) -> Result<PushItem, ApiError> {
     let f = |i: usize| path(&at(), PUSH_FIELDS[i]);
     // A number no value holds is refused before anything else, as reading the fields as
     // values refuses it.
@@ -190,8 +259,14 @@ fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String)
             return Err(ApiError::bad_request(&f(i), "holds a number out of range"));
         }
     }
-    let text = |i: usize| plain_text(fields[i]).ok_or_else(|| ApiError::bad_request(&f(i), "must be a string"));
-    let queue = name(text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?, &f(0), QueueName::new)?;
+    let text = |i: usize| {
+        plain_text(fields[i]).ok_or_else(|| ApiError::bad_request(&f(i), "must be a string"))
+    };
+    let queue = name(
+        text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?,
+        &f(0),
+        QueueName::new,
+    )?;
     let partition = match text(1)? {
         Some(p) => name(p, &f(1), PartitionName::new)?,
         None => PartitionName::default_partition(),
@@ -201,7 +276,10 @@ fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String)
         None => id.to_string(),
         Some(t) if t.is_empty() => return Err(ApiError::bad_request(&f(2), "must not be empty")),
         Some(t) if t.len() > MAX_TXN_BYTES => {
-            return Err(ApiError::bad_request(&f(2), &format!("must be at most {MAX_TXN_BYTES} bytes")));
+            return Err(ApiError::bad_request(
+                &f(2),
+                &format!("must be at most {MAX_TXN_BYTES} bytes"),
+            ));
         }
         Some(t) => t,
     };
@@ -210,7 +288,14 @@ fn push_item_fields(fields: &crate::raw::Picked<'_, 6>, at: &dyn Fn() -> String)
         None => b"null".to_vec(),
     };
     let trace_id = text(3)?;
-    Ok(PushItem { queue, partition, transaction_id, message_id: *id.as_bytes(), payload, trace_id })
+    Ok(PushItem {
+        queue,
+        partition,
+        transaction_id,
+        message_id: *id.as_bytes(),
+        payload,
+        trace_id,
+    })
 }
 
 fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckItem, ApiError> {
@@ -218,24 +303,50 @@ fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckIt
     let partition_id = match it.get("partitionId") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
-        None | Some(Value::Null) => return Err(ApiError::bad_request(&f("partitionId"), "is required")),
-        Some(_) => return Err(ApiError::bad_request(&f("partitionId"), "must be a non-empty string")),
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_request(&f("partitionId"), "is required"));
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                &f("partitionId"),
+                "must be a non-empty string",
+            ));
+        }
     };
     let status = opt_str(it, "status", &f("status"))?;
     let error = opt_str(it, "error", &f("error"))?;
     let lease_id = opt_str(it, "leaseId", &f("leaseId"))?;
-    Ok(ack_of(transaction_id, partition_id, status, error, lease_id))
+    Ok(ack_of(
+        transaction_id,
+        partition_id,
+        status,
+        error,
+        lease_id,
+    ))
 }
 
 /// An ack item from its fields as read: no status is `completed`, an empty lease id is none.
-fn ack_of(transaction_id: String, partition_id: String, status: Option<String>, error: Option<String>, lease_id: Option<String>) -> AckItem {
+fn ack_of(
+    transaction_id: String,
+    partition_id: String,
+    status: Option<String>,
+    error: Option<String>,
+    lease_id: Option<String>,
+) -> AckItem {
     let status = status.unwrap_or_else(|| "completed".to_owned());
-    AckItem { transaction_id, partition_id, status, error, lease_id: lease_id.filter(|l| !l.is_empty()) }
+    AckItem {
+        transaction_id,
+        partition_id,
+        status,
+        error,
+        lease_id: lease_id.filter(|l| !l.is_empty()),
+    }
 }
 
 fn group_of(m: &Map<String, Value>) -> Result<GroupName, ApiError> {
     let g = opt_str(m, "consumerGroup", "consumerGroup")?;
-    GroupName::or_queue_mode(g.as_deref()).map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))
+    GroupName::or_queue_mode(g.as_deref())
+        .map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))
 }
 
 /// One ack.
@@ -252,8 +363,22 @@ pub(crate) fn ack_batch(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiErr
     // The common case in one pass, without a map per item; anything it does not take (a
     // number, a `null` where a text is required, a bad group, any refusal) is read again
     // below, which answers exactly as before.
-    let fast = crate::raw::pick_list(body, "acknowledgments", &["consumerGroup"], &ACK_FIELDS, MAX_ACK_ITEMS, crate::raw::Unknown::Strict)
-        .and_then(|([group], acks)| Some((GroupName::or_queue_mode(plain_text(group)?.as_deref()).ok()?, acks.iter().map(ack_item_plain).collect::<Option<Vec<_>>>()?)));
+    let fast = crate::raw::pick_list(
+        body,
+        "acknowledgments",
+        &["consumerGroup"],
+        &ACK_FIELDS,
+        MAX_ACK_ITEMS,
+        crate::raw::Unknown::Strict,
+    )
+    .and_then(|([group], acks)| {
+        Some((
+            GroupName::or_queue_mode(plain_text(group)?.as_deref()).ok()?,
+            acks.iter()
+                .map(ack_item_plain)
+                .collect::<Option<Vec<_>>>()?,
+        ))
+    });
     if let Some(out) = fast {
         return Ok(out);
     }
@@ -277,7 +402,13 @@ fn ack_item_plain(f: &crate::raw::Picked<'_, 5>) -> Option<AckItem> {
     if partition_id.is_empty() {
         return None;
     }
-    Some(ack_of(transaction_id, partition_id, plain_text(f[2])?, plain_text(f[3])?, plain_text(f[4])?))
+    Some(ack_of(
+        transaction_id,
+        partition_id,
+        plain_text(f[2])?,
+        plain_text(f[3])?,
+        plain_text(f[4])?,
+    ))
 }
 
 /// `ack_batch` through a map of values, naming what is wrong.
@@ -288,7 +419,10 @@ fn ack_batch_slow(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiError> {
     let mut out = Vec::with_capacity(acks.len());
     for (i, a) in acks.iter().enumerate() {
         let Value::Object(it) = a else {
-            return Err(ApiError::bad_request(&format!("acknowledgments[{i}]"), "must be an object"));
+            return Err(ApiError::bad_request(
+                &format!("acknowledgments[{i}]"),
+                "must be an object",
+            ));
         };
         out.push(ack_item(it, &|k| format!("acknowledgments[{i}].{k}"))?);
     }
@@ -299,23 +433,33 @@ fn ack_batch_slow(body: &[u8]) -> Result<(GroupName, Vec<AckItem>), ApiError> {
 /// replicated state, so its size is bounded here.
 fn tag(value: Option<String>, field: &str) -> Result<Option<String>, ApiError> {
     match value {
-        Some(t) if t.len() > queen_domain::names::MAX_NAME_BYTES => {
-            Err(ApiError::bad_request(field, &format!("must be at most {} bytes", queen_domain::names::MAX_NAME_BYTES)))
-        }
-        Some(t) if t.chars().any(char::is_control) => Err(ApiError::bad_request(field, "must not contain control characters")),
+        Some(t) if t.len() > queen_domain::names::MAX_NAME_BYTES => Err(ApiError::bad_request(
+            field,
+            &format!(
+                "must be at most {} bytes",
+                queen_domain::names::MAX_NAME_BYTES
+            ),
+        )),
+        Some(t) if t.chars().any(char::is_control) => Err(ApiError::bad_request(
+            field,
+            "must not contain control characters",
+        )),
         other => Ok(other),
     }
 }
 
 /// A configure request.
-pub(crate) fn configure(body: &[u8]) -> Result<(QueueName, Option<String>, Option<String>, QueueOptions), ApiError> {
+pub(crate) fn configure(
+    body: &[u8],
+) -> Result<(QueueName, Option<String>, Option<String>, QueueOptions), ApiError> {
     let m = object(body, false)?;
     let queue = name(req_str(&m, "queue", "queue")?, "queue", QueueName::new)?;
     let namespace = tag(opt_str(&m, "namespace", "namespace")?, "namespace")?;
     let task = tag(opt_str(&m, "task", "task")?, "task")?;
     let options = match m.get("options") {
         None | Some(Value::Null) => QueueOptions::default(),
-        Some(Value::Object(o)) => QueueOptions::from_json(o).map_err(|e| ApiError::bad_request(&format!("options.{}", e.field), &e.problem))?,
+        Some(Value::Object(o)) => QueueOptions::from_json(o)
+            .map_err(|e| ApiError::bad_request(&format!("options.{}", e.field), &e.problem))?,
         Some(_) => return Err(ApiError::bad_request("options", "must be an object")),
     };
     Ok((queue, namespace, task, options))
@@ -340,50 +484,95 @@ mod tests {
         let v = push_items(br#"{"items":[{"queue":"q","payload":{"a":[1,2]}}]}"#).unwrap();
         assert_eq!(v[0].transaction_id.len(), 36);
         assert_eq!(v[0].payload, br#"{"a":[1,2]}"#);
-        let v = push_items(br#"{"items":[{"queue":"q","payload":{"total": 42.00}},{"queue":"q","data":1.50}]}"#).unwrap();
-        assert_eq!(v[0].payload, br#"{"total": 42.00}"#, "the producer's own text");
+        let v = push_items(
+            br#"{"items":[{"queue":"q","payload":{"total": 42.00}},{"queue":"q","data":1.50}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            v[0].payload, br#"{"total": 42.00}"#,
+            "the producer's own text"
+        );
         assert_eq!(v[1].payload, b"1.50");
         assert_eq!(v[0].partition.as_str(), "Default");
     }
 
     #[test]
     fn acks_accept_nulls_and_numbers() {
-        let (g, a) = ack_single(br#"{"transactionId":"t","partitionId":7,"consumerGroup":null,"error":null}"#).unwrap();
+        let (g, a) = ack_single(
+            br#"{"transactionId":"t","partitionId":7,"consumerGroup":null,"error":null}"#,
+        )
+        .unwrap();
         assert!(g.is_queue_mode());
         assert_eq!(a.partition_id, "7");
         assert_eq!(a.status, "completed");
-        assert!(ack_single(br#"{"transactionId":"t"}"#).unwrap_err().message.contains("partitionId"));
+        assert!(
+            ack_single(br#"{"transactionId":"t"}"#)
+                .unwrap_err()
+                .message
+                .contains("partitionId")
+        );
     }
-
 
     #[test]
     fn push_stores_every_payload_as_written() {
         for p in crate::raw::ODD_PAYLOADS {
-            let body = format!(r#"{{"items":[{{"queue":"q","payload": {p} , "unknown": 1e999}}, {{"queue":"q","data":{p}}}]}}"#);
+            let body = format!(
+                r#"{{"items":[{{"queue":"q","payload": {p} , "unknown": 1e999}}, {{"queue":"q","data":{p}}}]}}"#
+            );
             let v = push_items(body.as_bytes()).unwrap_or_else(|e| panic!("{p}: {e}"));
             assert_eq!(String::from_utf8_lossy(&v[0].payload), *p);
-            assert_eq!(String::from_utf8_lossy(&v[1].payload), *p, "data is the payload's other name");
+            assert_eq!(
+                String::from_utf8_lossy(&v[1].payload),
+                *p,
+                "data is the payload's other name"
+            );
         }
         let v = push_items(br#"{"items":[{"queue":"q"}]}"#).unwrap();
         assert_eq!(v[0].payload, b"null");
         let e = push_items(br#"{"items":[{"queue":1e400}]}"#).unwrap_err();
         assert_eq!(e.message, "items[0].queue holds a number out of range");
-        assert_eq!(push_items(br#"{"items":{}}"#).unwrap_err().message, "items must be a list");
-        assert_eq!(push_items(br#"{"items":null}"#).unwrap_err().message, "items is required");
-        assert_eq!(push_items(br#"{"items":[7]}"#).unwrap_err().message, "items[0] must be an object");
+        assert_eq!(
+            push_items(br#"{"items":{}}"#).unwrap_err().message,
+            "items must be a list"
+        );
+        assert_eq!(
+            push_items(br#"{"items":null}"#).unwrap_err().message,
+            "items is required"
+        );
+        assert_eq!(
+            push_items(br#"{"items":[7]}"#).unwrap_err().message,
+            "items[0] must be an object"
+        );
     }
 
     #[test]
     fn transaction_pushes_keep_payloads_and_errors_name_the_exact_path() {
-        let body = format!(r#"{{"operations":[{{"type":"push","items":[{{"queue":"q","payload":{}}}]}}]}}"#, crate::raw::ODD_PAYLOADS[0]);
+        let body = format!(
+            r#"{{"operations":[{{"type":"push","items":[{{"queue":"q","payload":{}}}]}}]}}"#,
+            crate::raw::ODD_PAYLOADS[0]
+        );
         let (ops, _, _, _) = transaction(body.as_bytes()).unwrap();
-        let TxnOp::Push(p) = &ops[0] else { panic!("{ops:?}") };
+        let TxnOp::Push(p) = &ops[0] else {
+            panic!("{ops:?}")
+        };
         assert_eq!(p.payload, crate::raw::ODD_PAYLOADS[0].as_bytes());
         let msg = |b: &str| transaction(b.as_bytes()).unwrap_err().message;
-        assert_eq!(msg(r#"{"operations":[{"type":"push","items":[{"queue":"q"},{"queue":5}]}]}"#), "operations[0].items[1].queue must be a string");
-        assert_eq!(msg(r#"{"operations":[{"type":"push"}]}"#), "operations[0].items is required");
-        assert_eq!(msg(r#"{"operations":[{"type":"ack"}]}"#), "operations[0].transactionId is required");
-        assert_eq!(msg(r#"{"operations":[5]}"#), "operations[0] must be an object");
+        assert_eq!(
+            msg(r#"{"operations":[{"type":"push","items":[{"queue":"q"},{"queue":5}]}]}"#),
+            "operations[0].items[1].queue must be a string"
+        );
+        assert_eq!(
+            msg(r#"{"operations":[{"type":"push"}]}"#),
+            "operations[0].items is required"
+        );
+        assert_eq!(
+            msg(r#"{"operations":[{"type":"ack"}]}"#),
+            "operations[0].transactionId is required"
+        );
+        assert_eq!(
+            msg(r#"{"operations":[5]}"#),
+            "operations[0] must be an object"
+        );
         let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":1,"forever":true},{"ns":"a"}]}"#;
         assert_eq!(msg(kv), "kv[1].op is required");
         let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"nope"}]}"#;
@@ -391,27 +580,67 @@ mod tests {
         let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"incr","ns":"a","key":"k","forever":true,"delta":1e400}]}"#;
         assert!(msg(kv).starts_with("kv[0].delta must be a finite number"));
         let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"ttlSeconds":9223372036854775807}]}"#;
-        assert_eq!(msg(kv), "kv[0].ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        assert_eq!(
+            msg(kv),
+            "kv[0].ttlSeconds must be 1 to 315360000 seconds (ten years)"
+        );
         let kv = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"kv":[{"op":"put","ns":"a","key":"k","value":{"x": 1e400},"forever":true}]}"#;
         let (_, _, kv_ops, _) = transaction(kv.as_bytes()).unwrap();
-        let queen_domain::kv::KvOp::Put { value, .. } = &kv_ops[0] else { panic!() };
+        let queen_domain::kv::KvOp::Put { value, .. } = &kv_ops[0] else {
+            panic!()
+        };
         assert_eq!(value, br#"{"x": 1e400}"#);
         let t = r#"{"operations":[{"type":"push","items":[{"queue":"q"}]}],"timers":[{"op":"schedule","queue":"q","timerKey":"k","payload":"MQ==","delayMs":315360000001}]}"#;
-        assert_eq!(msg(t), "timers[0].delayMs must be 0 to 315360000000 ms (ten years)");
+        assert_eq!(
+            msg(t),
+            "timers[0].delayMs must be 0 to 315360000000 ms (ten years)"
+        );
     }
 
     #[test]
     fn configure_bounds_what_reaches_replicated_state() {
         let msg = |b: String| configure(b.as_bytes()).unwrap_err().message;
-        assert_eq!(msg(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(256))), "namespace must be at most 255 bytes");
-        assert_eq!(msg(format!(r#"{{"queue":"q","task":"{}"}}"#, "t".repeat(1 << 20))), "task must be at most 255 bytes");
-        assert_eq!(msg(r#"{"queue":"q","task":"a\u0000b"}"#.to_owned()), "task must not contain control characters");
-        let (_, ns, _, _) = configure(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(255)).as_bytes()).unwrap();
+        assert_eq!(
+            msg(format!(
+                r#"{{"queue":"q","namespace":"{}"}}"#,
+                "n".repeat(256)
+            )),
+            "namespace must be at most 255 bytes"
+        );
+        assert_eq!(
+            msg(format!(
+                r#"{{"queue":"q","task":"{}"}}"#,
+                "t".repeat(1 << 20)
+            )),
+            "task must be at most 255 bytes"
+        );
+        assert_eq!(
+            msg(r#"{"queue":"q","task":"a\u0000b"}"#.to_owned()),
+            "task must not contain control characters"
+        );
+        let (_, ns, _, _) =
+            configure(format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(255)).as_bytes())
+                .unwrap();
         assert_eq!(ns.map(|n| n.len()), Some(255));
-        assert_eq!(msg(r#"{"queue":"q","options":{"leaseTime":9223372036854775807}}"#.to_owned()), "options.leaseTime must be 0 to 315360000 seconds (ten years)");
-        assert_eq!(msg(format!(r#"{{"queue":"q","options":{{"custom":"{}"}}}}"#, "x".repeat(1 << 20))), "options.custom is an unknown option; its value must be at most 4096 bytes of JSON");
+        assert_eq!(
+            msg(r#"{"queue":"q","options":{"leaseTime":9223372036854775807}}"#.to_owned()),
+            "options.leaseTime must be 0 to 315360000 seconds (ten years)"
+        );
+        assert_eq!(
+            msg(format!(
+                r#"{{"queue":"q","options":{{"custom":"{}"}}}}"#,
+                "x".repeat(1 << 20)
+            )),
+            "options.custom is an unknown option; its value must be at most 4096 bytes of JSON"
+        );
         let many: Vec<String> = (0..100_000).map(|i| format!(r#""k{i}":1"#)).collect();
-        assert!(msg(format!(r#"{{"queue":"q","options":{{{}}}}}"#, many.join(","))).contains("at most 64 are kept"));
+        assert!(
+            msg(format!(
+                r#"{{"queue":"q","options":{{{}}}}}"#,
+                many.join(",")
+            ))
+            .contains("at most 64 are kept")
+        );
     }
 
     /// The one-pass reading of a push body gives the same items as the field-by-field one
@@ -422,9 +651,20 @@ mod tests {
         let strip = |v: Vec<PushItem>| -> Vec<Seen> {
             v.into_iter()
                 .map(|i| {
-                    let minted = uuid::Uuid::from_bytes(i.message_id).to_string() == i.transaction_id;
-                    let txn = if minted { "<minted>".to_owned() } else { i.transaction_id };
-                    (i.queue.as_str().to_owned(), i.partition.as_str().to_owned(), txn, i.payload, i.trace_id)
+                    let minted =
+                        uuid::Uuid::from_bytes(i.message_id).to_string() == i.transaction_id;
+                    let txn = if minted {
+                        "<minted>".to_owned()
+                    } else {
+                        i.transaction_id
+                    };
+                    (
+                        i.queue.as_str().to_owned(),
+                        i.partition.as_str().to_owned(),
+                        txn,
+                        i.payload,
+                        i.trace_id,
+                    )
                 })
                 .collect()
         };
@@ -439,7 +679,18 @@ mod tests {
             r#"{"items":[{"queue":"\u0071","partition":"p\u00e9"}]}"#,
         ];
         for b in bodies {
-            assert!(crate::raw::pick_list(b.as_bytes(), "items", &[], &PUSH_FIELDS, MAX_PUSH_ITEMS, crate::raw::Unknown::Lax).is_some(), "{b}");
+            assert!(
+                crate::raw::pick_list(
+                    b.as_bytes(),
+                    "items",
+                    &[],
+                    &PUSH_FIELDS,
+                    MAX_PUSH_ITEMS,
+                    crate::raw::Unknown::Lax
+                )
+                .is_some(),
+                "{b}"
+            );
             let fast = strip(push_items(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             let slow = strip(push_items_slow(b.as_bytes()).unwrap_or_else(|e| panic!("{b}: {e}")));
             assert_eq!(fast, slow, "{b}");
@@ -501,11 +752,28 @@ mod tests {
             "",
         ];
         for b in bodies {
-            assert_eq!(seen(ack_batch(b.as_bytes())), seen(ack_batch_slow(b.as_bytes())), "{b}");
+            assert_eq!(
+                seen(ack_batch(b.as_bytes())),
+                seen(ack_batch_slow(b.as_bytes())),
+                "{b}"
+            );
         }
-        let fast = |b: &str| crate::raw::pick_list(b.as_bytes(), "acknowledgments", &["consumerGroup"], &ACK_FIELDS, MAX_ACK_ITEMS, crate::raw::Unknown::Strict).is_some();
+        let fast = |b: &str| {
+            crate::raw::pick_list(
+                b.as_bytes(),
+                "acknowledgments",
+                &["consumerGroup"],
+                &ACK_FIELDS,
+                MAX_ACK_ITEMS,
+                crate::raw::Unknown::Strict,
+            )
+            .is_some()
+        };
         assert!(fast(bodies[0]) && fast(bodies[1]));
-        assert!(!fast(bodies[5]) && !fast(bodies[6]), "a number no value holds is left to the map reading");
+        assert!(
+            !fast(bodies[5]) && !fast(bodies[6]),
+            "a number no value holds is left to the map reading"
+        );
         assert!(ack_batch(bodies[5].as_bytes()).is_err());
     }
 }

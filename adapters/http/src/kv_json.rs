@@ -3,7 +3,10 @@
 //! A KV value is the client's own text: `put` stores it byte for byte and every answer that
 //! shows a value writes the stored text back verbatim ([`StoredJson`]).
 
-use queen_domain::kv::{Expiry, Holder, KvOp, KvOutcome, KvResult, KvRowView, LOCKS_NS, LockOp, LockResult, Num, check_key, check_ns, permit_key};
+use queen_domain::kv::{
+    Expiry, Holder, KvOp, KvOutcome, KvResult, KvRowView, LOCKS_NS, LockOp, LockResult, Num,
+    check_key, check_ns, permit_key,
+};
 use queen_domain::model::MAX_DURATION_SECONDS;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -18,7 +21,20 @@ const MAX_OPS: usize = 1000;
 
 /// Fields of a KV operation read as values; `value`, `delta`, `min` and `max` are read from
 /// the client's text.
-const KV_FIELDS: &[&str] = &["op", "ns", "key", "keys", "prefix", "after", "limit", "keysOnly", "expect", "required", "ttlSeconds", "forever"];
+const KV_FIELDS: &[&str] = &[
+    "op",
+    "ns",
+    "key",
+    "keys",
+    "prefix",
+    "after",
+    "limit",
+    "keysOnly",
+    "expect",
+    "required",
+    "ttlSeconds",
+    "forever",
+];
 
 fn field(i: usize, k: &str) -> String {
     format!("operations[{i}].{k}")
@@ -31,7 +47,10 @@ fn req_string(o: &Map<String, Value>, at: &str, k: &str) -> Result<String, ApiEr
 fn opt_u64(o: &Map<String, Value>, at: &str, k: &str) -> Result<Option<u64>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| ApiError::bad_request(&path(at, k), "must be a non-negative integer")),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(&path(at, k), "must be a non-negative integer")),
     }
 }
 
@@ -39,7 +58,10 @@ fn required(o: &Map<String, Value>, at: &str) -> Result<bool, ApiError> {
     match o.get("required") {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(true)) => Ok(true),
-        Some(_) => Err(ApiError::bad_request(&path(at, "required"), "may only be true")),
+        Some(_) => Err(ApiError::bad_request(
+            &path(at, "required"),
+            "may only be true",
+        )),
     }
 }
 
@@ -58,7 +80,10 @@ fn ns_key(o: &Map<String, Value>, at: &str) -> Result<(String, String), ApiError
 
 /// A TTL in seconds: an integer from 1 to ten years.
 fn ttl_range(field: &str) -> ApiError {
-    ApiError::bad_request(field, &format!("must be 1 to {MAX_DURATION_SECONDS} seconds (ten years)"))
+    ApiError::bad_request(
+        field,
+        &format!("must be 1 to {MAX_DURATION_SECONDS} seconds (ten years)"),
+    )
 }
 
 /// Exactly one of `ttlSeconds` (1 to ten years) or `forever: true`; `at` is the operation's
@@ -68,12 +93,20 @@ pub(crate) fn expiry(o: &Map<String, Value>, at: &str) -> Result<Expiry, ApiErro
     let forever = o.get("forever").filter(|v| !v.is_null());
     let whole = if at.is_empty() { "body" } else { at };
     let refuse = || {
-        ApiError::new(400, "kv_expiry_not_specified", format!("{whole} needs exactly one of ttlSeconds (an integer above 0) or forever: true"))
+        ApiError::new(
+            400,
+            "kv_expiry_not_specified",
+            format!(
+                "{whole} needs exactly one of ttlSeconds (an integer above 0) or forever: true"
+            ),
+        )
     };
     match (ttl, forever) {
         (Some(t), None) => match (t.as_u64(), t.as_f64()) {
             (Some(n), _) if n > MAX_DURATION_SECONDS => Err(ttl_range(&path(at, "ttlSeconds"))),
-            (None, Some(f)) if f > MAX_DURATION_SECONDS as f64 => Err(ttl_range(&path(at, "ttlSeconds"))),
+            (None, Some(f)) if f > MAX_DURATION_SECONDS as f64 => {
+                Err(ttl_range(&path(at, "ttlSeconds")))
+            }
             (Some(n), _) if n > 0 => Ok(Expiry::Ttl(n)),
             _ => Err(refuse()),
         },
@@ -84,7 +117,9 @@ pub(crate) fn expiry(o: &Map<String, Value>, at: &str) -> Result<Expiry, ApiErro
 
 /// A value as the client wrote it (the text stored).
 fn value_text(raw: &RawObject<'_>, at: &str) -> Result<Vec<u8>, ApiError> {
-    raw.raw("value").map(|v| v.get().as_bytes().to_vec()).ok_or_else(|| ApiError::bad_request(&path(at, "value"), "is required"))
+    raw.raw("value")
+        .map(|v| v.get().as_bytes().to_vec())
+        .ok_or_else(|| ApiError::bad_request(&path(at, "value"), "is required"))
 }
 
 /// An `incr` bound: stored as a 64-bit float, so an integer bound must be one a float holds
@@ -98,7 +133,10 @@ fn bound(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, ApiError> {
             if f as i128 == i128::from(i) {
                 Ok(Some(f))
             } else {
-                Err(ApiError::bad_request(field, "must be an integer a 64-bit float holds exactly (any up to 9007199254740992 in magnitude)"))
+                Err(ApiError::bad_request(
+                    field,
+                    "must be an integer a 64-bit float holds exactly (any up to 9007199254740992 in magnitude)",
+                ))
             }
         }
     }
@@ -110,7 +148,14 @@ pub(crate) fn path_put(body: &[u8], ns: String, key: String) -> Result<KvOp, Api
     let m = raw.values(&["expect", "ttlSeconds", "forever"], "")?;
     let value = value_text(&raw, "")?;
     let expect = opt_u64(&m, "", "expect")?;
-    Ok(KvOp::Put { ns, key, value, expiry: expiry(&m, "")?, expect, required: false })
+    Ok(KvOp::Put {
+        ns,
+        key,
+        value,
+        expiry: expiry(&m, "")?,
+        expect,
+        required: false,
+    })
 }
 
 /// `{"operations": [...]}` to KV operations.
@@ -123,11 +168,21 @@ pub(crate) fn kv_ops(body: &[u8], in_transaction: bool) -> Result<Vec<KvOp>, Api
 }
 
 /// A list of KV operations (also a transaction's `kv` rider); `name` is the list's path.
-pub(crate) fn kv_list(a: &[&RawValue], in_transaction: bool, name: &str) -> Result<Vec<KvOp>, ApiError> {
+pub(crate) fn kv_list(
+    a: &[&RawValue],
+    in_transaction: bool,
+    name: &str,
+) -> Result<Vec<KvOp>, ApiError> {
     if a.is_empty() || a.len() > MAX_OPS {
-        return Err(ApiError::bad_request(name, &format!("must have 1 to {MAX_OPS} operations")));
+        return Err(ApiError::bad_request(
+            name,
+            &format!("must have 1 to {MAX_OPS} operations"),
+        ));
     }
-    a.iter().enumerate().map(|(i, v)| kv_op(v, in_transaction, &format!("{name}[{i}]"))).collect()
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| kv_op(v, in_transaction, &format!("{name}[{i}]")))
+        .collect()
 }
 
 fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError> {
@@ -145,21 +200,37 @@ fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError>
             let keys = match o.get("keys") {
                 Some(Value::Array(ks)) if !ks.is_empty() && ks.len() <= MAX_OPS => ks
                     .iter()
-                    .map(|k| k.as_str().filter(|k| check_key(k).is_ok()).map(str::to_owned))
+                    .map(|k| {
+                        k.as_str()
+                            .filter(|k| check_key(k).is_ok())
+                            .map(str::to_owned)
+                    })
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| ApiError::bad_request(&f("keys"), "must hold valid keys"))?,
-                _ => return Err(ApiError::bad_request(&f("keys"), "must be a non-empty list")),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        &f("keys"),
+                        "must be a non-empty list",
+                    ));
+                }
             };
             KvOp::GetMany { ns, keys }
         }
         "getPrefix" => {
             if in_transaction {
-                return Err(ApiError::bad_request(&f("op"), "getPrefix is refused inside a transaction"));
+                return Err(ApiError::bad_request(
+                    &f("op"),
+                    "getPrefix is refused inside a transaction",
+                ));
             }
             let ns = ns_of(&o, at)?;
             let prefix = req_string(&o, at, "prefix")?;
             if prefix.is_empty() {
-                return Err(ApiError::new(400, "kv_prefix_required", format!("{} must not be empty", f("prefix"))));
+                return Err(ApiError::new(
+                    400,
+                    "kv_prefix_required",
+                    format!("{} must not be empty", f("prefix")),
+                ));
             }
             let limit = opt_u64(&o, at, "limit")?.unwrap_or(100).clamp(1, 1000) as u32;
             let keys_only = match o.get("keysOnly") {
@@ -167,7 +238,13 @@ fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError>
                 Some(Value::Bool(true)) => true,
                 Some(_) => return Err(ApiError::bad_request(&f("keysOnly"), "must be true")),
             };
-            KvOp::GetPrefix { ns, prefix, after: opt_str(&o, "after", &f("after"))?, limit, keys_only }
+            KvOp::GetPrefix {
+                ns,
+                prefix,
+                after: opt_str(&o, "after", &f("after"))?,
+                limit,
+                keys_only,
+            }
         }
         "put" | "putIfAbsent" => {
             let (ns, key) = ns_key(&o, at)?;
@@ -175,27 +252,55 @@ fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError>
             let mut expect = opt_u64(&o, at, "expect")?;
             if op == "putIfAbsent" {
                 if expect.is_some_and(|e| e != 0) {
-                    return Err(ApiError::bad_request(&f("expect"), "must be absent or 0 on putIfAbsent"));
+                    return Err(ApiError::bad_request(
+                        &f("expect"),
+                        "must be absent or 0 on putIfAbsent",
+                    ));
                 }
                 expect = Some(0);
             }
-            KvOp::Put { ns, key, value, expiry: expiry(&o, at)?, expect, required: required(&o, at)? }
+            KvOp::Put {
+                ns,
+                key,
+                value,
+                expiry: expiry(&o, at)?,
+                expect,
+                required: required(&o, at)?,
+            }
         }
         "delete" => {
             let (ns, key) = ns_key(&o, at)?;
-            KvOp::Delete { ns, key, expect: opt_u64(&o, at, "expect")?, required: required(&o, at)? }
+            KvOp::Delete {
+                ns,
+                key,
+                expect: opt_u64(&o, at, "expect")?,
+                required: required(&o, at)?,
+            }
         }
         "check" => {
             let (ns, key) = ns_key(&o, at)?;
-            let expect = opt_u64(&o, at, "expect")?.ok_or_else(|| ApiError::bad_request(&f("expect"), "is required"))?;
-            KvOp::Check { ns, key, expect, required: required(&o, at)? }
+            let expect = opt_u64(&o, at, "expect")?
+                .ok_or_else(|| ApiError::bad_request(&f("expect"), "is required"))?;
+            KvOp::Check {
+                ns,
+                key,
+                expect,
+                required: required(&o, at)?,
+            }
         }
         "incr" => {
             let (ns, key) = ns_key(&o, at)?;
             if o.get("expect").is_some_and(|v| !v.is_null()) {
-                return Err(ApiError::bad_request(&f("expect"), "is not allowed on incr"));
+                return Err(ApiError::bad_request(
+                    &f("expect"),
+                    "is not allowed on incr",
+                ));
             }
-            let delta = match raw.present("delta").map(|d| number(d, &f("delta"))).transpose()? {
+            let delta = match raw
+                .present("delta")
+                .map(|d| number(d, &f("delta")))
+                .transpose()?
+            {
                 None => Num::Int(1),
                 Some(RawNumber::Int(i)) => Num::Int(i),
                 Some(RawNumber::Float(x)) => Num::Float(x),
@@ -210,7 +315,12 @@ fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError>
                 required: required(&o, at)?,
             }
         }
-        other => return Err(ApiError::bad_request(&f("op"), &format!("'{other}' is not a KV operation"))),
+        other => {
+            return Err(ApiError::bad_request(
+                &f("op"),
+                &format!("'{other}' is not a KV operation"),
+            ));
+        }
     })
 }
 
@@ -311,7 +421,10 @@ impl ResultOut<'_> {
 /// One KV result.
 pub(crate) fn result<'a>(i: usize, op: &'a KvOp, r: &'a KvResult) -> ResultOut<'a> {
     let body = match r {
-        KvResult::Get(Some(row_v)) => ResultBody::Found { row: row(row_v, false), found: true },
+        KvResult::Get(Some(row_v)) => ResultBody::Found {
+            row: row(row_v, false),
+            found: true,
+        },
         KvResult::Get(None) => ResultBody::Missing {
             found: false,
             key: match op {
@@ -319,11 +432,26 @@ pub(crate) fn result<'a>(i: usize, op: &'a KvOp, r: &'a KvResult) -> ResultOut<'
                 _ => "",
             },
         },
-        KvResult::Many { rows, missing } => ResultBody::Many { rows: rows.iter().map(|r| row(r, false)).collect(), missing, truncated: false },
-        KvResult::Prefix { rows, truncated, next_after, keys_only } => {
-            ResultBody::Prefix { rows: rows.iter().map(|r| row(r, *keys_only)).collect(), truncated: *truncated, next_after: next_after.as_deref() }
-        }
-        KvResult::Write { applied, reason, current } => ResultBody::Write {
+        KvResult::Many { rows, missing } => ResultBody::Many {
+            rows: rows.iter().map(|r| row(r, false)).collect(),
+            missing,
+            truncated: false,
+        },
+        KvResult::Prefix {
+            rows,
+            truncated,
+            next_after,
+            keys_only,
+        } => ResultBody::Prefix {
+            rows: rows.iter().map(|r| row(r, *keys_only)).collect(),
+            truncated: *truncated,
+            next_after: next_after.as_deref(),
+        },
+        KvResult::Write {
+            applied,
+            reason,
+            current,
+        } => ResultBody::Write {
             applied: *applied,
             value: current.as_ref().map(|c| StoredJson(&c.value)),
             version: current.as_ref().map(|c| c.version),
@@ -331,7 +459,13 @@ pub(crate) fn result<'a>(i: usize, op: &'a KvOp, r: &'a KvResult) -> ResultOut<'
             expires_at: current.as_ref().map(|c| c.expires.map(|e| e.iso_millis())),
         },
     };
-    ResultOut { body, index: i, op: op_name(op), op_index: None, kind: None }
+    ResultOut {
+        body,
+        index: i,
+        op: op_name(op),
+        op_index: None,
+        kind: None,
+    }
 }
 
 /// What a lost required precondition reports: its reason, and the current version and value.
@@ -346,12 +480,18 @@ pub(crate) struct Failure<'a> {
 /// The failure fields of a result (all null when it is not a write).
 pub(crate) fn failure(r: &KvResult) -> Failure<'_> {
     match r {
-        KvResult::Write { reason, current, .. } => Failure {
+        KvResult::Write {
+            reason, current, ..
+        } => Failure {
             kv_reason: reason.as_deref(),
             version: current.as_ref().map(|c| c.version),
             value: current.as_ref().map(|c| StoredJson(&c.value)),
         },
-        _ => Failure { kv_reason: None, version: None, value: None },
+        _ => Failure {
+            kv_reason: None,
+            version: None,
+            value: None,
+        },
     }
 }
 
@@ -370,7 +510,12 @@ pub(crate) struct OutcomeOut<'a> {
 
 /// A KV call's answer.
 pub(crate) fn outcome<'a>(ops: &'a [KvOp], o: &'a KvOutcome) -> OutcomeOut<'a> {
-    let results = ops.iter().zip(&o.results).enumerate().map(|(i, (op, r))| result(i, op, r)).collect();
+    let results = ops
+        .iter()
+        .zip(&o.results)
+        .enumerate()
+        .map(|(i, (op, r))| result(i, op, r))
+        .collect();
     let failed = o.failed.filter(|f| *f < o.results.len());
     OutcomeOut {
         ok: failed.is_none(),
@@ -384,13 +529,18 @@ pub(crate) fn outcome<'a>(ops: &'a [KvOp], o: &'a KvOutcome) -> OutcomeOut<'a> {
 fn lock_name(o: &Map<String, Value>, i: usize) -> Result<String, ApiError> {
     let name = req_string(o, &format!("operations[{i}]"), "name")?;
     if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c == '#') {
-        return Err(ApiError::bad_request(&field(i, "name"), "must be 1 to 256 bytes without control characters or '#'"));
+        return Err(ApiError::bad_request(
+            &field(i, "name"),
+            "must be 1 to 256 bytes without control characters or '#'",
+        ));
     }
     Ok(name)
 }
 
 fn positive(o: &Map<String, Value>, i: usize, k: &str) -> Result<u64, ApiError> {
-    opt_u64(o, &format!("operations[{i}]"), k)?.filter(|v| *v > 0).ok_or_else(|| ApiError::bad_request(&field(i, k), "must be an integer above 0"))
+    opt_u64(o, &format!("operations[{i}]"), k)?
+        .filter(|v| *v > 0)
+        .ok_or_else(|| ApiError::bad_request(&field(i, k), "must be an integer above 0"))
 }
 
 /// A lock's lifetime: 1 second to ten years.
@@ -406,34 +556,74 @@ pub(crate) fn lock_ops(body: &[u8], mint: &dyn Fn() -> String) -> Result<Vec<Loc
     let m = object(body, false)?;
     let ops = match m.get("operations") {
         Some(Value::Array(a)) if !a.is_empty() && a.len() <= MAX_OPS => a,
-        _ => return Err(ApiError::bad_request("operations", &format!("must be a list of 1 to {MAX_OPS} operations"))),
+        _ => {
+            return Err(ApiError::bad_request(
+                "operations",
+                &format!("must be a list of 1 to {MAX_OPS} operations"),
+            ));
+        }
     };
     let mut out = Vec::with_capacity(ops.len());
     for (i, v) in ops.iter().enumerate() {
         let Value::Object(o) = v else {
-            return Err(ApiError::bad_request(&format!("operations[{i}]"), "must be an object"));
+            return Err(ApiError::bad_request(
+                &format!("operations[{i}]"),
+                "must be an object",
+            ));
         };
-        let slot = u32::try_from(opt_u64(o, &format!("operations[{i}]"), "slot")?.unwrap_or(0)).map_err(|_| ApiError::bad_request(&field(i, "slot"), "is too large"))?;
-        out.push(match req_string(o, &format!("operations[{i}]"), "op")?.as_str() {
-            "acquire" => {
-                let owner = match opt_str(o, "owner", &field(i, "owner"))? {
-                    Some(w) if w.is_empty() || w.len() > 256 || w.chars().any(char::is_control) => {
-                        return Err(ApiError::bad_request(&field(i, "owner"), "must be 1 to 256 bytes without control characters"));
+        let slot = u32::try_from(opt_u64(o, &format!("operations[{i}]"), "slot")?.unwrap_or(0))
+            .map_err(|_| ApiError::bad_request(&field(i, "slot"), "is too large"))?;
+        out.push(
+            match req_string(o, &format!("operations[{i}]"), "op")?.as_str() {
+                "acquire" => {
+                    let owner = match opt_str(o, "owner", &field(i, "owner"))? {
+                        Some(w)
+                            if w.is_empty() || w.len() > 256 || w.chars().any(char::is_control) =>
+                        {
+                            return Err(ApiError::bad_request(
+                                &field(i, "owner"),
+                                "must be 1 to 256 bytes without control characters",
+                            ));
+                        }
+                        Some(w) => w,
+                        None => mint(),
+                    };
+                    let limit = opt_u64(o, &format!("operations[{i}]"), "limit")?.unwrap_or(1);
+                    if !(1..=1024).contains(&limit) {
+                        return Err(ApiError::bad_request(
+                            &field(i, "limit"),
+                            "must be 1 to 1024",
+                        ));
                     }
-                    Some(w) => w,
-                    None => mint(),
-                };
-                let limit = opt_u64(o, &format!("operations[{i}]"), "limit")?.unwrap_or(1);
-                if !(1..=1024).contains(&limit) {
-                    return Err(ApiError::bad_request(&field(i, "limit"), "must be 1 to 1024"));
+                    LockOp::Acquire {
+                        name: lock_name(o, i)?,
+                        ttl: lock_ttl(o, i)?,
+                        owner,
+                        limit: limit as u32,
+                    }
                 }
-                LockOp::Acquire { name: lock_name(o, i)?, ttl: lock_ttl(o, i)?, owner, limit: limit as u32 }
-            }
-            "renew" => LockOp::Renew { name: lock_name(o, i)?, token: positive(o, i, "token")?, ttl: lock_ttl(o, i)?, slot },
-            "release" => LockOp::Release { name: lock_name(o, i)?, token: positive(o, i, "token")?, slot },
-            "get" => LockOp::Get { name: lock_name(o, i)? },
-            other => return Err(ApiError::bad_request(&field(i, "op"), &format!("'{other}' is not a lock operation"))),
-        });
+                "renew" => LockOp::Renew {
+                    name: lock_name(o, i)?,
+                    token: positive(o, i, "token")?,
+                    ttl: lock_ttl(o, i)?,
+                    slot,
+                },
+                "release" => LockOp::Release {
+                    name: lock_name(o, i)?,
+                    token: positive(o, i, "token")?,
+                    slot,
+                },
+                "get" => LockOp::Get {
+                    name: lock_name(o, i)?,
+                },
+                other => {
+                    return Err(ApiError::bad_request(
+                        &field(i, "op"),
+                        &format!("'{other}' is not a lock operation"),
+                    ));
+                }
+            },
+        );
     }
     Ok(out)
 }
@@ -491,72 +681,197 @@ mod tests {
     }
 
     fn view(value: &str) -> KvRowView {
-        KvRowView { key: "k".into(), value: value.as_bytes().to_vec(), version: 7, expires: None, updated: Stamp(1), created: Stamp(1) }
+        KvRowView {
+            key: "k".into(),
+            value: value.as_bytes().to_vec(),
+            version: 7,
+            expires: None,
+            updated: Stamp(1),
+            created: Stamp(1),
+        }
     }
 
     #[test]
     fn put_stores_the_clients_text() {
         for p in crate::raw::ODD_PAYLOADS {
-            let KvOp::Put { value, .. } = one(&format!(r#"{{"op":"put","ns":"a","key":"k","value": {p} ,"forever":true}}"#)).unwrap() else { panic!() };
+            let KvOp::Put { value, .. } = one(&format!(
+                r#"{{"op":"put","ns":"a","key":"k","value": {p} ,"forever":true}}"#
+            ))
+            .unwrap() else {
+                panic!()
+            };
             assert_eq!(String::from_utf8_lossy(&value), *p);
-            let KvOp::Put { value, .. } = path_put(format!(r#"{{"value":{p},"ttlSeconds":5}}"#).as_bytes(), "a".into(), "k".into()).unwrap() else { panic!() };
+            let KvOp::Put { value, .. } = path_put(
+                format!(r#"{{"value":{p},"ttlSeconds":5}}"#).as_bytes(),
+                "a".into(),
+                "k".into(),
+            )
+            .unwrap() else {
+                panic!()
+            };
             assert_eq!(String::from_utf8_lossy(&value), *p, "path form");
         }
-        assert_eq!(path_put(br#"{"forever":true}"#, "a".into(), "k".into()).unwrap_err().message, "value is required");
-        assert_eq!(path_put(br#"{"value":1,"ttlSeconds":315360001}"#, "a".into(), "k".into()).unwrap_err().message, "ttlSeconds must be 1 to 315360000 seconds (ten years)");
-        assert_eq!(path_put(br#"{"value":1}"#, "a".into(), "k".into()).unwrap_err().code, "kv_expiry_not_specified");
+        assert_eq!(
+            path_put(br#"{"forever":true}"#, "a".into(), "k".into())
+                .unwrap_err()
+                .message,
+            "value is required"
+        );
+        assert_eq!(
+            path_put(
+                br#"{"value":1,"ttlSeconds":315360001}"#,
+                "a".into(),
+                "k".into()
+            )
+            .unwrap_err()
+            .message,
+            "ttlSeconds must be 1 to 315360000 seconds (ten years)"
+        );
+        assert_eq!(
+            path_put(br#"{"value":1}"#, "a".into(), "k".into())
+                .unwrap_err()
+                .code,
+            "kv_expiry_not_specified"
+        );
     }
 
     #[test]
     fn incr_reads_delta_and_bounds_exactly() {
-        let incr = |extra: &str| one(&format!(r#"{{"op":"incr","ns":"a","key":"k","forever":true{extra}}}"#));
-        let KvOp::Incr { delta, .. } = incr(r#","delta":9007199254740993"#).unwrap() else { panic!() };
+        let incr = |extra: &str| {
+            one(&format!(
+                r#"{{"op":"incr","ns":"a","key":"k","forever":true{extra}}}"#
+            ))
+        };
+        let KvOp::Incr { delta, .. } = incr(r#","delta":9007199254740993"#).unwrap() else {
+            panic!()
+        };
         assert_eq!(delta, Num::Int(9_007_199_254_740_993));
-        let KvOp::Incr { delta, min, max, .. } = incr(r#","delta":-2.5,"min":-9007199254740992,"max":1e300"#).unwrap() else { panic!() };
-        assert_eq!((delta, min, max), (Num::Float(-2.5), Some(-9_007_199_254_740_992.0), Some(1e300)));
-        let KvOp::Incr { delta, .. } = incr("").unwrap() else { panic!() };
+        let KvOp::Incr {
+            delta, min, max, ..
+        } = incr(r#","delta":-2.5,"min":-9007199254740992,"max":1e300"#).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (delta, min, max),
+            (
+                Num::Float(-2.5),
+                Some(-9_007_199_254_740_992.0),
+                Some(1e300)
+            )
+        );
+        let KvOp::Incr { delta, .. } = incr("").unwrap() else {
+            panic!()
+        };
         assert_eq!(delta, Num::Int(1));
         let msg = |extra: &str| incr(extra).unwrap_err().message;
-        assert!(msg(r#","delta":9223372036854775808"#).starts_with("operations[0].delta must be an integer from -9223372036854775808"));
-        assert!(msg(r#","delta":1e400"#).starts_with("operations[0].delta must be a finite number"));
-        assert_eq!(msg(r#","delta":"1""#), "operations[0].delta must be a number");
-        assert!(msg(r#","max":9007199254740993"#).starts_with("operations[0].max must be an integer a 64-bit float holds exactly"));
+        assert!(
+            msg(r#","delta":9223372036854775808"#)
+                .starts_with("operations[0].delta must be an integer from -9223372036854775808")
+        );
+        assert!(
+            msg(r#","delta":1e400"#).starts_with("operations[0].delta must be a finite number")
+        );
+        assert_eq!(
+            msg(r#","delta":"1""#),
+            "operations[0].delta must be a number"
+        );
+        assert!(
+            msg(r#","max":9007199254740993"#)
+                .starts_with("operations[0].max must be an integer a 64-bit float holds exactly")
+        );
         assert!(msg(r#","min":-1e400"#).starts_with("operations[0].min must be a finite number"));
-        assert_eq!(msg(r#","ttlSeconds":5"#), "operations[0] needs exactly one of ttlSeconds (an integer above 0) or forever: true");
+        assert_eq!(
+            msg(r#","ttlSeconds":5"#),
+            "operations[0] needs exactly one of ttlSeconds (an integer above 0) or forever: true"
+        );
     }
 
     #[test]
     fn durations_are_bounded() {
-        let e = one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":9223372036854775807}"#).unwrap_err();
-        assert_eq!((e.status, e.message.as_str()), (400, "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)"));
-        assert!(one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":1e30}"#).unwrap_err().message.starts_with("operations[0].ttlSeconds must be 1 to"));
-        assert!(matches!(one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":315360000}"#), Ok(KvOp::Put { expiry: Expiry::Ttl(315_360_000), .. })));
-        let lock = |ttl: &str| lock_ops(format!(r#"{{"operations":[{{"op":"acquire","name":"n","ttlSeconds":{ttl}}}]}}"#).as_bytes(), &|| "me".to_owned());
-        assert_eq!(lock("9223372036854775807").unwrap_err().message, "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)");
+        let e =
+            one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":9223372036854775807}"#)
+                .unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (
+                400,
+                "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)"
+            )
+        );
+        assert!(
+            one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":1e30}"#)
+                .unwrap_err()
+                .message
+                .starts_with("operations[0].ttlSeconds must be 1 to")
+        );
+        assert!(matches!(
+            one(r#"{"op":"put","ns":"a","key":"k","value":1,"ttlSeconds":315360000}"#),
+            Ok(KvOp::Put {
+                expiry: Expiry::Ttl(315_360_000),
+                ..
+            })
+        ));
+        let lock = |ttl: &str| {
+            lock_ops(
+                format!(r#"{{"operations":[{{"op":"acquire","name":"n","ttlSeconds":{ttl}}}]}}"#)
+                    .as_bytes(),
+                &|| "me".to_owned(),
+            )
+        };
+        assert_eq!(
+            lock("9223372036854775807").unwrap_err().message,
+            "operations[0].ttlSeconds must be 1 to 315360000 seconds (ten years)"
+        );
         assert!(lock("315360000").is_ok());
-        assert_eq!(lock("0").unwrap_err().message, "operations[0].ttlSeconds must be an integer above 0");
-        let renew = lock_ops(br#"{"operations":[{"op":"renew","name":"n","token":1,"ttlSeconds":315360001}]}"#, &|| "me".to_owned());
-        assert!(renew.unwrap_err().message.starts_with("operations[0].ttlSeconds must be 1 to"));
+        assert_eq!(
+            lock("0").unwrap_err().message,
+            "operations[0].ttlSeconds must be an integer above 0"
+        );
+        let renew = lock_ops(
+            br#"{"operations":[{"op":"renew","name":"n","token":1,"ttlSeconds":315360001}]}"#,
+            &|| "me".to_owned(),
+        );
+        assert!(
+            renew
+                .unwrap_err()
+                .message
+                .starts_with("operations[0].ttlSeconds must be 1 to")
+        );
     }
 
     #[test]
     fn answers_write_stored_values_verbatim() {
-        let op = KvOp::Get { ns: "a".into(), key: "k".into() };
+        let op = KvOp::Get {
+            ns: "a".into(),
+            key: "k".into(),
+        };
         for p in crate::raw::ODD_PAYLOADS {
             let r = KvResult::Get(Some(view(p)));
             let text = serde_json::to_string(&result(0, &op, &r)).unwrap();
             assert!(text.contains(&format!(r#""value":{p}"#)), "{text}");
-            let v: Value = serde_json::from_str(&text.replace(&format!(r#""value":{p}"#), r#""value":0"#)).unwrap();
+            let v: Value =
+                serde_json::from_str(&text.replace(&format!(r#""value":{p}"#), r#""value":0"#))
+                    .unwrap();
             assert_eq!(v["found"], true);
             assert_eq!(v["op"], "get");
             assert_eq!(v["version"], 7);
             assert_eq!(v["expiresAt"], Value::Null);
         }
         let missing = serde_json::to_value(result(0, &op, &KvResult::Get(None))).unwrap();
-        assert_eq!(missing, json!({"found": false, "key": "k", "index": 0, "op": "get"}));
-        let broken = serde_json::to_string(&result(0, &op, &KvResult::Get(Some(view("not json"))))).unwrap();
+        assert_eq!(
+            missing,
+            json!({"found": false, "key": "k", "index": 0, "op": "get"})
+        );
+        let broken =
+            serde_json::to_string(&result(0, &op, &KvResult::Get(Some(view("not json"))))).unwrap();
         assert!(broken.contains(r#""value":"not json""#), "{broken}");
-        let keys_only = KvResult::Prefix { rows: vec![view("1")], truncated: false, next_after: None, keys_only: true };
+        let keys_only = KvResult::Prefix {
+            rows: vec![view("1")],
+            truncated: false,
+            next_after: None,
+            keys_only: true,
+        };
         let v = serde_json::to_value(result(0, &op, &keys_only)).unwrap();
         assert!(v["rows"][0].get("value").is_none());
         assert_eq!(v["nextAfter"], Value::Null);
@@ -564,17 +879,57 @@ mod tests {
 
     #[test]
     fn a_lost_precondition_reports_the_winners_text() {
-        let ops = vec![KvOp::Incr { ns: "a".into(), key: "k".into(), delta: Num::Int(1), min: None, max: None, expiry: Expiry::Forever, required: true }];
-        let out = KvOutcome { results: vec![KvResult::Write { applied: false, reason: Some("overflow".into()), current: Some(view("9223372036854775807")) }], failed: Some(0) };
+        let ops = vec![KvOp::Incr {
+            ns: "a".into(),
+            key: "k".into(),
+            delta: Num::Int(1),
+            min: None,
+            max: None,
+            expiry: Expiry::Forever,
+            required: true,
+        }];
+        let out = KvOutcome {
+            results: vec![KvResult::Write {
+                applied: false,
+                reason: Some("overflow".into()),
+                current: Some(view("9223372036854775807")),
+            }],
+            failed: Some(0),
+        };
         let text = serde_json::to_string(&outcome(&ops, &out)).unwrap();
         assert!(text.contains(r#""value":9223372036854775807"#), "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!((v["ok"].clone(), v["reason"].clone(), v["failedIndex"].clone(), v["kvReason"].clone(), v["version"].clone()), (json!(false), json!("kv_precondition"), json!(0), json!("overflow"), json!(7)));
+        assert_eq!(
+            (
+                v["ok"].clone(),
+                v["reason"].clone(),
+                v["failedIndex"].clone(),
+                v["kvReason"].clone(),
+                v["version"].clone()
+            ),
+            (
+                json!(false),
+                json!("kv_precondition"),
+                json!(0),
+                json!("overflow"),
+                json!(7)
+            )
+        );
         assert_eq!(v["results"][0]["reason"], "overflow");
         assert_eq!(v["results"][0]["applied"], false);
         assert_eq!(v["results"][0]["expiresAt"], Value::Null);
-        let ok = KvOutcome { results: vec![KvResult::Write { applied: true, reason: None, current: None }], failed: None };
+        let ok = KvOutcome {
+            results: vec![KvResult::Write {
+                applied: true,
+                reason: None,
+                current: None,
+            }],
+            failed: None,
+        };
         let v = serde_json::to_value(outcome(&ops, &ok)).unwrap();
-        assert_eq!(v, json!({"ok": true, "results": [{"applied": true, "value": null, "version": null, "index": 0, "op": "incr"}]}));
+        assert_eq!(
+            v,
+            json!({"ok": true, "results": [{"applied": true, "value": null, "version": null, "index": 0, "op": "incr"}]})
+        );
     }
 }

@@ -29,7 +29,9 @@ pub(crate) fn parse_query(q: &str) -> Vec<(String, String)> {
 
 fn decode(s: &str) -> String {
     let s = s.replace('+', " ");
-    percent_encoding::percent_decode_str(&s).decode_utf8_lossy().into_owned()
+    percent_encoding::percent_decode_str(&s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -47,7 +49,10 @@ fn flag(q: &[(String, String)], key: &str) -> Result<Option<bool>, ApiError> {
 
 fn number(q: &[(String, String)], key: &str) -> Result<Option<u64>, ApiError> {
     get(q, key)
-        .map(|v| v.parse::<u64>().map_err(|_| ApiError::bad_request(key, "must be a non-negative integer")))
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(key, "must be a non-negative integer"))
+        })
         .transpose()
 }
 
@@ -59,13 +64,21 @@ pub(crate) fn wants_frames(query: &str) -> Result<bool, ApiError> {
 }
 
 /// A pop request from its path parts and query.
-pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> Result<(PopRequest, bool), ApiError> {
+pub(crate) fn pop_request(
+    queue: &str,
+    partition: Option<&str>,
+    query: &str,
+) -> Result<(PopRequest, bool), ApiError> {
     let q = parse_query(query);
-    let queue = QueueName::new(queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+    let queue =
+        QueueName::new(queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
     let partition = partition
-        .map(|p| PartitionName::new(p).map_err(|e| ApiError::bad_request("partition", &e.to_string())))
+        .map(|p| {
+            PartitionName::new(p).map_err(|e| ApiError::bad_request("partition", &e.to_string()))
+        })
         .transpose()?;
-    let group = GroupName::or_queue_mode(get(&q, "consumerGroup")).map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?;
+    let group = GroupName::or_queue_mode(get(&q, "consumerGroup"))
+        .map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?;
     let autopilot = flag(&q, "autopilot")?.unwrap_or(false);
     let batch = match number(&q, "batch")? {
         Some(0) => return Err(ApiError::bad_request("batch", "must be at least 1")),
@@ -82,25 +95,54 @@ pub(crate) fn pop_request(queue: &str, partition: Option<&str>, query: &str) -> 
     // A long poll is held at most MAX_WAIT_MS; beyond ten years the value is a mistake.
     let timeout = match number(&q, "timeout")? {
         Some(t) if t > MAX_DURATION_MS => {
-            return Err(ApiError::bad_request("timeout", &format!("must be 0 to {MAX_DURATION_MS} ms (ten years; a long poll is held at most {MAX_WAIT_MS} ms)")));
+            return Err(ApiError::bad_request(
+                "timeout",
+                &format!(
+                    "must be 0 to {MAX_DURATION_MS} ms (ten years; a long poll is held at most {MAX_WAIT_MS} ms)"
+                ),
+            ));
         }
         t => Duration::from_millis(t.unwrap_or(30_000).min(MAX_WAIT_MS)),
     };
     let auto_ack = flag(&q, "autoAck")?.unwrap_or(false);
     if auto_ack && flag(&q, "conflation")? == Some(true) {
-        return Err(ApiError::bad_request("autoAck", "cannot be combined with conflation"));
+        return Err(ApiError::bad_request(
+            "autoAck",
+            "cannot be combined with conflation",
+        ));
     }
     let subscription = match (get(&q, "subscriptionFrom"), get(&q, "subscriptionMode")) {
         (Some("now"), _) => Subscription::New,
-        (Some(t), _) if !t.is_empty() => Subscription::From(Stamp::parse_iso(t).map_err(|e| ApiError::bad_request("subscriptionFrom", &e))?),
+        (Some(t), _) if !t.is_empty() => Subscription::From(
+            Stamp::parse_iso(t).map_err(|e| ApiError::bad_request("subscriptionFrom", &e))?,
+        ),
         (_, Some("new")) => Subscription::New,
         (_, Some("all" | "")) | (_, None) => Subscription::Default,
         (_, Some(other)) => {
-            return Err(ApiError::bad_request("subscriptionMode", &format!("must be all or new, not '{other}'")));
+            return Err(ApiError::bad_request(
+                "subscriptionMode",
+                &format!("must be all or new, not '{other}'"),
+            ));
         }
     };
-    let command = PopCommand { queue, partition, group, batch, max_partitions, lease_id: String::new(), auto_ack, subscription };
-    Ok((PopRequest { command, wait, timeout }, autopilot && get(&q, "batch").is_none()))
+    let command = PopCommand {
+        queue,
+        partition,
+        group,
+        batch,
+        max_partitions,
+        lease_id: String::new(),
+        auto_ack,
+        subscription,
+    };
+    Ok((
+        PopRequest {
+            command,
+            wait,
+            timeout,
+        },
+        autopilot && get(&q, "batch").is_none(),
+    ))
 }
 
 #[cfg(test)]
@@ -109,18 +151,37 @@ mod tests {
 
     #[test]
     fn reads_the_default_client_query() {
-        let (r, echo) = pop_request("orders", None, "autopilot=true&wait=true&timeout=30000&consumerGroup=g+w").unwrap();
+        let (r, echo) = pop_request(
+            "orders",
+            None,
+            "autopilot=true&wait=true&timeout=30000&consumerGroup=g+w",
+        )
+        .unwrap();
         assert_eq!(r.command.batch, AUTOPILOT_BATCH);
         assert!(echo && r.wait);
         assert_eq!(r.command.group.as_str(), "g w");
         assert_eq!(r.timeout, Duration::from_secs(30));
         let (r, _) = pop_request("orders", Some("p 1"), "batch=5&wait=false").unwrap();
         assert_eq!((r.command.batch, r.wait), (5, false));
-        assert!(pop_request("orders", None, "batch=x").unwrap_err().message.starts_with("batch"));
+        assert!(
+            pop_request("orders", None, "batch=x")
+                .unwrap_err()
+                .message
+                .starts_with("batch")
+        );
         assert!(pop_request("orders", None, "subscriptionFrom=2026-01-01T00%3A00%3A00Z").is_ok());
         let (r, _) = pop_request("orders", None, "timeout=315360000000").unwrap();
-        assert_eq!(r.timeout, Duration::from_millis(MAX_WAIT_MS), "held at most a minute");
-        assert!(pop_request("orders", None, "timeout=315360000001").unwrap_err().message.starts_with("timeout must be 0 to 315360000000 ms"));
+        assert_eq!(
+            r.timeout,
+            Duration::from_millis(MAX_WAIT_MS),
+            "held at most a minute"
+        );
+        assert!(
+            pop_request("orders", None, "timeout=315360000001")
+                .unwrap_err()
+                .message
+                .starts_with("timeout must be 0 to 315360000000 ms")
+        );
         assert!(pop_request("orders", None, "timeout=9223372036854775807").is_err());
     }
 
@@ -129,6 +190,9 @@ mod tests {
         assert!(wants_frames("batch=5&frames=true").unwrap());
         assert!(!wants_frames("batch=5").unwrap());
         assert!(!wants_frames("frames=true&conflation=true").unwrap());
-        assert_eq!(wants_frames("frames=maybe").unwrap_err().message, "frames must be true or false");
+        assert_eq!(
+            wants_frames("frames=maybe").unwrap_err().message,
+            "frames must be true or false"
+        );
     }
 }

@@ -17,7 +17,11 @@ use crate::api::ApiError;
 
 /// `at.key`, or `key` alone at the top of a body.
 pub(crate) fn path(at: &str, key: &str) -> String {
-    if at.is_empty() { key.to_owned() } else { format!("{at}.{key}") }
+    if at.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{at}.{key}")
+    }
 }
 
 /// A JSON object whose field values are still the client's text (the last of duplicate keys
@@ -31,11 +35,17 @@ impl<'a> RawObject<'a> {
     pub(crate) fn body(body: &'a [u8], empty_ok: bool) -> Result<Self, ApiError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             if empty_ok {
-                return Ok(Self { fields: BTreeMap::new() });
+                return Ok(Self {
+                    fields: BTreeMap::new(),
+                });
             }
-            return Err(ApiError::bad_request("body", "must be a JSON object, got nothing"));
+            return Err(ApiError::bad_request(
+                "body",
+                "must be a JSON object, got nothing",
+            ));
         }
-        let raw: &RawValue = serde_json::from_slice(body).map_err(|e| ApiError::new(400, "bad_json", format!("body is not valid JSON: {e}")))?;
+        let raw: &RawValue = serde_json::from_slice(body)
+            .map_err(|e| ApiError::new(400, "bad_json", format!("body is not valid JSON: {e}")))?;
         if !raw.get().starts_with('{') {
             return Err(ApiError::bad_request("body", "must be a JSON object"));
         }
@@ -47,7 +57,9 @@ impl<'a> RawObject<'a> {
         if !raw.get().starts_with('{') {
             return Err(ApiError::bad_request(field, "must be an object"));
         }
-        let fields = serde_json::from_str(raw.get()).map_err(|e| ApiError::new(400, "bad_json", format!("{field} is not valid JSON: {e}")))?;
+        let fields = serde_json::from_str(raw.get()).map_err(|e| {
+            ApiError::new(400, "bad_json", format!("{field} is not valid JSON: {e}"))
+        })?;
         Ok(Self { fields })
     }
 
@@ -68,7 +80,9 @@ impl<'a> RawObject<'a> {
         let mut out = Map::new();
         for key in known {
             if let Some(raw) = self.raw(key) {
-                let v = serde_json::from_str(raw.get()).map_err(|_| ApiError::bad_request(&path(at, key), "holds a number out of range"))?;
+                let v = serde_json::from_str(raw.get()).map_err(|_| {
+                    ApiError::bad_request(&path(at, key), "holds a number out of range")
+                })?;
                 out.insert((*key).to_owned(), v);
             }
         }
@@ -77,14 +91,26 @@ impl<'a> RawObject<'a> {
 
     /// A list field as its elements' text: `None` when absent or `null`, refused when not a
     /// list or longer than `max`.
-    pub(crate) fn list(&self, key: &str, field: &str, max: usize) -> Result<Option<Vec<&'a RawValue>>, ApiError> {
-        let Some(raw) = self.present(key) else { return Ok(None) };
+    pub(crate) fn list(
+        &self,
+        key: &str,
+        field: &str,
+        max: usize,
+    ) -> Result<Option<Vec<&'a RawValue>>, ApiError> {
+        let Some(raw) = self.present(key) else {
+            return Ok(None);
+        };
         if !raw.get().starts_with('[') {
             return Err(ApiError::bad_request(field, "must be a list"));
         }
-        let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|e| ApiError::new(400, "bad_json", format!("{field} is not valid JSON: {e}")))?;
+        let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|e| {
+            ApiError::new(400, "bad_json", format!("{field} is not valid JSON: {e}"))
+        })?;
         if items.len() > max {
-            return Err(ApiError::bad_request(field, &format!("must have at most {max} entries")));
+            return Err(ApiError::bad_request(
+                field,
+                &format!("must have at most {max} entries"),
+            ));
         }
         Ok(Some(items))
     }
@@ -106,7 +132,10 @@ pub(crate) enum Unknown {
     Strict,
 }
 
-fn skip_value<'de, A: serde::de::MapAccess<'de>>(map: &mut A, unknown: Unknown) -> Result<(), A::Error> {
+fn skip_value<'de, A: serde::de::MapAccess<'de>>(
+    map: &mut A,
+    unknown: Unknown,
+) -> Result<(), A::Error> {
     match unknown {
         Unknown::Lax => map.next_value::<serde::de::IgnoredAny>().map(drop),
         Unknown::Strict => map.next_value::<Value>().map(drop),
@@ -177,7 +206,8 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for PickListSeed<'_, N> {
 }
 
 /// What [`pick_list`] read: the top object's picked fields, and its list's objects.
-pub(crate) type PickedList<'a, const M: usize, const N: usize> = (Picked<'a, M>, Vec<Picked<'a, N>>);
+pub(crate) type PickedList<'a, const M: usize, const N: usize> =
+    (Picked<'a, M>, Vec<Picked<'a, N>>);
 
 /// A body `{"<key>": [objects...], ...}`: the fields `top` of the body's object as written, and
 /// the list's objects with their fields `keys`, in one pass over the text; `None` when the body
@@ -208,7 +238,10 @@ pub(crate) fn pick_list<'a, const M: usize, const N: usize>(
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("an object")
         }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut list = None;
             let mut fields = [None; M];
             // The list's key is index 0, the top fields follow.
@@ -226,7 +259,11 @@ pub(crate) fn pick_list<'a, const M: usize, const N: usize>(
         }
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let seed = Top { key, top, list: PickListSeed { keys, max, unknown } };
+    let seed = Top {
+        key,
+        top,
+        list: PickListSeed { keys, max, unknown },
+    };
     let out = serde::de::DeserializeSeed::deserialize(seed, &mut de).ok()?;
     de.end().ok()?;
     out
@@ -270,14 +307,19 @@ pub(crate) fn number(raw: &RawValue, field: &str) -> Result<RawNumber, ApiError>
         return Err(ApiError::bad_request(field, "must be a number"));
     }
     if !t.contains(['.', 'e', 'E']) {
-        return t
-            .parse::<i64>()
-            .map(RawNumber::Int)
-            .map_err(|_| ApiError::bad_request(field, "must be an integer from -9223372036854775808 to 9223372036854775807"));
+        return t.parse::<i64>().map(RawNumber::Int).map_err(|_| {
+            ApiError::bad_request(
+                field,
+                "must be an integer from -9223372036854775808 to 9223372036854775807",
+            )
+        });
     }
     match t.parse::<f64>() {
         Ok(f) if f.is_finite() => Ok(RawNumber::Float(f)),
-        _ => Err(ApiError::bad_request(field, "must be a finite number (at most about 1.8e308 in magnitude)")),
+        _ => Err(ApiError::bad_request(
+            field,
+            "must be a finite number (at most about 1.8e308 in magnitude)",
+        )),
     }
 }
 
@@ -318,11 +360,25 @@ mod tests {
 
     #[test]
     fn stored_text_is_written_verbatim_or_as_a_string() {
-        for t in ["123456789012345678901234567890", "42.00", "-0", "18446744073709551616", "1e400", "{ \"b\" :1,\n \"a\":[ 2 ,3] }", r#""caf\u00e9 \ud83d\ude00""#] {
+        for t in [
+            "123456789012345678901234567890",
+            "42.00",
+            "-0",
+            "18446744073709551616",
+            "1e400",
+            "{ \"b\" :1,\n \"a\":[ 2 ,3] }",
+            r#""caf\u00e9 \ud83d\ude00""#,
+        ] {
             assert_eq!(serde_json::to_string(&StoredJson(t.as_bytes())).unwrap(), t);
         }
-        assert_eq!(serde_json::to_string(&StoredJson(b"not json")).unwrap(), r#""not json""#);
-        assert_eq!(serde_json::to_string(&StoredJson(b"\xff{")).unwrap(), "\"\u{fffd}{\"");
+        assert_eq!(
+            serde_json::to_string(&StoredJson(b"not json")).unwrap(),
+            r#""not json""#
+        );
+        assert_eq!(
+            serde_json::to_string(&StoredJson(b"\xff{")).unwrap(),
+            "\"\u{fffd}{\""
+        );
         assert_eq!(serde_json::to_string(&StoredJson(b"")).unwrap(), r#""""#);
     }
 
@@ -334,23 +390,48 @@ mod tests {
         let v = o.values(&["q", "n", "missing"], "items[0]").unwrap();
         assert_eq!(v.get("q").and_then(Value::as_str), Some("x"));
         assert_eq!(v.len(), 2);
-        assert_eq!(o.values(&["a"], "items[0]").unwrap_err().message, "items[0].a holds a number out of range");
+        assert_eq!(
+            o.values(&["a"], "items[0]").unwrap_err().message,
+            "items[0].a holds a number out of range"
+        );
         let l = o.list("l", "l", 10).unwrap().unwrap();
         assert_eq!(l[1].get(), "2.50");
-        assert_eq!(o.list("l", "x.l", 1).unwrap_err().message, "x.l must have at most 1 entries");
+        assert_eq!(
+            o.list("l", "x.l", 1).unwrap_err().message,
+            "x.l must have at most 1 entries"
+        );
         assert_eq!(o.list("q", "q", 1).unwrap_err().message, "q must be a list");
-        assert_eq!(RawObject::body(b"[1]", false).err().unwrap().message, "body must be a JSON object");
+        assert_eq!(
+            RawObject::body(b"[1]", false).err().unwrap().message,
+            "body must be a JSON object"
+        );
         assert_eq!(RawObject::body(b"{", false).err().unwrap().code, "bad_json");
         assert!(RawObject::body(b"  ", true).is_ok());
     }
 
     #[test]
     fn numbers_are_read_without_rounding() {
-        assert_eq!(number(&raw("9007199254740993"), "d").unwrap(), RawNumber::Int(9_007_199_254_740_993));
+        assert_eq!(
+            number(&raw("9007199254740993"), "d").unwrap(),
+            RawNumber::Int(9_007_199_254_740_993)
+        );
         assert_eq!(number(&raw("-0"), "d").unwrap(), RawNumber::Int(0));
         assert_eq!(number(&raw("1.5"), "d").unwrap(), RawNumber::Float(1.5));
-        assert!(number(&raw("9223372036854775808"), "d").unwrap_err().message.starts_with("d must be an integer from"));
-        assert!(number(&raw("1e400"), "d").unwrap_err().message.starts_with("d must be a finite number"));
-        assert_eq!(number(&raw("\"1\""), "d").unwrap_err().message, "d must be a number");
+        assert!(
+            number(&raw("9223372036854775808"), "d")
+                .unwrap_err()
+                .message
+                .starts_with("d must be an integer from")
+        );
+        assert!(
+            number(&raw("1e400"), "d")
+                .unwrap_err()
+                .message
+                .starts_with("d must be a finite number")
+        );
+        assert_eq!(
+            number(&raw("\"1\""), "d").unwrap_err().message,
+            "d must be a number"
+        );
     }
 }

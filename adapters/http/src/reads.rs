@@ -30,15 +30,25 @@ const MAX_FETCH_BYTES: u64 = 8 << 20;
 
 fn store_err(e: &StoreError) -> ApiError {
     tracing::error!(target: "queen-http", error = %e, "state read failed");
-    ApiError::new(500, "internal", "reading the node's state failed; see its log")
+    ApiError::new(
+        500,
+        "internal",
+        "reading the node's state failed; see its log",
+    )
 }
 
 fn q_get<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+    q.iter()
+        .find(|(a, _)| a == k)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
 }
 
 fn q_num(q: &[(String, String)], k: &str, default: u64) -> Result<u64, ApiError> {
-    q_get(q, k).map_or(Ok(default), |v| v.parse().map_err(|_| ApiError::bad_request(k, "must be a non-negative integer")))
+    q_get(q, k).map_or(Ok(default), |v| {
+        v.parse()
+            .map_err(|_| ApiError::bad_request(k, "must be a non-negative integer"))
+    })
 }
 
 /// One fetched record; `payload` is the producer's text, verbatim.
@@ -99,27 +109,54 @@ struct DlqOut<'a> {
 }
 
 /// `POST /api/v1/fetch`.
-pub(crate) async fn fetch<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<Full<Bytes>>, ApiError> {
+pub(crate) async fn fetch<A: Api>(
+    api: &Arc<A>,
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let m = object(body, false)?;
     let entries = match m.get("entries") {
         Some(Value::Array(a)) if a.len() <= MAX_FETCH_ENTRIES => a.clone(),
-        Some(Value::Array(_)) => return Err(ApiError::bad_request("entries", &format!("must have at most {MAX_FETCH_ENTRIES} entries"))),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_request(
+                "entries",
+                &format!("must have at most {MAX_FETCH_ENTRIES} entries"),
+            ));
+        }
         _ => return Err(ApiError::bad_request("entries", "must be a list")),
     };
     let ceiling = match m.get("maxBytes") {
         None | Some(Value::Null) => MAX_FETCH_BYTES,
-        Some(v) => v.as_u64().filter(|b| *b > 0).ok_or_else(|| ApiError::bad_request("maxBytes", "must be an integer above 0"))?.min(MAX_FETCH_BYTES),
+        Some(v) => v
+            .as_u64()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| ApiError::bad_request("maxBytes", "must be an integer above 0"))?
+            .min(MAX_FETCH_BYTES),
     };
     let mut parsed = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let f = |k: &str| format!("entries[{i}].{k}");
-        let Value::Object(o) = e else { return Err(ApiError::bad_request(&format!("entries[{i}]"), "must be an object")) };
-        let queue = opt_str(o, "queue", &f("queue"))?.ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
-        let partition = opt_str(o, "partition", &f("partition"))?.unwrap_or_else(|| "Default".to_owned());
-        let offset = o.get("offset").and_then(Value::as_u64).ok_or_else(|| ApiError::bad_request(&f("offset"), "must be a non-negative integer"))?;
+        let Value::Object(o) = e else {
+            return Err(ApiError::bad_request(
+                &format!("entries[{i}]"),
+                "must be an object",
+            ));
+        };
+        let queue = opt_str(o, "queue", &f("queue"))?
+            .ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
+        let partition =
+            opt_str(o, "partition", &f("partition"))?.unwrap_or_else(|| "Default".to_owned());
+        let offset = o
+            .get("offset")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| ApiError::bad_request(&f("offset"), "must be a non-negative integer"))?;
         let max = match o.get("maxBytes") {
             None | Some(Value::Null) => ceiling,
-            Some(v) => v.as_u64().ok_or_else(|| ApiError::bad_request(&f("maxBytes"), "must be a non-negative integer"))?.min(ceiling),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| {
+                    ApiError::bad_request(&f("maxBytes"), "must be a non-negative integer")
+                })?
+                .min(ceiling),
         };
         parsed.push((queue, partition, offset, max));
     }
@@ -129,16 +166,24 @@ pub(crate) async fn fetch<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<
     // Read every entry first: the answer borrows the stored payloads.
     let mut read = Vec::with_capacity(parsed.len());
     for (queue, partition, offset, max) in parsed {
-        let Some(p) = reads::partition_by_name(&*state, &queue, &partition).map_err(|e| store_err(&e))? else {
+        let Some(p) =
+            reads::partition_by_name(&*state, &queue, &partition).map_err(|e| store_err(&e))?
+        else {
             read.push((0, 0, Vec::new(), Some("UNKNOWN_TOPIC_OR_PARTITION")));
             continue;
         };
         if offset < p.log_start || offset > p.next_offset {
-            read.push((p.next_offset, p.log_start, Vec::new(), Some("OFFSET_OUT_OF_RANGE")));
+            read.push((
+                p.next_offset,
+                p.log_start,
+                Vec::new(),
+                Some("OFFSET_OUT_OF_RANGE"),
+            ));
             continue;
         }
         let limit = (max as usize).min(budget.max(1));
-        let msgs = reads::messages(&*state, &p, offset, limit, 100_000).map_err(|e| store_err(&e))?;
+        let msgs =
+            reads::messages(&*state, &p, offset, limit, 100_000).map_err(|e| store_err(&e))?;
         let used: usize = msgs.iter().map(|(_, m)| m.payload.len() + 64).sum();
         budget = budget.saturating_sub(used);
         read.push((p.next_offset, p.log_start, msgs, None));
@@ -150,7 +195,12 @@ pub(crate) async fn fetch<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<
             log_start_offset: *start,
             records: msgs
                 .iter()
-                .map(|(off, m)| FetchRecord { offset: *off, transaction_id: m.transaction_id.clone(), payload: StoredJson(&m.payload), ts: m.stamp.iso_micros() })
+                .map(|(off, m)| FetchRecord {
+                    offset: *off,
+                    transaction_id: m.transaction_id.clone(),
+                    payload: StoredJson(&m.payload),
+                    ts: m.stamp.iso_micros(),
+                })
                 .collect(),
             error: *error,
         })
@@ -159,26 +209,47 @@ pub(crate) async fn fetch<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<
 }
 
 /// `POST /api/v1/partitions/changed`.
-pub(crate) async fn changed<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Response<Full<Bytes>>, ApiError> {
+pub(crate) async fn changed<A: Api>(
+    api: &Arc<A>,
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let m = object(body, false)?;
     let Some(Value::Array(entries)) = m.get("entries") else {
         return Err(ApiError::bad_request("entries", "must be a list"));
     };
     if entries.is_empty() || entries.len() > 64 {
-        return Err(ApiError::bad_request("entries", "must have 1 to 64 entries"));
+        return Err(ApiError::bad_request(
+            "entries",
+            "must have 1 to 64 entries",
+        ));
     }
     let mut parsed = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         let f = |k: &str| format!("entries[{i}].{k}");
-        let Value::Object(o) = e else { return Err(ApiError::bad_request(&format!("entries[{i}]"), "must be an object")) };
-        let queue = opt_str(o, "queue", &f("queue"))?.ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
+        let Value::Object(o) = e else {
+            return Err(ApiError::bad_request(
+                &format!("entries[{i}]"),
+                "must be an object",
+            ));
+        };
+        let queue = opt_str(o, "queue", &f("queue"))?
+            .ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
         let limit = match o.get("limit") {
             None | Some(Value::Null) => 1000,
-            Some(v) => v.as_u64().ok_or_else(|| ApiError::bad_request(&f("limit"), "must be a non-negative integer"))?.clamp(1, 1000),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| {
+                    ApiError::bad_request(&f("limit"), "must be a non-negative integer")
+                })?
+                .clamp(1, 1000),
         };
-        let since = opt_str(o, "since", &f("since"))?.map(|s| Stamp::parse_iso(&s).map_err(|e| ApiError::bad_request(&f("since"), &e))).transpose()?;
+        let since = opt_str(o, "since", &f("since"))?
+            .map(|s| Stamp::parse_iso(&s).map_err(|e| ApiError::bad_request(&f("since"), &e)))
+            .transpose()?;
         let after = match opt_str(o, "after", &f("after"))? {
-            Some(a) if !a.is_empty() => Some(a.parse::<u64>().map_err(|_| ApiError::bad_request(&f("after"), "is not a cursor this broker issued"))?),
+            Some(a) if !a.is_empty() => Some(a.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(&f("after"), "is not a cursor this broker issued")
+            })?),
             _ => None,
         };
         parsed.push((queue, limit as usize, since, after));
@@ -194,7 +265,11 @@ pub(crate) async fn changed<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Respons
         };
         let mut rows = Vec::new();
         let mut next = None;
-        for p in view.partitions.iter().filter(|p| after.is_none_or(|a| p.pid > a)) {
+        for p in view
+            .partitions
+            .iter()
+            .filter(|p| after.is_none_or(|a| p.pid > a))
+        {
             if since.is_some_and(|s| p.last_write < s || p.next_offset == 0) {
                 continue;
             }
@@ -211,22 +286,40 @@ pub(crate) async fn changed<A: Api>(api: &Arc<A>, body: &[u8]) -> Result<Respons
         }
         let mut e = json!({ "partitions": rows });
         if next.is_some() {
-            e["next"] = json!(e["partitions"].as_array().and_then(|r| r.last()).and_then(|r| r["id"].as_str()).unwrap_or_default());
+            e["next"] = json!(
+                e["partitions"]
+                    .as_array()
+                    .and_then(|r| r.last())
+                    .and_then(|r| r["id"].as_str())
+                    .unwrap_or_default()
+            );
         }
         out.push(e);
     }
-    Ok(json_response(200, &json!({"safeTime": safe.iso_micros(), "entries": out})))
+    Ok(json_response(
+        200,
+        &json!({"safeTime": safe.iso_micros(), "entries": out}),
+    ))
 }
 
 /// `GET /api/v1/dlq`.
-pub(crate) async fn dlq<A: Api>(api: &Arc<A>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
+pub(crate) async fn dlq<A: Api>(
+    api: &Arc<A>,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
-    let queue = q_get(&q, "queue").ok_or_else(|| ApiError::bad_request("queue", "is required"))?.to_owned();
+    let queue = q_get(&q, "queue")
+        .ok_or_else(|| ApiError::bad_request("queue", "is required"))?
+        .to_owned();
     let limit = q_num(&q, "limit", 100)?.clamp(1, 10_000) as usize;
     let offset = q_num(&q, "offset", 0)? as usize;
     let group = q_get(&q, "consumerGroup").map(str::to_owned);
     let partition = q_get(&q, "partition").map(str::to_owned);
-    let parse = |k: &str| q_get(&q, k).map(|t| Stamp::parse_iso(t).map_err(|e| ApiError::bad_request(k, &e))).transpose();
+    let parse = |k: &str| {
+        q_get(&q, k)
+            .map(|t| Stamp::parse_iso(t).map_err(|e| ApiError::bad_request(k, &e)))
+            .transpose()
+    };
     let (from, to) = (parse("from")?, parse("to")?);
     api.read_barrier().await?;
     let state = api.state();
@@ -239,7 +332,8 @@ pub(crate) async fn dlq<A: Api>(api: &Arc<A>, query: &str) -> Result<Response<Fu
             && from.is_none_or(|f| d.failed >= f)
             && to.is_none_or(|t| d.failed <= t)
     };
-    let (rows, total) = reads::dead_letters(&*state, qr.qid, &filter, offset, limit).map_err(|e| store_err(&e))?;
+    let (rows, total) =
+        reads::dead_letters(&*state, qr.qid, &filter, offset, limit).map_err(|e| store_err(&e))?;
     let messages = rows
         .iter()
         .map(|d| DlqMessage {
@@ -248,7 +342,8 @@ pub(crate) async fn dlq<A: Api>(api: &Arc<A>, query: &str) -> Result<Response<Fu
             partition_id: d.pid.to_string(),
             queue: &queue,
             partition: &d.partition,
-            consumer_group: (d.group != queen_domain::names::QUEUE_MODE_GROUP).then_some(d.group.as_str()),
+            consumer_group: (d.group != queen_domain::names::QUEUE_MODE_GROUP)
+                .then_some(d.group.as_str()),
             error_message: d.error.as_deref(),
             retry_count: d.retries,
             data: StoredJson(&d.payload),
@@ -268,7 +363,11 @@ struct GroupRow {
     parts: Vec<(PartitionRec, u64, Option<Stamp>, bool, Stamp)>,
 }
 
-fn group_rows(state: &dyn StateRead, now: Stamp, only: Option<&str>) -> Result<Vec<GroupRow>, StoreError> {
+fn group_rows(
+    state: &dyn StateRead,
+    now: Stamp,
+    only: Option<&str>,
+) -> Result<Vec<GroupRow>, StoreError> {
     let mut out = Vec::new();
     for (q, g, rec) in reads::groups(state)? {
         if only.is_some_and(|o| o != g) {
@@ -280,7 +379,13 @@ fn group_rows(state: &dyn StateRead, now: Stamp, only: Option<&str>) -> Result<V
             let (lag, oldest, leased, last) = reads::lag(state, &p, &g, rec.start, now)?;
             parts.push((p, lag, oldest, leased, last));
         }
-        out.push(GroupRow { queue: q, group: g, start: rec.start, created: rec.created, parts });
+        out.push(GroupRow {
+            queue: q,
+            group: g,
+            start: rec.start,
+            created: rec.created,
+            parts,
+        });
     }
     Ok(out)
 }
@@ -290,14 +395,26 @@ fn secs_since(now: Stamp, t: Option<Stamp>) -> u64 {
 }
 
 /// The consumer-group routes.
-pub(crate) async fn groups<A: Api>(api: &Arc<A>, method: &str, rest: &[&str], query: &str, body: &[u8]) -> Result<Response<Full<Bytes>>, ApiError> {
+pub(crate) async fn groups<A: Api>(
+    api: &Arc<A>,
+    method: &str,
+    rest: &[&str],
+    query: &str,
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
     let now = api.now();
-    let group_name = |g: &str| GroupName::new(g).map_err(|e| ApiError::bad_request("group", &e.to_string()));
+    let group_name =
+        |g: &str| GroupName::new(g).map_err(|e| ApiError::bad_request("group", &e.to_string()));
     let delete_metadata = match q_get(&q, "deleteMetadata") {
         None | Some("true") => true,
         Some("false") => false,
-        Some(_) => return Err(ApiError::bad_request("deleteMetadata", "must be true or false")),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "deleteMetadata",
+                "must be true or false",
+            ));
+        }
     };
     match (method, rest) {
         ("GET", []) => {
@@ -325,7 +442,13 @@ pub(crate) async fn groups<A: Api>(api: &Arc<A>, method: &str, rest: &[&str], qu
         ("GET", ["lagging"]) => {
             let min = q_num(&q, "minLagSeconds", 60)?;
             if min > queen_domain::model::MAX_DURATION_SECONDS {
-                return Err(ApiError::bad_request("minLagSeconds", &format!("must be 0 to {} seconds (ten years)", queen_domain::model::MAX_DURATION_SECONDS)));
+                return Err(ApiError::bad_request(
+                    "minLagSeconds",
+                    &format!(
+                        "must be 0 to {} seconds (ten years)",
+                        queen_domain::model::MAX_DURATION_SECONDS
+                    ),
+                ));
             }
             api.read_barrier().await?;
             let state = api.state();
@@ -366,11 +489,22 @@ pub(crate) async fn groups<A: Api>(api: &Arc<A>, method: &str, rest: &[&str], qu
         }
         ("DELETE", [group]) | ("DELETE", [group, "queues", _]) => {
             let queue = match rest {
-                [_, "queues", queue] => Some(QueueName::new(*queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?),
+                [_, "queues", queue] => Some(
+                    QueueName::new(*queue)
+                        .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?,
+                ),
                 _ => None,
             };
-            let cmd = Command::DeleteGroup { group: group_name(group)?, queue: queue.clone(), delete_metadata };
-            let Outcome::GroupDeleted { partitions, metadata } = api.command(cmd).await? else {
+            let cmd = Command::DeleteGroup {
+                group: group_name(group)?,
+                queue: queue.clone(),
+                delete_metadata,
+            };
+            let Outcome::GroupDeleted {
+                partitions,
+                metadata,
+            } = api.command(cmd).await?
+            else {
                 return Err(ApiError::new(500, "internal", "unexpected outcome"));
             };
             let mut v = json!({"success": true, "consumerGroup": group, "deletedPartitions": partitions, "metadataDeleted": delete_metadata && metadata > 0});
@@ -385,26 +519,56 @@ pub(crate) async fn groups<A: Api>(api: &Arc<A>, method: &str, rest: &[&str], qu
             let ts = opt_str(&m, "timestamp", "timestamp")?;
             let to = match (to_end, ts) {
                 (true, _) => None,
-                (false, Some(t)) => Some(Stamp::parse_iso(&t).map_err(|e| ApiError::bad_request("timestamp", &e))?),
-                (false, None) => return Err(ApiError::bad_request("toEnd", "or timestamp is required")),
+                (false, Some(t)) => {
+                    Some(Stamp::parse_iso(&t).map_err(|e| ApiError::bad_request("timestamp", &e))?)
+                }
+                (false, None) => {
+                    return Err(ApiError::bad_request("toEnd", "or timestamp is required"));
+                }
             };
-            let qn = QueueName::new(*queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
-            let Outcome::Seeked { partitions } = api.command(Command::Seek { group: group_name(group)?, queue: qn, to }).await? else {
+            let qn = QueueName::new(*queue)
+                .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let Outcome::Seeked { partitions } = api
+                .command(Command::Seek {
+                    group: group_name(group)?,
+                    queue: qn,
+                    to,
+                })
+                .await?
+            else {
                 return Err(ApiError::new(500, "internal", "unexpected outcome"));
             };
-            Ok(json_response(200, &json!({"success": true, "consumerGroup": group, "queueName": queue, "seekToEnd": to.is_none(),
-                "targetTimestamp": to.map(|t| t.iso_millis()), "partitionsUpdated": partitions})))
+            Ok(json_response(
+                200,
+                &json!({"success": true, "consumerGroup": group, "queueName": queue, "seekToEnd": to.is_none(),
+                "targetTimestamp": to.map(|t| t.iso_millis()), "partitionsUpdated": partitions}),
+            ))
         }
         ("POST", [group, "subscription"]) => {
             let m = object(body, true)?;
-            let t = opt_str(&m, "subscriptionTimestamp", "subscriptionTimestamp")?.ok_or_else(|| ApiError::bad_request("subscriptionTimestamp", "is required"))?;
-            let from = Stamp::parse_iso(&t).map_err(|e| ApiError::bad_request("subscriptionTimestamp", &e))?;
-            let Outcome::Resubscribed { rows } = api.command(Command::Resubscribe { group: group_name(group)?, from }).await? else {
+            let t = opt_str(&m, "subscriptionTimestamp", "subscriptionTimestamp")?
+                .ok_or_else(|| ApiError::bad_request("subscriptionTimestamp", "is required"))?;
+            let from = Stamp::parse_iso(&t)
+                .map_err(|e| ApiError::bad_request("subscriptionTimestamp", &e))?;
+            let Outcome::Resubscribed { rows } = api
+                .command(Command::Resubscribe {
+                    group: group_name(group)?,
+                    from,
+                })
+                .await?
+            else {
                 return Err(ApiError::new(500, "internal", "unexpected outcome"));
             };
-            Ok(json_response(200, &json!({"success": true, "consumerGroup": group, "newTimestamp": from.iso_millis(), "rowsUpdated": rows})))
+            Ok(json_response(
+                200,
+                &json!({"success": true, "consumerGroup": group, "newTimestamp": from.iso_millis(), "rowsUpdated": rows}),
+            ))
         }
-        _ => Err(ApiError::new(404, "no_such_route", "no such consumer-group route")),
+        _ => Err(ApiError::new(
+            404,
+            "no_such_route",
+            "no such consumer-group route",
+        )),
     }
 }
 
@@ -414,7 +578,13 @@ fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, 
     let mut pending_total = 0;
     let mut plist = Vec::new();
     for p in &parts {
-        let (lag, oldest, leased, _) = reads::lag(state, p, queen_domain::names::QUEUE_MODE_GROUP, SubscriptionStart::All, now)?;
+        let (lag, oldest, leased, _) = reads::lag(
+            state,
+            p,
+            queen_domain::names::QUEUE_MODE_GROUP,
+            SubscriptionStart::All,
+            now,
+        )?;
         pending_total += lag;
         plist.push(json!({"name": p.name, "id": p.pid.to_string(), "messages": p.next_offset - p.log_start, "pending": lag,
             "highWatermark": p.next_offset, "logStart": p.log_start, "leaseActive": leased,
@@ -429,7 +599,11 @@ fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, 
 }
 
 /// Status and resources routes.
-pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
+pub(crate) async fn resources<A: Api>(
+    api: &Arc<A>,
+    segs: &[&str],
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
     api.read_barrier().await?;
     let state = api.state();
@@ -447,18 +621,27 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
                 pending += v["messages"]["pending"].as_u64().unwrap_or(0);
                 partitions += v["partitionCount"].as_u64().unwrap_or(0);
             }
-            let namespaces: std::collections::BTreeSet<_> = queues.iter().filter_map(|q| q.namespace.clone()).collect();
-            let tasks: std::collections::BTreeSet<_> = queues.iter().filter_map(|q| q.task.clone()).collect();
-            Ok(json_response(200, &json!({
-                "queues": queues.len(), "partitions": partitions, "namespaces": namespaces.len(), "tasks": tasks.len(),
-                "messages": {"total": total, "pending": pending, "processing": Value::Null, "completed": Value::Null, "failed": Value::Null, "deadLetter": dead},
-                "lag": pending, "throughput": Value::Null, "timestamp": now.iso_millis(),
-            })))
+            let namespaces: std::collections::BTreeSet<_> =
+                queues.iter().filter_map(|q| q.namespace.clone()).collect();
+            let tasks: std::collections::BTreeSet<_> =
+                queues.iter().filter_map(|q| q.task.clone()).collect();
+            Ok(json_response(
+                200,
+                &json!({
+                    "queues": queues.len(), "partitions": partitions, "namespaces": namespaces.len(), "tasks": tasks.len(),
+                    "messages": {"total": total, "pending": pending, "processing": Value::Null, "completed": Value::Null, "failed": Value::Null, "deadLetter": dead},
+                    "lag": pending, "throughput": Value::Null, "timestamp": now.iso_millis(),
+                }),
+            ))
         }
         ["resources", kind @ ("namespaces" | "tasks")] => {
             let mut groups: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
             for qr in &queues {
-                let tag = if *kind == "namespaces" { qr.namespace.clone() } else { qr.task.clone() };
+                let tag = if *kind == "namespaces" {
+                    qr.namespace.clone()
+                } else {
+                    qr.task.clone()
+                };
                 if let Some(t) = tag {
                     let e = groups.entry(t).or_default();
                     e.0 += 1;
@@ -466,7 +649,11 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
                     e.2 += qr.messages;
                 }
             }
-            let key = if *kind == "namespaces" { "namespace" } else { "task" };
+            let key = if *kind == "namespaces" {
+                "namespace"
+            } else {
+                "task"
+            };
             let list: Vec<Value> = groups.into_iter().map(|(t, (qs, ps, ms))| json!({key: t, "queues": qs, "partitions": ps, "messages": {"total": ms}})).collect();
             Ok(json_response(200, &json!({ *kind: list })))
         }
@@ -487,12 +674,20 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
             for qr in filtered.into_iter().skip(offset).take(limit) {
                 list.push(queue_json(&*state, qr, now).map_err(err)?);
             }
-            Ok(json_response(200, &json!({"queues": list, "pagination": {"total": total, "limit": limit, "offset": offset}})))
+            Ok(json_response(
+                200,
+                &json!({"queues": list, "pagination": {"total": total, "limit": limit, "offset": offset}}),
+            ))
         }
-        ["resources", "queues", name] | ["status", "queues", name] => match queues.iter().find(|qr| qr.name == *name) {
-            Some(qr) => Ok(json_response(200, &queue_json(&*state, qr, now).map_err(err)?)),
-            None => Err(ApiError::new(404, "queue_not_found", "Queue not found")),
-        },
+        ["resources", "queues", name] | ["status", "queues", name] => {
+            match queues.iter().find(|qr| qr.name == *name) {
+                Some(qr) => Ok(json_response(
+                    200,
+                    &queue_json(&*state, qr, now).map_err(err)?,
+                )),
+                None => Err(ApiError::new(404, "queue_not_found", "Queue not found")),
+            }
+        }
         ["resources", "queues", name, "depth"] => {
             let Some(qr) = queues.iter().find(|qr| qr.name == *name) else {
                 return Err(ApiError::new(404, "queue_not_found", "Queue not found"));
@@ -504,13 +699,29 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
             for p in view.map(|v| v.partitions).unwrap_or_default() {
                 let lag = match &group {
                     Some(g) => {
-                        let start = reads::groups(&*state).map_err(err)?.into_iter().find(|(qq, gg, _)| qq.qid == qr.qid && gg == g).map_or(SubscriptionStart::All, |(_, _, r)| r.start);
+                        let start = reads::groups(&*state)
+                            .map_err(err)?
+                            .into_iter()
+                            .find(|(qq, gg, _)| qq.qid == qr.qid && gg == g)
+                            .map_or(SubscriptionStart::All, |(_, _, r)| r.start);
                         reads::lag(&*state, &p, g, start, now).map_err(err)?.0
                     }
                     None => {
-                        let mut worst = reads::lag(&*state, &p, queen_domain::names::QUEUE_MODE_GROUP, SubscriptionStart::All, now).map_err(err)?.0;
+                        let mut worst = reads::lag(
+                            &*state,
+                            &p,
+                            queen_domain::names::QUEUE_MODE_GROUP,
+                            SubscriptionStart::All,
+                            now,
+                        )
+                        .map_err(err)?
+                        .0;
                         for (g, _) in reads::cursors(&*state, p.pid).map_err(err)? {
-                            worst = worst.max(reads::lag(&*state, &p, &g, SubscriptionStart::All, now).map_err(err)?.0);
+                            worst = worst.max(
+                                reads::lag(&*state, &p, &g, SubscriptionStart::All, now)
+                                    .map_err(err)?
+                                    .0,
+                            );
                         }
                         worst
                     }
@@ -518,9 +729,15 @@ pub(crate) async fn resources<A: Api>(api: &Arc<A>, segs: &[&str], query: &str) 
                 pending += lag;
                 parts.push(json!({"partition": p.name, "pending": lag}));
             }
-            let partitions_pending = parts.iter().filter(|p| p["pending"].as_u64().unwrap_or(0) > 0).count();
-            Ok(json_response(200, &json!({"queue": qr.name, "group": group, "pending": pending, "partitionsPending": partitions_pending,
-                "conflation": false, "effectivePending": pending, "partitions": parts})))
+            let partitions_pending = parts
+                .iter()
+                .filter(|p| p["pending"].as_u64().unwrap_or(0) > 0)
+                .count();
+            Ok(json_response(
+                200,
+                &json!({"queue": qr.name, "group": group, "pending": pending, "partitionsPending": partitions_pending,
+                "conflation": false, "effectivePending": pending, "partitions": parts}),
+            ))
         }
         ["resources", "partitions"] => {
             let only = q_get(&q, "queue");
@@ -548,10 +765,27 @@ mod tests {
     #[test]
     fn fetched_records_and_dead_letters_carry_the_producers_text() {
         for p in crate::raw::ODD_PAYLOADS {
-            let record = FetchRecord { offset: 1, transaction_id: "t".into(), payload: StoredJson(p.as_bytes()), ts: "x".into() };
-            let entry = FetchOut { entries: vec![FetchEntry { high_watermark: 2, log_start_offset: 0, records: vec![record], error: None }] };
+            let record = FetchRecord {
+                offset: 1,
+                transaction_id: "t".into(),
+                payload: StoredJson(p.as_bytes()),
+                ts: "x".into(),
+            };
+            let entry = FetchOut {
+                entries: vec![FetchEntry {
+                    high_watermark: 2,
+                    log_start_offset: 0,
+                    records: vec![record],
+                    error: None,
+                }],
+            };
             let text = serde_json::to_string(&entry).unwrap();
-            assert_eq!(text, format!(r#"{{"entries":[{{"highWatermark":2,"logStartOffset":0,"records":[{{"offset":1,"transactionId":"t","payload":{p},"ts":"x"}}]}}]}}"#));
+            assert_eq!(
+                text,
+                format!(
+                    r#"{{"entries":[{{"highWatermark":2,"logStartOffset":0,"records":[{{"offset":1,"transactionId":"t","payload":{p},"ts":"x"}}]}}]}}"#
+                )
+            );
             let d = DlqMessage {
                 id: "i".into(),
                 transaction_id: "t",
@@ -566,9 +800,16 @@ mod tests {
                 failed_at: "f".into(),
                 offset: 0,
             };
-            let text = serde_json::to_string(&DlqOut { messages: vec![d], total: 1 }).unwrap();
+            let text = serde_json::to_string(&DlqOut {
+                messages: vec![d],
+                total: 1,
+            })
+            .unwrap();
             assert!(text.contains(&format!(r#""data":{p},"#)), "{text}");
-            assert!(text.contains(r#""consumerGroup":null,"errorMessage":"boom","retryCount":3"#), "{text}");
+            assert!(
+                text.contains(r#""consumerGroup":null,"errorMessage":"boom","retryCount":3"#),
+                "{text}"
+            );
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Domain outcomes to the contract's JSON shapes.
 
-use queen_domain::command::{AckOutcome, PopOutcome, PushOutcome, PushStatus, TxnOutcome, TxnResult};
+use queen_domain::command::{
+    AckOutcome, PopOutcome, PushOutcome, PushStatus, TxnOutcome, TxnResult,
+};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -34,7 +36,11 @@ struct UuidText([u8; 16]);
 impl Serialize for UuidText {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        s.serialize_str(uuid::Uuid::from_bytes(self.0).hyphenated().encode_lower(&mut buf))
+        s.serialize_str(
+            uuid::Uuid::from_bytes(self.0)
+                .hyphenated()
+                .encode_lower(&mut buf),
+        )
     }
 }
 
@@ -166,7 +172,11 @@ pub(crate) struct PopOut<'a> {
 
 /// The consumer group as answers name it (queue mode's internal name is `__QUEUE_MODE__`).
 pub(crate) fn group_on_wire(group: &str) -> &str {
-    if group == queen_domain::names::QUEUE_MODE_GROUP { "__QUEUE_MODE__" } else { group }
+    if group == queen_domain::names::QUEUE_MODE_GROUP {
+        "__QUEUE_MODE__"
+    } else {
+        group
+    }
 }
 
 /// The `autopilot` key of a pop answer: the batch and partitions the broker chose.
@@ -176,7 +186,10 @@ pub(crate) fn autopilot_echo((batch, partitions): (u32, u32)) -> Value {
 
 /// About how many bytes a push answer takes (ids and names of each item, plus the text).
 pub(crate) fn push_len_hint(outcomes: &[PushOutcome]) -> usize {
-    16 + outcomes.iter().map(|o| 160 + o.transaction_id.len() + o.queue.len()).sum::<usize>()
+    16 + outcomes
+        .iter()
+        .map(|o| 160 + o.transaction_id.len() + o.queue.len())
+        .sum::<usize>()
 }
 
 /// About how many bytes an ack answer takes.
@@ -186,11 +199,21 @@ pub(crate) fn acks_len_hint(outcomes: &[AckOutcome]) -> usize {
 
 /// About how many bytes a pop answer takes (each message's payload, names and ids).
 pub(crate) fn pop_len_hint(p: &PopOutcome) -> usize {
-    256 + p.claims.iter().flat_map(|c| &c.messages).map(|m| 320 + m.payload.len() + m.transaction_id.len()).sum::<usize>()
+    256 + p
+        .claims
+        .iter()
+        .flat_map(|c| &c.messages)
+        .map(|m| 320 + m.payload.len() + m.transaction_id.len())
+        .sum::<usize>()
 }
 
 /// A pop with messages.
-pub(crate) fn pop<'a>(queue: &'a str, group: &'a str, p: &'a PopOutcome, autopilot: Option<(u32, u32)>) -> PopOut<'a> {
+pub(crate) fn pop<'a>(
+    queue: &'a str,
+    group: &'a str,
+    p: &'a PopOutcome,
+    autopilot: Option<(u32, u32)>,
+) -> PopOut<'a> {
     let group_out = group_on_wire(group);
     let mut messages = Vec::new();
     for c in &p.claims {
@@ -285,13 +308,22 @@ pub(crate) struct TxnCounts {
 
 /// A transaction's answer with its pushes and acks counted instead of listed; the riders'
 /// results stay (QTB1's COUNTS flag).
-pub(crate) fn transaction_counted<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::KvOp], id: &'a str) -> TxnOut<'a> {
+pub(crate) fn transaction_counted<'a>(
+    t: &'a TxnOutcome,
+    kv_ops: &'a [queen_domain::kv::KvOp],
+    id: &'a str,
+) -> TxnOut<'a> {
     let mut out = transaction(t, kv_ops, id);
-    if let TxnOut::Done { results, counts, .. } = &mut out {
+    if let TxnOut::Done {
+        results, counts, ..
+    } = &mut out
+    {
         let of = |f: &dyn Fn(&TxnResult) -> bool| t.results.iter().filter(|r| f(r)).count();
         *counts = Some(TxnCounts {
             pushed: of(&|r| matches!(r, TxnResult::Push(p) if p.status == PushStatus::Queued)),
-            duplicate: of(&|r| matches!(r, TxnResult::Push(p) if p.status == PushStatus::Duplicate)),
+            duplicate: of(
+                &|r| matches!(r, TxnResult::Push(p) if p.status == PushStatus::Duplicate),
+            ),
             acked: of(&|r| matches!(r, TxnResult::Ack(a) if a.verdict.success)),
         });
         results.drain(..t.results.len().min(results.len()));
@@ -300,7 +332,11 @@ pub(crate) fn transaction_counted<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_doma
 }
 
 /// A transaction's answer.
-pub(crate) fn transaction<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::KvOp], id: &'a str) -> TxnOut<'a> {
+pub(crate) fn transaction<'a>(
+    t: &'a TxnOutcome,
+    kv_ops: &'a [queen_domain::kv::KvOp],
+    id: &'a str,
+) -> TxnOut<'a> {
     if !t.success {
         if let Some(k) = &t.kv
             && let Some(f) = k.failed
@@ -314,7 +350,11 @@ pub(crate) fn transaction<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::
                 transaction_id: id,
             };
         }
-        return TxnOut::Failed { success: false, error: t.error.as_deref(), transaction_id: id };
+        return TxnOut::Failed {
+            success: false,
+            error: t.error.as_deref(),
+            transaction_id: id,
+        };
     }
     let results: Vec<TxnEntry<'a>> = t
         .results
@@ -348,7 +388,12 @@ pub(crate) fn transaction<'a>(t: &'a TxnOutcome, kv_ops: &'a [queen_domain::kv::
             TxnEntry::Plain(v)
         }))
         .collect();
-    TxnOut::Done { success: true, results, transaction_id: id, counts: None }
+    TxnOut::Done {
+        success: true,
+        results,
+        transaction_id: id,
+        counts: None,
+    }
 }
 
 #[cfg(test)]
@@ -364,14 +409,33 @@ mod tests {
             .iter()
             .chain([&"not json"])
             .enumerate()
-            .map(|(i, p)| Delivered { offset: i as u64, transaction_id: format!("t{i}"), id: [1; 16], trace_id: None, payload: p.as_bytes().to_vec(), created: Stamp(5), attempt: 1 })
+            .map(|(i, p)| Delivered {
+                offset: i as u64,
+                transaction_id: format!("t{i}"),
+                id: [1; 16],
+                trace_id: None,
+                payload: p.as_bytes().to_vec(),
+                created: Stamp(5),
+                attempt: 1,
+            })
             .collect();
-        let out = PopOutcome { lease_id: "l".into(), lease_expires: Stamp(9), claims: vec![Claim { pid: 3, partition: "Default".into(), messages }] };
+        let out = PopOutcome {
+            lease_id: "l".into(),
+            lease_expires: Stamp(9),
+            claims: vec![Claim {
+                pid: 3,
+                partition: "Default".into(),
+                messages,
+            }],
+        };
         let text = serde_json::to_string(&pop("q", "g", &out, Some((200, 1)))).unwrap();
         for p in crate::raw::ODD_PAYLOADS {
             assert!(text.contains(&format!(r#""data":{p}"#)), "{p} in {text}");
         }
-        assert!(text.contains(r#""data":"not json""#), "bytes that are not JSON come back as a string");
+        assert!(
+            text.contains(r#""data":"not json""#),
+            "bytes that are not JSON come back as a string"
+        );
         let mut readable = text.clone();
         for p in crate::raw::ODD_PAYLOADS {
             readable = readable.replace(&format!(r#""data":{p}"#), r#""data":0"#);
@@ -379,14 +443,48 @@ mod tests {
         let v: Value = serde_json::from_str(&readable).unwrap();
         assert_eq!(v["leaseExpiresAt"], Stamp(9).iso_millis());
         assert_eq!(v["partitionId"], "3");
-        assert_eq!(v["autopilot"], json!({"batch": 200, "partitions": 1, "waitMs": 0}));
+        assert_eq!(
+            v["autopilot"],
+            json!({"batch": 200, "partitions": 1, "waitMs": 0})
+        );
         let m = &v["messages"][1];
-        for key in ["id", "transactionId", "traceId", "producerSub", "createdAt", "queue", "partitionId", "partition", "leaseId", "consumerGroup", "offset", "deliveryAttempt", "retryCount"] {
+        for key in [
+            "id",
+            "transactionId",
+            "traceId",
+            "producerSub",
+            "createdAt",
+            "queue",
+            "partitionId",
+            "partition",
+            "leaseId",
+            "consumerGroup",
+            "offset",
+            "deliveryAttempt",
+            "retryCount",
+        ] {
             assert!(m.get(key).is_some(), "{key}");
         }
-        assert_eq!((m["retryCount"].clone(), m["consumerGroup"].clone(), m["producerSub"].clone()), (json!(0), json!("g"), Value::Null));
-        let auto_ack = PopOutcome { lease_id: String::new(), lease_expires: Stamp(9), claims: vec![] };
-        let v = serde_json::to_value(pop("q", queen_domain::names::QUEUE_MODE_GROUP, &auto_ack, None)).unwrap();
+        assert_eq!(
+            (
+                m["retryCount"].clone(),
+                m["consumerGroup"].clone(),
+                m["producerSub"].clone()
+            ),
+            (json!(0), json!("g"), Value::Null)
+        );
+        let auto_ack = PopOutcome {
+            lease_id: String::new(),
+            lease_expires: Stamp(9),
+            claims: vec![],
+        };
+        let v = serde_json::to_value(pop(
+            "q",
+            queen_domain::names::QUEUE_MODE_GROUP,
+            &auto_ack,
+            None,
+        ))
+        .unwrap();
         assert_eq!(v["leaseExpiresAt"], Value::Null);
         assert!(v.get("autopilot").is_none());
     }
@@ -439,7 +537,10 @@ mod push_answer_tests {
                 noop: success,
             },
         };
-        let outcomes = vec![o(true, None, "t-1"), o(false, Some("no live lease covers this message"), "t\"2")];
+        let outcomes = vec![
+            o(true, None, "t-1"),
+            o(false, Some("no live lease covers this message"), "t\"2"),
+        ];
         let as_values = Value::Array(
             outcomes
                 .iter()
@@ -457,7 +558,10 @@ mod push_answer_tests {
                 })
                 .collect(),
         );
-        assert_eq!(serde_json::to_string(&acks(&outcomes)).unwrap(), serde_json::to_string(&as_values).unwrap());
+        assert_eq!(
+            serde_json::to_string(&acks(&outcomes)).unwrap(),
+            serde_json::to_string(&as_values).unwrap()
+        );
     }
 
     /// The push answer is byte for byte what it was when built as values.
@@ -474,7 +578,11 @@ mod push_answer_tests {
         let outcomes = vec![
             o(PushStatus::Queued, "t-1", "q"),
             o(PushStatus::Duplicate, "t\"2\u{e9}", "queue.a"),
-            o(PushStatus::Failed("queue 'q' is full (maxSize 3)".to_owned()), "t3", "q"),
+            o(
+                PushStatus::Failed("queue 'q' is full (maxSize 3)".to_owned()),
+                "t3",
+                "q",
+            ),
         ];
         assert_eq!(
             serde_json::to_string(&push(&outcomes)).unwrap(),

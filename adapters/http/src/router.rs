@@ -10,7 +10,9 @@ use queen_domain::names::QueueName;
 use serde_json::{Value, json};
 
 use crate::api::{Api, ApiError};
-use crate::error::{error_response, json_answer, json_answer_sized, json_response, no_content, text_response};
+use crate::error::{
+    error_response, json_answer, json_answer_sized, json_response, no_content, text_response,
+};
 use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
 
 /// How a request body is written, from its `content-type`.
@@ -32,9 +34,19 @@ pub(crate) fn segments(path: &str) -> Result<Vec<String>, ApiError> {
         .filter(|s| !s.is_empty())
         .enumerate()
         .map(|(i, s)| {
-            percent_encoding::percent_decode_str(s).decode_utf8().map(std::borrow::Cow::into_owned).map_err(|_| {
-                ApiError::new(400, "bad_path", format!("path segment {} does not decode to UTF-8 (a bad percent-escape)", i + 1))
-            })
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(std::borrow::Cow::into_owned)
+                .map_err(|_| {
+                    ApiError::new(
+                        400,
+                        "bad_path",
+                        format!(
+                            "path segment {} does not decode to UTF-8 (a bad percent-escape)",
+                            i + 1
+                        ),
+                    )
+                })
         })
         .collect()
 }
@@ -43,7 +55,9 @@ pub(crate) fn segments(path: &str) -> Result<Vec<String>, ApiError> {
 pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => "push",
-        ("GET", ["api", "v1", "pop", "queue", _]) | ("GET", ["api", "v1", "pop", "queue", _, "partition", _]) | ("GET", ["api", "v1", "pop"]) => "pop",
+        ("GET", ["api", "v1", "pop", "queue", _])
+        | ("GET", ["api", "v1", "pop", "queue", _, "partition", _])
+        | ("GET", ["api", "v1", "pop"]) => "pop",
         ("POST", ["api", "v1", "ack"]) => "ack",
         ("POST", ["api", "v1", "ack", "batch"]) => "ack_batch",
         ("POST", ["api", "v1", "lease", _, "extend"]) => "lease_extend",
@@ -85,12 +99,21 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.push(items).await?;
-            Ok(json_answer_sized(200, &render::push(&out), render::push_len_hint(&out)))
+            Ok(json_answer_sized(
+                200,
+                &render::push(&out),
+                render::push_len_hint(&out),
+            ))
         }
         ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
         ("GET", ["api", "v1", "pop"]) => {
             let q = pop_query::parse_query(query);
-            let tag = |k: &str| q.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+            let tag = |k: &str| {
+                q.iter()
+                    .find(|(a, _)| a == k)
+                    .map(|(_, v)| v.clone())
+                    .filter(|v| !v.is_empty())
+            };
             let (namespace, task) = (tag("namespace"), tag("task"));
             if namespace.is_none() && task.is_none() {
                 return Err(ApiError::bad_request("namespace", "or task is required"));
@@ -109,7 +132,11 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "ack"]) => {
             let (group, item) = json::ack_single(body)?;
             let out = api.ack(group, vec![item]).await?;
-            Ok(json_answer_sized(200, &render::acks(&out), render::acks_len_hint(&out)))
+            Ok(json_answer_sized(
+                200,
+                &render::acks(&out),
+                render::acks_len_hint(&out),
+            ))
         }
         ("POST", ["api", "v1", "ack", "batch"]) => {
             let (group, items) = json::ack_batch(body)?;
@@ -117,7 +144,11 @@ pub(crate) async fn handle<A: Api>(
                 return Ok(json_response(200, &json!([])));
             }
             let out = api.ack(group, items).await?;
-            Ok(json_answer_sized(200, &render::acks(&out), render::acks_len_hint(&out)))
+            Ok(json_answer_sized(
+                200,
+                &render::acks(&out),
+                render::acks_len_hint(&out),
+            ))
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let (ops, leases, kv, timers) = json::transaction(body)?;
@@ -138,12 +169,19 @@ pub(crate) async fn handle<A: Api>(
             let out = api.locks(ops.clone()).await?;
             Ok(json_response(200, &kv_json::lock_results(&ops, &out)))
         }
-        (method @ ("GET" | "PUT" | "DELETE"), ["api", "v1", "kv", ns, key @ ..]) if !key.is_empty() => {
+        (method @ ("GET" | "PUT" | "DELETE"), ["api", "v1", "kv", ns, key @ ..])
+            if !key.is_empty() =>
+        {
             kv_path(api, method, ns, &key.join("/"), body).await
         }
         ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
             let out = api.extend((*lease_id).to_owned()).await?;
-            let Outcome::Extend { success, renewed, expires } = out else {
+            let Outcome::Extend {
+                success,
+                renewed,
+                expires,
+            } = out
+            else {
                 return Err(ApiError::new(500, "internal", "unexpected outcome"));
             };
             let mut v = json!({
@@ -160,23 +198,35 @@ pub(crate) async fn handle<A: Api>(
         ("POST", ["api", "v1", "configure"]) => {
             let (queue, namespace, task, options) = json::configure(body)?;
             let name = queue.as_str().to_owned();
-            let eff = api.configure(queue, namespace.clone(), task.clone(), options).await?;
+            let eff = api
+                .configure(queue, namespace.clone(), task.clone(), options)
+                .await?;
             Ok(json_response(
                 200,
                 &json!({"success": true, "queue": name, "namespace": namespace, "task": task, "options": eff.to_json()}),
             ))
         }
         ("DELETE", ["api", "v1", "resources", "queues", queue]) => {
-            let q = QueueName::new(*queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let q = QueueName::new(*queue)
+                .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
             let existed = api.delete_queue(q).await?;
-            Ok(json_response(200, &json!({"deleted": true, "queue": queue, "existed": existed})))
+            Ok(json_response(
+                200,
+                &json!({"deleted": true, "queue": queue, "existed": existed}),
+            ))
         }
         ("POST", ["api", "v1", "fetch"]) => reads::fetch(api, body).await,
         ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, body).await,
         ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, query).await,
-        (m, ["api", "v1", "consumer-groups", rest @ ..]) => reads::groups(api, m, rest, query, body).await,
-        (m, ["api", "v1", "timers", rest @ ..]) => crate::timers_json::route(api, m, rest, query, body).await,
-        ("POST", ["api", "v1", "stats", "refresh"]) => Ok(json_response(200, &json!({"success": true}))),
+        (m, ["api", "v1", "consumer-groups", rest @ ..]) => {
+            reads::groups(api, m, rest, query, body).await
+        }
+        (m, ["api", "v1", "timers", rest @ ..]) => {
+            crate::timers_json::route(api, m, rest, query, body).await
+        }
+        ("POST", ["api", "v1", "stats", "refresh"]) => {
+            Ok(json_response(200, &json!({"success": true})))
+        }
         ("GET", ["api", "v1", rest @ ("status" | "resources"), tail @ ..]) => {
             let mut segs = vec![*rest];
             segs.extend_from_slice(tail);
@@ -184,24 +234,47 @@ pub(crate) async fn handle<A: Api>(
         }
         ("GET", ["metrics"]) => {
             let h = api.health();
-            Ok(json_response(200, &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.ready})))
+            Ok(json_response(
+                200,
+                &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.ready}),
+            ))
         }
-        ("GET", ["api", "v1", "system", "raft", "membership"]) => Ok(json_response(200, &api.membership(crate::api::MembershipOp::List).await?)),
+        ("GET", ["api", "v1", "system", "raft", "membership"]) => Ok(json_response(
+            200,
+            &api.membership(crate::api::MembershipOp::List).await?,
+        )),
         ("DELETE", ["api", "v1", "system", "raft", "membership", "members", id]) => {
-            let id = id.parse::<u64>().map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
-            Ok(json_response(200, &api.membership(crate::api::MembershipOp::Remove { id }).await?))
+            let id = id
+                .parse::<u64>()
+                .map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
+            Ok(json_response(
+                200,
+                &api.membership(crate::api::MembershipOp::Remove { id })
+                    .await?,
+            ))
         }
         ("POST", ["api", "v1", "system", "raft", "membership", "learners"]) => {
             let m = json::object(body, false)?;
-            let id = m.get("id").and_then(Value::as_u64).filter(|i| *i > 0).ok_or_else(|| ApiError::bad_request("id", "must be a node id (a number from 1)"))?;
+            let id = m
+                .get("id")
+                .and_then(Value::as_u64)
+                .filter(|i| *i > 0)
+                .ok_or_else(|| {
+                    ApiError::bad_request("id", "must be a node id (a number from 1)")
+                })?;
             let addr = |k: &str| -> Result<String, ApiError> {
-                let v = json::opt_str(&m, k, k)?.ok_or_else(|| ApiError::bad_request(k, "is required (host:port)"))?;
+                let v = json::opt_str(&m, k, k)?
+                    .ok_or_else(|| ApiError::bad_request(k, "is required (host:port)"))?;
                 match v.rsplit_once(':') {
                     Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(v),
                     _ => Err(ApiError::bad_request(k, "must be host:port")),
                 }
             };
-            let op = crate::api::MembershipOp::AddLearner { id, raft: addr("raft")?, http: addr("http")? };
+            let op = crate::api::MembershipOp::AddLearner {
+                id,
+                raft: addr("raft")?,
+                http: addr("http")?,
+            };
             Ok(json_response(200, &api.membership(op).await?))
         }
         ("POST", ["api", "v1", "system", "raft", "membership", "promote"]) => {
@@ -212,14 +285,23 @@ pub(crate) async fn handle<A: Api>(
                     .map(|v| v.as_u64().filter(|i| *i > 0))
                     .collect::<Option<Vec<u64>>>()
                     .ok_or_else(|| ApiError::bad_request("ids", "must hold node ids"))?,
-                _ => return Err(ApiError::bad_request("ids", "must be a non-empty list of node ids")),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "ids",
+                        "must be a non-empty list of node ids",
+                    ));
+                }
             };
             let force = match m.get("force") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
                 Some(_) => return Err(ApiError::bad_request("force", "must be true or false")),
             };
-            Ok(json_response(200, &api.membership(crate::api::MembershipOp::Promote { ids, force }).await?))
+            Ok(json_response(
+                200,
+                &api.membership(crate::api::MembershipOp::Promote { ids, force })
+                    .await?,
+            ))
         }
         ("GET", ["health"]) => {
             let h = api.health();
@@ -244,13 +326,22 @@ pub(crate) async fn handle<A: Api>(
             Ok(json_response(if h.ready { 200 } else { 503 }, &v))
         }
         ("GET", ["status"]) => Ok(json_response(200, &api.status().await?)),
-        ("GET", ["metrics", "prometheus"]) => {
-            Ok(text_response(200, "text/plain; version=0.0.4; charset=utf-8", api.metrics_text()))
-        }
-        (_, ["api", "v1", "push" | "ack" | "configure" | "transaction"]) | (_, ["api", "v1", "ack", "batch"]) => {
-            Err(ApiError::new(405, "method_not_allowed", format!("{method} is not served on this route")))
-        }
-        _ => Err(ApiError::new(404, "no_such_route", format!("no route for {method} /{}", segs.join("/")))),
+        ("GET", ["metrics", "prometheus"]) => Ok(text_response(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            api.metrics_text(),
+        )),
+        (_, ["api", "v1", "push" | "ack" | "configure" | "transaction"])
+        | (_, ["api", "v1", "ack", "batch"]) => Err(ApiError::new(
+            405,
+            "method_not_allowed",
+            format!("{method} is not served on this route"),
+        )),
+        _ => Err(ApiError::new(
+            404,
+            "no_such_route",
+            format!("no route for {method} /{}", segs.join("/")),
+        )),
     }
 }
 
@@ -258,12 +349,17 @@ pub(crate) async fn handle<A: Api>(
 /// (overflow is known only when the entry applies, on every replica alike; the call then had
 /// no effect). A call in which other writes took effect answers 200 with the per-operation
 /// results instead, `reason: "overflow"` on the one that did not.
-fn overflow_refusal(ops: &[queen_domain::kv::KvOp], out: &queen_domain::kv::KvOutcome) -> Option<ApiError> {
+fn overflow_refusal(
+    ops: &[queen_domain::kv::KvOp],
+    out: &queen_domain::kv::KvOutcome,
+) -> Option<ApiError> {
     use queen_domain::kv::{KvOp, KvResult};
     let overflowed = out.results.iter().position(|r| matches!(r, KvResult::Write { applied: false, reason: Some(why), .. } if why == "overflow"))?;
     let wrote = ops.iter().zip(&out.results).any(|(op, r)| {
-        !matches!(op, KvOp::Get { .. } | KvOp::GetMany { .. } | KvOp::GetPrefix { .. } | KvOp::Check { .. })
-            && matches!(r, KvResult::Write { applied: true, .. })
+        !matches!(
+            op,
+            KvOp::Get { .. } | KvOp::GetMany { .. } | KvOp::GetPrefix { .. } | KvOp::Check { .. }
+        ) && matches!(r, KvResult::Write { applied: true, .. })
     });
     if wrote && out.failed.is_none() {
         return None;
@@ -271,19 +367,32 @@ fn overflow_refusal(ops: &[queen_domain::kv::KvOp], out: &queen_domain::kv::KvOu
     Some(ApiError::new(
         400,
         "kv_overflow",
-        format!("operations[{overflowed}].delta would take the value out of range (exact integers are 64-bit signed; a float sum must be finite); nothing was written"),
+        format!(
+            "operations[{overflowed}].delta would take the value out of range (exact integers are 64-bit signed; a float sum must be finite); nothing was written"
+        ),
     ))
 }
 
 /// The path form of KV: `PUT|GET|DELETE /api/v1/kv/<ns>/<key>`.
-async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: &[u8]) -> Result<Response<Full<Bytes>>, ApiError> {
+async fn kv_path<A: Api>(
+    api: &Arc<A>,
+    method: &str,
+    ns: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
     use queen_domain::kv::{KvOp, KvResult, check_key, check_ns};
     check_ns(ns).map_err(|e| ApiError::bad_request("ns", &e.to_string()))?;
     check_key(key).map_err(|e| ApiError::bad_request("key", &e.to_string()))?;
     let (ns, key) = (ns.to_owned(), key.to_owned());
     let op = match method {
         "GET" => KvOp::Get { ns, key },
-        "DELETE" => KvOp::Delete { ns, key, expect: None, required: false },
+        "DELETE" => KvOp::Delete {
+            ns,
+            key,
+            expect: None,
+            required: false,
+        },
         // The value is stored as the client wrote it.
         _ => kv_json::path_put(body, ns, key)?,
     };
@@ -297,7 +406,12 @@ async fn kv_path<A: Api>(api: &Arc<A>, method: &str, ns: &str, key: &str, body: 
     Ok(json_answer(200, &kv_json::result(0, &op, r)))
 }
 
-async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: &str) -> Result<Response<Full<Bytes>>, ApiError> {
+async fn pop<A: Api>(
+    api: &Arc<A>,
+    queue: &str,
+    partition: Option<&str>,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let (req, autopilot) = pop_query::pop_request(queue, partition, query)?;
     // Read before the pop: a bad value must be refused before anything is leased.
     let frames = pop_query::wants_frames(query)?;
@@ -309,7 +423,13 @@ async fn pop<A: Api>(api: &Arc<A>, queue: &str, partition: Option<&str>, query: 
 
 /// A pop's answer: 204 when empty, QPF1 when the query asked for `frames` and every message
 /// can be framed, JSON otherwise.
-fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome, echo: Option<(u32, u32)>, frames: bool) -> Response<Full<Bytes>> {
+fn pop_answer(
+    queue: &str,
+    group: &str,
+    out: &queen_domain::command::PopOutcome,
+    echo: Option<(u32, u32)>,
+    frames: bool,
+) -> Response<Full<Bytes>> {
     if out.is_empty() {
         return no_content();
     }
@@ -320,17 +440,35 @@ fn pop_answer(queue: &str, group: &str, out: &queen_domain::command::PopOutcome,
             .body(Full::new(Bytes::from(framed)))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     }
-    json_answer_sized(200, &render::pop(queue, group, out, echo), render::pop_len_hint(out))
+    json_answer_sized(
+        200,
+        &render::pop(queue, group, out, echo),
+        render::pop_len_hint(out),
+    )
 }
 
 /// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
 /// is read and checked before the use case is called, so a bad body stores nothing.
-async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8], max_decoded: usize) -> Result<Response<Full<Bytes>>, ApiError> {
+async fn binary<A: Api>(
+    api: &Arc<A>,
+    method: &Method,
+    segs: &[&str],
+    body: &[u8],
+    max_decoded: usize,
+) -> Result<Response<Full<Bytes>>, ApiError> {
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
             let push = push_binary::push(body, max_decoded)?;
-            let out = if push.items.is_empty() { Vec::new() } else { api.push(push.items).await? };
-            Ok(if push.counts { json_response(200, &render::push_counts(&out)) } else { json_answer_sized(200, &render::push(&out), render::push_len_hint(&out)) })
+            let out = if push.items.is_empty() {
+                Vec::new()
+            } else {
+                api.push(push.items).await?
+            };
+            Ok(if push.counts {
+                json_response(200, &render::push_counts(&out))
+            } else {
+                json_answer_sized(200, &render::push(&out), render::push_len_hint(&out))
+            })
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let txn = push_binary::transaction(body, max_decoded)?;
@@ -338,14 +476,20 @@ async fn binary<A: Api>(api: &Arc<A>, method: &Method, segs: &[&str], body: &[u8
             let id = json::uuid_v7().to_string();
             let out = api.transaction(ops, leases, kv.clone(), timers).await?;
             if txn.counts {
-                return Ok(json_answer(200, &render::transaction_counted(&out, &kv, &id)));
+                return Ok(json_answer(
+                    200,
+                    &render::transaction_counted(&out, &kv, &id),
+                ));
             }
             Ok(json_answer(200, &render::transaction(&out, &kv, &id)))
         }
         _ => Err(ApiError::new(
             415,
             "unsupported_media_type",
-            format!("{} bodies are read by POST /api/v1/push and POST /api/v1/transaction only; send JSON here", push_binary::CONTENT_TYPE),
+            format!(
+                "{} bodies are read by POST /api/v1/push and POST /api/v1/transaction only; send JSON here",
+                push_binary::CONTENT_TYPE
+            ),
         )),
     }
 }

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use subtle::ConstantTimeEq;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
 use crate::api::{Api, ApiError};
@@ -69,7 +69,10 @@ fn is_admin_change(method: &hyper::Method, segs: &[&str]) -> bool {
 
 /// The admin credential check, before any body byte is read (so a stranger's request holds no
 /// memory and reaches no membership code).
-fn check_admin(expected: Option<&str>, given: Option<&hyper::header::HeaderValue>) -> Result<(), ApiError> {
+fn check_admin(
+    expected: Option<&str>,
+    given: Option<&hyper::header::HeaderValue>,
+) -> Result<(), ApiError> {
     let Some(expected) = expected else {
         return Err(ApiError::new(
             403,
@@ -78,16 +81,29 @@ fn check_admin(expected: Option<&str>, given: Option<&hyper::header::HeaderValue
         ));
     };
     let Some(given) = given else {
-        return Err(ApiError::new(401, "unauthorized", format!("membership changes need the cluster's raft token in the {ADMIN_TOKEN_HEADER} header")));
+        return Err(ApiError::new(
+            401,
+            "unauthorized",
+            format!(
+                "membership changes need the cluster's raft token in the {ADMIN_TOKEN_HEADER} header"
+            ),
+        ));
     };
     if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
         Ok(())
     } else {
-        Err(ApiError::new(401, "unauthorized", format!("the {ADMIN_TOKEN_HEADER} header does not hold this cluster's raft token")))
+        Err(ApiError::new(
+            401,
+            "unauthorized",
+            format!("the {ADMIN_TOKEN_HEADER} header does not hold this cluster's raft token"),
+        ))
     }
 }
 
-async fn serve_one<A: Api>(shared: Arc<Shared<A>>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn serve_one<A: Api>(
+    shared: Arc<Shared<A>>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -101,16 +117,27 @@ async fn serve_one<A: Api>(shared: Arc<Shared<A>>, req: Request<Incoming>) -> Re
         }
     };
     let status = response.status().as_u16();
-    shared.api.observe_request(label, status, started.elapsed().as_secs_f64());
+    shared
+        .api
+        .observe_request(label, status, started.elapsed().as_secs_f64());
     if status >= 500 {
         tracing::warn!(target: "queen-http", %method, route = label, status, "request failed");
     }
     response
 }
 
-async fn answer<A: Api>(shared: &Shared<A>, method: &hyper::Method, segs: &[&str], query: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer<A: Api>(
+    shared: &Shared<A>,
+    method: &hyper::Method,
+    segs: &[&str],
+    query: &str,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if is_admin_change(method, segs)
-        && let Err(e) = check_admin(shared.admin_token.as_deref(), req.headers().get(ADMIN_TOKEN_HEADER))
+        && let Err(e) = check_admin(
+            shared.admin_token.as_deref(),
+            req.headers().get(ADMIN_TOKEN_HEADER),
+        )
     {
         tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
         return error_response(&e);
@@ -120,8 +147,14 @@ async fn answer<A: Api>(shared: &Shared<A>, method: &hyper::Method, segs: &[&str
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    let kind = match req.headers().get(hyper::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
-        Some(t) if crate::push_binary::is_binary(t) => BodyKind::Binary { max_decoded: shared.limits.max_bytes },
+    let kind = match req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(t) if crate::push_binary::is_binary(t) => BodyKind::Binary {
+            max_decoded: shared.limits.max_bytes,
+        },
         _ => BodyKind::Json,
     };
     match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
@@ -133,16 +166,26 @@ async fn answer<A: Api>(shared: &Shared<A>, method: &hyper::Method, segs: &[&str
 
 /// Serve the API on `listener` until `shutdown` resolves, then stop accepting and let the
 /// requests in flight finish (at most `cfg.drain`).
-pub async fn serve<A: Api>(listener: TcpListener, api: Arc<A>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) {
+pub async fn serve<A: Api>(
+    listener: TcpListener,
+    api: Arc<A>,
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) {
     let shared = Arc::new(Shared {
         api,
-        limits: BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout },
+        limits: BodyLimits {
+            max_bytes: cfg.max_body_bytes,
+            timeout: cfg.body_timeout,
+        },
         budget: BodyBudget::new(cfg.body_budget_bytes),
         admin_token: cfg.admin_token.clone(),
     });
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(Duration::from_secs(30));
+    http.timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(Duration::from_secs(30));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -172,7 +215,10 @@ pub async fn serve<A: Api>(listener: TcpListener, api: Arc<A>, cfg: ServeConfig,
         }
     }
     drop(listener);
-    if tokio::time::timeout(cfg.drain, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(cfg.drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!(target: "queen-http", "requests still in flight after the drain period");
     }
 }

@@ -135,13 +135,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub fn compress(jsonl: &[u8], compression: Compression) -> Result<Vec<u8>, LakeError> {
     match compression {
         Compression::None => Ok(jsonl.to_vec()),
-        Compression::Zstd => zstd::bulk::compress(jsonl, ZSTD_LEVEL).map_err(|e| LakeError::encode("zstd", e)),
+        Compression::Zstd => {
+            zstd::bulk::compress(jsonl, ZSTD_LEVEL).map_err(|e| LakeError::encode("zstd", e))
+        }
         Compression::Gzip => {
             let mut encoder = flate2::GzBuilder::new()
                 .mtime(0)
                 .operating_system(GZIP_OS_UNKNOWN)
-                .write(Vec::with_capacity(jsonl.len() / 4 + 64), flate2::Compression::new(GZIP_LEVEL));
-            encoder.write_all(jsonl).map_err(|e| LakeError::encode("gzip", e))?;
+                .write(
+                    Vec::with_capacity(jsonl.len() / 4 + 64),
+                    flate2::Compression::new(GZIP_LEVEL),
+                );
+            encoder
+                .write_all(jsonl)
+                .map_err(|e| LakeError::encode("gzip", e))?;
             encoder.finish().map_err(|e| LakeError::encode("gzip", e))
         }
     }
@@ -178,7 +185,11 @@ pub fn jsonl(records: &[SinkRecord], compression: Compression) -> Result<Vec<u8>
         }
         Compression::Zstd => {
             let fail = |e| LakeError::encode("zstd", e);
-            let mut encoder = zstd::stream::write::Encoder::new(Vec::with_capacity(estimate / 4 + 64), ZSTD_LEVEL).map_err(fail)?;
+            let mut encoder = zstd::stream::write::Encoder::new(
+                Vec::with_capacity(estimate / 4 + 64),
+                ZSTD_LEVEL,
+            )
+            .map_err(fail)?;
             encoder.include_contentsize(true).map_err(fail)?;
             encoder.set_pledged_src_size(Some(total)).map_err(fail)?;
             feed(records, &mut line, &mut encoder).map_err(fail)?;
@@ -189,7 +200,10 @@ pub fn jsonl(records: &[SinkRecord], compression: Compression) -> Result<Vec<u8>
             let mut encoder = flate2::GzBuilder::new()
                 .mtime(0)
                 .operating_system(GZIP_OS_UNKNOWN)
-                .write(Vec::with_capacity(estimate / 4 + 64), flate2::Compression::new(GZIP_LEVEL));
+                .write(
+                    Vec::with_capacity(estimate / 4 + 64),
+                    flate2::Compression::new(GZIP_LEVEL),
+                );
             feed(records, &mut line, &mut encoder).map_err(fail)?;
             encoder.finish().map_err(fail)
         }
@@ -216,10 +230,14 @@ fn feed(records: &[SinkRecord], chunk: &mut Vec<u8>, out: &mut impl Write) -> st
 pub fn decompress(bytes: &[u8], compression: Compression) -> Result<Vec<u8>, LakeError> {
     match compression {
         Compression::None => Ok(bytes.to_vec()),
-        Compression::Zstd => zstd::stream::decode_all(bytes).map_err(|e| LakeError::decode("zstd", e)),
+        Compression::Zstd => {
+            zstd::stream::decode_all(bytes).map_err(|e| LakeError::decode("zstd", e))
+        }
         Compression::Gzip => {
             let mut out = Vec::with_capacity(bytes.len() * 4);
-            flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out).map_err(|e| LakeError::decode("gzip", e))?;
+            flate2::read::MultiGzDecoder::new(bytes)
+                .read_to_end(&mut out)
+                .map_err(|e| LakeError::decode("gzip", e))?;
             Ok(out)
         }
     }
@@ -231,7 +249,8 @@ fn payload_is_null(payload: &[u8]) -> bool {
 }
 
 fn to_i64(value: u64, what: &'static str) -> Result<i64, LakeError> {
-    i64::try_from(value).map_err(|_| LakeError::encode("parquet", format!("{what} {value} does not fit in int64")))
+    i64::try_from(value)
+        .map_err(|_| LakeError::encode("parquet", format!("{what} {value} does not fit in int64")))
 }
 
 /// A window's records as one Parquet file, schema [`PARQUET_SCHEMA`].
@@ -246,11 +265,18 @@ fn to_i64(value: u64, what: &'static str) -> Result<i64, LakeError> {
 /// [`LakeError::Encode`] for an offset or stamp above `i64::MAX`, a payload that is not UTF-8
 /// (the column is a STRING; the sink hands undecryptable payloads over as a JSON string), or
 /// a writer failure.
-pub fn parquet(records: &[SinkRecord], codec: ParquetCodec, queue: &str, tenant: &str) -> Result<Vec<u8>, LakeError> {
+pub fn parquet(
+    records: &[SinkRecord],
+    codec: ParquetCodec,
+    queue: &str,
+    tenant: &str,
+) -> Result<Vec<u8>, LakeError> {
     let fail = |e: parquet::errors::ParquetError| LakeError::encode("parquet", e);
     let schema = Arc::new(parse_message_type(PARQUET_SCHEMA).map_err(fail)?);
     let compression = match codec {
-        ParquetCodec::Zstd => ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(fail)?),
+        ParquetCodec::Zstd => {
+            ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(fail)?)
+        }
         ParquetCodec::Snappy => ParquetCompression::SNAPPY,
     };
     let properties = WriterProperties::builder()
@@ -260,13 +286,31 @@ pub fn parquet(records: &[SinkRecord], codec: ParquetCodec, queue: &str, tenant:
             KeyValue::new("queen.tenant".to_owned(), tenant.to_owned()),
         ]))
         .build();
-    let estimate = records.iter().map(|r| r.payload.len() + r.partition.len() + 64).sum::<usize>() / 2;
-    let mut writer = SerializedFileWriter::new(Vec::with_capacity(estimate), schema, Arc::new(properties)).map_err(fail)?;
+    let estimate = records
+        .iter()
+        .map(|r| r.payload.len() + r.partition.len() + 64)
+        .sum::<usize>()
+        / 2;
+    let mut writer =
+        SerializedFileWriter::new(Vec::with_capacity(estimate), schema, Arc::new(properties))
+            .map_err(fail)?;
     for group in records.chunks(PARQUET_ROW_GROUP_RECORDS) {
-        let partitions: Vec<ByteArray> = group.iter().map(|r| ByteArray::from(r.partition.as_str())).collect();
-        let offsets = group.iter().map(|r| to_i64(r.offset, "offset")).collect::<Result<Vec<_>, _>>()?;
-        let transactions: Vec<ByteArray> = group.iter().map(|r| ByteArray::from(r.transaction_id.as_str())).collect();
-        let stamps = group.iter().map(|r| to_i64(r.ts.0, "ts")).collect::<Result<Vec<_>, _>>()?;
+        let partitions: Vec<ByteArray> = group
+            .iter()
+            .map(|r| ByteArray::from(r.partition.as_str()))
+            .collect();
+        let offsets = group
+            .iter()
+            .map(|r| to_i64(r.offset, "offset"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let transactions: Vec<ByteArray> = group
+            .iter()
+            .map(|r| ByteArray::from(r.transaction_id.as_str()))
+            .collect();
+        let stamps = group
+            .iter()
+            .map(|r| to_i64(r.ts.0, "ts"))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut payloads = Vec::with_capacity(group.len());
         let mut defined = Vec::with_capacity(group.len());
         for r in group {
@@ -274,7 +318,13 @@ pub fn parquet(records: &[SinkRecord], codec: ParquetCodec, queue: &str, tenant:
                 defined.push(0_i16);
             } else {
                 std::str::from_utf8(&r.payload).map_err(|_| {
-                    LakeError::encode("parquet", format!("payload of {} offset {} is not UTF-8", r.partition, r.offset))
+                    LakeError::encode(
+                        "parquet",
+                        format!(
+                            "payload of {} offset {} is not UTF-8",
+                            r.partition, r.offset
+                        ),
+                    )
                 })?;
                 payloads.push(ByteArray::from(r.payload.clone()));
                 defined.push(1_i16);
@@ -284,11 +334,19 @@ pub fn parquet(records: &[SinkRecord], codec: ParquetCodec, queue: &str, tenant:
         let mut column = 0_usize;
         while let Some(mut writer) = row_group.next_column().map_err(fail)? {
             match column {
-                0 => writer.typed::<ByteArrayType>().write_batch(&partitions, None, None),
-                1 => writer.typed::<Int64Type>().write_batch(&offsets, None, None),
-                2 => writer.typed::<ByteArrayType>().write_batch(&transactions, None, None),
+                0 => writer
+                    .typed::<ByteArrayType>()
+                    .write_batch(&partitions, None, None),
+                1 => writer
+                    .typed::<Int64Type>()
+                    .write_batch(&offsets, None, None),
+                2 => writer
+                    .typed::<ByteArrayType>()
+                    .write_batch(&transactions, None, None),
                 3 => writer.typed::<Int64Type>().write_batch(&stamps, None, None),
-                _ => writer.typed::<ByteArrayType>().write_batch(&payloads, Some(&defined), None),
+                _ => writer
+                    .typed::<ByteArrayType>()
+                    .write_batch(&payloads, Some(&defined), None),
             }
             .map_err(fail)?;
             writer.close().map_err(fail)?;

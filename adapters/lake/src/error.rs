@@ -72,15 +72,24 @@ impl LakeError {
         match self {
             LakeError::Store { retryable, .. } => *retryable,
             LakeError::Probe { .. } => true,
-            LakeError::Config(_) | LakeError::InvalidKey { .. } | LakeError::Encode { .. } | LakeError::Decode { .. } => false,
+            LakeError::Config(_)
+            | LakeError::InvalidKey { .. }
+            | LakeError::Encode { .. }
+            | LakeError::Decode { .. } => false,
         }
     }
 
     pub(crate) fn encode(what: &'static str, reason: impl std::fmt::Display) -> Self {
-        LakeError::Encode { what, reason: reason.to_string() }
+        LakeError::Encode {
+            what,
+            reason: reason.to_string(),
+        }
     }
 
     pub(crate) fn decode(what: &'static str, reason: impl std::fmt::Display) -> Self {
-        LakeError::Decode { what, reason: reason.to_string() }
+        LakeError::Decode {
+            what,
+            reason: reason.to_string(),
+        }
     }
 }

@@ -22,7 +22,7 @@ mod verify;
 pub use encode::{Compression, Format, ParquetCodec};
 pub use error::LakeError;
 pub use store::{
-    Lake, LakeTarget, MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, PutOutcome, RequestObserver, S3Target,
-    Secret, Sse,
+    Lake, LakeTarget, MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, PutOutcome, RequestObserver,
+    S3Target, Secret, Sse,
 };
 pub use verify::{QueueReport, VerifyReport, verify};

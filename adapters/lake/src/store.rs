@@ -17,7 +17,8 @@ use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig,
 };
 
 use crate::encode::sha256_hex;
@@ -100,10 +101,12 @@ impl FromStr for Sse {
             return Ok(Sse::Kms { key_id: None });
         }
         match t.get(..8) {
-            Some(head) if head.eq_ignore_ascii_case("aws:kms:") && t.len() > 8 => {
-                Ok(Sse::Kms { key_id: Some(t[8..].to_owned()) })
-            }
-            _ => Err(LakeError::Config(format!("sse '{t}' is not AES256, aws:kms or aws:kms:<key id>"))),
+            Some(head) if head.eq_ignore_ascii_case("aws:kms:") && t.len() > 8 => Ok(Sse::Kms {
+                key_id: Some(t[8..].to_owned()),
+            }),
+            _ => Err(LakeError::Config(format!(
+                "sse '{t}' is not AES256, aws:kms or aws:kms:<key id>"
+            ))),
         }
     }
 }
@@ -187,7 +190,9 @@ pub struct Lake {
 
 impl fmt::Debug for Lake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lake").field("target", &self.description).finish_non_exhaustive()
+        f.debug_struct("Lake")
+            .field("target", &self.description)
+            .finish_non_exhaustive()
     }
 }
 
@@ -198,7 +203,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn retry_config() -> RetryConfig {
     RetryConfig {
-        backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
         max_retries: 3,
         retry_timeout: Duration::from_secs(10),
     }
@@ -208,7 +217,9 @@ fn retry_config() -> RetryConfig {
 /// (object_store expects the bucket in such an endpoint already).
 fn virtual_hosted_endpoint(endpoint: &str, bucket: &str) -> String {
     match endpoint.split_once("://") {
-        Some((scheme, rest)) if !rest.starts_with(&format!("{bucket}.")) => format!("{scheme}://{bucket}.{rest}"),
+        Some((scheme, rest)) if !rest.starts_with(&format!("{bucket}.")) => {
+            format!("{scheme}://{bucket}.{rest}")
+        }
         _ => endpoint.to_owned(),
     }
 }
@@ -221,7 +232,9 @@ fn open_s3(t: &S3Target) -> Result<Arc<dyn ObjectStore>, LakeError> {
         return Err(LakeError::Config("region is empty".into()));
     }
     if t.access_key.trim().is_empty() || t.secret_key.is_empty() {
-        return Err(LakeError::Config("the access key and the secret key must both be set".into()));
+        return Err(LakeError::Config(
+            "the access key and the secret key must both be set".into(),
+        ));
     }
     let mut builder = AmazonS3Builder::new()
         .with_region(t.region.trim())
@@ -230,11 +243,24 @@ fn open_s3(t: &S3Target) -> Result<Arc<dyn ObjectStore>, LakeError> {
         .with_secret_access_key(t.secret_key.expose())
         .with_virtual_hosted_style_request(!t.path_style)
         .with_retry(retry_config())
-        .with_client_options(ClientOptions::new().with_timeout(REQUEST_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT));
-    if let Some(endpoint) = t.endpoint.as_deref().map(str::trim).filter(|e| !e.is_empty()) {
-        let authority = endpoint.split_once("://").map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
+        .with_client_options(
+            ClientOptions::new()
+                .with_timeout(REQUEST_TIMEOUT)
+                .with_connect_timeout(CONNECT_TIMEOUT),
+        );
+    if let Some(endpoint) = t
+        .endpoint
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let authority = endpoint
+            .split_once("://")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
         let Some(authority) = authority else {
-            return Err(LakeError::Config("endpoint must start with http:// or https://".into()));
+            return Err(LakeError::Config(
+                "endpoint must start with http:// or https://".into(),
+            ));
         };
         let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
         // Credentials in the URL would end up in logs and errors: refuse them without echoing.
@@ -243,8 +269,14 @@ fn open_s3(t: &S3Target) -> Result<Arc<dyn ObjectStore>, LakeError> {
                 "endpoint must be http(s)://host[:port] with no user name or password in it".into(),
             ));
         }
-        let endpoint = if t.path_style { endpoint.to_owned() } else { virtual_hosted_endpoint(endpoint, t.bucket.trim()) };
-        builder = builder.with_allow_http(endpoint.starts_with("http://")).with_endpoint(endpoint);
+        let endpoint = if t.path_style {
+            endpoint.to_owned()
+        } else {
+            virtual_hosted_endpoint(endpoint, t.bucket.trim())
+        };
+        builder = builder
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_endpoint(endpoint);
     }
     builder = match &t.sse {
         None => builder,
@@ -256,7 +288,9 @@ fn open_s3(t: &S3Target) -> Result<Arc<dyn ObjectStore>, LakeError> {
         }
     };
     // The builder's errors name settings, never their secret values.
-    let store = builder.build().map_err(|e| LakeError::Config(e.to_string()))?;
+    let store = builder
+        .build()
+        .map_err(|e| LakeError::Config(e.to_string()))?;
     Ok(Arc::new(store))
 }
 
@@ -303,11 +337,19 @@ fn retryable(e: &object_store::Error) -> bool {
 }
 
 fn store_error(operation: &'static str, key: &str, source: object_store::Error) -> LakeError {
-    LakeError::Store { operation, key: key.to_owned(), retryable: retryable(&source), source }
+    LakeError::Store {
+        operation,
+        key: key.to_owned(),
+        retryable: retryable(&source),
+        source,
+    }
 }
 
 fn parse_key(key: &str) -> Result<Path, LakeError> {
-    Path::parse(key).map_err(|e| LakeError::InvalidKey { key: key.to_owned(), reason: e.to_string() })
+    Path::parse(key).map_err(|e| LakeError::InvalidKey {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 impl Lake {
@@ -324,22 +366,35 @@ impl Lake {
                     t.bucket.trim(),
                     t.endpoint.as_deref().map_or("aws", str::trim),
                     t.region.trim(),
-                    if t.path_style { "path" } else { "virtual-hosted" },
-                    t.sse.as_ref().map(|s| format!(" sse={s}")).unwrap_or_default(),
+                    if t.path_style {
+                        "path"
+                    } else {
+                        "virtual-hosted"
+                    },
+                    t.sse
+                        .as_ref()
+                        .map(|s| format!(" sse={s}"))
+                        .unwrap_or_default(),
                 );
                 (open_s3(t)?, description)
             }
             LakeTarget::Local(dir) => {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| LakeError::Config(format!("cannot create lake folder {}: {e}", dir.display())))?;
-                let fs = LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| LakeError::Config(format!("cannot open lake folder {}: {e}", dir.display())))?;
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    LakeError::Config(format!("cannot create lake folder {}: {e}", dir.display()))
+                })?;
+                let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| {
+                    LakeError::Config(format!("cannot open lake folder {}: {e}", dir.display()))
+                })?;
                 (Arc::new(fs), format!("local dir={}", dir.display()))
             }
             LakeTarget::Memory => (Arc::new(InMemory::new()), "memory".to_owned()),
         };
         tracing::debug!(target: "queen-s3", lake = %description, "lake opened");
-        Ok(Lake { store, description: description.into(), observer: None })
+        Ok(Lake {
+            store,
+            description: description.into(),
+            observer: None,
+        })
     }
 
     /// The same lake, reporting every request to `observer`.
@@ -392,7 +447,11 @@ impl Lake {
             0 => "check the endpoint URL, the network and path style",
             _ => "check the endpoint, region, bucket and that the service is up",
         };
-        Err(LakeError::Probe { target: self.describe(), reason: e.to_string(), check })
+        Err(LakeError::Probe {
+            target: self.describe(),
+            reason: e.to_string(),
+            check,
+        })
     }
 
     /// Store `bytes` under `key` unless the key is taken, and say what was there.
@@ -412,14 +471,21 @@ impl Lake {
         let path = parse_key(key)?;
         let ours = sha256_hex(&bytes);
         if bytes.len() < MULTIPART_THRESHOLD_BYTES {
-            let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-            let result = self.store.put_opts(&path, PutPayload::from(bytes), options).await;
+            let options = PutOptions {
+                mode: PutMode::Create,
+                ..PutOptions::default()
+            };
+            let result = self
+                .store
+                .put_opts(&path, PutPayload::from(bytes), options)
+                .await;
             self.observe_result("put", &result);
             return match result {
                 Ok(_) => Ok(PutOutcome::Created),
-                Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
-                    self.compare_existing(&path, key, &ours).await
-                }
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => self.compare_existing(&path, key, &ours).await,
                 Err(e) => Err(store_error("put", key, e)),
             };
         }
@@ -435,18 +501,33 @@ impl Lake {
         }
     }
 
-    async fn compare_existing(&self, path: &Path, key: &str, ours: &str) -> Result<PutOutcome, LakeError> {
-        let existing = self.get_path(path, key).await.map_err(|e| store_error("get", key, e))?;
+    async fn compare_existing(
+        &self,
+        path: &Path,
+        key: &str,
+        ours: &str,
+    ) -> Result<PutOutcome, LakeError> {
+        let existing = self
+            .get_path(path, key)
+            .await
+            .map_err(|e| store_error("get", key, e))?;
         let theirs = sha256_hex(&existing);
         if theirs == ours {
             tracing::debug!(target: "queen-s3", key, "object already stored with the same bytes");
             Ok(PutOutcome::Identical)
         } else {
-            Ok(PutOutcome::Different { existing_sha256: theirs })
+            Ok(PutOutcome::Different {
+                existing_sha256: theirs,
+            })
         }
     }
 
-    async fn upload_multipart(&self, path: &Path, key: &str, bytes: Bytes) -> Result<(), LakeError> {
+    async fn upload_multipart(
+        &self,
+        path: &Path,
+        key: &str,
+        bytes: Bytes,
+    ) -> Result<(), LakeError> {
         let started = self.store.put_multipart(path).await;
         self.observe_result("multipart", &started);
         let mut upload = started.map_err(|e| store_error("multipart", key, e))?;
@@ -524,10 +605,17 @@ impl Lake {
     pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, LakeError> {
         let path = parse_key(prefix)?;
         let root = path.as_ref().is_empty();
-        let result: Result<Vec<_>, _> = self.store.list(if root { None } else { Some(&path) }).try_collect().await;
+        let result: Result<Vec<_>, _> = self
+            .store
+            .list(if root { None } else { Some(&path) })
+            .try_collect()
+            .await;
         self.observe_result("list", &result);
         let metas = result.map_err(|e| store_error("list", prefix, e))?;
-        let mut out: Vec<(String, u64)> = metas.into_iter().map(|m| (m.location.to_string(), m.size)).collect();
+        let mut out: Vec<(String, u64)> = metas
+            .into_iter()
+            .map(|m| (m.location.to_string(), m.size))
+            .collect();
         out.sort();
         Ok(out)
     }

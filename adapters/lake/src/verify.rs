@@ -91,7 +91,11 @@ fn manifest_path(rest: &str) -> Option<(&str, &str, u64)> {
     let queue = parts.next()?.strip_prefix("queue=")?;
     let windows = parts.next()?;
     let name = parts.next()?.strip_suffix(".json")?;
-    if windows != "windows" || parts.next().is_some() || name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
+    if windows != "windows"
+        || parts.next().is_some()
+        || name.is_empty()
+        || !name.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     Some((tenant, queue, name.parse().ok()?))
@@ -112,7 +116,10 @@ fn manifest_path(rest: &str) -> Option<(&str, &str, u64)> {
 pub async fn verify(lake: &Lake, prefix: &str) -> Result<VerifyReport, LakeError> {
     let base = prefix.trim_matches('/');
     let sidecars = format!("{base}/_queen/");
-    let mut report = VerifyReport { prefix: base.to_owned(), ..VerifyReport::default() };
+    let mut report = VerifyReport {
+        prefix: base.to_owned(),
+        ..VerifyReport::default()
+    };
     let mut queues: BTreeMap<(String, String), Vec<Listed>> = BTreeMap::new();
     for (key, _) in lake.list(&sidecars).await? {
         let Some((tenant, queue, k)) = key.strip_prefix(&sidecars).and_then(manifest_path) else {
@@ -120,31 +127,48 @@ pub async fn verify(lake: &Lake, prefix: &str) -> Result<VerifyReport, LakeError
         };
         report.manifests += 1;
         let Some(bytes) = lake.get(&key).await? else {
-            report.problems.push(format!("{key}: listed but gone when read"));
+            report
+                .problems
+                .push(format!("{key}: listed but gone when read"));
             continue;
         };
         let manifest: Manifest = match serde_json::from_slice(&bytes) {
             Ok(m) => m,
             Err(e) => {
-                report.problems.push(format!("{key}: unreadable manifest: {e}"));
+                report
+                    .problems
+                    .push(format!("{key}: unreadable manifest: {e}"));
                 continue;
             }
         };
-        if encode_tenant(&manifest.tenant) != tenant || encode_queue(&manifest.queue) != queue || manifest.k != k {
+        if encode_tenant(&manifest.tenant) != tenant
+            || encode_queue(&manifest.queue) != queue
+            || manifest.k != k
+        {
             report.problems.push(format!(
                 "{key}: holds tenant {} queue {} window {}, not what its key says",
                 manifest.tenant, manifest.queue, manifest.k
             ));
         }
-        queues.entry((manifest.tenant.clone(), manifest.queue.clone())).or_default().push(Listed { key, k, manifest });
+        queues
+            .entry((manifest.tenant.clone(), manifest.queue.clone()))
+            .or_default()
+            .push(Listed { key, k, manifest });
     }
     for ((tenant, queue), mut windows) in queues {
         windows.sort_by_key(|w| (w.manifest.k, w.k));
-        let mut q = QueueReport { tenant, queue, ..QueueReport::default() };
+        let mut q = QueueReport {
+            tenant,
+            queue,
+            ..QueueReport::default()
+        };
         let mut seen: HashMap<String, HashSet<u64>> = HashMap::new();
         let mut expected_k = 1_u64;
         let mut previous_end: Option<(u64, u64)> = None;
-        for Listed { key, manifest: m, .. } in &windows {
+        for Listed {
+            key, manifest: m, ..
+        } in &windows
+        {
             check_sequence(m, expected_k, previous_end, &mut q.problems);
             expected_k = expected_k.max(m.k.saturating_add(1));
             previous_end = Some((m.k, m.t_end));
@@ -161,23 +185,38 @@ pub async fn verify(lake: &Lake, prefix: &str) -> Result<VerifyReport, LakeError
     Ok(report)
 }
 
-fn check_sequence(m: &Manifest, expected_k: u64, previous_end: Option<(u64, u64)>, problems: &mut Vec<String>) {
+fn check_sequence(
+    m: &Manifest,
+    expected_k: u64,
+    previous_end: Option<(u64, u64)>,
+    problems: &mut Vec<String>,
+) {
     if m.k > expected_k {
         if expected_k + 1 == m.k {
             problems.push(format!("window {expected_k} is missing (next is {})", m.k));
         } else {
-            problems.push(format!("windows {expected_k}..={} are missing (next is {})", m.k - 1, m.k));
+            problems.push(format!(
+                "windows {expected_k}..={} are missing (next is {})",
+                m.k - 1,
+                m.k
+            ));
         }
     } else if m.k < expected_k {
         problems.push(format!("window {} appears twice", m.k));
     }
     if m.t_start >= m.t_end {
-        problems.push(format!("window {}: tStart {} is not before tEnd {}", m.k, m.t_start, m.t_end));
+        problems.push(format!(
+            "window {}: tStart {} is not before tEnd {}",
+            m.k, m.t_start, m.t_end
+        ));
     }
     if let Some((k, end)) = previous_end
         && m.t_start < end
     {
-        problems.push(format!("window {}: starts at {} before window {k} ends at {end} (overlap)", m.k, m.t_start));
+        problems.push(format!(
+            "window {}: starts at {} before window {k} ends at {end} (overlap)",
+            m.k, m.t_start
+        ));
     }
 }
 
@@ -219,7 +258,9 @@ async fn check_window(
         ("jsonl", "gzip") => Some(ext(Format::Jsonl, Compression::Gzip)),
         ("jsonl", "none") => Some(ext(Format::Jsonl, Compression::None)),
         (format, compression) => {
-            problems.push(format!("window {k}: unknown format {format}+{compression} in {manifest_key}"));
+            problems.push(format!(
+                "window {k}: unknown format {format}+{compression} in {manifest_key}"
+            ));
             None
         }
     };
@@ -250,42 +291,73 @@ async fn check_window(
             continue;
         };
         if bytes.len() as u64 != o.bytes {
-            problems.push(format!("window {k}: object {key} holds {} bytes, manifest says {}", bytes.len(), o.bytes));
+            problems.push(format!(
+                "window {k}: object {key} holds {} bytes, manifest says {}",
+                bytes.len(),
+                o.bytes
+            ));
         }
         let sha = sha256_hex(&bytes);
         if sha != o.sha256 {
-            problems.push(format!("window {k}: object {key} has sha256 {sha}, manifest says {}", o.sha256));
+            problems.push(format!(
+                "window {k}: object {key} has sha256 {sha}, manifest says {}",
+                o.sha256
+            ));
             all_decoded = false;
             continue;
         }
         let rows = match decode(key, bytes, m) {
             Ok((rows, issues)) => {
-                problems.extend(issues.into_iter().map(|i| format!("window {k}: object {key}: {i}")));
+                problems.extend(
+                    issues
+                        .into_iter()
+                        .map(|i| format!("window {k}: object {key}: {i}")),
+                );
                 rows
             }
             Err(reason) => {
-                problems.push(format!("window {k}: object {key} cannot be decoded: {reason}"));
+                problems.push(format!(
+                    "window {k}: object {key} cannot be decoded: {reason}"
+                ));
                 all_decoded = false;
                 continue;
             }
         };
         if rows.len() as u64 != o.records {
-            problems.push(format!("window {k}: object {key} holds {} records, manifest says {}", rows.len(), o.records));
+            problems.push(format!(
+                "window {k}: object {key} holds {} records, manifest says {}",
+                rows.len(),
+                o.records
+            ));
         }
-        if let Some(at) = rows.windows(2).position(|w| (&w[0].partition, w[0].offset) >= (&w[1].partition, w[1].offset)) {
-            problems.push(format!("window {k}: object {key} is not sorted by partition and offset at record {}", at + 1));
+        if let Some(at) = rows
+            .windows(2)
+            .position(|w| (&w[0].partition, w[0].offset) >= (&w[1].partition, w[1].offset))
+        {
+            problems.push(format!(
+                "window {k}: object {key} is not sorted by partition and offset at record {}",
+                at + 1
+            ));
         }
         for r in rows {
             if r.ts < m.t_start || r.ts >= m.t_end {
                 outside.push(|| {
-                    format!("window {k}: {} offset {} has ts {} outside [{}, {})", r.partition, r.offset, r.ts, m.t_start, m.t_end)
+                    format!(
+                        "window {k}: {} offset {} has ts {} outside [{}, {})",
+                        r.partition, r.offset, r.ts, m.t_start, m.t_end
+                    )
                 });
             }
             min_ts = min_ts.min(r.ts);
             max_ts = max_ts.max(r.ts);
             let offsets = seen.entry(r.partition.clone()).or_default();
             if !offsets.insert(r.offset) {
-                duplicates.push(|| format!("window {k}: {} offset {} is already in the lake", r.partition, r.offset));
+                duplicates.push(|| {
+                    format!(
+                        "window {k}: {} offset {} is already in the lake",
+                        r.partition, r.offset
+                    )
+                });
             }
             partitions.insert(r.partition);
         }
@@ -300,7 +372,11 @@ async fn check_window(
             ));
         }
         if partitions.len() as u64 != m.partitions {
-            problems.push(format!("window {k}: records have {} partitions, manifest says {}", partitions.len(), m.partitions));
+            problems.push(format!(
+                "window {k}: records have {} partitions, manifest says {}",
+                partitions.len(),
+                m.partitions
+            ));
         }
     }
     Ok(())
@@ -326,7 +402,11 @@ fn decode(key: &str, bytes: Bytes, m: &Manifest) -> Result<(Vec<Row>, Vec<String
 
 fn decode_jsonl(text: &[u8]) -> Result<Vec<Row>, String> {
     let Some(body) = text.strip_suffix(b"\n") else {
-        return if text.is_empty() { Ok(Vec::new()) } else { Err("the last line has no line break".into()) };
+        return if text.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err("the last line has no line break".into())
+        };
     };
     let mut rows = Vec::new();
     for (i, line) in body.split(|b| *b == b'\n').enumerate() {
@@ -334,9 +414,16 @@ fn decode_jsonl(text: &[u8]) -> Result<Vec<Row>, String> {
         let parsed: Line = serde_json::from_slice(line).map_err(|e| format!("line {n}: {e}"))?;
         let ts = Stamp::parse_iso(&parsed.ts).map_err(|e| format!("line {n}: {e}"))?;
         if ts.iso_micros() != parsed.ts {
-            return Err(format!("line {n}: ts '{}' is not RFC 3339 UTC with microseconds", parsed.ts));
+            return Err(format!(
+                "line {n}: ts '{}' is not RFC 3339 UTC with microseconds",
+                parsed.ts
+            ));
         }
-        rows.push(Row { partition: parsed.partition, offset: parsed.offset, ts: ts.0 });
+        rows.push(Row {
+            partition: parsed.partition,
+            offset: parsed.offset,
+            ts: ts.0,
+        });
     }
     Ok(rows)
 }
@@ -350,12 +437,17 @@ fn decode_parquet(bytes: Bytes, m: &Manifest) -> Result<(Vec<Row>, Vec<String>),
         issues.push("schema is not queen_record's".to_owned());
     }
     let footer = |name: &str| {
-        metadata.key_value_metadata().and_then(|kv| kv.iter().find(|e| e.key == name)).and_then(|e| e.value.clone())
+        metadata
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|e| e.key == name))
+            .and_then(|e| e.value.clone())
     };
     for (name, want) in [("queen.queue", &m.queue), ("queen.tenant", &m.tenant)] {
         let found = footer(name);
         if found.as_ref() != Some(want) {
-            issues.push(format!("footer {name} is {found:?}, manifest says {want:?}"));
+            issues.push(format!(
+                "footer {name} is {found:?}, manifest says {want:?}"
+            ));
         }
     }
     let projection = parse_message_type(
@@ -363,15 +455,28 @@ fn decode_parquet(bytes: Bytes, m: &Manifest) -> Result<(Vec<Row>, Vec<String>),
     )
     .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
-    for (i, row) in reader.get_row_iter(Some(projection)).map_err(|e| e.to_string())?.enumerate() {
+    for (i, row) in reader
+        .get_row_iter(Some(projection))
+        .map_err(|e| e.to_string())?
+        .enumerate()
+    {
         let row = row.map_err(|e| format!("row {i}: {e}"))?;
-        let partition = row.get_string(0).map_err(|e| format!("row {i}: {e}"))?.clone();
+        let partition = row
+            .get_string(0)
+            .map_err(|e| format!("row {i}: {e}"))?
+            .clone();
         let offset = row.get_long(1).map_err(|e| format!("row {i}: {e}"))?;
-        let ts = row.get_timestamp_micros(2).map_err(|e| format!("row {i}: {e}"))?;
+        let ts = row
+            .get_timestamp_micros(2)
+            .map_err(|e| format!("row {i}: {e}"))?;
         let (Ok(offset), Ok(ts)) = (u64::try_from(offset), u64::try_from(ts)) else {
             return Err(format!("row {i}: negative offset or ts"));
         };
-        rows.push(Row { partition, offset, ts });
+        rows.push(Row {
+            partition,
+            offset,
+            ts,
+        });
     }
     Ok((rows, issues))
 }

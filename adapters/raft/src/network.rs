@@ -96,12 +96,17 @@ impl Faults {
 
     pub(crate) fn new(path: std::path::PathBuf) -> Self {
         tracing::warn!(path = %path.display(), "TEST FAULT LAYER ENABLED: raft traffic to the node ids in this file is dropped");
-        Self { path, cache: std::sync::Mutex::new((None, Default::default())) }
+        Self {
+            path,
+            cache: std::sync::Mutex::new((None, Default::default())),
+        }
     }
 
     /// Whether calls to `target` are dropped now.
     pub(crate) fn blocks(&self, target: u64) -> bool {
-        let Ok(mut cache) = self.cache.lock() else { return false };
+        let Ok(mut cache) = self.cache.lock() else {
+            return false;
+        };
         let fresh = cache.0.is_some_and(|t| t.elapsed() < Self::REFRESH);
         if !fresh {
             let text = std::fs::read_to_string(&self.path).unwrap_or_default();
@@ -136,7 +141,11 @@ impl Transport {
             .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector);
-        Arc::new(Self { client, token, faults })
+        Arc::new(Self {
+            client,
+            token,
+            faults,
+        })
     }
 
     /// POST `body` to node `target` at `http://addr{path}` and return the reply body of a 200
@@ -152,7 +161,9 @@ impl Transport {
         if self.faults.as_ref().is_some_and(|f| f.blocks(target)) {
             // Like a partition: nothing arrives. Wait a little so retry loops do not spin.
             tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
-            return Err(CallError::Connect(format!("test fault: traffic to node {target} is dropped")));
+            return Err(CallError::Connect(format!(
+                "test fault: traffic to node {target} is dropped"
+            )));
         }
         let mut req = hyper::Request::builder()
             .method(hyper::Method::POST)
@@ -286,7 +297,14 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         let last = rpc.entries.last().map(|e| e.log_id);
         let resp: AppendEntriesResponse<TypeConfig> = self
             .transport
-            .call(self.target, &self.addr, wire::APPEND, &rpc, option.soft_ttl(), bytes + 64 * keep + 256)
+            .call(
+                self.target,
+                &self.addr,
+                wire::APPEND,
+                &rpc,
+                option.soft_ttl(),
+                bytes + 64 * keep + 256,
+            )
             .await?;
         Ok(match resp {
             AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
@@ -300,7 +318,14 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::VOTE, &rpc, option.soft_ttl(), 256)
+            .call(
+                self.target,
+                &self.addr,
+                wire::VOTE,
+                &rpc,
+                option.soft_ttl(),
+                256,
+            )
             .await
     }
 
@@ -310,7 +335,14 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::PRE_VOTE, &rpc, option.soft_ttl(), 256)
+            .call(
+                self.target,
+                &self.addr,
+                wire::PRE_VOTE,
+                &rpc,
+                option.soft_ttl(),
+                256,
+            )
             .await
     }
 
@@ -320,7 +352,14 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.transport
-            .call(self.target, &self.addr, wire::TRANSFER_LEADER, &req, option.soft_ttl(), 256)
+            .call(
+                self.target,
+                &self.addr,
+                wire::TRANSFER_LEADER,
+                &req,
+                option.soft_ttl(),
+                256,
+            )
             .await
     }
 

@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use openraft::ReadPolicy;
-use tokio::sync::Semaphore;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
@@ -23,6 +22,7 @@ use queen_ports::ProposeError;
 use queen_ports::RaftRole;
 use queen_ports::ReplicatedLog;
 use queen_ports::StateMachineBackend;
+use tokio::sync::Semaphore;
 
 use crate::config::Peer;
 use crate::config::RaftNodeConfig;
@@ -146,7 +146,10 @@ impl RaftNode {
         // that died mid-transfer or mid-install left there.
         let spool = if multi {
             let dir = cfg.dir.clone();
-            let spool_error = |source| RaftStartError::SnapshotSpool { path: cfg.dir.clone(), source };
+            let spool_error = |source| RaftStartError::SnapshotSpool {
+                path: cfg.dir.clone(),
+                source,
+            };
             let opened = tokio::task::spawn_blocking(move || SnapshotSpool::open(&dir))
                 .await
                 .map_err(|e| spool_error(std::io::Error::other(e.to_string())))?
@@ -173,8 +176,23 @@ impl RaftNode {
                 .find(|p| p.id == cfg.node_id)
                 .map(|p| p.raft_addr.clone())
                 .unwrap_or_default();
-            let limits = BodyLimits { max_bytes: cfg.max_body_bytes, timeout: cfg.body_timeout, budget: Arc::new(Semaphore::new(cfg.body_budget_bytes)), snapshot_spool };
-            match RaftServer::start(&addr, raft.clone(), cfg.token.clone(), cfg.node_id, transport.clone(), cfg.log_kinds, limits).await {
+            let limits = BodyLimits {
+                max_bytes: cfg.max_body_bytes,
+                timeout: cfg.body_timeout,
+                budget: Arc::new(Semaphore::new(cfg.body_budget_bytes)),
+                snapshot_spool,
+            };
+            match RaftServer::start(
+                &addr,
+                raft.clone(),
+                cfg.token.clone(),
+                cfg.node_id,
+                transport.clone(),
+                cfg.log_kinds,
+                limits,
+            )
+            .await
+            {
                 Ok(s) => server = Some(s),
                 Err(source) => {
                     // Stop the core so the log directory is released.
@@ -219,7 +237,10 @@ impl RaftNode {
             .map_err(|e| RaftStartError::Raft(e.to_string()))?;
         let smallest = cfg.peers.iter().map(|p| p.id).min();
         if cfg.join && !initialized {
-            tracing::info!(node_id = cfg.node_id, "joining: waiting to be added as a learner");
+            tracing::info!(
+                node_id = cfg.node_id,
+                "joining: waiting to be added as a learner"
+            );
             return Ok(());
         }
         if !initialized && smallest == Some(cfg.node_id) {
@@ -674,8 +695,15 @@ impl ReplicatedLog for RaftNode {
             storage_ready: m.running_state.is_ok(),
             // A lone voter is its own quorum; otherwise the time since a majority acknowledged.
             quorum_ack_ms: match m.state {
-                ServerState::Leader if m.membership_config.membership().voter_ids().count() <= 1 => Some(0),
-                ServerState::Leader => m.last_quorum_acked.as_ref().map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64),
+                ServerState::Leader
+                    if m.membership_config.membership().voter_ids().count() <= 1 =>
+                {
+                    Some(0)
+                }
+                ServerState::Leader => m
+                    .last_quorum_acked
+                    .as_ref()
+                    .map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64),
                 _ => None,
             },
         }
@@ -713,7 +741,9 @@ pub enum MembershipError {
     #[error("node {0} is not a member that this change applies to")]
     Unknown(u64),
     /// The node to add reads an older log format than the cluster writes.
-    #[error("node {id} reads log format {kinds}, older than the cluster's version {version}; run a newer release on it")]
+    #[error(
+        "node {id} reads log format {kinds}, older than the cluster's version {version}; run a newer release on it"
+    )]
     FormatTooOld {
         /// The node.
         id: u64,
@@ -801,7 +831,11 @@ fn members_of(raft: &Raft, me: u64) -> Vec<Member> {
     cfg.nodes()
         .map(|(id, node)| {
             let is_me = *id == me;
-            let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
+            let matched = replication
+                .get(id)
+                .cloned()
+                .flatten()
+                .map_or(0, |l| l.index);
             let live = is_me
                 || heartbeat
                     .get(id)
@@ -814,7 +848,11 @@ fn members_of(raft: &Raft, me: u64) -> Vec<Member> {
                 http: node.http_addr.clone(),
                 voter: voters.contains(id),
                 live: if leader { live } else { is_me },
-                lag: if is_me { 0 } else { last.saturating_sub(matched) },
+                lag: if is_me {
+                    0
+                } else {
+                    last.saturating_sub(matched)
+                },
             }
         })
         .collect()
@@ -825,34 +863,70 @@ fn require_leader(raft: &Raft, me: u64) -> Result<Vec<Member>, MembershipError> 
     if m.state != ServerState::Leader {
         let leader = m.current_leader;
         let leader_http = leader.and_then(|l| {
-            m.membership_config.membership().get_node(&l).map(|n| n.http_addr.clone())
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.http_addr.clone())
         });
-        return Err(MembershipError::NotLeader { leader, leader_http });
+        return Err(MembershipError::NotLeader {
+            leader,
+            leader_http,
+        });
     }
     Ok(members_of(raft, me))
 }
 
 fn live_majority(members: &[Member], voters: &std::collections::BTreeSet<u64>) -> bool {
-    let live = members.iter().filter(|m| voters.contains(&m.id) && m.live).count();
+    let live = members
+        .iter()
+        .filter(|m| voters.contains(&m.id) && m.live)
+        .count();
     live * 2 > voters.len()
 }
 
-async fn change(raft: &Raft, change: openraft::ChangeMembers<u64, NodeInfo>) -> Result<(), MembershipError> {
-    raft.change_membership(change, false).await.map(|_| ()).map_err(|e| MembershipError::Failed(e.to_string()))
+async fn change(
+    raft: &Raft,
+    change: openraft::ChangeMembers<u64, NodeInfo>,
+) -> Result<(), MembershipError> {
+    raft.change_membership(change, false)
+        .await
+        .map(|_| ())
+        .map_err(|e| MembershipError::Failed(e.to_string()))
 }
 
 /// Ask node `id` at `addr` which log format it reads; `None` when it does not answer.
 pub(crate) async fn ask_kinds(transport: &Transport, id: u64, addr: &str) -> Option<u32> {
-    let bytes = transport.post(id, addr, wire::INFO, full(bytes::Bytes::new()), INFO_TIMEOUT).await.ok()?;
-    wire::decode::<wire::InfoReply>(&bytes).ok().map(|r| r.kinds)
+    let bytes = transport
+        .post(
+            id,
+            addr,
+            wire::INFO,
+            full(bytes::Bytes::new()),
+            INFO_TIMEOUT,
+        )
+        .await
+        .ok()?;
+    wire::decode::<wire::InfoReply>(&bytes)
+        .ok()
+        .map(|r| r.kinds)
 }
 
 /// Run a membership change on this node, which must lead; answers the members afterwards.
-pub(crate) async fn change_here(raft: &Raft, me: u64, transport: &Transport, op: MembershipChange) -> Result<Vec<Member>, MembershipError> {
+pub(crate) async fn change_here(
+    raft: &Raft,
+    me: u64,
+    transport: &Transport,
+    op: MembershipChange,
+) -> Result<Vec<Member>, MembershipError> {
     let members = require_leader(raft, me)?;
     match op {
         MembershipChange::List => return Ok(members),
-        MembershipChange::AddLearner { id, raft: raft_addr, http, min_kinds } => {
+        MembershipChange::AddLearner {
+            id,
+            raft: raft_addr,
+            http,
+            min_kinds,
+        } => {
             if members.iter().any(|m| m.id == id && m.raft == raft_addr) {
                 return Ok(members);
             }
@@ -860,37 +934,64 @@ pub(crate) async fn change_here(raft: &Raft, me: u64, transport: &Transport, op:
                 && let Some(kinds) = ask_kinds(transport, id, &raft_addr).await
                 && kinds < min_kinds
             {
-                return Err(MembershipError::FormatTooOld { id, kinds, version: min_kinds });
+                return Err(MembershipError::FormatTooOld {
+                    id,
+                    kinds,
+                    version: min_kinds,
+                });
             }
-            raft.add_learner(id, NodeInfo { raft_addr, http_addr: http }, false)
-                .await
-                .map_err(|e| MembershipError::Failed(e.to_string()))?;
+            raft.add_learner(
+                id,
+                NodeInfo {
+                    raft_addr,
+                    http_addr: http,
+                },
+                false,
+            )
+            .await
+            .map_err(|e| MembershipError::Failed(e.to_string()))?;
         }
-        MembershipChange::Promote { ids, force, max_lag } => {
+        MembershipChange::Promote {
+            ids,
+            force,
+            max_lag,
+        } => {
             let mut to_add = std::collections::BTreeSet::new();
             for id in &ids {
-                let Some(m) = members.iter().find(|m| m.id == *id) else { return Err(MembershipError::Unknown(*id)) };
+                let Some(m) = members.iter().find(|m| m.id == *id) else {
+                    return Err(MembershipError::Unknown(*id));
+                };
                 if m.voter {
                     continue;
                 }
                 if !force && m.lag > max_lag {
-                    return Err(MembershipError::LearnerBehind { id: *id, lag: m.lag, limit: max_lag });
+                    return Err(MembershipError::LearnerBehind {
+                        id: *id,
+                        lag: m.lag,
+                        limit: max_lag,
+                    });
                 }
                 to_add.insert(*id);
             }
             if to_add.is_empty() {
                 return Ok(members);
             }
-            let mut after: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            let mut after: std::collections::BTreeSet<u64> =
+                members.iter().filter(|m| m.voter).map(|m| m.id).collect();
             after.extend(to_add.iter().copied());
             if !force && !live_majority(&members, &after) {
-                return Err(MembershipError::NoQuorum("a live majority would not exist after the promotion".into()));
+                return Err(MembershipError::NoQuorum(
+                    "a live majority would not exist after the promotion".into(),
+                ));
             }
             change(raft, openraft::ChangeMembers::AddVoterIds(to_add)).await?;
         }
         MembershipChange::Remove { id } => {
-            let Some(target) = members.iter().find(|m| m.id == id) else { return Ok(members) };
-            let before: std::collections::BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            let Some(target) = members.iter().find(|m| m.id == id) else {
+                return Ok(members);
+            };
+            let before: std::collections::BTreeSet<u64> =
+                members.iter().filter(|m| m.voter).map(|m| m.id).collect();
             if target.voter {
                 if before.len() == 1 {
                     return Err(MembershipError::LastVoter(id));
@@ -898,11 +999,21 @@ pub(crate) async fn change_here(raft: &Raft, me: u64, transport: &Transport, op:
                 let mut after = before.clone();
                 after.remove(&id);
                 if !live_majority(&members, &before) || !live_majority(&members, &after) {
-                    return Err(MembershipError::NoQuorum("a live majority would not exist before and after the removal".into()));
+                    return Err(MembershipError::NoQuorum(
+                        "a live majority would not exist before and after the removal".into(),
+                    ));
                 }
-                change(raft, openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([id]))).await?;
+                change(
+                    raft,
+                    openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([id])),
+                )
+                .await?;
             }
-            change(raft, openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([id]))).await?;
+            change(
+                raft,
+                openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([id])),
+            )
+            .await?;
         }
     }
     Ok(members_of(raft, me))
@@ -924,13 +1035,18 @@ impl RaftNode {
     pub async fn membership(&self, op: MembershipChange) -> Result<Vec<Member>, MembershipError> {
         let me = self.inner.node_id;
         let list = matches!(op, MembershipChange::List);
-        let leader = match change_here(&self.inner.raft, me, &self.inner.transport, op.clone()).await {
-            Err(MembershipError::NotLeader { leader: Some(l), .. }) if l != me => l,
-            Err(MembershipError::NotLeader { .. }) if list => return Ok(self.members()),
-            r => return r,
-        };
+        let leader =
+            match change_here(&self.inner.raft, me, &self.inner.transport, op.clone()).await {
+                Err(MembershipError::NotLeader {
+                    leader: Some(l), ..
+                }) if l != me => l,
+                Err(MembershipError::NotLeader { .. }) if list => return Ok(self.members()),
+                r => return r,
+            };
         let forwarded = async {
-            let addr = self.leader_addr(leader, None).ok_or_else(|| MembershipError::Unavailable(format!("no raft address known for leader {leader}")))?;
+            let addr = self.leader_addr(leader, None).ok_or_else(|| {
+                MembershipError::Unavailable(format!("no raft address known for leader {leader}"))
+            })?;
             let body = wire::encode(&op).map_err(MembershipError::Unavailable)?;
             let bytes = self
                 .inner
@@ -952,7 +1068,11 @@ impl RaftNode {
         let me = self.inner.node_id;
         let nodes: Vec<(u64, String)> = {
             let m = self.inner.raft.metrics().borrow_watched().clone();
-            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.raft_addr.clone())).collect()
+            m.membership_config
+                .membership()
+                .nodes()
+                .map(|(id, n)| (*id, n.raft_addr.clone()))
+                .collect()
         };
         let transport = &self.inner.transport;
         let asks = nodes.into_iter().map(|(id, addr)| async move {

@@ -259,13 +259,21 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
 
 /// Read a whole body within the port's bounds; the permit holds its bytes in the budget until
 /// the answer is built.
-async fn read_body(limits: &BodyLimits, req: Request<Incoming>) -> Result<(Bytes, OwnedSemaphorePermit), Response<Full<Bytes>>> {
+async fn read_body(
+    limits: &BodyLimits,
+    req: Request<Incoming>,
+) -> Result<(Bytes, OwnedSemaphorePermit), Response<Full<Bytes>>> {
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    let too_large = || fail(StatusCode::PAYLOAD_TOO_LARGE, format!("raft-port bodies are at most {} bytes", limits.max_bytes));
+    let too_large = || {
+        fail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("raft-port bodies are at most {} bytes", limits.max_bytes),
+        )
+    };
     // Raft RPCs declare their length (full bodies; hyper leaves it out only when empty): the
     // whole of it is reserved before a byte is read. An undeclared body is read up to the limit
     // and then takes its budget.
@@ -273,13 +281,39 @@ async fn read_body(limits: &BodyLimits, req: Request<Incoming>) -> Result<(Bytes
     if len > limits.max_bytes {
         return Err(too_large());
     }
-    let busy = || fail(StatusCode::SERVICE_UNAVAILABLE, "the raft port holds its limit of request bodies in memory; retry");
-    let reserve = |n: usize| u32::try_from(n).ok().and_then(|n| limits.budget.clone().try_acquire_many_owned(n).ok());
+    let busy = || {
+        fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the raft port holds its limit of request bodies in memory; retry",
+        )
+    };
+    let reserve = |n: usize| {
+        u32::try_from(n)
+            .ok()
+            .and_then(|n| limits.budget.clone().try_acquire_many_owned(n).ok())
+    };
     let mut permit = reserve(len).ok_or_else(busy)?;
-    let limited = http_body_util::Limited::new(req.into_body(), if declared.is_some() { len } else { limits.max_bytes });
+    let limited = http_body_util::Limited::new(
+        req.into_body(),
+        if declared.is_some() {
+            len
+        } else {
+            limits.max_bytes
+        },
+    );
     let bytes = match tokio::time::timeout(limits.timeout, limited.collect()).await {
-        Err(_) => return Err(fail(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time")),
-        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+        Err(_) => {
+            return Err(fail(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            ));
+        }
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large());
+        }
         Ok(Err(e)) => return Err(fail(StatusCode::BAD_REQUEST, e)),
         Ok(Ok(b)) => b.to_bytes(),
     };
@@ -316,9 +350,17 @@ async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>
         while let Some(len) = wire::frame_len(&buf) {
             // A chunk is a few MiB at most: a frame past the body limit is never buffered.
             if len > ctx.limits.max_bytes {
-                return fail(StatusCode::PAYLOAD_TOO_LARGE, format!("snapshot frame of {len} bytes is above the raft port's limit of {}", ctx.limits.max_bytes));
+                return fail(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "snapshot frame of {len} bytes is above the raft port's limit of {}",
+                        ctx.limits.max_bytes
+                    ),
+                );
             }
-            let Some((tag, payload)) = wire::take_frame(&mut buf) else { break };
+            let Some((tag, payload)) = wire::take_frame(&mut buf) else {
+                break;
+            };
             match tag {
                 wire::FRAME_HEADER => match wire::decode(&payload) {
                     Ok(h) => header = Some(h),
@@ -368,5 +410,8 @@ async fn receive_snapshot(ctx: &Ctx, mut body: Incoming) -> Response<Full<Bytes>
 /// answered 507 so the leader retries the transfer later. The partial file goes with its writer.
 fn spool_failed(ctx: &Ctx, step: &'static str, e: &std::io::Error) -> Response<Full<Bytes>> {
     tracing::warn!(node_id = ctx.node_id, step, error = %e, "could not spool a received snapshot");
-    fail(StatusCode::INSUFFICIENT_STORAGE, format!("snapshot spool {step} failed: {e}"))
+    fail(
+        StatusCode::INSUFFICIENT_STORAGE,
+        format!("snapshot spool {step} failed: {e}"),
+    )
 }

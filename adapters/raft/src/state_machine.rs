@@ -489,9 +489,9 @@ mod tests {
     use super::PinnedSnapshot;
     use super::SnapshotData;
     use super::StateMachineStore;
+    use crate::mem_backend::MemBackend;
     use crate::snapshot_spool::SnapshotSpool;
     use crate::snapshot_spool::SpooledSnapshot;
-    use crate::mem_backend::MemBackend;
     use crate::type_config::Command;
     use crate::type_config::Entry;
     use crate::type_config::TypeConfig;
@@ -499,7 +499,9 @@ mod tests {
     /// A store with commands 1..=n applied, on its in-memory backend.
     async fn applied_store(n: u64) -> (Arc<MemBackend>, StateMachineStore) {
         let backend = Arc::new(MemBackend::new());
-        let mut store = StateMachineStore::open(backend.clone()).await.expect("open");
+        let mut store = StateMachineStore::open(backend.clone())
+            .await
+            .expect("open");
         let entries: Vec<_> = (1..=n)
             .map(|i| {
                 let e = Entry::new_normal(
@@ -598,14 +600,26 @@ mod tests {
             panic!("a built snapshot is a pinned view");
         };
         let chunks = read_all(&view);
-        assert!(chunks.len() > 10 * PINNED_WINDOW_CHUNKS, "{} chunks", chunks.len());
+        assert!(
+            chunks.len() > 10 * PINNED_WINDOW_CHUNKS,
+            "{} chunks",
+            chunks.len()
+        );
         let window = || view.lock().expect("lock").window.len();
-        assert!(window() <= PINNED_WINDOW_CHUNKS, "the view kept {} chunks", window());
+        assert!(
+            window() <= PINNED_WINDOW_CHUNKS,
+            "the view kept {} chunks",
+            window()
+        );
         assert_eq!(view.restarts(), 0);
 
         // The chunks just read are served again from the window, without a new cursor.
         let last = chunks.len() - 1;
-        for (i, chunk) in chunks.iter().enumerate().skip(last + 1 - PINNED_WINDOW_CHUNKS) {
+        for (i, chunk) in chunks
+            .iter()
+            .enumerate()
+            .skip(last + 1 - PINNED_WINDOW_CHUNKS)
+        {
             assert_eq!(view.chunk(i).expect("chunk").as_deref(), Some(chunk));
         }
         assert!(view.chunk(last + 1).expect("past the end").is_none());
@@ -618,19 +632,29 @@ mod tests {
         // Two readers far apart take turns: each catch-up restarts, and the window stays small.
         for i in 4..chunks.len() {
             assert_eq!(view.chunk(i).expect("chunk").as_deref(), Some(&chunks[i]));
-            assert_eq!(view.chunk(i / 4).expect("chunk").as_deref(), Some(&chunks[i / 4]));
+            assert_eq!(
+                view.chunk(i / 4).expect("chunk").as_deref(),
+                Some(&chunks[i / 4])
+            );
             assert!(window() <= PINNED_WINDOW_CHUNKS);
         }
         // The view pinned before the writes below still reads as it was.
         leader
             .apply(futures::stream::iter(vec![Ok((
-                Entry::new_normal(log_id::<TypeConfig>(1, 1, 2001), Command(bytes::Bytes::from_static(b"late"))),
+                Entry::new_normal(
+                    log_id::<TypeConfig>(1, 1, 2001),
+                    Command(bytes::Bytes::from_static(b"late")),
+                ),
                 None,
             ))]))
             .await
             .expect("apply");
         assert_eq!(read_all(&view), chunks);
-        let cursor: Vec<Vec<u8>> = view.cursor().expect("cursor").collect::<Result<_, _>>().expect("chunks");
+        let cursor: Vec<Vec<u8>> = view
+            .cursor()
+            .expect("cursor")
+            .collect::<Result<_, _>>()
+            .expect("chunks");
         assert_eq!(cursor, chunks);
     }
 
@@ -643,7 +667,10 @@ mod tests {
             .install_snapshot(&snap.meta, snap.snapshot)
             .await
             .expect("install");
-        assert_eq!(other_backend.state().applied, leader_backend.state().applied);
+        assert_eq!(
+            other_backend.state().applied,
+            leader_backend.state().applied
+        );
     }
 
     /// A view whose reads fail at chunk `fail_at`.
@@ -665,7 +692,11 @@ mod tests {
             }
             self.given += 1;
             // The in-memory backend's header chunk (no index), then empty record chunks.
-            Ok(Some(if self.given == 1 { vec![0; 9] } else { Vec::new() }))
+            Ok(Some(if self.given == 1 {
+                vec![0; 9]
+            } else {
+                Vec::new()
+            }))
         }
 
         fn restart(&self) -> Result<Box<dyn SnapshotChunks>, BackendError> {
@@ -686,7 +717,10 @@ mod tests {
         };
 
         // Our own view, failing at its fourth chunk.
-        let view = PinnedSnapshot::new(Box::new(FailingChunks { given: 0, fail_at: 3 }));
+        let view = PinnedSnapshot::new(Box::new(FailingChunks {
+            given: 0,
+            fail_at: 3,
+        }));
         let err = store
             .install_snapshot(&meta, SnapshotData::Pinned(view))
             .await
@@ -723,7 +757,10 @@ mod tests {
             .await
             .expect_err("a short spool file must fail the install");
         assert!(err.to_string().contains("spooled snapshot"), "{err}");
-        assert!(!file.exists(), "the spool file is deleted after a failed install too");
+        assert!(
+            !file.exists(),
+            "the spool file is deleted after a failed install too"
+        );
 
         assert_eq!(backend.state(), before, "the old state stays in place");
         assert_eq!(backend.installs(), 0);

@@ -44,11 +44,13 @@ impl StateMachineBackend for FjallStore {
         let (mut writes, appends) = txn.into_parts();
         // Messages go to the segment log (written here, before the batch that indexes them);
         // what remains of `writes` and the index rows go into one engine batch.
-        let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends).map_err(storage)?;
+        let staged =
+            messages::stage(&slot.state, &slot.segments, &mut writes, appends).map_err(storage)?;
         // Dedup rows go to the dedup index, before the batch: a reader that finds an entry whose
         // record is not indexed yet drops it as not live, the same answer as before the batch.
         slot.take_dedup_rows(&mut writes).map_err(storage)?;
-        self.rows_written.fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
+        self.rows_written
+            .fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
@@ -66,7 +68,11 @@ impl StateMachineBackend for FjallStore {
     }
 
     fn load_meta(&self) -> Result<Option<Vec<u8>>, BackendError> {
-        Ok(self.raft.get(META_KEY).map_err(storage)?.map(|v| v.to_vec()))
+        Ok(self
+            .raft
+            .get(META_KEY)
+            .map_err(storage)?
+            .map(|v| v.to_vec()))
     }
 
     fn persist(&self) -> Result<(), BackendError> {
@@ -83,7 +89,11 @@ impl StateMachineBackend for FjallStore {
     /// atomic batch then stores the new meta and makes that slot active. A crash before that
     /// batch leaves the old state and meta (the next open discards the partial slot); after it,
     /// the new ones.
-    fn install_snapshot(&self, chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>, meta: Vec<u8>) -> Result<(), BackendError> {
+    fn install_snapshot(
+        &self,
+        chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>,
+        meta: Vec<u8>,
+    ) -> Result<(), BackendError> {
         let old = self.slot();
         let name = old.name.other();
         self.raft.insert(INSTALLING_KEY, b"1").map_err(storage)?;
@@ -91,7 +101,13 @@ impl StateMachineBackend for FjallStore {
         let state = self.keyspaces[name as usize].clone();
         state.clear().map_err(storage)?;
         // Opened with no end: every file left in the slot's directory is deleted.
-        let segments = Segments::open(&self.dir.join(name.segment_dir()), self.segment_bytes, None, &|_| false).map_err(storage)?;
+        let segments = Segments::open(
+            &self.dir.join(name.segment_dir()),
+            self.segment_bytes,
+            None,
+            &|_| false,
+        )
+        .map_err(storage)?;
         segments.clear().map_err(storage)?;
         let dedup = open_dedup(&self.dir, name, &state, self.dedup_mem_entries).map_err(storage)?;
         dedup.clear().map_err(storage)?;
@@ -104,13 +120,24 @@ impl StateMachineBackend for FjallStore {
                     }
                     batch.commit().map_err(storage)?;
                 }
-                Chunk::Segment { file, at, bytes } => segments.write_raw(file, at, &bytes).map_err(storage)?,
+                Chunk::Segment { file, at, bytes } => {
+                    segments.write_raw(file, at, &bytes).map_err(storage)?
+                }
             }
         }
-        let end = state.get(messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        let end = state
+            .get(messages::END_KEY)
+            .map_err(storage)?
+            .and_then(|v| messages::decode_end(&v));
         // Fsyncs every file and the directory: they are durable before the batch below.
         segments.reopen(end).map_err(storage)?;
-        let new = Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()), dedup };
+        let new = Slot {
+            name,
+            state,
+            segments: Arc::new(segments),
+            dedup_filter: Arc::new(DedupFilter::new()),
+            dedup,
+        };
         // A snapshot from a node of layout 1 carries messages as rows, one of layout 2 dedup rows.
         self.migrate(&new).map_err(storage)?;
         Self::load_dedup(&new).map_err(storage)?;

@@ -26,7 +26,10 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// the bytes copied at once), which is exactly how a `(Vec<u8>, Vec<u8>)` tuple encodes element
 /// by element, so chunks written before this type existed install unchanged.
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
-pub(crate) struct Row(#[serde(with = "serde_bytes")] pub Vec<u8>, #[serde(with = "serde_bytes")] pub Vec<u8>);
+pub(crate) struct Row(
+    #[serde(with = "serde_bytes")] pub Vec<u8>,
+    #[serde(with = "serde_bytes")] pub Vec<u8>,
+);
 
 type Rows = Vec<Row>;
 
@@ -55,7 +58,9 @@ pub(crate) fn decode_chunk(bytes: &[u8]) -> Result<Chunk, BackendError> {
     let bad = |e: postcard::Error| BackendError::BadSnapshot(e.to_string());
     match bytes.strip_prefix(MAGIC.as_slice()) {
         Some(rest) => postcard::from_bytes(rest).map_err(bad),
-        None => postcard::from_bytes::<Rows>(bytes).map(Chunk::Rows).map_err(bad),
+        None => postcard::from_bytes::<Rows>(bytes)
+            .map(Chunk::Rows)
+            .map_err(bad),
     }
 }
 
@@ -78,25 +83,47 @@ impl Chunks {
     pub(crate) fn new(store: &FjallStore) -> Result<Self, BackendError> {
         let storage = |e: fjall::Error| BackendError::Storage(e.to_string());
         // One slot throughout: an install may switch the store to the other meanwhile.
-        let Slot { state, segments, .. } = store.slot();
+        let Slot {
+            state, segments, ..
+        } = store.slot();
         // Pinned before the view: no file the view points into can go while the chunks live.
         let pin = segments.pin();
         let snap = store.db.snapshot();
-        let meta = snap.get(&store.raft, META_KEY).map_err(storage)?.map(|v| v.to_vec()).unwrap_or_default();
-        let end = snap.get(&state, messages::END_KEY).map_err(storage)?.and_then(|v| messages::decode_end(&v));
+        let meta = snap
+            .get(&store.raft, META_KEY)
+            .map_err(storage)?
+            .map(|v| v.to_vec())
+            .unwrap_or_default();
+        let end = snap
+            .get(&state, messages::END_KEY)
+            .map_err(storage)?
+            .and_then(|v| messages::decode_end(&v));
         let mut files = Vec::new();
         if let Some((end_file, end_len)) = end {
             for g in snap.range(&state, [table::SEGMENT_FILE]..[table::SEGMENT_FILE + 1]) {
                 let (k, _) = g.into_inner().map_err(storage)?;
-                let Some(file) = queen_domain::keys::u64_at(&k, 1) else { continue };
+                let Some(file) = queen_domain::keys::u64_at(&k, 1) else {
+                    continue;
+                };
                 if file != end_file {
-                    let len = segments.file_len(file).map_err(|e| BackendError::Storage(e.to_string()))?;
+                    let len = segments
+                        .file_len(file)
+                        .map_err(|e| BackendError::Storage(e.to_string()))?;
                     files.push((file, 0, len));
                 }
             }
             files.push((end_file, 0, end_len));
         }
-        Ok(Self { snap, state, segments, _pin: pin, meta, from: Some(Vec::new()), all_files: files.clone(), files })
+        Ok(Self {
+            snap,
+            state,
+            segments,
+            _pin: pin,
+            meta,
+            from: Some(Vec::new()),
+            all_files: files.clone(),
+            files,
+        })
     }
 
     fn next_file_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
@@ -106,7 +133,10 @@ impl Chunks {
                 continue;
             }
             let n = (len - at).min(CHUNK_BYTES as u64);
-            let bytes = self.segments.read_raw(file, at, n as usize).map_err(|e| BackendError::Storage(e.to_string()))?;
+            let bytes = self
+                .segments
+                .read_raw(file, at, n as usize)
+                .map_err(|e| BackendError::Storage(e.to_string()))?;
             self.files[0].1 += n;
             return encode_chunk(&Chunk::Segment { file, at, bytes }).map(Some);
         }
@@ -135,12 +165,16 @@ impl SnapshotChunks for Chunks {
     }
 
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
-        let Some(from) = self.from.take() else { return self.next_file_chunk() };
+        let Some(from) = self.from.take() else {
+            return self.next_file_chunk();
+        };
         let mut rows: Rows = Vec::new();
         let mut bytes = 0;
         let mut next = None;
         for guard in self.snap.range(&self.state, from..) {
-            let (k, v) = guard.into_inner().map_err(|e| BackendError::Storage(e.to_string()))?;
+            let (k, v) = guard
+                .into_inner()
+                .map_err(|e| BackendError::Storage(e.to_string()))?;
             if bytes >= CHUNK_BYTES {
                 next = Some(k.to_vec());
                 break;
@@ -165,11 +199,24 @@ mod tests {
     fn rows_keep_the_tuple_encoding() {
         for len in [0usize, 1, 127, 128, 300, 70_000] {
             let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let tuples: Vec<(Vec<u8>, Vec<u8>)> = vec![(b"k1".to_vec(), value.clone()), (vec![5; len % 200], Vec::new())];
-            let rows: Vec<Row> = tuples.iter().map(|(k, v)| Row(k.clone(), v.clone())).collect();
+            let tuples: Vec<(Vec<u8>, Vec<u8>)> = vec![
+                (b"k1".to_vec(), value.clone()),
+                (vec![5; len % 200], Vec::new()),
+            ];
+            let rows: Vec<Row> = tuples
+                .iter()
+                .map(|(k, v)| Row(k.clone(), v.clone()))
+                .collect();
             let old = postcard::to_stdvec(&tuples).expect("encodes");
-            assert_eq!(old, postcard::to_stdvec(&rows).expect("encodes"), "value of {len} bytes");
-            assert_eq!(decode_chunk(&old).expect("decodes"), super::Chunk::Rows(rows));
+            assert_eq!(
+                old,
+                postcard::to_stdvec(&rows).expect("encodes"),
+                "value of {len} bytes"
+            );
+            assert_eq!(
+                decode_chunk(&old).expect("decodes"),
+                super::Chunk::Rows(rows)
+            );
         }
     }
 
@@ -178,8 +225,20 @@ mod tests {
         let rows = vec![Row(b"key".to_vec(), vec![7; 100])];
         let bytes = postcard::to_stdvec(&rows).expect("encodes");
         assert!(decode_chunk(&bytes[..bytes.len() - 1]).is_err());
-        let chunk = encode_chunk(&Chunk::Segment { file: 3, at: 16, bytes: vec![1; 100] }).expect("encodes");
-        assert!(matches!(decode_chunk(&chunk).expect("decodes"), Chunk::Segment { file: 3, at: 16, .. }));
+        let chunk = encode_chunk(&Chunk::Segment {
+            file: 3,
+            at: 16,
+            bytes: vec![1; 100],
+        })
+        .expect("encodes");
+        assert!(matches!(
+            decode_chunk(&chunk).expect("decodes"),
+            Chunk::Segment {
+                file: 3,
+                at: 16,
+                ..
+            }
+        ));
         assert!(decode_chunk(&chunk[..chunk.len() - 1]).is_err());
     }
 }

@@ -1,8 +1,8 @@
 //! Opening the engine and reading state.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use queen_domain::keys::table;
@@ -54,7 +54,15 @@ impl StoreConfig {
     /// background thread, 64 MiB segment files.
     #[must_use]
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir, cache_bytes: 16 << 20, memtable_bytes: 8 << 20, journal_bytes: 256 << 20, workers: 1, segment_bytes: crate::segments::SEGMENT_BYTES, dedup_mem_entries: crate::dedup::MEM_ENTRIES }
+        Self {
+            dir,
+            cache_bytes: 16 << 20,
+            memtable_bytes: 8 << 20,
+            journal_bytes: 256 << 20,
+            workers: 1,
+            segment_bytes: crate::segments::SEGMENT_BYTES,
+            dedup_mem_entries: crate::dedup::MEM_ENTRIES,
+        }
     }
 }
 
@@ -202,7 +210,10 @@ impl FjallStore {
     /// # Errors
     /// When the engine cannot open its directory.
     pub fn open(cfg: &StoreConfig) -> Result<Self, StoreOpenError> {
-        let err = |source| StoreOpenError::Engine { dir: cfg.dir.display().to_string(), source };
+        let err = |source| StoreOpenError::Engine {
+            dir: cfg.dir.display().to_string(),
+            source,
+        };
         let db = Database::builder(&cfg.dir)
             .cache_size(cfg.cache_bytes)
             .max_journaling_size(cfg.journal_bytes)
@@ -210,10 +221,17 @@ impl FjallStore {
             .open()
             .map_err(err)?;
         let open_state = |name: SlotName| {
-            db.keyspace(name.keyspace(), || KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes))
+            db.keyspace(name.keyspace(), || {
+                KeyspaceCreateOptions::default().max_memtable_size(cfg.memtable_bytes)
+            })
         };
-        let keyspaces = [open_state(SlotName::A).map_err(err)?, open_state(SlotName::B).map_err(err)?];
-        let raft = db.keyspace("raft", KeyspaceCreateOptions::default).map_err(err)?;
+        let keyspaces = [
+            open_state(SlotName::A).map_err(err)?,
+            open_state(SlotName::B).map_err(err)?,
+        ];
+        let raft = db
+            .keyspace("raft", KeyspaceCreateOptions::default)
+            .map_err(err)?;
         let name = SlotName::from_stored(raft.get(SLOT_KEY).map_err(err)?.as_deref());
         let state = keyspaces[name as usize].clone();
         // The inactive slot holds nothing worth keeping: an interrupted install's partial state,
@@ -226,11 +244,20 @@ impl FjallStore {
         if interrupted || !spare.is_empty().map_err(err)? {
             spare.clear().map_err(err)?;
         }
-        for spare_dir in [cfg.dir.join(name.other().segment_dir()), cfg.dir.join(name.other().dedup_dir())] {
+        for spare_dir in [
+            cfg.dir.join(name.other().segment_dir()),
+            cfg.dir.join(name.other().dedup_dir()),
+        ] {
             match std::fs::remove_dir_all(&spare_dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    let source = SegmentError::Io { path: spare_dir.display().to_string(), source: e };
-                    return Err(StoreOpenError::Segments { dir: spare_dir.display().to_string(), source });
+                    let source = SegmentError::Io {
+                        path: spare_dir.display().to_string(),
+                        source: e,
+                    };
+                    return Err(StoreOpenError::Segments {
+                        dir: spare_dir.display().to_string(),
+                        source,
+                    });
                 }
                 _ => {}
             }
@@ -247,30 +274,63 @@ impl FjallStore {
         if format > FORMAT {
             return Err(StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
-                detail: format!("has layout version {format}, written by a newer build of queen (this one reads up to {FORMAT}): run that build, or move the directory away to start this node empty"),
+                detail: format!(
+                    "has layout version {format}, written by a newer build of queen (this one reads up to {FORMAT}): run that build, or move the directory away to start this node empty"
+                ),
             });
         }
-        let end = state.get(messages::END_KEY).map_err(err)?.and_then(|v| messages::decode_end(&v));
+        let end = state
+            .get(messages::END_KEY)
+            .map_err(err)?
+            .and_then(|v| messages::decode_end(&v));
         let seg_dir = cfg.dir.join(name.segment_dir());
         let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
-        let segments = Segments::open(&seg_dir, cfg.segment_bytes, end, &live)
-            .map_err(|source| StoreOpenError::Segments { dir: seg_dir.display().to_string(), source })?;
-        let format_err = |detail: String| StoreOpenError::Format { dir: cfg.dir.display().to_string(), detail };
+        let segments =
+            Segments::open(&seg_dir, cfg.segment_bytes, end, &live).map_err(|source| {
+                StoreOpenError::Segments {
+                    dir: seg_dir.display().to_string(),
+                    source,
+                }
+            })?;
+        let format_err = |detail: String| StoreOpenError::Format {
+            dir: cfg.dir.display().to_string(),
+            detail,
+        };
         if format < FORMAT {
             // A dedup index left by an interrupted migration may not match what it migrates.
             let _ = std::fs::remove_dir_all(cfg.dir.join(name.dedup_dir()));
         }
-        let dedup = open_dedup(&cfg.dir, name, &state, cfg.dedup_mem_entries).map_err(|e| format_err(format!("could not open its dedup index: {e}")))?;
-        let active = Arc::new(RwLock::new(Slot { name, state, segments: Arc::new(segments), dedup_filter: Arc::new(DedupFilter::new()), dedup }));
-        let store = Self { db, raft, active, keyspaces, dir: cfg.dir.clone(), segment_bytes: cfg.segment_bytes, dedup_mem_entries: cfg.dedup_mem_entries, rows_written: Arc::new(AtomicU64::new(0)) };
+        let dedup = open_dedup(&cfg.dir, name, &state, cfg.dedup_mem_entries)
+            .map_err(|e| format_err(format!("could not open its dedup index: {e}")))?;
+        let active = Arc::new(RwLock::new(Slot {
+            name,
+            state,
+            segments: Arc::new(segments),
+            dedup_filter: Arc::new(DedupFilter::new()),
+            dedup,
+        }));
+        let store = Self {
+            db,
+            raft,
+            active,
+            keyspaces,
+            dir: cfg.dir.clone(),
+            segment_bytes: cfg.segment_bytes,
+            dedup_mem_entries: cfg.dedup_mem_entries,
+            rows_written: Arc::new(AtomicU64::new(0)),
+        };
         if format < FORMAT {
             store.migrate(&store.slot()).map_err(|e| StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
                 detail: format!("has layout version {format} and could not be migrated to {FORMAT}: {e}; the migration resumes at the next start, or move the directory away to start this node empty"),
             })?;
         }
-        store.raft.insert(FORMAT_KEY, FORMAT.to_le_bytes()).map_err(err)?;
-        Self::load_dedup(&store.slot()).map_err(|e| format_err(format!("could not rebuild its dedup index: {e}")))?;
+        store
+            .raft
+            .insert(FORMAT_KEY, FORMAT.to_le_bytes())
+            .map_err(err)?;
+        Self::load_dedup(&store.slot())
+            .map_err(|e| format_err(format!("could not rebuild its dedup index: {e}")))?;
         Ok(store)
     }
 
@@ -314,12 +374,18 @@ impl FjallStore {
 
     /// The active slot, as one operation should use it throughout.
     pub(crate) fn slot(&self) -> Slot {
-        self.active.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.active
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Make `slot` the active one for every clone of this store.
     pub(crate) fn switch_to(&self, slot: Slot) {
-        *self.active.write().unwrap_or_else(std::sync::PoisonError::into_inner) = slot;
+        *self
+            .active
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = slot;
     }
 
     /// Bytes the engine, the segment log and the dedup index use on disk.
@@ -375,8 +441,20 @@ impl FjallStore {
     /// slot active when it was taken, even if an install switches slots meanwhile.
     #[must_use]
     pub fn view(&self) -> StateView {
-        let Slot { state, segments, dedup_filter, dedup, .. } = self.slot();
-        StateView { snap: self.db.snapshot(), state, segments, dedup_filter, dedup }
+        let Slot {
+            state,
+            segments,
+            dedup_filter,
+            dedup,
+            ..
+        } = self.slot();
+        StateView {
+            snap: self.db.snapshot(),
+            state,
+            segments,
+            dedup_filter,
+            dedup,
+        }
     }
 
     /// Dedup index figures for status pages: (runs, entries in runs, entries in memory).
@@ -393,11 +471,17 @@ pub(crate) fn dedup_key(pid: u64, transaction_id: &str) -> Key {
 
 /// Open the dedup index of slot `name`; one that cannot be read is rebuilt from the segment
 /// log (it is derived data), with a warning.
-pub(crate) fn open_dedup(dir: &Path, name: SlotName, state: &Keyspace, mem_cap: usize) -> Result<Arc<DedupIndex>, crate::dedup::DedupError> {
+pub(crate) fn open_dedup(
+    dir: &Path,
+    name: SlotName,
+    state: &Keyspace,
+    mem_cap: usize,
+) -> Result<Arc<DedupIndex>, crate::dedup::DedupError> {
     let path = dir.join(name.dedup_dir());
     let ks = state.clone();
     // On a read error a merge keeps the entries: a dead entry only costs a needless check.
-    let first_live: FirstLive = Arc::new(move |pid| messages::first_live(&ks, pid).unwrap_or(Some(0)));
+    let first_live: FirstLive =
+        Arc::new(move |pid| messages::first_live(&ks, pid).unwrap_or(Some(0)));
     match DedupIndex::open(&path, mem_cap, first_live.clone()) {
         Ok(i) => Ok(Arc::new(i)),
         Err(e) => {
@@ -413,7 +497,13 @@ type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> bool + 'a;
 
 /// A point read of the domain's state: message rows from the segment log, dedup rows from the
 /// dedup index (those the filter rules out without reading it), the store's own tables hidden.
-fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter, dedup: &DedupIndex, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+fn routed_get(
+    engine: &dyn EngineRead,
+    segments: &Segments,
+    filter: &DedupFilter,
+    dedup: &DedupIndex,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, StoreError> {
     match key.first() {
         Some(&table::MESSAGE) => messages::get(engine, segments, key),
         Some(&table::DEDUP_HASH) => dedup_get(engine, filter, dedup, key),
@@ -424,13 +514,22 @@ fn routed_get(engine: &dyn EngineRead, segments: &Segments, filter: &DedupFilter
 
 /// A dedup row: the offsets the index holds under the key whose messages are still stored,
 /// which is exactly what the row said when rows were deleted with their messages.
-fn dedup_get(engine: &dyn EngineRead, filter: &DedupFilter, dedup: &DedupIndex, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-    let Some(k) = key_of_row(key) else { return Ok(None) };
+fn dedup_get(
+    engine: &dyn EngineRead,
+    filter: &DedupFilter,
+    dedup: &DedupIndex,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(k) = key_of_row(key) else {
+        return Ok(None);
+    };
     if filter.surely_absent(key) {
         return Ok(None);
     }
     let pid = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
-    let mut offsets = dedup.lookup(&k).map_err(|e| StoreError::Read(e.to_string()))?;
+    let mut offsets = dedup
+        .lookup(&k)
+        .map_err(|e| StoreError::Read(e.to_string()))?;
     let mut live = Vec::with_capacity(offsets.len());
     for o in offsets.drain(..) {
         if messages::is_live(engine, pid, o)? {
@@ -442,7 +541,13 @@ fn dedup_get(engine: &dyn EngineRead, filter: &DedupFilter, dedup: &DedupIndex, 
 
 /// A scan of the domain's state, split at the message table: engine rows before it, the
 /// segment log inside it, engine rows after it; the store's own tables are not the domain's.
-fn routed_scan(engine: &dyn EngineRead, segments: &Segments, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+fn routed_scan(
+    engine: &dyn EngineRead,
+    segments: &Segments,
+    start: &[u8],
+    end: &[u8],
+    visit: &mut Visit<'_>,
+) -> Result<(), StoreError> {
     let end = end.min(&[table::SEGMENT_INDEX][..]);
     if start >= end {
         return Ok(());
@@ -481,7 +586,11 @@ fn visit_engine(iter: fjall::Iter, visit: &mut Visit<'_>) -> Result<bool, StoreE
 impl Slot {
     /// Stage engine rows (`Some` puts, `None` removes) in `batch`; dedup rows are added to the
     /// filter first, so a reader that can see a row is never told it is absent.
-    pub(crate) fn write_rows(&self, batch: &mut fjall::OwnedWriteBatch, rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>) {
+    pub(crate) fn write_rows(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    ) {
         for (k, v) in rows {
             match v {
                 Some(v) => {
@@ -498,14 +607,20 @@ impl Slot {
     /// Move the dedup rows out of `writes` into the dedup index (and the filter). A put holds
     /// every offset under its key (the domain adds one to what it read); removes are dropped:
     /// the index answers only offsets whose message is still stored.
-    pub(crate) fn take_dedup_rows(&self, writes: &mut queen_domain::WriteSet) -> Result<(), StoreError> {
+    pub(crate) fn take_dedup_rows(
+        &self,
+        writes: &mut queen_domain::WriteSet,
+    ) -> Result<(), StoreError> {
         let mut after = writes.split_off(&[table::DEDUP_HASH + 1][..]);
         let rows = writes.split_off(&[table::DEDUP_HASH][..]);
         writes.append(&mut after);
         let mut entries = Vec::with_capacity(rows.len());
         for (k, v) in rows {
             let Some(v) = v else { continue };
-            let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt { key: queen_domain::codec::escape(&k), detail: "a dedup key of the wrong length".to_owned() })?;
+            let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt {
+                key: queen_domain::codec::escape(&k),
+                detail: "a dedup key of the wrong length".to_owned(),
+            })?;
             let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
             self.dedup_filter.insert(&k);
             entries.extend(offsets.into_iter().map(|o| (key, o)));
@@ -517,7 +632,13 @@ impl Slot {
 
 impl StateRead for Slot {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        routed_get(&self.state, &self.segments, &self.dedup_filter, &self.dedup, key)
+        routed_get(
+            &self.state,
+            &self.segments,
+            &self.dedup_filter,
+            &self.dedup,
+            key,
+        )
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
@@ -546,10 +667,22 @@ pub struct StateView {
 
 impl StateRead for StateView {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        routed_get(&View(&self.snap, &self.state), &self.segments, &self.dedup_filter, &self.dedup, key)
+        routed_get(
+            &View(&self.snap, &self.state),
+            &self.segments,
+            &self.dedup_filter,
+            &self.dedup,
+            key,
+        )
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
-        routed_scan(&View(&self.snap, &self.state), &self.segments, start, end, visit)
+        routed_scan(
+            &View(&self.snap, &self.state),
+            &self.segments,
+            start,
+            end,
+            visit,
+        )
     }
 }

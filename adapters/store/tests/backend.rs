@@ -31,12 +31,27 @@ fn applied_batches_survive_reopen_with_their_meta() {
     {
         let s = FjallStore::open(&cfg).unwrap();
         for b in 0..10u64 {
-            let entries = (0..50).map(|i| ApplyEntry { index: b * 50 + i + 1, command: Some(push_entry(b * 50 + i).into()), answered: true }).collect();
+            let entries = (0..50)
+                .map(|i| ApplyEntry {
+                    index: b * 50 + i + 1,
+                    command: Some(push_entry(b * 50 + i).into()),
+                    answered: true,
+                })
+                .collect();
             let r = s.apply(entries, format!("meta-{b}").into_bytes()).unwrap();
             assert_eq!(r.len(), 50);
         }
         // A blank entry gives an empty response and still stores the meta.
-        let r = s.apply(vec![ApplyEntry { index: 501, command: None, answered: true }], b"meta-last".to_vec()).unwrap();
+        let r = s
+            .apply(
+                vec![ApplyEntry {
+                    index: 501,
+                    command: None,
+                    answered: true,
+                }],
+                b"meta-last".to_vec(),
+            )
+            .unwrap();
         assert_eq!(r, vec![Vec::<u8>::new()]);
     }
     let s = FjallStore::open(&cfg).unwrap();
@@ -51,17 +66,34 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     let a_dir = tempfile::tempdir().unwrap();
     let b_dir = tempfile::tempdir().unwrap();
     let a = FjallStore::open(&StoreConfig::new(a_dir.path().to_path_buf())).unwrap();
-    let entries = (0..5000).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()), answered: true }).collect();
+    let entries = (0..5000)
+        .map(|i| ApplyEntry {
+            index: i + 1,
+            command: Some(push_entry(i).into()),
+            answered: true,
+        })
+        .collect();
     a.apply(entries, b"m".to_vec()).unwrap();
     a.persist().unwrap();
     let mut snap = a.snapshot().unwrap();
     // Writes after the snapshot are not in it.
-    a.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(9999).into()), answered: true }], b"m2".to_vec()).unwrap();
+    a.apply(
+        vec![ApplyEntry {
+            index: 5001,
+            command: Some(push_entry(9999).into()),
+            answered: true,
+        }],
+        b"m2".to_vec(),
+    )
+    .unwrap();
     let mut chunks = Vec::new();
     while let Some(c) = snap.next_chunk().unwrap() {
         chunks.push(c);
     }
-    assert!(chunks.len() > 1, "5000 messages of 300 bytes span several 1 MiB chunks");
+    assert!(
+        chunks.len() > 1,
+        "5000 messages of 300 bytes span several 1 MiB chunks"
+    );
     // A restarted cursor reads the same pinned view again, from its first chunk.
     let mut again = snap.restart().unwrap();
     for c in &chunks {
@@ -69,8 +101,17 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     }
     assert!(again.next_chunk().unwrap().is_none());
     let b = FjallStore::open(&StoreConfig::new(b_dir.path().to_path_buf())).unwrap();
-    b.apply(vec![ApplyEntry { index: 1, command: Some(push_entry(77_777).into()), answered: true }], b"old".to_vec()).unwrap();
-    b.install_snapshot(&mut chunks.into_iter().map(Ok), snap.meta()).unwrap();
+    b.apply(
+        vec![ApplyEntry {
+            index: 1,
+            command: Some(push_entry(77_777).into()),
+            answered: true,
+        }],
+        b"old".to_vec(),
+    )
+    .unwrap();
+    b.install_snapshot(&mut chunks.into_iter().map(Ok), snap.meta())
+        .unwrap();
     assert_eq!(b.load_meta().unwrap().as_deref(), Some(&b"m"[..]));
     assert_eq!(reads::queue(&b, "q").unwrap().unwrap().messages, 5000);
     // The installed state equals the same entries applied by the domain on a map.
@@ -81,14 +122,23 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
         let w = txn.into_writes();
         expected.commit(w);
     }
-    assert!(same(&b, &expected), "the installed state, its dedup rows included, is the domain's");
+    assert!(
+        same(&b, &expected),
+        "the installed state, its dedup rows included, is the domain's"
+    );
     assert_ne!(dump(&a), expected, "a moved on after its snapshot");
 }
 
 /// A store in `dir` holding `n` messages pushed by entries `from..from + n`, with `meta`.
 fn store_with(dir: &std::path::Path, from: u64, n: u64, meta: &[u8]) -> FjallStore {
     let s = FjallStore::open(&StoreConfig::new(dir.to_path_buf())).unwrap();
-    let entries = (from..from + n).map(|i| ApplyEntry { index: i + 1, command: Some(push_entry(i).into()), answered: true }).collect();
+    let entries = (from..from + n)
+        .map(|i| ApplyEntry {
+            index: i + 1,
+            command: Some(push_entry(i).into()),
+            answered: true,
+        })
+        .collect();
     s.apply(entries, meta.to_vec()).unwrap();
     s
 }
@@ -119,7 +169,15 @@ fn an_interrupted_install_leaves_the_old_state_and_meta() {
     let old = store_with(dir.path(), 100_000, 300, b"old");
     let before = dump(&old);
 
-    let mut failing = chunks.iter().take(2).cloned().map(Ok).chain([Err(queen_ports::BackendError::Storage("spool read failed".into()))]);
+    let mut failing =
+        chunks
+            .iter()
+            .take(2)
+            .cloned()
+            .map(Ok)
+            .chain([Err(queen_ports::BackendError::Storage(
+                "spool read failed".into(),
+            ))]);
     assert!(old.install_snapshot(&mut failing, meta.clone()).is_err());
     assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"old"[..]));
     assert_eq!(dump(&old), before);
@@ -134,20 +192,34 @@ fn an_interrupted_install_leaves_the_old_state_and_meta() {
     // inactive slot (B, as this store never installed).
     {
         let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let raft = db.keyspace("raft", fjall::KeyspaceCreateOptions::default).unwrap();
-        let spare = db.keyspace("state_b", fjall::KeyspaceCreateOptions::default).unwrap();
+        let raft = db
+            .keyspace("raft", fjall::KeyspaceCreateOptions::default)
+            .unwrap();
+        let spare = db
+            .keyspace("state_b", fjall::KeyspaceCreateOptions::default)
+            .unwrap();
         raft.insert(b"installing", b"1").unwrap();
         spare.insert(b"\x01partial", b"row").unwrap();
         db.persist(fjall::PersistMode::SyncAll).unwrap();
         std::fs::create_dir_all(dir.path().join("segments_b")).unwrap();
-        std::fs::write(dir.path().join("segments_b").join(format!("{:020}.qseg", 1)), b"partial").unwrap();
+        std::fs::write(
+            dir.path()
+                .join("segments_b")
+                .join(format!("{:020}.qseg", 1)),
+            b"partial",
+        )
+        .unwrap();
     }
     let old = FjallStore::open(&StoreConfig::new(dir.path().to_path_buf())).unwrap();
     assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"old"[..]));
     assert_eq!(dump(&old), before);
-    assert!(!dir.path().join("segments_b").exists(), "the partial slot's files are deleted at open");
+    assert!(
+        !dir.path().join("segments_b").exists(),
+        "the partial slot's files are deleted at open"
+    );
 
-    old.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
+    old.install_snapshot(&mut chunks.into_iter().map(Ok), meta)
+        .unwrap();
     assert_eq!(old.load_meta().unwrap().as_deref(), Some(&b"new"[..]));
     assert_eq!(messages(&old), 5000);
 }
@@ -162,31 +234,66 @@ fn installs_alternate_between_the_two_slots_across_reopens() {
     let first_dir = tempfile::tempdir().unwrap();
     let (chunks, meta) = all_chunks(&store_with(first_dir.path(), 0, 5000, b"first"));
     let view = s.view();
-    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
-    assert_eq!(reads::queue(&view, "q").unwrap().unwrap().messages, 300, "a view keeps the slot it started on");
+    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta)
+        .unwrap();
+    assert_eq!(
+        reads::queue(&view, "q").unwrap().unwrap().messages,
+        300,
+        "a view keeps the slot it started on"
+    );
     drop(view);
     assert_eq!(messages(&s), 5000);
     assert!(dir.path().join("segments_b").exists());
-    assert!(std::fs::read_dir(dir.path().join("segments")).unwrap().next().is_none(), "the old slot's files are deleted");
+    assert!(
+        std::fs::read_dir(dir.path().join("segments"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the old slot's files are deleted"
+    );
     drop(s);
 
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"first"[..]));
     assert_eq!(messages(&s), 5000);
-    s.apply(vec![ApplyEntry { index: 5001, command: Some(push_entry(5000).into()), answered: true }], b"first+1".to_vec()).unwrap();
+    s.apply(
+        vec![ApplyEntry {
+            index: 5001,
+            command: Some(push_entry(5000).into()),
+            answered: true,
+        }],
+        b"first+1".to_vec(),
+    )
+    .unwrap();
     assert_eq!(messages(&s), 5001);
     invariants::check(&s).unwrap();
 
     let second_dir = tempfile::tempdir().unwrap();
     let second = store_with(second_dir.path(), 200_000, 1200, b"second");
     let (chunks, meta) = all_chunks(&second);
-    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta).unwrap();
-    assert!(!dir.path().join("segments_b").read_dir().unwrap().any(|_| true), "slot B is emptied");
+    s.install_snapshot(&mut chunks.into_iter().map(Ok), meta)
+        .unwrap();
+    assert!(
+        !dir.path()
+            .join("segments_b")
+            .read_dir()
+            .unwrap()
+            .any(|_| true),
+        "slot B is emptied"
+    );
     drop(s);
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(s.load_meta().unwrap().as_deref(), Some(&b"second"[..]));
     assert_eq!(dump(&s), dump(&second));
-    s.apply(vec![ApplyEntry { index: 1201, command: Some(push_entry(7).into()), answered: true }], b"second+1".to_vec()).unwrap();
+    s.apply(
+        vec![ApplyEntry {
+            index: 1201,
+            command: Some(push_entry(7).into()),
+            answered: true,
+        }],
+        b"second+1".to_vec(),
+    )
+    .unwrap();
     drop(s);
     let s = FjallStore::open(&cfg).unwrap();
     assert_eq!(messages(&s), 1201);
@@ -219,18 +326,36 @@ fn entries_nobody_waits_for_change_the_same_state_and_answer_nothing() {
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = FjallStore::open(&StoreConfig::new(a_dir.path().to_path_buf())).unwrap();
     let b = FjallStore::open(&StoreConfig::new(b_dir.path().to_path_buf())).unwrap();
-    let entries = |answered: bool| commands.iter().enumerate().map(|(i, c)| ApplyEntry { index: i as u64 + 1, command: Some(c.clone().into()), answered }).collect::<Vec<_>>();
+    let entries = |answered: bool| {
+        commands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ApplyEntry {
+                index: i as u64 + 1,
+                command: Some(c.clone().into()),
+                answered,
+            })
+            .collect::<Vec<_>>()
+    };
     let full = a.apply(entries(true), b"m".to_vec()).unwrap();
     let empty = b.apply(entries(false), b"m".to_vec()).unwrap();
-    assert!(empty.iter().all(Vec::is_empty), "nobody waits: nothing is encoded");
+    assert!(
+        empty.iter().all(Vec::is_empty),
+        "nobody waits: nothing is encoded"
+    );
     let delivered: usize = full[200..]
         .iter()
         .map(|r| match Response::decode(r).unwrap().outcome {
-            queen_domain::command::Outcome::Pop(p) => p.claims.iter().map(|c| c.messages.len()).sum::<usize>(),
+            queen_domain::command::Outcome::Pop(p) => {
+                p.claims.iter().map(|c| c.messages.len()).sum::<usize>()
+            }
             other => panic!("{other:?}"),
         })
         .sum();
-    assert!(delivered > 0, "the pops delivered messages to whoever waited");
+    assert!(
+        delivered > 0,
+        "the pops delivered messages to whoever waited"
+    );
     assert!(same(&b, &dump(&a)), "the same state either way");
     invariants::check(&b).unwrap();
 }

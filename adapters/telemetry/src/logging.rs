@@ -129,7 +129,12 @@ mod tests {
         });
         assert!(out.contains("listening"), "{out}");
         assert!(out.contains("a warning still shows"), "{out}");
-        assert!(!out.contains("RaftState") && !out.contains("ingestion") && !out.contains("Creating database"), "{out}");
+        assert!(
+            !out.contains("RaftState")
+                && !out.contains("ingestion")
+                && !out.contains("Creating database"),
+            "{out}"
+        );
     }
 
     #[test]

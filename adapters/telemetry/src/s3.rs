@@ -45,7 +45,10 @@ pub struct S3Metrics {
 }
 
 /// A callback that reports `pick` of every running queue's gauges, labelled by queue.
-fn per_queue<T: 'static>(table: &Table, pick: fn(&S3QueueGauges) -> T) -> impl Fn(&dyn AsyncInstrument<T>) + Send + Sync + 'static {
+fn per_queue<T: 'static>(
+    table: &Table,
+    pick: fn(&S3QueueGauges) -> T,
+) -> impl Fn(&dyn AsyncInstrument<T>) + Send + Sync + 'static {
     let table = Arc::clone(table);
     move |o| {
         for (queue, g) in table.lock().unwrap_or_else(PoisonError::into_inner).iter() {
@@ -54,44 +57,129 @@ fn per_queue<T: 'static>(table: &Table, pick: fn(&S3QueueGauges) -> T) -> impl F
     }
 }
 
-fn observed_f64(meter: &Meter, table: &Table, name: &'static str, help: &'static str, pick: fn(&S3QueueGauges) -> f64) -> ObservableGauge<f64> {
-    meter.f64_observable_gauge(name).with_description(help).with_callback(per_queue(table, pick)).build()
+fn observed_f64(
+    meter: &Meter,
+    table: &Table,
+    name: &'static str,
+    help: &'static str,
+    pick: fn(&S3QueueGauges) -> f64,
+) -> ObservableGauge<f64> {
+    meter
+        .f64_observable_gauge(name)
+        .with_description(help)
+        .with_callback(per_queue(table, pick))
+        .build()
 }
 
-fn observed_u64(meter: &Meter, table: &Table, name: &'static str, help: &'static str, pick: fn(&S3QueueGauges) -> u64) -> ObservableGauge<u64> {
-    meter.u64_observable_gauge(name).with_description(help).with_callback(per_queue(table, pick)).build()
+fn observed_u64(
+    meter: &Meter,
+    table: &Table,
+    name: &'static str,
+    help: &'static str,
+    pick: fn(&S3QueueGauges) -> u64,
+) -> ObservableGauge<u64> {
+    meter
+        .u64_observable_gauge(name)
+        .with_description(help)
+        .with_callback(per_queue(table, pick))
+        .build()
 }
 
 impl S3Metrics {
     pub(crate) fn new(meter: &Meter) -> Self {
-        let counter = |name: &'static str, help: &'static str| meter.u64_counter(name).with_description(help).build();
+        let counter = |name: &'static str, help: &'static str| {
+            meter.u64_counter(name).with_description(help).build()
+        };
         let sizes = |name: &'static str, help: &'static str, bounds: Vec<f64>| {
-            meter.u64_histogram(name).with_description(help).with_boundaries(bounds).build()
+            meter
+                .u64_histogram(name)
+                .with_description(help)
+                .with_boundaries(bounds)
+                .build()
         };
         let table: Table = Arc::default();
         let pow = |base: f64, n: i32| (0..n).map(|i| base * 4f64.powi(i)).collect::<Vec<_>>();
         Self {
-            windows_committed: counter("queen_s3_windows_committed_total", "Windows this node committed, by queue."),
-            records_written: counter("queen_s3_records_written_total", "Records in windows this node committed, by queue."),
-            bytes_written: counter("queen_s3_bytes_written_total", "Object bytes this node uploaded for committed windows, by queue."),
-            records_lost: counter("queen_s3_records_lost_total", "Records retention deleted before the sink read them, by queue."),
-            window_records: sizes("queen_s3_window_records", "Records per committed window.", pow(1.0, 12)),
-            window_bytes: sizes("queen_s3_window_bytes", "Object bytes per committed window.", pow(1024.0, 12)),
-            fetch_calls: counter("queen_s3_fetch_calls_total", "Reads of the applied log by the sink, by queue."),
-            s3_requests: counter("queen_s3_s3_requests_total", "Requests to the object store, by operation and status code."),
+            windows_committed: counter(
+                "queen_s3_windows_committed_total",
+                "Windows this node committed, by queue.",
+            ),
+            records_written: counter(
+                "queen_s3_records_written_total",
+                "Records in windows this node committed, by queue.",
+            ),
+            bytes_written: counter(
+                "queen_s3_bytes_written_total",
+                "Object bytes this node uploaded for committed windows, by queue.",
+            ),
+            records_lost: counter(
+                "queen_s3_records_lost_total",
+                "Records retention deleted before the sink read them, by queue.",
+            ),
+            window_records: sizes(
+                "queen_s3_window_records",
+                "Records per committed window.",
+                pow(1.0, 12),
+            ),
+            window_bytes: sizes(
+                "queen_s3_window_bytes",
+                "Object bytes per committed window.",
+                pow(1024.0, 12),
+            ),
+            fetch_calls: counter(
+                "queen_s3_fetch_calls_total",
+                "Reads of the applied log by the sink, by queue.",
+            ),
+            s3_requests: counter(
+                "queen_s3_s3_requests_total",
+                "Requests to the object store, by operation and status code.",
+            ),
             commit_precondition_lost: counter(
                 "queen_s3_commit_precondition_lost_total",
                 "Intent or pointer batches refused because another node took the lease, by queue.",
             ),
-            queues_given_back: counter("queen_s3_queues_given_back_total", "Queues this node gave back to even out placement."),
+            queues_given_back: counter(
+                "queen_s3_queues_given_back_total",
+                "Queues this node gave back to even out placement.",
+            ),
             _gauges: vec![
-                observed_f64(meter, &table, "queen_s3_lag_seconds", "safeTime minus the stamp below which every record is committed, by queue.", |g| g.lag_seconds),
-                observed_f64(meter, &table, "queen_s3_safe_lag_seconds", "The lag plus how far this node's applied log trails its clock, by queue.", |g| g.safe_lag_seconds),
+                observed_f64(
+                    meter,
+                    &table,
+                    "queen_s3_lag_seconds",
+                    "safeTime minus the stamp below which every record is committed, by queue.",
+                    |g| g.lag_seconds,
+                ),
+                observed_f64(
+                    meter,
+                    &table,
+                    "queen_s3_safe_lag_seconds",
+                    "The lag plus how far this node's applied log trails its clock, by queue.",
+                    |g| g.safe_lag_seconds,
+                ),
             ],
             _int_gauges: vec![
-                observed_u64(meter, &table, "queen_s3_buffer_bytes", "Bytes buffered for the filling window, by queue.", |g| g.buffer_bytes),
-                observed_u64(meter, &table, "queen_s3_discovery_partitions", "Partitions discovery reports, by queue.", |g| g.discovery_partitions),
-                observed_u64(meter, &table, "queen_s3_checkpoint_age_windows", "Windows committed since the last checkpoint, by queue.", |g| g.checkpoint_age_windows),
+                observed_u64(
+                    meter,
+                    &table,
+                    "queen_s3_buffer_bytes",
+                    "Bytes buffered for the filling window, by queue.",
+                    |g| g.buffer_bytes,
+                ),
+                observed_u64(
+                    meter,
+                    &table,
+                    "queen_s3_discovery_partitions",
+                    "Partitions discovery reports, by queue.",
+                    |g| g.discovery_partitions,
+                ),
+                observed_u64(
+                    meter,
+                    &table,
+                    "queen_s3_checkpoint_age_windows",
+                    "Windows committed since the last checkpoint, by queue.",
+                    |g| g.checkpoint_age_windows,
+                ),
             ],
             table,
         }
@@ -110,22 +198,31 @@ impl S3Metrics {
 
     /// `queen_s3_records_lost_total`.
     pub fn records_lost(&self, queue: &str, n: u64) {
-        self.records_lost.add(n, &[KeyValue::new("queue", queue.to_owned())]);
+        self.records_lost
+            .add(n, &[KeyValue::new("queue", queue.to_owned())]);
     }
 
     /// `queen_s3_fetch_calls_total`.
     pub fn fetch_call(&self, queue: &str) {
-        self.fetch_calls.add(1, &[KeyValue::new("queue", queue.to_owned())]);
+        self.fetch_calls
+            .add(1, &[KeyValue::new("queue", queue.to_owned())]);
     }
 
     /// `queen_s3_s3_requests_total{operation,status}`.
     pub fn s3_request(&self, operation: &'static str, status: u16) {
-        self.s3_requests.add(1, &[KeyValue::new("operation", operation), KeyValue::new("status", i64::from(status))]);
+        self.s3_requests.add(
+            1,
+            &[
+                KeyValue::new("operation", operation),
+                KeyValue::new("status", i64::from(status)),
+            ],
+        );
     }
 
     /// `queen_s3_commit_precondition_lost_total`.
     pub fn precondition_lost(&self, queue: &str) {
-        self.commit_precondition_lost.add(1, &[KeyValue::new("queue", queue.to_owned())]);
+        self.commit_precondition_lost
+            .add(1, &[KeyValue::new("queue", queue.to_owned())]);
     }
 
     /// `queen_s3_queues_given_back_total`.

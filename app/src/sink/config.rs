@@ -55,7 +55,15 @@ pub enum Target {
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::S3 { endpoint, region, path_style, bucket, access_key, sse, .. } => f
+            Target::S3 {
+                endpoint,
+                region,
+                path_style,
+                bucket,
+                access_key,
+                sse,
+                ..
+            } => f
                 .debug_struct("S3")
                 .field("endpoint", endpoint)
                 .field("region", region)
@@ -141,17 +149,23 @@ pub struct SinkBoot {
 
 fn help(var: &str) -> &'static str {
     match var {
-        "QUEEN_S3_MAX_WINDOW_MS" => "It is how long a window may stay open; the lag SLO is about this plus the safe lag",
+        "QUEEN_S3_MAX_WINDOW_MS" => {
+            "It is how long a window may stay open; the lag SLO is about this plus the safe lag"
+        }
         "QUEEN_S3_TARGET_MB" => "It is how much uncompressed data closes a window",
         "QUEEN_S3_MEMORY_MB" => "It is the node-wide budget of the sink's buffers",
         "QUEEN_S3_SAFE_GUARD_MS" => "It is how far below safeTime a window's end stays",
         "QUEEN_S3_LEASE_TTL_MS" => "It is how long a queue's lease lives without a refresh",
         "QUEEN_S3_CHECKPOINT_EVERY" => "It is how many windows pass between checkpoints",
         "QUEEN_S3_FETCH_CONCURRENCY" => "It is how many reads of the log run at once on this node",
-        "QUEEN_S3_SHUTDOWN_GRACE_MS" => "It is how long the broker waits for the sink's drain at shutdown",
+        "QUEEN_S3_SHUTDOWN_GRACE_MS" => {
+            "It is how long the broker waits for the sink's drain at shutdown"
+        }
         "QUEEN_S3_QUEUES" => "It names the queues to mirror: * or a comma-separated list",
         "QUEEN_S3_BUCKET" => "It is the bucket the lake is written to",
-        "QUEEN_S3_ENDPOINT" => "It is the object store: an http(s) URL, file://<folder> or memory://",
+        "QUEEN_S3_ENDPOINT" => {
+            "It is the object store: an http(s) URL, file://<folder> or memory://"
+        }
         _ => "See docs/s3-sink.md",
     }
 }
@@ -168,28 +182,58 @@ struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
 
 impl Env<'_> {
     fn get(&self, var: &str) -> Option<String> {
-        (self.0)(var).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+        (self.0)(var)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
     }
 
     fn num(&self, var: &str, default: u64, lo: u64, hi: u64) -> Result<u64, SinkConfigError> {
-        let Some(v) = self.get(var) else { return Ok(default) };
+        let Some(v) = self.get(var) else {
+            return Ok(default);
+        };
         match v.parse::<u64>() {
             Ok(n) if (lo..=hi).contains(&n) => Ok(n),
             Ok(_) => Err(bad(var, &v, &format!("is outside {lo}..={hi}"))),
-            Err(_) => Err(bad(var, &v, &format!("is not a whole number in {lo}..={hi}"))),
+            Err(_) => Err(bad(
+                var,
+                &v,
+                &format!("is not a whole number in {lo}..={hi}"),
+            )),
         }
     }
 
-    fn choice<T: Copy>(&self, var: &str, default: T, options: &[(&str, T)]) -> Result<T, SinkConfigError> {
-        let Some(v) = self.get(var) else { return Ok(default) };
-        options.iter().find(|(name, _)| name.eq_ignore_ascii_case(&v)).map(|(_, t)| *t).ok_or_else(|| {
-            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-            bad(var, &v, &format!("is not one of {}", names.join(", ")))
-        })
+    fn choice<T: Copy>(
+        &self,
+        var: &str,
+        default: T,
+        options: &[(&str, T)],
+    ) -> Result<T, SinkConfigError> {
+        let Some(v) = self.get(var) else {
+            return Ok(default);
+        };
+        options
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(&v))
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                bad(var, &v, &format!("is not one of {}", names.join(", ")))
+            })
     }
 
     fn flag(&self, var: &str) -> Result<bool, SinkConfigError> {
-        self.choice(var, false, &[("true", true), ("false", false), ("1", true), ("0", false), ("yes", true), ("no", false)])
+        self.choice(
+            var,
+            false,
+            &[
+                ("true", true),
+                ("false", false),
+                ("1", true),
+                ("0", false),
+                ("yes", true),
+                ("no", false),
+            ],
+        )
     }
 }
 
@@ -197,10 +241,19 @@ impl Env<'_> {
 ///
 /// # Errors
 /// A value that stops the boot, in the reference's one-line form.
-pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<SinkBoot, SinkConfigError> {
+pub fn from_env(
+    get: &dyn Fn(&str) -> Option<String>,
+    node_id: u64,
+) -> Result<SinkBoot, SinkConfigError> {
     let env = Env(get);
-    if !env.flag("QUEEN_S3_EMBEDDED").map_err(|e| SinkConfigError(e.0.replacen("QUEEN_S3_EMBEDDED=true: ", "", 1)))? {
-        return Ok(SinkBoot { settings: None, warnings: Vec::new() });
+    if !env
+        .flag("QUEEN_S3_EMBEDDED")
+        .map_err(|e| SinkConfigError(e.0.replacen("QUEEN_S3_EMBEDDED=true: ", "", 1)))?
+    {
+        return Ok(SinkBoot {
+            settings: None,
+            warnings: Vec::new(),
+        });
     }
     if env.get("QUEEN_S3_PARTITIONS").is_some() {
         return Err(SinkConfigError(
@@ -208,7 +261,10 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
         ));
     }
     let mut warnings = Vec::new();
-    let leftovers: Vec<&str> = ["QUEEN_S3_LISTEN", "QUEEN_S3_LOG_FORMAT"].into_iter().filter(|v| env.get(v).is_some()).collect();
+    let leftovers: Vec<&str> = ["QUEEN_S3_LISTEN", "QUEEN_S3_LOG_FORMAT"]
+        .into_iter()
+        .filter(|v| env.get(v).is_some())
+        .collect();
     if !leftovers.is_empty() {
         warnings.push(format!("{} left over from the standalone sink: ignored (the embedded sink opens no port and logs with the broker)", leftovers.join(" and ")));
     }
@@ -216,9 +272,20 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
         None => return Err(missing("QUEEN_S3_QUEUES")),
         Some(q) if q == "*" => Queues::All,
         Some(q) => {
-            let names: Vec<String> = q.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
-            if let Some(n) = names.iter().find(|n| queen_domain::names::QueueName::new(n.as_str()).is_err()) {
-                return Err(bad("QUEEN_S3_QUEUES", &q, &format!("names '{n}', which is not a queue name")));
+            let names: Vec<String> = q
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect();
+            if let Some(n) = names
+                .iter()
+                .find(|n| queen_domain::names::QueueName::new(n.as_str()).is_err())
+            {
+                return Err(bad(
+                    "QUEEN_S3_QUEUES",
+                    &q,
+                    &format!("names '{n}', which is not a queue name"),
+                ));
             }
             if names.is_empty() {
                 return Err(missing("QUEEN_S3_QUEUES"));
@@ -242,9 +309,15 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
             if let Some(e) = &endpoint
                 && !(e.starts_with("http://") || e.starts_with("https://"))
             {
-                return Err(bad("QUEEN_S3_ENDPOINT", e, "is not an http(s)://, file:// or memory:// URL"));
+                return Err(bad(
+                    "QUEEN_S3_ENDPOINT",
+                    e,
+                    "is not an http(s)://, file:// or memory:// URL",
+                ));
             }
-            let bucket = env.get("QUEEN_S3_BUCKET").ok_or_else(|| missing("QUEEN_S3_BUCKET"))?;
+            let bucket = env
+                .get("QUEEN_S3_BUCKET")
+                .ok_or_else(|| missing("QUEEN_S3_BUCKET"))?;
             let access_key = env.get("QUEEN_S3_ACCESS_KEY").ok_or_else(|| {
                 SinkConfigError("QUEEN_S3_ACCESS_KEY is required for an S3 endpoint. It is the access key id of the bucket's credentials".into())
             })?;
@@ -262,7 +335,9 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
             };
             Target::S3 {
                 endpoint,
-                region: env.get("QUEEN_S3_REGION").unwrap_or_else(|| "us-east-1".to_owned()),
+                region: env
+                    .get("QUEEN_S3_REGION")
+                    .unwrap_or_else(|| "us-east-1".to_owned()),
                 path_style: env.flag("QUEEN_S3_PATH_STYLE")?,
                 bucket,
                 access_key,
@@ -271,8 +346,16 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
             }
         }
     };
-    let prefix = env.get("QUEEN_S3_PREFIX").unwrap_or_else(|| "queen".to_owned()).trim_matches('/').to_owned();
-    if prefix.is_empty() || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+    let prefix = env
+        .get("QUEEN_S3_PREFIX")
+        .unwrap_or_else(|| "queen".to_owned())
+        .trim_matches('/')
+        .to_owned();
+    if prefix.is_empty()
+        || prefix
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
         return Err(bad("QUEEN_S3_PREFIX", &prefix, "is not a key prefix"));
     }
     Ok(SinkBoot {
@@ -282,25 +365,61 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>, node_id: u64) -> Result<Si
             queues,
             target,
             prefix,
-            format: env.choice("QUEEN_S3_FORMAT", Format::Jsonl, &[("jsonl", Format::Jsonl), ("parquet", Format::Parquet)])?,
+            format: env.choice(
+                "QUEEN_S3_FORMAT",
+                Format::Jsonl,
+                &[("jsonl", Format::Jsonl), ("parquet", Format::Parquet)],
+            )?,
             compression: env.choice(
                 "QUEEN_S3_COMPRESSION",
                 Compression::Zstd,
-                &[("zstd", Compression::Zstd), ("gzip", Compression::Gzip), ("none", Compression::None)],
+                &[
+                    ("zstd", Compression::Zstd),
+                    ("gzip", Compression::Gzip),
+                    ("none", Compression::None),
+                ],
             )?,
-            parquet_codec: env.choice("QUEEN_S3_PARQUET_CODEC", ParquetCodec::Zstd, &[("zstd", ParquetCodec::Zstd), ("snappy", ParquetCodec::Snappy)])?,
-            layout: env.choice("QUEEN_S3_LAYOUT", Layout::Merged, &[("merged", Layout::Merged), ("per-partition", Layout::PerPartition)])?,
-            start: env.choice("QUEEN_S3_START", Start::Latest, &[("earliest", Start::Earliest), ("latest", Start::Latest)])?,
+            parquet_codec: env.choice(
+                "QUEEN_S3_PARQUET_CODEC",
+                ParquetCodec::Zstd,
+                &[
+                    ("zstd", ParquetCodec::Zstd),
+                    ("snappy", ParquetCodec::Snappy),
+                ],
+            )?,
+            layout: env.choice(
+                "QUEEN_S3_LAYOUT",
+                Layout::Merged,
+                &[
+                    ("merged", Layout::Merged),
+                    ("per-partition", Layout::PerPartition),
+                ],
+            )?,
+            start: env.choice(
+                "QUEEN_S3_START",
+                Start::Latest,
+                &[("earliest", Start::Earliest), ("latest", Start::Latest)],
+            )?,
             max_window_ms: env.num("QUEEN_S3_MAX_WINDOW_MS", 300_000, 100, 86_400_000)?,
             target_mb: env.num("QUEEN_S3_TARGET_MB", 128, 1, 4096)?,
-            align: env.choice("QUEEN_S3_ALIGN", Align::Hour, &[("hour", Align::Hour), ("day", Align::Day), ("none", Align::None)])?,
+            align: env.choice(
+                "QUEEN_S3_ALIGN",
+                Align::Hour,
+                &[
+                    ("hour", Align::Hour),
+                    ("day", Align::Day),
+                    ("none", Align::None),
+                ],
+            )?,
             memory_mb: env.num("QUEEN_S3_MEMORY_MB", 512, 16, 65_536)?,
             safe_guard_ms: env.num("QUEEN_S3_SAFE_GUARD_MS", 5000, 0, 600_000)?,
             lease_ttl_ms: env.num("QUEEN_S3_LEASE_TTL_MS", 30_000, 1000, 600_000)?,
             checkpoint_every: env.num("QUEEN_S3_CHECKPOINT_EVERY", 10, 1, 10_000)?,
             fetch_concurrency: env.num("QUEEN_S3_FETCH_CONCURRENCY", 4, 1, 64)?,
             shutdown_grace_ms: env.num("QUEEN_S3_SHUTDOWN_GRACE_MS", 30_000, 0, 600_000)?,
-            instance: env.get("QUEEN_S3_INSTANCE").unwrap_or_else(|| format!("node-{node_id}")),
+            instance: env
+                .get("QUEEN_S3_INSTANCE")
+                .unwrap_or_else(|| format!("node-{node_id}")),
         }),
         warnings,
     })
@@ -311,7 +430,15 @@ impl SinkSettings {
     #[must_use]
     pub fn describe(&self) -> String {
         let target = match &self.target {
-            Target::S3 { endpoint, region, path_style, bucket, access_key, sse, .. } => format!(
+            Target::S3 {
+                endpoint,
+                region,
+                path_style,
+                bucket,
+                access_key,
+                sse,
+                ..
+            } => format!(
                 "endpoint={} region={region} path_style={path_style} bucket={bucket} access_key={access_key} sse={}",
                 endpoint.as_deref().unwrap_or("aws"),
                 sse.as_deref().unwrap_or("none")
@@ -331,7 +458,11 @@ impl SinkSettings {
             low(&self.format),
             low(&self.compression),
             low(&self.parquet_codec),
-            if self.layout == Layout::Merged { "merged" } else { "per-partition" },
+            if self.layout == Layout::Merged {
+                "merged"
+            } else {
+                "per-partition"
+            },
             low(&self.start),
             self.max_window_ms,
             self.target_mb,
@@ -357,7 +488,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn read(vars: &[(&str, &str)]) -> Result<SinkBoot, SinkConfigError> {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         from_env(&move |k| map.get(k).cloned(), 1)
     }
 
@@ -373,7 +507,12 @@ mod tests {
     #[test]
     fn off_unless_embedded() {
         assert!(read(&[]).unwrap().settings.is_none());
-        assert!(read(&[("QUEEN_S3_EMBEDDED", " ")]).unwrap().settings.is_none());
+        assert!(
+            read(&[("QUEEN_S3_EMBEDDED", " ")])
+                .unwrap()
+                .settings
+                .is_none()
+        );
     }
 
     #[test]
@@ -389,20 +528,39 @@ mod tests {
     #[test]
     fn defaults_enums_and_refusals() {
         let s = read(&S3).unwrap().settings.unwrap();
-        assert_eq!((s.max_window_ms, s.target_mb, s.memory_mb, s.lease_ttl_ms), (300_000, 128, 512, 30_000));
-        assert_eq!((s.format, s.compression, s.start, s.align), (Format::Jsonl, Compression::Zstd, Start::Latest, Align::Hour));
+        assert_eq!(
+            (s.max_window_ms, s.target_mb, s.memory_mb, s.lease_ttl_ms),
+            (300_000, 128, 512, 30_000)
+        );
+        assert_eq!(
+            (s.format, s.compression, s.start, s.align),
+            (Format::Jsonl, Compression::Zstd, Start::Latest, Align::Hour)
+        );
         let mut v = S3.to_vec();
         v.push(("QUEEN_S3_FORMAT", "PARQUET"));
         v.push(("QUEEN_S3_LAYOUT", "Per-Partition"));
         let s = read(&v).unwrap().settings.unwrap();
-        assert_eq!((s.format, s.layout), (Format::Parquet, Layout::PerPartition));
+        assert_eq!(
+            (s.format, s.layout),
+            (Format::Parquet, Layout::PerPartition)
+        );
         let mut v = S3.to_vec();
         v.push(("QUEEN_S3_PARTITIONS", "a,b"));
-        assert!(read(&v).unwrap_err().to_string().contains("QUEEN_S3_PARTITIONS"));
+        assert!(
+            read(&v)
+                .unwrap_err()
+                .to_string()
+                .contains("QUEEN_S3_PARTITIONS")
+        );
         let mut v = S3.to_vec();
         v.push(("QUEEN_S3_LISTEN", ":8080"));
         assert_eq!(read(&v).unwrap().warnings.len(), 1);
-        assert!(read(&[("QUEEN_S3_EMBEDDED", "true")]).unwrap_err().to_string().contains("QUEEN_S3_QUEUES is required"));
+        assert!(
+            read(&[("QUEEN_S3_EMBEDDED", "true")])
+                .unwrap_err()
+                .to_string()
+                .contains("QUEEN_S3_QUEUES is required")
+        );
     }
 
     #[test]
@@ -410,14 +568,30 @@ mod tests {
         let s = read(&S3).unwrap().settings.unwrap();
         assert!(!format!("{s:?}").contains("queen-secret-key"));
         assert!(!s.describe().contains("queen-secret-key"));
-        let mut v: Vec<(&str, &str)> = S3.iter().copied().filter(|(k, _)| *k != "QUEEN_S3_QUEUES").collect();
+        let mut v: Vec<(&str, &str)> = S3
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "QUEEN_S3_QUEUES")
+            .collect();
         v.push(("QUEEN_S3_QUEUES", "bad/name"));
-        assert!(!read(&v).unwrap_err().to_string().contains("queen-secret-key"));
+        assert!(
+            !read(&v)
+                .unwrap_err()
+                .to_string()
+                .contains("queen-secret-key")
+        );
     }
 
     #[test]
     fn a_local_folder_needs_no_account() {
-        let s = read(&[("QUEEN_S3_EMBEDDED", "true"), ("QUEEN_S3_QUEUES", "*"), ("QUEEN_S3_ENDPOINT", "file://./queen-lake")]).unwrap().settings.unwrap();
+        let s = read(&[
+            ("QUEEN_S3_EMBEDDED", "true"),
+            ("QUEEN_S3_QUEUES", "*"),
+            ("QUEEN_S3_ENDPOINT", "file://./queen-lake"),
+        ])
+        .unwrap()
+        .settings
+        .unwrap();
         assert_eq!(s.target, Target::Local("./queen-lake".into()));
         assert_eq!(s.queues, Queues::All);
     }

@@ -144,15 +144,26 @@ impl Shared {
             return false;
         }
         let b = self.buffered.lock().unwrap_or_else(PoisonError::into_inner);
-        b.iter().max_by_key(|(_, v)| **v).is_some_and(|(q, _)| q == queue)
+        b.iter()
+            .max_by_key(|(_, v)| **v)
+            .is_some_and(|(q, _)| q == queue)
     }
 
     fn giving_back(&self, queue: &str) -> bool {
-        self.give_back.lock().unwrap_or_else(PoisonError::into_inner).as_deref() == Some(queue)
+        self.give_back
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_deref()
+            == Some(queue)
     }
 
     fn held(&self) -> u64 {
-        self.queues.lock().unwrap_or_else(PoisonError::into_inner).values().filter(|q| q.running).count() as u64
+        self.queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|q| q.running)
+            .count() as u64
     }
 
     /// This node's fair share: the queues found over the nodes running the sink, rounded up.
@@ -180,7 +191,15 @@ pub struct SinkHandle {
 /// When the object store client cannot be built.
 pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake, String> {
     let target = match &settings.target {
-        Target::S3 { endpoint, region, path_style, bucket, access_key, secret_key, sse } => LakeTarget::S3(S3Target {
+        Target::S3 {
+            endpoint,
+            region,
+            path_style,
+            bucket,
+            access_key,
+            secret_key,
+            sse,
+        } => LakeTarget::S3(S3Target {
             endpoint: endpoint.clone(),
             region: region.clone(),
             path_style: *path_style,
@@ -188,7 +207,10 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
             access_key: access_key.clone(),
             secret_key: Secret::new(secret_key.clone()),
             sse: match sse {
-                Some(s) => Some(s.parse().map_err(|e: queen_lake::LakeError| e.to_string())?),
+                Some(s) => Some(
+                    s.parse()
+                        .map_err(|e: queen_lake::LakeError| e.to_string())?,
+                ),
                 None => None,
             },
         }),
@@ -198,7 +220,9 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
     let t = telemetry.clone();
     Ok(Lake::open(&target)
         .map_err(|e| e.to_string())?
-        .with_observer(Arc::new(move |op, status| t.metrics().s3().s3_request(op, status))))
+        .with_observer(Arc::new(move |op, status| {
+            t.metrics().s3().s3_request(op, status)
+        })))
 }
 
 /// Check the lake a setting names (`queen lake verify`): the report as pretty JSON, and whether
@@ -208,8 +232,13 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
 /// When the lake cannot be opened or listed.
 pub async fn verify_lake(settings: &SinkSettings) -> Result<(String, bool), String> {
     let lake = open_lake(settings, &Telemetry::metrics_only(0))?;
-    let report = queen_lake::verify(&lake, &settings.prefix).await.map_err(|e| e.to_string())?;
-    Ok((serde_json::to_string_pretty(&report).unwrap_or_default(), report.ok()))
+    let report = queen_lake::verify(&lake, &settings.prefix)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        serde_json::to_string_pretty(&report).unwrap_or_default(),
+        report.ok(),
+    ))
 }
 
 impl SinkHandle {
@@ -217,7 +246,11 @@ impl SinkHandle {
     ///
     /// # Errors
     /// When its threads or its object store client cannot be made.
-    pub fn start(settings: SinkSettings, broker: Arc<Broker>, telemetry: Telemetry) -> Result<SinkHandle, String> {
+    pub fn start(
+        settings: SinkSettings,
+        broker: Arc<Broker>,
+        telemetry: Telemetry,
+    ) -> Result<SinkHandle, String> {
         let lake = open_lake(&settings, &telemetry)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -237,14 +270,26 @@ impl SinkHandle {
             buffered: Mutex::default(),
             buffered_total: AtomicU64::new(0),
             buffered_peak: AtomicU64::new(0),
-            sink: Mutex::new(SinkStatus { phase: "starting", nodes: 1, someone_under: true, ..SinkStatus::default() }),
+            sink: Mutex::new(SinkStatus {
+                phase: "starting",
+                nodes: 1,
+                someone_under: true,
+                ..SinkStatus::default()
+            }),
             give_back: Mutex::new(None),
             claim_turn: tokio::sync::Mutex::new(()),
             encode: tokio::sync::Semaphore::new(1),
-            fetch: tokio::sync::Semaphore::new(usize::try_from(settings.fetch_concurrency).unwrap_or(1)),
+            fetch: tokio::sync::Semaphore::new(
+                usize::try_from(settings.fetch_concurrency).unwrap_or(1),
+            ),
         });
         let supervisor = runtime.spawn(supervise(shared.clone()));
-        Ok(SinkHandle { shared, stop, supervisor: Mutex::new(Some(supervisor)), runtime: Mutex::new(Some(runtime)) })
+        Ok(SinkHandle {
+            shared,
+            stop,
+            supervisor: Mutex::new(Some(supervisor)),
+            runtime: Mutex::new(Some(runtime)),
+        })
     }
 
     /// The `s3` block of `/status`, as a source the broker can hold without keeping the sink
@@ -264,14 +309,23 @@ impl SinkHandle {
     /// release may take), then stop the sink's threads.
     pub async fn finish(&self) {
         self.begin_drain();
-        let grace = Duration::from_millis(self.shared.settings.shutdown_grace_ms) + Duration::from_secs(11);
-        let supervisor = self.supervisor.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let grace =
+            Duration::from_millis(self.shared.settings.shutdown_grace_ms) + Duration::from_secs(11);
+        let supervisor = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(s) = supervisor
             && tokio::time::timeout(grace, s).await.is_err()
         {
             tracing::warn!(target: "queen-s3", "the sink's drain ran out of time; the next owner redoes what was left");
         }
-        let runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(rt) = runtime {
             rt.shutdown_background();
         }
@@ -281,7 +335,11 @@ impl SinkHandle {
 impl Drop for SinkHandle {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
-        let runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(rt) = runtime {
             rt.shutdown_background();
         }
@@ -303,7 +361,9 @@ async fn supervise(shared: Arc<Shared>) {
                 break;
             }
             Err(e) => {
-                let msg = format!("the bucket did not answer the probe: {e}; check the endpoint, the bucket name and the credentials");
+                let msg = format!(
+                    "the bucket did not answer the probe: {e}; check the endpoint, the bucket name and the credentials"
+                );
                 tracing::warn!(target: "queen-s3", error = %msg, "bucket probe failed");
                 shared.set_sink(|s| {
                     s.bucket_reachable = false;
@@ -327,8 +387,14 @@ async fn supervise(shared: Arc<Shared>) {
         let found = discover(&shared);
         over_since = place(&shared, found.present.len() as u64, over_since);
         for q in &found.present {
-            if tasks.get(q).is_none_or(tokio::task::JoinHandle::is_finished) {
-                tasks.insert(q.clone(), tokio::spawn(run_queue(shared.clone(), q.clone())));
+            if tasks
+                .get(q)
+                .is_none_or(tokio::task::JoinHandle::is_finished)
+            {
+                tasks.insert(
+                    q.clone(),
+                    tokio::spawn(run_queue(shared.clone(), q.clone())),
+                );
             }
         }
         for q in &found.missing {
@@ -349,7 +415,15 @@ async fn supervise(shared: Arc<Shared>) {
         let _ = t.await;
     }
     let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
-    let _ = shared.broker.kv_internal(vec![KvOp::Delete { ns: NS.into(), key, expect: None, required: false }]).await;
+    let _ = shared
+        .broker
+        .kv_internal(vec![KvOp::Delete {
+            ns: NS.into(),
+            key,
+            expect: None,
+            required: false,
+        }])
+        .await;
     shared.set_sink(|s| s.phase = "stopped");
 }
 
@@ -357,14 +431,31 @@ async fn supervise(shared: Arc<Shared>) {
 /// back one queue at a time, the one with the least buffered. Answers when it went over; a node
 /// still over its share once a queue is given back gives the next one at the next round
 /// without waiting another TTL, since it has been over all along.
-fn place(shared: &Shared, queues: u64, over_since: Option<std::time::Instant>) -> Option<std::time::Instant> {
+fn place(
+    shared: &Shared,
+    queues: u64,
+    over_since: Option<std::time::Instant>,
+) -> Option<std::time::Instant> {
     shared.set_sink(|s| s.queues = queues);
-    let nodes = shared.sink.lock().unwrap_or_else(PoisonError::into_inner).nodes.max(1);
+    let nodes = shared
+        .sink
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .nodes
+        .max(1);
     let share = shared.share();
     let held = shared.held();
-    let mut giving = shared.give_back.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut giving = shared
+        .give_back
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     if let Some(q) = giving.as_deref() {
-        let still_running = shared.queues.lock().unwrap_or_else(PoisonError::into_inner).get(q).is_some_and(|s| s.running);
+        let still_running = shared
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(q)
+            .is_some_and(|s| s.running);
         if still_running {
             return over_since;
         }
@@ -378,7 +469,11 @@ fn place(shared: &Shared, queues: u64, over_since: Option<std::time::Instant>) -
         return Some(since);
     }
     let all = shared.queues.lock().unwrap_or_else(PoisonError::into_inner);
-    let pick = all.iter().filter(|(_, q)| q.running).min_by_key(|(_, q)| q.buffered).map(|(n, _)| n.clone());
+    let pick = all
+        .iter()
+        .filter(|(_, q)| q.running)
+        .min_by_key(|(_, q)| q.buffered)
+        .map(|(n, _)| n.clone());
     drop(all);
     if let Some(q) = pick {
         tracing::info!(target: "queen-s3", queue = %q, held, share, nodes, "over the fair share for a whole lease TTL: giving one queue back");
@@ -395,9 +490,14 @@ struct Found {
 
 fn discover(shared: &Shared) -> Found {
     let state = shared.broker.state();
-    let existing: Vec<String> = reads::queues(&*state, usize::MAX).map(|v| v.into_iter().map(|q| q.name).collect()).unwrap_or_default();
+    let existing: Vec<String> = reads::queues(&*state, usize::MAX)
+        .map(|v| v.into_iter().map(|q| q.name).collect())
+        .unwrap_or_default();
     match &shared.settings.queues {
-        Queues::All => Found { present: existing, missing: Vec::new() },
+        Queues::All => Found {
+            present: existing,
+            missing: Vec::new(),
+        },
         Queues::Named(names) => {
             let (present, missing) = names.iter().cloned().partition(|n| existing.contains(n));
             Found { present, missing }
@@ -408,7 +508,10 @@ fn discover(shared: &Shared) -> Found {
 /// Refresh this node's presence row and count the nodes running the sink.
 async fn presence(shared: &Shared) {
     let s = &shared.settings;
-    let doc = PresenceDoc { instance: s.instance.clone(), held: shared.held() };
+    let doc = PresenceDoc {
+        instance: s.instance.clone(),
+        held: shared.held(),
+    };
     let ttl = s.lease_ttl_ms.div_ceil(1000).max(1) * 2;
     let ops = vec![
         KvOp::Put {
@@ -419,7 +522,13 @@ async fn presence(shared: &Shared) {
             expect: None,
             required: false,
         },
-        KvOp::GetPrefix { ns: NS.into(), prefix: documents::presence_prefix(&s.name), after: None, limit: 1000, keys_only: false },
+        KvOp::GetPrefix {
+            ns: NS.into(),
+            prefix: documents::presence_prefix(&s.name),
+            after: None,
+            limit: 1000,
+            keys_only: false,
+        },
     ];
     if let Ok(out) = shared.broker.kv_internal(ops).await
         && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
@@ -427,8 +536,16 @@ async fn presence(shared: &Shared) {
         // A running node rewrites its row every discovery period (and at each claim); a row
         // older than two of them is a node that died and whose row has not expired yet: it
         // runs nothing and claims nothing, so it counts for neither the share nor the wait.
-        let fresh_from = shared.broker.now().0.saturating_sub(u64::try_from(PRESENCE_FRESH.as_micros()).unwrap_or(u64::MAX));
-        let present: Vec<PresenceDoc> = rows.iter().filter(|r| r.updated.0 >= fresh_from).filter_map(|r| serde_json::from_slice(&r.value).ok()).collect();
+        let fresh_from = shared
+            .broker
+            .now()
+            .0
+            .saturating_sub(u64::try_from(PRESENCE_FRESH.as_micros()).unwrap_or(u64::MAX));
+        let present: Vec<PresenceDoc> = rows
+            .iter()
+            .filter(|r| r.updated.0 >= fresh_from)
+            .filter_map(|r| serde_json::from_slice(&r.value).ok())
+            .collect();
         let n = present.len().max(1) as u64;
         shared.set_sink(|st| {
             st.nodes = n;
@@ -477,7 +594,13 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                 }
                 let held = shared.held();
                 let mut wait = Duration::from_secs(held);
-                if held >= shared.share() && shared.sink.lock().unwrap_or_else(PoisonError::into_inner).someone_under {
+                if held >= shared.share()
+                    && shared
+                        .sink
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .someone_under
+                {
                     wait += ttl;
                 }
                 // A node that is the cluster's only member has nobody to leave a queue to.
@@ -553,10 +676,21 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
 }
 
 fn status_json(shared: &Shared) -> Value {
-    let sink = shared.sink.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    let queues = shared.queues.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let sink = shared
+        .sink
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let queues = shared
+        .queues
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     let max_lag = 3.0 * (shared.settings.max_window_ms as f64 / 1000.0).max(10.0);
-    let lagging = queues.values().filter(|q| q.running && q.lag_seconds > max_lag).count();
+    let lagging = queues
+        .values()
+        .filter(|q| q.running && q.lag_seconds > max_lag)
+        .count();
     // A queue this node cannot write is unhealthy from its first failed attempt: waiting for
     // the lag to pass `max_lag` would keep the sink green for minutes while nothing lands.
     let failing = queues.values().filter(|q| q.failing).count();

@@ -18,7 +18,9 @@ use bytes::Bytes;
 use queen_domain::kv::{Expiry, KvOp, KvOutcome, KvResult, KvRowView};
 use queen_domain::reads;
 use queen_domain::sink::builder::{Builder, Closed, record_size};
-use queen_domain::sink::commit::{Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover};
+use queen_domain::sink::commit::{
+    Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover,
+};
 use queen_domain::sink::documents::{self, LeaseDoc, NS};
 use queen_domain::sink::jsonl::SinkRecord;
 use queen_domain::sink::keys::WindowKeys;
@@ -52,7 +54,11 @@ const RELEASE_FOR: Duration = Duration::from_secs(10);
 /// nothing.
 fn crash_point(point: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT.get_or_init(|| std::env::var("QUEEN_TEST_S3_CRASH_AT").ok()).as_deref() == Some(point) {
+    if AT
+        .get_or_init(|| std::env::var("QUEEN_TEST_S3_CRASH_AT").ok())
+        .as_deref()
+        == Some(point)
+    {
         tracing::error!(target: "queen-s3", point, "test crash point reached: aborting");
         std::process::abort();
     }
@@ -172,13 +178,17 @@ fn rules(s: &super::config::SinkSettings) -> WindowRules {
 }
 
 pub(super) fn wall_iso() -> String {
-    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
     Stamp(u64::try_from(micros).unwrap_or(u64::MAX)).iso_micros()
 }
 
 fn write_result(out: &KvOutcome, i: usize) -> Option<(bool, Option<KvRowView>)> {
     match out.results.get(i)? {
-        KvResult::Write { applied, current, .. } => Some((*applied, current.clone())),
+        KvResult::Write {
+            applied, current, ..
+        } => Some((*applied, current.clone())),
         _ => None,
     }
 }
@@ -218,7 +228,10 @@ impl QueueTask {
     /// An attempt of `kind` succeeded: a failure of that kind is over. A committed window (which
     /// wrote the lake and the KV store) ends a failure of any kind.
     fn succeeded(&mut self, kind: Failure) {
-        if self.failure.is_some_and(|f| f == kind || kind == Failure::Window) {
+        if self
+            .failure
+            .is_some_and(|f| f == kind || kind == Failure::Window)
+        {
             self.failure = None;
             self.set(|q| q.failing = false);
         }
@@ -229,7 +242,11 @@ impl QueueTask {
     }
 
     fn lease_doc(&self) -> Vec<u8> {
-        serde_json::to_vec(&LeaseDoc { holder: self.shared.settings.instance.clone(), since: wall_iso() }).unwrap_or_default()
+        serde_json::to_vec(&LeaseDoc {
+            holder: self.shared.settings.instance.clone(),
+            since: wall_iso(),
+        })
+        .unwrap_or_default()
     }
 
     fn lease_key(&self) -> String {
@@ -242,14 +259,30 @@ impl QueueTask {
             Format::Jsonl => format!("jsonl+{}", s.compression.as_str()),
             Format::Parquet => format!("parquet+{}", s.parquet_codec.as_str()),
         };
-        let layout = if s.layout == Layout::PerPartition { " per-partition" } else { "" };
-        format!("queen-s3/{} {enc}/{}{layout}", env!("CARGO_PKG_VERSION"), queen_lake::encode::ENCODING)
+        let layout = if s.layout == Layout::PerPartition {
+            " per-partition"
+        } else {
+            ""
+        };
+        format!(
+            "queen-s3/{} {enc}/{}{layout}",
+            env!("CARGO_PKG_VERSION"),
+            queen_lake::encode::ENCODING
+        )
     }
 
     /// Read the queue's lease row: free, written under this instance's name (a run of this
     /// node before a restart), or held by another instance.
     pub(super) async fn look(&self) -> Result<Look, String> {
-        let got = self.shared.broker.kv_internal(vec![KvOp::Get { ns: NS.into(), key: self.lease_key() }]).await.map_err(|e| e.message)?;
+        let got = self
+            .shared
+            .broker
+            .kv_internal(vec![KvOp::Get {
+                ns: NS.into(),
+                key: self.lease_key(),
+            }])
+            .await
+            .map_err(|e| e.message)?;
         let current = match got.results.first() {
             Some(KvResult::Get(row)) => row.clone(),
             _ => None,
@@ -257,8 +290,14 @@ impl QueueTask {
         Ok(match current {
             None => Look::Free,
             Some(row) => {
-                let holder = serde_json::from_slice::<LeaseDoc>(&row.value).map(|d| d.holder).unwrap_or_default();
-                if holder == self.shared.settings.instance { Look::Mine(row.version) } else { Look::Held(holder) }
+                let holder = serde_json::from_slice::<LeaseDoc>(&row.value)
+                    .map(|d| d.holder)
+                    .unwrap_or_default();
+                if holder == self.shared.settings.instance {
+                    Look::Mine(row.version)
+                } else {
+                    Look::Held(holder)
+                }
             }
         })
     }
@@ -274,16 +313,23 @@ impl QueueTask {
             expect: Some(expect),
             required: true,
         };
-        let out = self.shared.broker.kv_internal(vec![put]).await.map_err(|e| e.message)?;
+        let out = self
+            .shared
+            .broker
+            .kv_internal(vec![put])
+            .await
+            .map_err(|e| e.message)?;
         match write_result(&out, 0) {
             Some((true, Some(row))) => {
                 self.lease_version = row.version;
                 self.lease_refreshed = Instant::now();
                 Ok(None)
             }
-            Some((false, Some(row))) => {
-                Ok(Some(serde_json::from_slice::<LeaseDoc>(&row.value).map(|d| d.holder).unwrap_or_default()))
-            }
+            Some((false, Some(row))) => Ok(Some(
+                serde_json::from_slice::<LeaseDoc>(&row.value)
+                    .map(|d| d.holder)
+                    .unwrap_or_default(),
+            )),
             _ => Err("the lease write answered nothing".into()),
         }
     }
@@ -300,13 +346,24 @@ impl QueueTask {
             required: true,
         }];
         ops.append(&mut rest);
-        let out = self.shared.broker.kv_internal(ops).await.map_err(|e| BatchError::Retry(e.message))?;
+        let out = self
+            .shared
+            .broker
+            .kv_internal(ops)
+            .await
+            .map_err(|e| BatchError::Retry(e.message))?;
         if out.failed == Some(0) {
-            self.shared.telemetry.metrics().s3().precondition_lost(&self.queue);
+            self.shared
+                .telemetry
+                .metrics()
+                .s3()
+                .precondition_lost(&self.queue);
             return Err(BatchError::Fenced);
         }
         if let Some(i) = out.failed {
-            return Err(BatchError::Retry(format!("operation {i} of the batch was refused")));
+            return Err(BatchError::Retry(format!(
+                "operation {i} of the batch was refused"
+            )));
         }
         match write_result(&out, 0) {
             Some((true, Some(row))) => {
@@ -319,12 +376,28 @@ impl QueueTask {
     }
 
     async fn put_doc(&mut self, key: String, value: Vec<u8>) -> Result<(), BatchError> {
-        self.fenced(vec![KvOp::Put { ns: NS.into(), key, value, expiry: Expiry::Forever, expect: None, required: true }]).await
+        self.fenced(vec![KvOp::Put {
+            ns: NS.into(),
+            key,
+            value,
+            expiry: Expiry::Forever,
+            expect: None,
+            required: true,
+        }])
+        .await
     }
 
     fn keys(&self, k: u64, start: u64, end: u64) -> WindowKeysOwned {
         let s = &self.shared.settings;
-        WindowKeysOwned { prefix: s.prefix.clone(), tenant: s.tenant.clone(), queue: self.queue.clone(), k, start, end, align: s.align }
+        WindowKeysOwned {
+            prefix: s.prefix.clone(),
+            tenant: s.tenant.clone(),
+            queue: self.queue.clone(),
+            k,
+            start,
+            end,
+            align: s.align,
+        }
     }
 
     /// Run the queue while this node holds its lease.
@@ -344,12 +417,15 @@ impl QueueTask {
                     }
                     // Keep the lease while the restore waits (a bucket that is down, say), so
                     // that a slow restore does not hand the queue to another node.
-                    if self.lease_refreshed.elapsed() >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3)
+                    if self.lease_refreshed.elapsed()
+                        >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3)
                         && let Err(BatchError::Fenced) = self.fenced(Vec::new()).await
                     {
                         return Ended::Fenced;
                     }
-                    if self.lease_refreshed.elapsed() > Duration::from_millis(self.shared.settings.lease_ttl_ms) {
+                    if self.lease_refreshed.elapsed()
+                        > Duration::from_millis(self.shared.settings.lease_ttl_ms)
+                    {
                         return Ended::Fenced;
                     }
                 }
@@ -401,34 +477,62 @@ impl QueueTask {
     /// Read the documents, decide what a crash left, and set up the window to fill.
     async fn restore(&mut self) -> Result<(), BatchError> {
         let s = self.shared.settings.clone();
-        self.shared.broker.read_barrier().await.map_err(|e| BatchError::Retry(e.message))?;
+        self.shared
+            .broker
+            .read_barrier()
+            .await
+            .map_err(|e| BatchError::Retry(e.message))?;
         let (pointer, intent, safe) = {
             let state = self.shared.broker.state();
             let now = self.shared.broker.now();
-            let pointer = documents::pointer(&*state, &s.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
-            let intent = documents::intent(&*state, &s.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
+            let pointer = documents::pointer(&*state, &s.name, &self.queue, now)
+                .map_err(|e| BatchError::Retry(e.to_string()))?;
+            let intent = documents::intent(&*state, &s.name, &self.queue, now)
+                .map_err(|e| BatchError::Retry(e.to_string()))?;
             let safe = reads::safe_time(&*state).map_err(|e| BatchError::Retry(e.to_string()))?;
             (pointer, intent, safe)
         };
-        let manifest = match intent.as_ref().filter(|i| i.k > pointer.as_ref().map_or(0, |p| p.k)) {
+        let manifest = match intent
+            .as_ref()
+            .filter(|i| i.k > pointer.as_ref().map_or(0, |p| p.k))
+        {
             Some(i) => {
                 let key = self.keys(i.k, i.t_start, i.t_end).get().manifest();
-                match self.shared.lake.get(&key).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+                match self
+                    .shared
+                    .lake
+                    .get(&key)
+                    .await
+                    .map_err(|e| BatchError::Retry(e.to_string()))?
+                {
                     Some(b) => serde_json::from_slice::<Manifest>(&b).ok(),
                     None => None,
                 }
             }
             None => None,
         };
-        let decision = recover(pointer.as_ref(), intent.as_ref(), manifest.as_ref(), &self.writer()).map_err(|e| BatchError::Retry(e.to_string()))?;
+        let decision = recover(
+            pointer.as_ref(),
+            intent.as_ref(),
+            manifest.as_ref(),
+            &self.writer(),
+        )
+        .map_err(|e| BatchError::Retry(e.to_string()))?;
         let r = rules(&s);
         let base = match &pointer {
             Some(p) => p.clone(),
             None if s.start == Start::Latest => {
                 // First sight of the queue with `latest`: the lake starts now, and the pointer
                 // says so, so that every later owner starts at the same place.
-                let p = Pointer { k: 0, t_end: safe.0 + 1 };
-                self.put_doc(documents::pointer_key(&s.name, &self.queue), serde_json::to_vec(&p).unwrap_or_default()).await?;
+                let p = Pointer {
+                    k: 0,
+                    t_end: safe.0 + 1,
+                };
+                self.put_doc(
+                    documents::pointer_key(&s.name, &self.queue),
+                    serde_json::to_vec(&p).unwrap_or_default(),
+                )
+                .await?;
                 p
             }
             None => Pointer { k: 0, t_end: 0 },
@@ -442,9 +546,18 @@ impl QueueTask {
             Recovery::Redo(i) => {
                 tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "redoing a window from its intent");
                 self.builder = Builder::at(r, Stamp(i.t_start));
-                self.pending = Some(Pending { intent: i, closed: None, lost: Vec::new(), stage: Stage::Rebuild, objects: Vec::new() });
+                self.pending = Some(Pending {
+                    intent: i,
+                    closed: None,
+                    lost: Vec::new(),
+                    stage: Stage::Rebuild,
+                    objects: Vec::new(),
+                });
             }
-            Recovery::CommitUploaded { intent: i, manifest: m } => {
+            Recovery::CommitUploaded {
+                intent: i,
+                manifest: m,
+            } => {
                 tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "committing a window another run uploaded");
                 self.builder = Builder::new(r, Stamp(i.t_end));
                 self.pending = Some(Pending {
@@ -489,7 +602,13 @@ impl QueueTask {
     /// closed one until its objects are uploaded.
     fn buffered(&self) -> u64 {
         let closed = self.pending.as_ref().and_then(|p| p.closed.as_ref());
-        self.filling_memory() + closed.map_or(0, |c| c.records.iter().map(|r| record_size(r) + RECORD_MEMORY_EXTRA).sum())
+        self.filling_memory()
+            + closed.map_or(0, |c| {
+                c.records
+                    .iter()
+                    .map(|r| record_size(r) + RECORD_MEMORY_EXTRA)
+                    .sum()
+            })
     }
 
     /// What the filling window holds in memory.
@@ -505,7 +624,9 @@ impl QueueTask {
     }
 
     async fn look_once(&mut self, draining: bool) -> Result<Option<Ended>, BatchError> {
-        if self.lease_refreshed.elapsed() >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3) {
+        if self.lease_refreshed.elapsed()
+            >= Duration::from_millis(self.shared.settings.lease_ttl_ms / 3)
+        {
             self.fenced(Vec::new()).await?;
         }
         let shared = self.shared.clone();
@@ -518,7 +639,10 @@ impl QueueTask {
         if self.pending.is_some() {
             return self.advance().await.map(|()| None);
         }
-        let pressure = !draining && self.shared.memory_pressure(&self.queue, self.filling_memory());
+        let pressure = !draining
+            && self
+                .shared
+                .memory_pressure(&self.queue, self.filling_memory());
         let close = if draining {
             self.drain_close()
         } else {
@@ -527,9 +651,20 @@ impl QueueTask {
         if let Some((end, reason)) = close
             && let Some(closed) = self.builder.close(end, reason)
         {
-            let intent = Intent { k: self.pointer.k + 1, t_start: closed.start.0, t_end: closed.end.0, writer: self.writer() };
+            let intent = Intent {
+                k: self.pointer.k + 1,
+                t_start: closed.start.0,
+                t_end: closed.end.0,
+                writer: self.writer(),
+            };
             tracing::debug!(target: "queen-s3", queue = %self.queue, k = intent.k, records = closed.records.len(), ?reason, "window closed");
-            self.pending = Some(Pending { intent, closed: Some(closed), lost: std::mem::take(&mut self.lost), stage: Stage::Intent, objects: Vec::new() });
+            self.pending = Some(Pending {
+                intent,
+                closed: Some(closed),
+                lost: std::mem::take(&mut self.lost),
+                stage: Stage::Intent,
+                objects: Vec::new(),
+            });
             return self.advance().await.map(|()| None);
         }
         Ok(None)
@@ -548,9 +683,16 @@ impl QueueTask {
         shared.telemetry.metrics().s3().fetch_call(&self.queue);
         // A window being redone must be read whole, whatever the budget says now (it closed
         // within the budget of its first run), and nothing past its end is needed yet.
-        let redo_end = self.pending.as_ref().filter(|p| p.stage == Stage::Rebuild).map(|p| Stamp(p.intent.t_end));
+        let redo_end = self
+            .pending
+            .as_ref()
+            .filter(|p| p.stage == Stage::Rebuild)
+            .map(|p| Stamp(p.intent.t_end));
         let pending_bytes = self.buffered() - self.filling_memory();
-        let budget_full = |b: &Builder| redo_end.is_none() && (b.bytes() >= rules(&shared.settings).target_bytes || shared.over_budget());
+        let budget_full = |b: &Builder| {
+            redo_end.is_none()
+                && (b.bytes() >= rules(&shared.settings).target_bytes || shared.over_budget())
+        };
         // Each partition's cursor and the stamp of its first unread record (None at its head).
         let mut heads: Vec<(usize, u64, Option<Stamp>)> = Vec::with_capacity(view.partitions.len());
         for (i, p) in view.partitions.iter().enumerate() {
@@ -558,7 +700,11 @@ impl QueueTask {
             if p.log_start > cursor {
                 let purged = reads::purged_stamp(&*state, p.pid).map_err(err)?;
                 if purged.is_some_and(|t| t >= self.builder.prev_end()) {
-                    let range = LostRange { partition: p.name.clone(), from: cursor, to: p.log_start - 1 };
+                    let range = LostRange {
+                        partition: p.name.clone(),
+                        from: cursor,
+                        to: p.log_start - 1,
+                    };
                     tracing::warn!(target: "queen-s3", queue = %self.queue, partition = %p.name, from = range.from, to = range.to, "records deleted by retention before the sink read them");
                     self.lost.push(range);
                 }
@@ -577,12 +723,20 @@ impl QueueTask {
         let mut newest = self.builder.newest();
         // Once full: read nothing stamped after the newest record buffered at that moment.
         let mut limit: Option<Option<Stamp>> = None;
-        while let Some(at) = heads.iter().enumerate().filter(|(_, h)| h.2.is_some()).min_by_key(|(_, h)| h.2).map(|(j, _)| j) {
+        while let Some(at) = heads
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.2.is_some())
+            .min_by_key(|(_, h)| h.2)
+            .map(|(j, _)| j)
+        {
             let next = heads[at].2;
             if limit.is_none() && budget_full(&self.builder) {
                 limit = Some(newest);
             }
-            if limit.is_some_and(|l| next > l) || redo_end.is_some_and(|end| next.is_some_and(|t| t >= end)) {
+            if limit.is_some_and(|l| next > l)
+                || redo_end.is_some_and(|end| next.is_some_and(|t| t >= end))
+            {
                 break;
             }
             let h = &mut heads[at];
@@ -595,7 +749,13 @@ impl QueueTask {
             h.1 = last + 1;
             for (offset, m) in msgs {
                 newest = newest.max(Some(m.stamp));
-                self.builder.push(SinkRecord { partition: p.name.clone(), offset, transaction_id: m.transaction_id, ts: m.stamp, payload: m.payload });
+                self.builder.push(SinkRecord {
+                    partition: p.name.clone(),
+                    offset,
+                    transaction_id: m.transaction_id,
+                    ts: m.stamp,
+                    payload: m.payload,
+                });
             }
             h.2 = peek(&*state, p, h.1).map_err(err)?;
             // The node-wide total the other queues look at, as this queue reads.
@@ -614,7 +774,9 @@ impl QueueTask {
 
     /// Move the pending window one stage on (each stage retried by the caller on failure).
     async fn advance(&mut self) -> Result<(), BatchError> {
-        let Some(mut p) = self.pending.take() else { return Ok(()) };
+        let Some(mut p) = self.pending.take() else {
+            return Ok(());
+        };
         let r = self.advance_pending(&mut p).await;
         if p.stage != Stage::Commit || r.is_err() || self.pointer.k < p.intent.k {
             self.pending = Some(p);
@@ -629,7 +791,11 @@ impl QueueTask {
             match p.stage {
                 Stage::Intent => {
                     self.set(|q| q.state = "intent");
-                    self.put_doc(documents::intent_key(&s.name, &self.queue), serde_json::to_vec(&p.intent).unwrap_or_default()).await?;
+                    self.put_doc(
+                        documents::intent_key(&s.name, &self.queue),
+                        serde_json::to_vec(&p.intent).unwrap_or_default(),
+                    )
+                    .await?;
                     crash_point("intent");
                     p.stage = Stage::Upload;
                 }
@@ -640,7 +806,9 @@ impl QueueTask {
                     if self.safe < end || self.builder.read_through().is_some_and(|t| t < end) {
                         return Ok(());
                     }
-                    let Some(closed) = self.builder.close(end, CloseReason::Age) else { return Ok(()) };
+                    let Some(closed) = self.builder.close(end, CloseReason::Age) else {
+                        return Ok(());
+                    };
                     p.lost.append(&mut self.lost);
                     p.closed = Some(closed);
                     p.stage = Stage::Upload;
@@ -648,7 +816,10 @@ impl QueueTask {
                 Stage::Upload => {
                     self.set(|q| q.state = "upload");
                     self.check_not_committed(k).await?;
-                    let closed = p.closed.as_ref().ok_or_else(|| BatchError::Retry("window records missing".into()))?;
+                    let closed = p
+                        .closed
+                        .as_ref()
+                        .ok_or_else(|| BatchError::Retry("window records missing".into()))?;
                     p.objects = self.upload(&p.intent, closed).await?;
                     // The records are in the bucket now: keep only what the manifest needs.
                     if let Some(c) = p.closed.as_mut() {
@@ -658,17 +829,38 @@ impl QueueTask {
                     p.stage = Stage::Manifest;
                 }
                 Stage::Manifest => {
-                    let closed = p.closed.as_ref().ok_or_else(|| BatchError::Retry("window records missing".into()))?;
+                    let closed = p
+                        .closed
+                        .as_ref()
+                        .ok_or_else(|| BatchError::Retry("window records missing".into()))?;
                     let m = self.manifest(&p.intent, closed, &p.objects, &p.lost);
-                    let key = self.keys(k, p.intent.t_start, p.intent.t_end).get().manifest();
+                    let key = self
+                        .keys(k, p.intent.t_start, p.intent.t_end)
+                        .get()
+                        .manifest();
                     let body = serde_json::to_vec_pretty(&m).unwrap_or_default();
-                    match self.shared.lake.put_create(&key, Bytes::from(body)).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+                    match self
+                        .shared
+                        .lake
+                        .put_create(&key, Bytes::from(body))
+                        .await
+                        .map_err(|e| BatchError::Retry(e.to_string()))?
+                    {
                         PutOutcome::Created | PutOutcome::Identical => {}
                         PutOutcome::Different { .. } => {
-                            let found = self.shared.lake.get(&key).await.map_err(|e| BatchError::Retry(e.to_string()))?;
-                            let same = found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()).is_some_and(|f| f.names(&p.intent) && f.objects == p.objects);
+                            let found = self
+                                .shared
+                                .lake
+                                .get(&key)
+                                .await
+                                .map_err(|e| BatchError::Retry(e.to_string()))?;
+                            let same = found
+                                .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+                                .is_some_and(|f| f.names(&p.intent) && f.objects == p.objects);
                             if !same {
-                                return Err(BatchError::Retry(format!("{key} holds another window's manifest; refusing to overwrite it")));
+                                return Err(BatchError::Retry(format!(
+                                    "{key} holds another window's manifest; refusing to overwrite it"
+                                )));
                             }
                         }
                     }
@@ -677,8 +869,15 @@ impl QueueTask {
                 }
                 Stage::Commit => {
                     self.set(|q| q.state = "commit");
-                    let ptr = Pointer { k, t_end: p.intent.t_end };
-                    self.put_doc(documents::pointer_key(&s.name, &self.queue), serde_json::to_vec(&ptr).unwrap_or_default()).await?;
+                    let ptr = Pointer {
+                        k,
+                        t_end: p.intent.t_end,
+                    };
+                    self.put_doc(
+                        documents::pointer_key(&s.name, &self.queue),
+                        serde_json::to_vec(&ptr).unwrap_or_default(),
+                    )
+                    .await?;
                     self.pointer = ptr;
                     crash_point("pointer");
                     let records: u64 = p.objects.iter().map(|o| o.records).sum();
@@ -718,7 +917,8 @@ impl QueueTask {
         let passed = {
             let state = self.shared.broker.state();
             let now = self.shared.broker.now();
-            let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now).map_err(|e| BatchError::Retry(e.to_string()))?;
+            let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now)
+                .map_err(|e| BatchError::Retry(e.to_string()))?;
             p.is_some_and(|p| p.k >= k)
         };
         if passed {
@@ -730,7 +930,11 @@ impl QueueTask {
     }
 
     /// Encode and upload a window's objects, create-only.
-    async fn upload(&self, intent: &Intent, closed: &Closed) -> Result<Vec<ManifestObject>, BatchError> {
+    async fn upload(
+        &self,
+        intent: &Intent,
+        closed: &Closed,
+    ) -> Result<Vec<ManifestObject>, BatchError> {
         let s = self.shared.settings.clone();
         let keys = self.keys(intent.k, intent.t_start, intent.t_end);
         let ext = queen_lake::encode::ext(s.format, s.compression);
@@ -743,7 +947,11 @@ impl QueueTask {
                 .map(|rs| {
                     let first = rs.first().map_or(0, |r| r.offset);
                     let last = rs.last().map_or(0, |r| r.offset);
-                    (keys.get().partition_data(&rs[0].partition, first, last, ext), rs)
+                    (
+                        keys.get()
+                            .partition_data(&rs[0].partition, first, last, ext),
+                        rs,
+                    )
                 })
                 .collect(),
         };
@@ -757,13 +965,21 @@ impl QueueTask {
             let turn = self.shared.encode.acquire().await;
             let body = tokio::task::block_in_place(|| match s.format {
                 Format::Jsonl => queen_lake::encode::jsonl(records, s.compression),
-                Format::Parquet => queen_lake::encode::parquet(records, s.parquet_codec, &self.queue, &s.tenant),
+                Format::Parquet => {
+                    queen_lake::encode::parquet(records, s.parquet_codec, &self.queue, &s.tenant)
+                }
             })
             .map_err(|e| BatchError::Retry(e.to_string()))?;
             drop(turn);
             let sha = queen_lake::encode::sha256_hex(&body);
             let bytes = body.len() as u64;
-            match self.shared.lake.put_create(&key, Bytes::from(body)).await.map_err(|e| BatchError::Retry(e.to_string()))? {
+            match self
+                .shared
+                .lake
+                .put_create(&key, Bytes::from(body))
+                .await
+                .map_err(|e| BatchError::Retry(e.to_string()))?
+            {
                 PutOutcome::Created | PutOutcome::Identical => {}
                 PutOutcome::Different { existing_sha256 } => {
                     return Err(BatchError::Retry(format!(
@@ -771,14 +987,29 @@ impl QueueTask {
                     )));
                 }
             }
-            out.push(ManifestObject { key, bytes, records: n, sha256: sha });
+            out.push(ManifestObject {
+                key,
+                bytes,
+                records: n,
+                sha256: sha,
+            });
         }
         Ok(out)
     }
 
-    fn manifest(&self, intent: &Intent, closed: &Closed, objects: &[ManifestObject], lost: &[LostRange]) -> Manifest {
+    fn manifest(
+        &self,
+        intent: &Intent,
+        closed: &Closed,
+        objects: &[ManifestObject],
+        lost: &[LostRange],
+    ) -> Manifest {
         let s = &self.shared.settings;
-        let parts: std::collections::BTreeSet<&str> = closed.records.iter().map(|r| r.partition.as_str()).collect();
+        let parts: std::collections::BTreeSet<&str> = closed
+            .records
+            .iter()
+            .map(|r| r.partition.as_str())
+            .collect();
         Manifest {
             sink: s.name.clone(),
             tenant: s.tenant.clone(),
@@ -791,7 +1022,11 @@ impl QueueTask {
                 Format::Jsonl => s.compression.as_str().to_owned(),
                 Format::Parquet => s.parquet_codec.as_str().to_owned(),
             },
-            layout: if s.layout == Layout::Merged { "merged".into() } else { "per-partition".into() },
+            layout: if s.layout == Layout::Merged {
+                "merged".into()
+            } else {
+                "per-partition".into()
+            },
             objects: objects.to_vec(),
             records: objects.iter().map(|o| o.records).sum(),
             bytes: objects.iter().map(|o| o.bytes).sum(),
@@ -815,7 +1050,12 @@ impl QueueTask {
         let key = self.keys(k, 0, 0).get().checkpoint();
         let body = serde_json::to_vec(&c).unwrap_or_default();
         let written = match queen_lake::encode::compress(&body, queen_lake::Compression::Zstd) {
-            Ok(z) => self.shared.lake.put_create(&key, Bytes::from(z)).await.map_err(|e| format!("checkpoint of window {k} not written: {e}")),
+            Ok(z) => self
+                .shared
+                .lake
+                .put_create(&key, Bytes::from(z))
+                .await
+                .map_err(|e| format!("checkpoint of window {k} not written: {e}")),
             Err(e) => Err(format!("checkpoint of window {k} not encoded: {e}")),
         };
         match written {
@@ -841,15 +1081,26 @@ impl QueueTask {
         // oldest record still on its way (in the window being committed, the filling one, or
         // the first unread). With none of those the queue is complete up to the window limit.
         // Records' own stamps, not window bounds: a first window starts at the hour.
-        let pending = self.pending.as_ref().and_then(|p| p.closed.as_ref()).and_then(|c| c.records.iter().map(|r| r.ts).min());
-        let on_its_way = [pending, self.builder.oldest(), self.builder.read_through()].into_iter().flatten().min();
+        let pending = self
+            .pending
+            .as_ref()
+            .and_then(|p| p.closed.as_ref())
+            .and_then(|c| c.records.iter().map(|r| r.ts).min());
+        let on_its_way = [pending, self.builder.oldest(), self.builder.read_through()]
+            .into_iter()
+            .flatten()
+            .min();
         let through = match on_its_way {
             Some(t) => t.max(Stamp(self.pointer.t_end)),
             None => self.builder.complete_through(self.safe),
         };
         let lag = self.safe.0.saturating_sub(through.0) as f64 / 1e6;
         let safe_lag = lag + now.0.saturating_sub(self.safe.0) as f64 / 1e6;
-        let state = if self.pending.is_some() { None } else { Some("filling") };
+        let state = if self.pending.is_some() {
+            None
+        } else {
+            Some("filling")
+        };
         let (safe, buffered, since) = (self.safe.0, self.builder.bytes(), self.since_checkpoint);
         self.set(|q| {
             if let Some(s) = state {
@@ -868,14 +1119,22 @@ impl QueueTask {
     /// open for ten seconds on the broker's clock), up to safeTime minus the guard as always.
     fn drain_close(&self) -> Option<(Stamp, CloseReason)> {
         let worth = self.builder.bytes() >= DRAIN_MIN_BYTES
-            || self.builder.start().is_some_and(|st| self.safe.0.saturating_sub(st.0) >= DRAIN_MIN_AGE_US);
-        if worth { self.builder.poll(self.safe, true) } else { None }
+            || self
+                .builder
+                .start()
+                .is_some_and(|st| self.safe.0.saturating_sub(st.0) >= DRAIN_MIN_AGE_US);
+        if worth {
+            self.builder.poll(self.safe, true)
+        } else {
+            None
+        }
     }
 
     /// Shutdown: finish a window already in its commit sequence, commit the filling one when
     /// worth it, give the lease back.
     async fn drain(&mut self) -> Ended {
-        let deadline = Instant::now() + Duration::from_millis(self.shared.settings.shutdown_grace_ms);
+        let deadline =
+            Instant::now() + Duration::from_millis(self.shared.settings.shutdown_grace_ms);
         self.set(|q| q.state = "draining");
         while Instant::now() < deadline {
             match self.step(true).await {
@@ -896,7 +1155,12 @@ impl QueueTask {
     async fn release(&mut self) -> Ended {
         let until = Instant::now() + RELEASE_FOR;
         while Instant::now() < until {
-            let op = KvOp::Delete { ns: NS.into(), key: self.lease_key(), expect: Some(self.lease_version), required: true };
+            let op = KvOp::Delete {
+                ns: NS.into(),
+                key: self.lease_key(),
+                expect: Some(self.lease_version),
+                required: true,
+            };
             match self.shared.broker.kv_internal(vec![op]).await {
                 Ok(_) => break,
                 Err(e) => {
@@ -918,18 +1182,27 @@ fn summary_records(records: &[SinkRecord]) -> Vec<SinkRecord> {
         let min = part.iter().min_by_key(|r| r.ts);
         let max = part.iter().max_by_key(|r| r.ts);
         for r in [min, max].into_iter().flatten() {
-            out.push(SinkRecord { payload: Vec::new(), ..r.clone() });
+            out.push(SinkRecord {
+                payload: Vec::new(),
+                ..r.clone()
+            });
         }
     }
     out
 }
 
 /// The stamp of a partition's record at `offset`, if it has one (the first unread record).
-fn peek(s: &dyn queen_domain::StateRead, p: &queen_domain::model::PartitionRec, offset: u64) -> Result<Option<Stamp>, queen_domain::StoreError> {
+fn peek(
+    s: &dyn queen_domain::StateRead,
+    p: &queen_domain::model::PartitionRec,
+    offset: u64,
+) -> Result<Option<Stamp>, queen_domain::StoreError> {
     if offset >= p.next_offset {
         return Ok(None);
     }
-    Ok(reads::messages(s, p, offset, 1, 1)?.first().map(|(_, m)| m.stamp))
+    Ok(reads::messages(s, p, offset, 1, 1)?
+        .first()
+        .map(|(_, m)| m.stamp))
 }
 
 /// Owned parts of a window's keys.
@@ -945,7 +1218,14 @@ struct WindowKeysOwned {
 
 impl WindowKeysOwned {
     fn get(&self) -> WindowKeys<'_> {
-        WindowKeys { prefix: &self.prefix, tenant: &self.tenant, queue: &self.queue, k: self.k, t_start: Stamp(self.start), t_end: Stamp(self.end), align: self.align }
+        WindowKeys {
+            prefix: &self.prefix,
+            tenant: &self.tenant,
+            queue: &self.queue,
+            k: self.k,
+            t_start: Stamp(self.start),
+            t_end: Stamp(self.end),
+            align: self.align,
+        }
     }
 }
-

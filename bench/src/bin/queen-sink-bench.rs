@@ -74,11 +74,18 @@ impl Drop for NodeProc {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(6632, |a| a.port())
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(6632, |a| a.port())
 }
 
 /// One HTTP/1.1 request on a fresh or kept connection; the status and body.
-fn request(stream: &mut BufReader<TcpStream>, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+fn request(
+    stream: &mut BufReader<TcpStream>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
@@ -88,7 +95,11 @@ fn request(stream: &mut BufReader<TcpStream>, method: &str, path: &str, body: &[
     w.write_all(body)?;
     let mut line = String::new();
     stream.read_line(&mut line)?;
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut len = 0usize;
     let mut chunked = false;
     loop {
@@ -141,7 +152,10 @@ fn get_json(port: u16, path: &str) -> Option<Value> {
     match serde_json::from_slice(&body) {
         Ok(v) => Some(v),
         Err(e) => {
-            eprintln!("{path}: {e}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
+            eprintln!(
+                "{path}: {e}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            );
             None
         }
     }
@@ -169,14 +183,25 @@ fn start(args: &Args, bin: &PathBuf, sink: bool) -> NodeProc {
         .stderr(Stdio::null());
     match &args.s3_endpoint {
         Some(e) => {
-            cmd.env("QUEEN_S3_ENDPOINT", e).env("QUEEN_S3_PATH_STYLE", "true").env("QUEEN_S3_BUCKET", "lake");
+            cmd.env("QUEEN_S3_ENDPOINT", e)
+                .env("QUEEN_S3_PATH_STYLE", "true")
+                .env("QUEEN_S3_BUCKET", "lake");
         }
         None => {
-            cmd.env("QUEEN_S3_ENDPOINT", format!("file://{}", dir.path().join("lake").display()));
+            cmd.env(
+                "QUEEN_S3_ENDPOINT",
+                format!("file://{}", dir.path().join("lake").display()),
+            );
         }
     }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-    let node = NodeProc { child, port, _dir: dir };
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let node = NodeProc {
+        child,
+        port,
+        _dir: dir,
+    };
     let until = Instant::now() + Duration::from_secs(60);
     while Instant::now() < until {
         if get_json(port, "/health").is_some() {
@@ -194,11 +219,22 @@ fn peak_mib(pid: u32) -> f64 {
 
 /// Records and object bytes the sink committed, and the largest lag among queues.
 fn sink_progress(port: u16) -> (u64, u64, f64) {
-    let Some(s) = get_json(port, "/status") else { return (0, 0, 0.0) };
-    let rows = s["s3"]["sinks"][0]["queues"].as_array().cloned().unwrap_or_default();
-    let records = rows.iter().map(|q| q["records"].as_u64().unwrap_or(0)).sum();
+    let Some(s) = get_json(port, "/status") else {
+        return (0, 0, 0.0);
+    };
+    let rows = s["s3"]["sinks"][0]["queues"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let records = rows
+        .iter()
+        .map(|q| q["records"].as_u64().unwrap_or(0))
+        .sum();
     let bytes = rows.iter().map(|q| q["bytes"].as_u64().unwrap_or(0)).sum();
-    let lag = rows.iter().map(|q| q["lagSeconds"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max);
+    let lag = rows
+        .iter()
+        .map(|q| q["lagSeconds"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
     (records, bytes, lag)
 }
 
@@ -285,7 +321,9 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let lake_secs = t0.elapsed().as_secs_f64();
-    let peak_buffered = get_json(port, "/status").and_then(|s| s["s3"]["sinks"][0]["memory"]["peakBytes"].as_u64()).unwrap_or(0);
+    let peak_buffered = get_json(port, "/status")
+        .and_then(|s| s["s3"]["sinks"][0]["memory"]["peakBytes"].as_u64())
+        .unwrap_or(0);
     let cpu = cpu_seconds(&pid.to_string()) - cpu0;
     let mb = (pushed * args.record_bytes as u64) as f64 / (1024.0 * 1024.0);
     println!(
@@ -300,7 +338,11 @@ fn run(args: &Args, bin: &PathBuf, queues: usize, sink: bool) {
         peak_buffered as f64 / (1024.0 * 1024.0),
         args.memory_mb,
         args.target_mb,
-        if records < pushed { "  (INCOMPLETE: timed out)" } else { "" },
+        if records < pushed {
+            "  (INCOMPLETE: timed out)"
+        } else {
+            ""
+        },
     );
 }
 
@@ -312,11 +354,18 @@ fn read_back(port: u16, queues: usize, timeout_secs: u64) -> u64 {
     let Ok(mut c) = connect(port) else { return 0 };
     for q in 0..queues {
         for p in 0..4 {
-            let path = format!("/api/v1/pop/queue/bench-{q}/partition/p{p}?batch=1000&autoAck=true&consumerGroup=bench-reader");
+            let path = format!(
+                "/api/v1/pop/queue/bench-{q}/partition/p{p}?batch=1000&autoAck=true&consumerGroup=bench-reader"
+            );
             while Instant::now() < until {
-                let Ok((status, body)) = request(&mut c, "GET", &path, b"") else { return read };
+                let Ok((status, body)) = request(&mut c, "GET", &path, b"") else {
+                    return read;
+                };
                 let n = if status == 200 {
-                    serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["messages"].as_array().map(Vec::len)).unwrap_or(0)
+                    serde_json::from_slice::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v["messages"].as_array().map(Vec::len))
+                        .unwrap_or(0)
                 } else {
                     0
                 };
@@ -333,10 +382,17 @@ fn read_back(port: u16, queues: usize, timeout_secs: u64) -> u64 {
 fn main() {
     let args = Args::parse();
     let bin = args.bin.clone().unwrap_or_else(|| {
-        let sibling = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.join("queen")));
-        sibling.filter(|s| s.is_file()).unwrap_or_else(|| PathBuf::from("target/release/queen"))
+        let sibling = std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.join("queen")));
+        sibling
+            .filter(|s| s.is_file())
+            .unwrap_or_else(|| PathBuf::from("target/release/queen"))
     });
-    println!("queen-sink-bench: {} MB of {}-byte records, {} per request, {} connections, format {}", args.mb, args.record_bytes, args.batch, args.connections, args.format);
+    println!(
+        "queen-sink-bench: {} MB of {}-byte records, {} per request, {} connections, format {}",
+        args.mb, args.record_bytes, args.batch, args.connections, args.format
+    );
     for queues in [1, 8] {
         if args.baseline {
             run(&args, &bin, queues, false);

@@ -2,7 +2,9 @@
 
 use crate::command::{AckItem, AckOutcome, Outcome};
 use crate::keys;
-use crate::model::{AckVerdict, CursorRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec};
+use crate::model::{
+    AckVerdict, CursorRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec,
+};
 use crate::names::GroupName;
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
@@ -10,7 +12,11 @@ use crate::time::Stamp;
 use super::{get_rec, next_counter, put_rec};
 
 fn refused(error: impl Into<String>) -> AckVerdict {
-    AckVerdict { success: false, error: Some(error.into()), ..AckVerdict::default() }
+    AckVerdict {
+        success: false,
+        error: Some(error.into()),
+        ..AckVerdict::default()
+    }
 }
 
 /// Apply acknowledgements in order; each is answered on its own.
@@ -24,7 +30,10 @@ pub(crate) fn ack(
     let mut leased = LeasedOffsets::default();
     for item in items {
         let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
-        out.push(AckOutcome { transaction_id: item.transaction_id.clone(), verdict });
+        out.push(AckOutcome {
+            transaction_id: item.transaction_id.clone(),
+            verdict,
+        });
     }
     Ok(out)
 }
@@ -48,7 +57,11 @@ pub(crate) struct LeasedOffsets {
 }
 
 impl LeasedOffsets {
-    fn lease_now(&mut self, s: &dyn crate::store::StateRead, stamp: Stamp) -> Result<Stamp, StoreError> {
+    fn lease_now(
+        &mut self,
+        s: &dyn crate::store::StateRead,
+        stamp: Stamp,
+    ) -> Result<Stamp, StoreError> {
         if let Some(t) = self.lease_now {
             return Ok(t);
         }
@@ -57,7 +70,11 @@ impl LeasedOffsets {
         Ok(t)
     }
 
-    fn partition(&mut self, s: &dyn crate::store::StateRead, pid: u64) -> Result<Option<PartitionRec>, StoreError> {
+    fn partition(
+        &mut self,
+        s: &dyn crate::store::StateRead,
+        pid: u64,
+    ) -> Result<Option<PartitionRec>, StoreError> {
         if let Some(p) = self.partitions.iter().find(|p| p.pid == pid) {
             return Ok(Some(p.clone()));
         }
@@ -72,8 +89,20 @@ impl LeasedOffsets {
 
     const MAX_LEASED: u64 = 10_000;
 
-    fn find(&mut self, s: &dyn crate::store::StateRead, pid: u64, lease: &str, from: u64, end: u64, transaction_id: &str) -> Result<Option<u64>, StoreError> {
-        if let Some((_, m)) = self.by_lease.iter().find(|((p, l), _)| *p == pid && l == lease) {
+    fn find(
+        &mut self,
+        s: &dyn crate::store::StateRead,
+        pid: u64,
+        lease: &str,
+        from: u64,
+        end: u64,
+        transaction_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        if let Some((_, m)) = self
+            .by_lease
+            .iter()
+            .find(|((p, l), _)| *p == pid && l == lease)
+        {
             return Ok(m.get(transaction_id).copied());
         }
         if end <= from || end - from > Self::MAX_LEASED {
@@ -81,16 +110,23 @@ impl LeasedOffsets {
         }
         let mut m = std::collections::HashMap::new();
         let mut failed = None;
-        s.scan(&keys::message(pid, from), &keys::message(pid, end), &mut |k, v| match crate::codec::decode_head::<crate::model::MessageHead>(k, v) {
-            Ok(h) => {
-                m.insert(h.transaction_id, keys::offset_of_message_key(k).unwrap_or(from));
-                true
-            }
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
-        })?;
+        s.scan(
+            &keys::message(pid, from),
+            &keys::message(pid, end),
+            &mut |k, v| match crate::codec::decode_head::<crate::model::MessageHead>(k, v) {
+                Ok(h) => {
+                    m.insert(
+                        h.transaction_id,
+                        keys::offset_of_message_key(k).unwrap_or(from),
+                    );
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            },
+        )?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -100,18 +136,28 @@ impl LeasedOffsets {
     }
 }
 
-pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckItem, leased: &mut LeasedOffsets) -> Result<AckVerdict, StoreError> {
+pub(crate) fn ack_one(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    group: &str,
+    item: &AckItem,
+    leased: &mut LeasedOffsets,
+) -> Result<AckVerdict, StoreError> {
     let status = item.status.as_str();
     if !matches!(status, "completed" | "success" | "failed" | "dlq" | "retry") {
         return Ok(refused(format!("unknown status '{status}'")));
     }
     let Ok(pid) = item.partition_id.trim().parse::<u64>() else {
-        return Ok(refused(format!("unknown partitionId '{}'", item.partition_id)));
+        return Ok(refused(format!(
+            "unknown partitionId '{}'",
+            item.partition_id
+        )));
     };
     let Some(p) = leased.partition(txn, pid)? else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
-    let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid) else {
+    let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid)
+    else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
     let cursor_key = keys::cursor(pid, group);
@@ -119,30 +165,48 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
     // Under the named live lease the leased messages say where the transactionId is; else
     // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
     let under_lease = match (&item.lease_id, &c.lease) {
-        (Some(id), Some(l)) if *id == l.id && l.expires > stamp => leased.find(txn, pid, id, c.next, l.end, &item.transaction_id)?,
+        (Some(id), Some(l)) if *id == l.id && l.expires > stamp => {
+            leased.find(txn, pid, id, c.next, l.end, &item.transaction_id)?
+        }
         _ => None,
     };
     let offset = match under_lease {
         Some(o) => o,
-        None => match super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(txn, pid, &item.transaction_id)? {
+        None => match super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(
+            txn,
+            pid,
+            &item.transaction_id,
+        )? {
             Some(o) => o,
-            None => return Ok(refused(format!("no message '{}' in partition {pid}", item.transaction_id))),
+            None => {
+                return Ok(refused(format!(
+                    "no message '{}' in partition {pid}",
+                    item.transaction_id
+                )));
+            }
         },
     };
 
     // A repeat of the last ack is answered as the first one was.
     if let Some(last) = &c.last_ack
-        && last.offset == offset && last.status == status && last.lease_id == item.lease_id {
-            let mut v = last.outcome.clone();
-            v.noop = true;
-            return Ok(v);
-        }
+        && last.offset == offset
+        && last.status == status
+        && last.lease_id == item.lease_id
+    {
+        let mut v = last.outcome.clone();
+        v.noop = true;
+        return Ok(v);
+    }
     let live = c.live_lease(leased.lease_now(txn, stamp)?).cloned();
     let completes = matches!(status, "completed" | "success");
     if offset < c.next {
         // Already behind the cursor: acknowledged before (or redelivered past).
         if completes {
-            return Ok(AckVerdict { success: true, noop: true, ..AckVerdict::default() });
+            return Ok(AckVerdict {
+                success: true,
+                noop: true,
+                ..AckVerdict::default()
+            });
         }
         return Ok(refused("message was already acknowledged"));
     }
@@ -155,7 +219,10 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
         (None, None) => return Ok(refused("no live lease covers this message")),
     }
 
-    let mut v = AckVerdict { success: true, ..AckVerdict::default() };
+    let mut v = AckVerdict {
+        success: true,
+        ..AckVerdict::default()
+    };
     let release;
     match status {
         "completed" | "success" => {
@@ -170,7 +237,11 @@ pub(crate) fn ack_one(txn: &mut Txn<'_>, stamp: Stamp, group: &str, item: &AckIt
             let dead = if status == "dlq" {
                 true
             } else {
-                c.retries = if c.retry_offset == offset { c.retries + 1 } else { 1 };
+                c.retries = if c.retry_offset == offset {
+                    c.retries + 1
+                } else {
+                    1
+                };
                 c.retry_offset = offset;
                 c.retries > q.options.retry_limit
             };
@@ -248,7 +319,9 @@ fn dead_letter(
 /// Drop one partition from a lease; the lease record goes when none is left.
 fn release_partition(txn: &mut Txn<'_>, lease_id: &str, pid: u64) -> Result<(), StoreError> {
     let key = keys::lease(lease_id);
-    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else { return Ok(()) };
+    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else {
+        return Ok(());
+    };
     l.parts.retain(|p| *p != pid);
     if l.parts.is_empty() {
         txn.delete(key);
@@ -261,34 +334,57 @@ fn release_partition(txn: &mut Txn<'_>, lease_id: &str, pid: u64) -> Result<(), 
 
 /// Prolong a live lease to `max(current expiry, now + leaseTime)`; an expired lease is never
 /// revived.
-pub(crate) fn extend(txn: &mut Txn<'_>, stamp: Stamp, lease_id: &str) -> Result<Outcome, StoreError> {
-    let fail = Outcome::Extend { success: false, renewed: 0, expires: None };
+pub(crate) fn extend(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    lease_id: &str,
+) -> Result<Outcome, StoreError> {
+    let fail = Outcome::Extend {
+        success: false,
+        renewed: 0,
+        expires: None,
+    };
     let key = keys::lease(lease_id);
-    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else { return Ok(fail) };
+    let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else {
+        return Ok(fail);
+    };
     if l.expires <= super::cluster::lease_now(txn, stamp)? {
         return Ok(fail);
     }
     let lease_time = l
         .parts
         .first()
-        .and_then(|pid| get_rec::<PartitionRec>(txn, &keys::partition(*pid)).ok().flatten())
-        .and_then(|p| get_rec::<QueueRec>(txn, &keys::queue(&p.queue)).ok().flatten())
+        .and_then(|pid| {
+            get_rec::<PartitionRec>(txn, &keys::partition(*pid))
+                .ok()
+                .flatten()
+        })
+        .and_then(|p| {
+            get_rec::<QueueRec>(txn, &keys::queue(&p.queue))
+                .ok()
+                .flatten()
+        })
         .map_or(300, |q| q.options.lease_time);
     let expires = l.expires.max(stamp.plus_seconds(lease_time));
     let mut renewed = 0;
     for pid in &l.parts {
         let ck = keys::cursor(*pid, &l.group);
         if let Some(mut c) = get_rec::<CursorRec>(txn, &ck)?
-            && let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id) {
-                cl.expires = expires;
-                renewed += 1;
-                put_rec(txn, ck, &c);
-            }
+            && let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id)
+        {
+            cl.expires = expires;
+            renewed += 1;
+            put_rec(txn, ck, &c);
+        }
     }
     txn.delete(keys::lease_expiry(l.expires.0, lease_id));
     l.expires = expires;
     put_rec(txn, keys::lease_expiry(expires.0, lease_id), &());
     super::cluster::note_lease_expiry(txn, expires)?;
     put_rec(txn, key, &l);
-    Ok(Outcome::Extend { success: true, renewed, expires: Some(expires) })
+    Ok(Outcome::Extend {
+        success: true,
+        renewed,
+        expires: Some(expires),
+    })
 }

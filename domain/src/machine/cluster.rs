@@ -64,7 +64,11 @@ pub fn max_clock_skew_ms(s: &dyn StateRead) -> Result<Option<u64>, StoreError> {
 
 /// Apply the leader's cluster settings: the version only rises, the skew bound is replaced.
 /// Answers the version in force afterwards.
-pub(crate) fn apply_settings(txn: &mut Txn<'_>, version: u32, max_clock_skew_ms: u64) -> Result<u32, StoreError> {
+pub(crate) fn apply_settings(
+    txn: &mut Txn<'_>,
+    version: u32,
+    max_clock_skew_ms: u64,
+) -> Result<u32, StoreError> {
     let current = cluster_version(txn)?;
     if version > current {
         put_rec(txn, cluster_version_key(), &version);
@@ -79,12 +83,16 @@ pub(crate) fn apply_settings(txn: &mut Txn<'_>, version: u32, max_clock_skew_ms:
 /// # Errors
 /// Store failures.
 pub fn leader_changed(txn: &mut Txn<'_>) -> Result<(), StoreError> {
-    let skew_us = max_clock_skew_ms(txn)?.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS).saturating_mul(1000);
+    let skew_us = max_clock_skew_ms(txn)?
+        .unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS)
+        .saturating_mul(1000);
     if skew_us == 0 {
         txn.delete(hold_key());
         return Ok(());
     }
-    let newest = get_rec::<Stamp>(txn, &max_expiry_key())?.unwrap_or_default().max(last_stamp(txn)?);
+    let newest = get_rec::<Stamp>(txn, &max_expiry_key())?
+        .unwrap_or_default()
+        .max(last_stamp(txn)?);
     let until = Stamp(newest.0.saturating_add(skew_us));
     // A hold still running from an earlier change keeps its own reach.
     let until = match get_rec::<LeaseHold>(txn, &hold_key())? {

@@ -11,12 +11,22 @@ use super::queue::partition_ids;
 use super::{get_rec, put_rec, scan_recs};
 
 /// The queues (id, name) a group has a record on, or just `queue` when named.
-fn queues_of(txn: &Txn<'_>, group: &str, queue: Option<&QueueName>) -> Result<Vec<QueueRec>, StoreError> {
+fn queues_of(
+    txn: &Txn<'_>,
+    group: &str,
+    queue: Option<&QueueName>,
+) -> Result<Vec<QueueRec>, StoreError> {
     if let Some(q) = queue {
-        return Ok(get_rec::<QueueRec>(txn, &keys::queue(q.as_str()))?.into_iter().collect());
+        return Ok(get_rec::<QueueRec>(txn, &keys::queue(q.as_str()))?
+            .into_iter()
+            .collect());
     }
-    let all: Vec<(Vec<u8>, QueueRec)> =
-        scan_recs(txn, &keys::table_start(keys::table::QUEUE), &keys::table_end(keys::table::QUEUE), usize::MAX)?;
+    let all: Vec<(Vec<u8>, QueueRec)> = scan_recs(
+        txn,
+        &keys::table_start(keys::table::QUEUE),
+        &keys::table_end(keys::table::QUEUE),
+        usize::MAX,
+    )?;
     let mut out = Vec::new();
     for (_, q) in all {
         if get_rec::<GroupRec>(txn, &keys::group(q.qid, group))?.is_some() {
@@ -28,7 +38,12 @@ fn queues_of(txn: &Txn<'_>, group: &str, queue: Option<&QueueName>) -> Result<Ve
 
 /// Drop a group's cursors (and leases with them) on one queue or all; with `metadata`, also its
 /// recorded subscription, so it starts over per its mode. Answers (partitions, metadata rows).
-pub(crate) fn delete(txn: &mut Txn<'_>, group: &GroupName, queue: Option<&QueueName>, metadata: bool) -> Result<(u64, u64), StoreError> {
+pub(crate) fn delete(
+    txn: &mut Txn<'_>,
+    group: &GroupName,
+    queue: Option<&QueueName>,
+    metadata: bool,
+) -> Result<(u64, u64), StoreError> {
     let (mut parts, mut meta) = (0, 0);
     for q in queues_of(txn, group.as_str(), queue)? {
         for pid in partition_ids(txn, q.qid)? {
@@ -48,20 +63,42 @@ pub(crate) fn delete(txn: &mut Txn<'_>, group: &GroupName, queue: Option<&QueueN
 
 /// Move a group's cursor on every partition of a queue to the end (`to` = None) or to just
 /// after `to`; leases are released. Answers the partitions updated.
-pub(crate) fn seek(txn: &mut Txn<'_>, stamp: Stamp, group: &GroupName, queue: &QueueName, to: Option<Stamp>) -> Result<u64, StoreError> {
-    let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(queue.as_str()))? else { return Ok(0) };
+pub(crate) fn seek(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    group: &GroupName,
+    queue: &QueueName,
+    to: Option<Stamp>,
+) -> Result<u64, StoreError> {
+    let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(queue.as_str()))? else {
+        return Ok(0);
+    };
     let gk = keys::group(q.qid, group.as_str());
     if get_rec::<GroupRec>(txn, &gk)?.is_none() {
-        put_rec(txn, gk, &GroupRec { start: SubscriptionStart::All, created: stamp, last_pid: 0 });
+        put_rec(
+            txn,
+            gk,
+            &GroupRec {
+                start: SubscriptionStart::All,
+                created: stamp,
+                last_pid: 0,
+            },
+        );
     }
     let mut n = 0;
     for pid in partition_ids(txn, q.qid)? {
-        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else { continue };
+        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
+            continue;
+        };
         let ck = keys::cursor(pid, group.as_str());
         let mut c = get_rec::<CursorRec>(txn, &ck)?.unwrap_or_default();
         c.next = match to {
             None => p.next_offset,
-            Some(t) => start_offset(txn, &p, SubscriptionStart::From(Stamp(t.0.saturating_add(1))))?,
+            Some(t) => start_offset(
+                txn,
+                &p,
+                SubscriptionStart::From(Stamp(t.0.saturating_add(1))),
+            )?,
         };
         c.lease = None;
         c.retries = 0;
@@ -73,7 +110,11 @@ pub(crate) fn seek(txn: &mut Txn<'_>, stamp: Stamp, group: &GroupName, queue: &Q
 
 /// Rewrite a group's recorded start on every queue it has a record on (partitions it has not
 /// touched start there). Answers the rows updated.
-pub(crate) fn resubscribe(txn: &mut Txn<'_>, group: &GroupName, from: Stamp) -> Result<u64, StoreError> {
+pub(crate) fn resubscribe(
+    txn: &mut Txn<'_>,
+    group: &GroupName,
+    from: Stamp,
+) -> Result<u64, StoreError> {
     let mut n = 0;
     for q in queues_of(txn, group.as_str(), None)? {
         let gk = keys::group(q.qid, group.as_str());

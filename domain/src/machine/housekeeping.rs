@@ -22,11 +22,18 @@ pub struct HousekeepingBudget {
 
 impl Default for HousekeepingBudget {
     fn default() -> Self {
-        Self { deletes: 4096, partitions: 256 }
+        Self {
+            deletes: 4096,
+            partitions: 256,
+        }
     }
 }
 
-pub(crate) fn run(txn: &mut Txn<'_>, stamp: Stamp, budget: HousekeepingBudget) -> Result<(), StoreError> {
+pub(crate) fn run(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    budget: HousekeepingBudget,
+) -> Result<(), StoreError> {
     let mut deletes = budget.deletes;
     expire_leases(txn, stamp, &mut deletes)?;
     super::kv::sweep(txn, stamp, &mut deletes)?;
@@ -46,9 +53,10 @@ fn expire_leases(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize) -> Result
         let id = String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned();
         let lk = keys::lease(&id);
         if let Some(l) = get_rec::<LeaseRec>(txn, &lk)?
-            && l.expires <= stamp {
-                txn.delete(lk);
-            }
+            && l.expires <= stamp
+        {
+            txn.delete(lk);
+        }
         txn.delete(k);
         *deletes = deletes.saturating_sub(2);
     }
@@ -71,7 +79,8 @@ fn delete_range(txn: &mut Txn<'_>, prefix: &[u8], deletes: &mut usize) -> Result
 
 fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreError> {
     let start = keys::table_start(keys::table::GRAVE);
-    let graves: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &keys::table_end(keys::table::GRAVE), 64)?;
+    let graves: Vec<(Vec<u8>, ())> =
+        scan_recs(txn, &start, &keys::table_end(keys::table::GRAVE), 64)?;
     for (k, ()) in graves {
         if *deletes == 0 {
             break;
@@ -81,7 +90,11 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
             continue;
         };
         let tables: &[u8] = if kind == 0 {
-            &[keys::table::MESSAGE, keys::table::DEDUP_HASH, keys::table::CURSOR]
+            &[
+                keys::table::MESSAGE,
+                keys::table::DEDUP_HASH,
+                keys::table::CURSOR,
+            ]
         } else {
             &[keys::table::GROUP, keys::table::DLQ]
         };
@@ -102,7 +115,12 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
     Ok(())
 }
 
-fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: usize) -> Result<(), StoreError> {
+fn retention(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    deletes: &mut usize,
+    max_parts: usize,
+) -> Result<(), StoreError> {
     let cursor_key = keys::meta("retention_cursor");
     let from = get_rec::<u64>(txn, &cursor_key)?.unwrap_or(0);
     let parts: Vec<(Vec<u8>, PartitionRec)> = scan_recs(
@@ -124,7 +142,9 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
             let q = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid);
             queues.insert(p.queue.clone(), q);
         }
-        let Some(Some(q)) = queues.get_mut(&p.queue) else { continue };
+        let Some(Some(q)) = queues.get_mut(&p.queue) else {
+            continue;
+        };
         let o = q.options.clone();
         if !o.has_retention() || p.log_start >= p.next_offset {
             continue;
@@ -144,27 +164,33 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
         // large payload is never copied for a stamp.
         let mut doomed: Vec<(Vec<u8>, u64, MessageHead)> = Vec::new();
         let mut failed = None;
-        StateRead::scan(&*txn, &keys::message(p.pid, p.log_start), &keys::message(p.pid, p.next_offset), &mut |k, v| {
-            let m = match crate::codec::decode_head::<MessageHead>(k, v) {
-                Ok(m) => m,
-                Err(e) => {
-                    failed = Some(e);
+        StateRead::scan(
+            &*txn,
+            &keys::message(p.pid, p.log_start),
+            &keys::message(p.pid, p.next_offset),
+            &mut |k, v| {
+                let m = match crate::codec::decode_head::<MessageHead>(k, v) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        failed = Some(e);
+                        return false;
+                    }
+                };
+                let offset = keys::offset_of_message_key(k).unwrap_or(p.log_start);
+                let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
+                let held = hold.is_some_and(|h| m.stamp > h);
+                let expired = aged(o.max_wait_time_seconds)
+                    || (!held
+                        && (aged(o.retention_seconds)
+                            || (min_cursor.is_some_and(|mc| offset < mc)
+                                && aged(o.completed_retention_seconds))));
+                if !expired {
                     return false;
                 }
-            };
-            let offset = keys::offset_of_message_key(k).unwrap_or(p.log_start);
-            let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
-            let held = hold.is_some_and(|h| m.stamp > h);
-            let expired = aged(o.max_wait_time_seconds)
-                || (!held
-                    && (aged(o.retention_seconds)
-                        || (min_cursor.is_some_and(|mc| offset < mc) && aged(o.completed_retention_seconds))));
-            if !expired {
-                return false;
-            }
-            doomed.push((k.to_vec(), offset, m));
-            doomed.len() < budget
-        })?;
+                doomed.push((k.to_vec(), offset, m));
+                doomed.len() < budget
+            },
+        )?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -194,10 +220,18 @@ fn retention(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize, max_parts: us
 /// tEnd minus a minute, never further back than `retentionSinkHoldMaxSeconds` before `now`
 /// (so a sink that stopped for good cannot grow the queue's disk for ever). `None` when the
 /// queue has no hold.
-fn sink_hold(s: &dyn StateRead, o: &crate::model::QueueOptions, queue: &str, now: Stamp) -> Result<Option<Stamp>, StoreError> {
-    let Some(sink) = o.retention_sink_hold.as_deref() else { return Ok(None) };
+fn sink_hold(
+    s: &dyn StateRead,
+    o: &crate::model::QueueOptions,
+    queue: &str,
+    now: Stamp,
+) -> Result<Option<Stamp>, StoreError> {
+    let Some(sink) = o.retention_sink_hold.as_deref() else {
+        return Ok(None);
+    };
     let floor = now.minus_seconds(o.retention_sink_hold_max_seconds);
-    let committed = crate::sink::documents::pointer(s, sink, queue, now)?
-        .map_or(Stamp(0), |p| Stamp(p.t_end).minus_seconds(crate::sink::documents::HOLD_MARGIN_SECONDS));
+    let committed = crate::sink::documents::pointer(s, sink, queue, now)?.map_or(Stamp(0), |p| {
+        Stamp(p.t_end).minus_seconds(crate::sink::documents::HOLD_MARGIN_SECONDS)
+    });
     Ok(Some(committed.max(floor)))
 }

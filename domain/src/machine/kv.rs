@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kv::{Expiry, KvOp, KvOutcome, KvResult, KvRowView, MAX_PREFIX_LIMIT, Num};
 use crate::keys;
+use crate::kv::{Expiry, KvOp, KvOutcome, KvResult, KvRowView, MAX_PREFIX_LIMIT, Num};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
@@ -39,12 +39,22 @@ impl KvRow {
 }
 
 /// The live row under (ns, key) at `now`.
-pub(crate) fn live_row(s: &dyn StateRead, ns: &str, key: &str, now: Stamp) -> Result<Option<KvRow>, StoreError> {
+pub(crate) fn live_row(
+    s: &dyn StateRead,
+    ns: &str,
+    key: &str,
+    now: Stamp,
+) -> Result<Option<KvRow>, StoreError> {
     Ok(get_rec::<KvRow>(s, &keys::kv(ns, key))?.filter(|r| r.live(now)))
 }
 
 /// Write a row (replacing any), keeping the expiry index in step.
-pub(crate) fn write_row(txn: &mut Txn<'_>, ns: &str, key: &str, row: &KvRow) -> Result<(), StoreError> {
+pub(crate) fn write_row(
+    txn: &mut Txn<'_>,
+    ns: &str,
+    key: &str,
+    row: &KvRow,
+) -> Result<(), StoreError> {
     if let Some(old) = get_rec::<KvRow>(txn, &keys::kv(ns, key))?
         && let Some(e) = old.expires
     {
@@ -76,7 +86,11 @@ fn expires_at(expiry: Expiry, now: Stamp) -> Option<Stamp> {
 }
 
 fn not_applied(reason: &str, current: Option<&KvRow>, key: &str) -> KvResult {
-    KvResult::Write { applied: false, reason: Some(reason.to_owned()), current: current.map(|r| r.view(key)) }
+    KvResult::Write {
+        applied: false,
+        reason: Some(reason.to_owned()),
+        current: current.map(|r| r.view(key)),
+    }
 }
 
 /// Whether `expect` holds for `current`: 0 = absent, N = that version.
@@ -101,15 +115,21 @@ enum Stored {
 /// Read a stored value as a number: `Ok(None)` when it is not a JSON number, `Err(())` when it
 /// is an integer literal outside i64 (no exact sum exists).
 fn stored_number(bytes: &[u8]) -> Result<Option<Stored>, ()> {
-    let Ok(text) = std::str::from_utf8(bytes) else { return Ok(None) };
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Ok(None);
+    };
     let t = text.trim();
-    if !t.starts_with(|c: char| c == '-' || c.is_ascii_digit()) || serde_json::from_str::<serde::de::IgnoredAny>(t).is_err() {
+    if !t.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+        || serde_json::from_str::<serde::de::IgnoredAny>(t).is_err()
+    {
         return Ok(None);
     }
     if t.contains(['.', 'e', 'E']) {
         return Ok(t.parse::<f64>().ok().map(Stored::Float));
     }
-    t.parse::<i64>().map(|i| Some(Stored::Int(i))).map_err(|_| ())
+    t.parse::<i64>()
+        .map(|i| Some(Stored::Int(i)))
+        .map_err(|_| ())
 }
 
 /// `n` against `limit`, exactly (no rounding of `n` to a float).
@@ -162,7 +182,8 @@ impl Sum {
         match self {
             Sum::Int(n) => n.to_string().into_bytes(),
             // Finite by construction; `null` would only show a broken invariant.
-            Sum::Float(f) => serde_json::Number::from_f64(f).map_or_else(|| b"null".to_vec(), |n| n.to_string().into_bytes()),
+            Sum::Float(f) => serde_json::Number::from_f64(f)
+                .map_or_else(|| b"null".to_vec(), |n| n.to_string().into_bytes()),
         }
     }
 }
@@ -181,9 +202,17 @@ fn finite(f: f64) -> Option<Sum> {
     f.is_finite().then_some(Sum::Float(f))
 }
 
-fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult, bool), StoreError> {
+fn one(
+    txn: &mut Txn<'_>,
+    now: Stamp,
+    index: u64,
+    op: &KvOp,
+) -> Result<(KvResult, bool), StoreError> {
     Ok(match op {
-        KvOp::Get { ns, key } => (KvResult::Get(live_row(txn, ns, key, now)?.map(|r| r.view(key))), true),
+        KvOp::Get { ns, key } => (
+            KvResult::Get(live_row(txn, ns, key, now)?.map(|r| r.view(key))),
+            true,
+        ),
         KvOp::GetMany { ns, keys: ks } => {
             let (mut rows, mut missing) = (Vec::new(), Vec::new());
             for k in ks {
@@ -194,7 +223,13 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
             }
             (KvResult::Many { rows, missing }, true)
         }
-        KvOp::GetPrefix { ns, prefix, after, limit, keys_only } => {
+        KvOp::GetPrefix {
+            ns,
+            prefix,
+            after,
+            limit,
+            keys_only,
+        } => {
             let limit = (*limit).clamp(1, MAX_PREFIX_LIMIT) as usize;
             let base = keys::kv_ns(ns);
             let start = match after {
@@ -222,17 +257,37 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
                     truncated = true;
                     break;
                 }
-                let key = String::from_utf8_lossy(k.get(base.len()..).unwrap_or_default()).into_owned();
+                let key =
+                    String::from_utf8_lossy(k.get(base.len()..).unwrap_or_default()).into_owned();
                 let mut view = row.view(&key);
                 if *keys_only {
                     view.value.clear();
                 }
                 rows.push(view);
             }
-            let next_after = if truncated { rows.last().map(|r| r.key.clone()) } else { None };
-            (KvResult::Prefix { rows, truncated, next_after, keys_only: *keys_only }, true)
+            let next_after = if truncated {
+                rows.last().map(|r| r.key.clone())
+            } else {
+                None
+            };
+            (
+                KvResult::Prefix {
+                    rows,
+                    truncated,
+                    next_after,
+                    keys_only: *keys_only,
+                },
+                true,
+            )
         }
-        KvOp::Put { ns, key, value, expiry, expect, .. } => {
+        KvOp::Put {
+            ns,
+            key,
+            value,
+            expiry,
+            expect,
+            ..
+        } => {
             let current = live_row(txn, ns, key, now)?;
             if let Some(e) = expect
                 && let Some(why) = precondition(*e, current.as_ref())
@@ -247,9 +302,18 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
                 updated: now,
             };
             write_row(txn, ns, key, &row)?;
-            (KvResult::Write { applied: true, reason: None, current: Some(row.view(key)) }, true)
+            (
+                KvResult::Write {
+                    applied: true,
+                    reason: None,
+                    current: Some(row.view(key)),
+                },
+                true,
+            )
         }
-        KvOp::Delete { ns, key, expect, .. } => {
+        KvOp::Delete {
+            ns, key, expect, ..
+        } => {
             let current = live_row(txn, ns, key, now)?;
             let Some(cur) = current.as_ref() else {
                 return Ok((not_applied("absent", None, key), false));
@@ -260,16 +324,40 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
                 return Ok((not_applied(why, Some(cur), key), false));
             }
             delete_row(txn, ns, key)?;
-            (KvResult::Write { applied: true, reason: None, current: None }, true)
+            (
+                KvResult::Write {
+                    applied: true,
+                    reason: None,
+                    current: None,
+                },
+                true,
+            )
         }
-        KvOp::Check { ns, key, expect, .. } => {
+        KvOp::Check {
+            ns, key, expect, ..
+        } => {
             let current = live_row(txn, ns, key, now)?;
             match precondition(*expect, current.as_ref()) {
                 Some(why) => (not_applied(why, current.as_ref(), key), false),
-                None => (KvResult::Write { applied: true, reason: None, current: current.map(|r| r.view(key)) }, true),
+                None => (
+                    KvResult::Write {
+                        applied: true,
+                        reason: None,
+                        current: current.map(|r| r.view(key)),
+                    },
+                    true,
+                ),
             }
         }
-        KvOp::Incr { ns, key, delta, min, max, expiry, .. } => {
+        KvOp::Incr {
+            ns,
+            key,
+            delta,
+            min,
+            max,
+            expiry,
+            ..
+        } => {
             let current = live_row(txn, ns, key, now)?;
             let base = match &current {
                 None => Stored::Int(0),
@@ -296,20 +384,35 @@ fn one(txn: &mut Txn<'_>, now: Stamp, index: u64, op: &KvOp) -> Result<(KvResult
                 updated: now,
             };
             write_row(txn, ns, key, &row)?;
-            (KvResult::Write { applied: true, reason: None, current: Some(row.view(key)) }, true)
+            (
+                KvResult::Write {
+                    applied: true,
+                    reason: None,
+                    current: Some(row.view(key)),
+                },
+                true,
+            )
         }
     })
 }
 
 fn required(op: &KvOp) -> bool {
     match op {
-        KvOp::Put { required, .. } | KvOp::Delete { required, .. } | KvOp::Check { required, .. } | KvOp::Incr { required, .. } => *required,
+        KvOp::Put { required, .. }
+        | KvOp::Delete { required, .. }
+        | KvOp::Check { required, .. }
+        | KvOp::Incr { required, .. } => *required,
         _ => false,
     }
 }
 
 /// Apply a KV call: in order, on a child overlay; kept only if no required precondition lost.
-pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> Result<KvOutcome, StoreError> {
+pub(crate) fn apply(
+    txn: &mut Txn<'_>,
+    now: Stamp,
+    index: u64,
+    ops: &[KvOp],
+) -> Result<KvOutcome, StoreError> {
     let (mut results, failed, writes) = {
         let mut child = Txn::new(&*txn);
         let mut results = Vec::with_capacity(ops.len());
@@ -329,7 +432,9 @@ pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> 
         // operations after the failed one are answered as not applied.
         for (i, r) in results.iter_mut().enumerate() {
             if i != f
-                && let KvResult::Write { applied, reason, .. } = r
+                && let KvResult::Write {
+                    applied, reason, ..
+                } = r
                 && *applied
             {
                 *applied = false;
@@ -337,12 +442,19 @@ pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[KvOp]) -> 
             }
         }
         for _ in results.len()..ops.len() {
-            results.push(KvResult::Write { applied: false, reason: Some("rolled_back".to_owned()), current: None });
+            results.push(KvResult::Write {
+                applied: false,
+                reason: Some("rolled_back".to_owned()),
+                current: None,
+            });
         }
         return Ok(KvOutcome { results, failed });
     }
     txn.absorb_parts(writes);
-    Ok(KvOutcome { results, failed: None })
+    Ok(KvOutcome {
+        results,
+        failed: None,
+    })
 }
 
 /// Housekeeping: delete rows whose expiry passed, at most `budget`.

@@ -1,8 +1,8 @@
 //! Locks and semaphores as KV rows in `queen-locks`: a permit is the row `<name>#<slot>`, its
 //! token is the row's version (so tokens only rise), and every renewal writes a new version.
 
-use crate::kv::{Expiry, Holder, LOCKS_NS, LockOp, LockResult, permit_key};
 use crate::keys;
+use crate::kv::{Expiry, Holder, LOCKS_NS, LockOp, LockResult, permit_key};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
@@ -29,10 +29,20 @@ fn holders(s: &dyn StateRead, name: &str, now: Stamp) -> Result<Vec<Holder>, Sto
         if row.expires.is_some_and(|e| e <= now) {
             continue;
         }
-        let Some(slot) = std::str::from_utf8(k.get(base..).unwrap_or_default()).ok().and_then(|s| s.parse().ok()) else {
+        let Some(slot) = std::str::from_utf8(k.get(base..).unwrap_or_default())
+            .ok()
+            .and_then(|s| s.parse().ok())
+        else {
             continue;
         };
-        out.push(Holder { slot, owner: owner_of(&row), token: row.version, since: row.created, expires: row.expires, renewed: row.updated });
+        out.push(Holder {
+            slot,
+            owner: owner_of(&row),
+            token: row.version,
+            since: row.created,
+            expires: row.expires,
+            renewed: row.updated,
+        });
     }
     out.sort_by_key(|h| h.slot);
     Ok(out)
@@ -40,7 +50,9 @@ fn holders(s: &dyn StateRead, name: &str, now: Stamp) -> Result<Vec<Holder>, Sto
 
 fn permit_row(owner: &str, ttl: u64, now: Stamp, index: u64, created: Stamp) -> KvRow {
     KvRow {
-        value: serde_json::json!({ "owner": owner }).to_string().into_bytes(),
+        value: serde_json::json!({ "owner": owner })
+            .to_string()
+            .into_bytes(),
         version: index,
         expires: match Expiry::Ttl(ttl) {
             Expiry::Ttl(s) => Some(now.plus_seconds(s)),
@@ -52,32 +64,77 @@ fn permit_row(owner: &str, ttl: u64, now: Stamp, index: u64, created: Stamp) -> 
 }
 
 /// Apply lock operations; each is independent.
-pub(crate) fn apply(txn: &mut Txn<'_>, now: Stamp, index: u64, ops: &[LockOp]) -> Result<Vec<LockResult>, StoreError> {
+pub(crate) fn apply(
+    txn: &mut Txn<'_>,
+    now: Stamp,
+    index: u64,
+    ops: &[LockOp],
+) -> Result<Vec<LockResult>, StoreError> {
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
         out.push(match op {
-            LockOp::Acquire { name, ttl, owner, limit } => {
+            LockOp::Acquire {
+                name,
+                ttl,
+                owner,
+                limit,
+            } => {
                 let current = holders(&*txn, name, now)?;
                 if let Some(h) = current.iter().find(|h| h.owner == *owner) {
-                    LockResult::Acquired { slot: h.slot, token: h.token, owner: owner.clone(), already: true }
-                } else if let Some(slot) = (0..(*limit).max(1)).find(|s| current.iter().all(|h| h.slot != *s)) {
+                    LockResult::Acquired {
+                        slot: h.slot,
+                        token: h.token,
+                        owner: owner.clone(),
+                        already: true,
+                    }
+                } else if let Some(slot) =
+                    (0..(*limit).max(1)).find(|s| current.iter().all(|h| h.slot != *s))
+                {
                     let key = permit_key(name, slot);
-                    write_row(txn, LOCKS_NS, &key, &permit_row(owner, *ttl, now, index, now))?;
-                    LockResult::Acquired { slot, token: index, owner: owner.clone(), already: false }
+                    write_row(
+                        txn,
+                        LOCKS_NS,
+                        &key,
+                        &permit_row(owner, *ttl, now, index, now),
+                    )?;
+                    LockResult::Acquired {
+                        slot,
+                        token: index,
+                        owner: owner.clone(),
+                        already: false,
+                    }
                 } else {
                     let reason = if *limit > 1 { "contended" } else { "held" };
-                    LockResult::NotAcquired { reason: reason.to_owned(), holders: current }
+                    LockResult::NotAcquired {
+                        reason: reason.to_owned(),
+                        holders: current,
+                    }
                 }
             }
-            LockOp::Renew { name, token, ttl, slot } => {
+            LockOp::Renew {
+                name,
+                token,
+                ttl,
+                slot,
+            } => {
                 let key = permit_key(name, *slot);
                 match live_row(&*txn, LOCKS_NS, &key, now)? {
                     Some(row) if row.version == *token => {
                         let owner = owner_of(&row);
-                        write_row(txn, LOCKS_NS, &key, &permit_row(&owner, *ttl, now, index, row.created))?;
-                        LockResult::Renewed { slot: *slot, token: index }
+                        write_row(
+                            txn,
+                            LOCKS_NS,
+                            &key,
+                            &permit_row(&owner, *ttl, now, index, row.created),
+                        )?;
+                        LockResult::Renewed {
+                            slot: *slot,
+                            token: index,
+                        }
                     }
-                    _ => LockResult::Lost { holders: holders(&*txn, name, now)? },
+                    _ => LockResult::Lost {
+                        holders: holders(&*txn, name, now)?,
+                    },
                 }
             }
             LockOp::Release { name, token, slot } => {

@@ -45,25 +45,58 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd)?),
         Command::Ack { group, items } => Outcome::Ack(ack::ack(txn, stamp, group, items)?),
         Command::ExtendLease { lease_id } => ack::extend(txn, stamp, lease_id)?,
-        Command::Configure { queue, namespace, task, options } => {
-            Outcome::Configured(queue::configure(txn, stamp, queue, namespace, task, options)?)
+        Command::Configure {
+            queue,
+            namespace,
+            task,
+            options,
+        } => Outcome::Configured(queue::configure(
+            txn, stamp, queue, namespace, task, options,
+        )?),
+        Command::DeleteQueue { queue } => Outcome::Deleted {
+            existed: queue::delete(txn, queue)?,
+        },
+        Command::DeleteGroup {
+            group,
+            queue,
+            delete_metadata,
+        } => {
+            let (partitions, metadata) =
+                groups::delete(txn, group, queue.as_ref(), *delete_metadata)?;
+            Outcome::GroupDeleted {
+                partitions,
+                metadata,
+            }
         }
-        Command::DeleteQueue { queue } => Outcome::Deleted { existed: queue::delete(txn, queue)? },
-        Command::DeleteGroup { group, queue, delete_metadata } => {
-            let (partitions, metadata) = groups::delete(txn, group, queue.as_ref(), *delete_metadata)?;
-            Outcome::GroupDeleted { partitions, metadata }
-        }
-        Command::Seek { group, queue, to } => Outcome::Seeked { partitions: groups::seek(txn, stamp, group, queue, *to)? },
-        Command::Resubscribe { group, from } => Outcome::Resubscribed { rows: groups::resubscribe(txn, group, *from)? },
+        Command::Seek { group, queue, to } => Outcome::Seeked {
+            partitions: groups::seek(txn, stamp, group, queue, *to)?,
+        },
+        Command::Resubscribe { group, from } => Outcome::Resubscribed {
+            rows: groups::resubscribe(txn, group, *from)?,
+        },
         Command::Timers(ops) => Outcome::Timers(timers::apply(txn, stamp, ops)?),
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
-        Command::Transaction { ops, required_leases, kv, timers } => {
-            Outcome::Transaction(transaction::apply(txn, stamp, index, ops, required_leases, kv, timers)?)
-        }
-        Command::ClusterSettings { version, max_clock_skew_ms } => {
-            Outcome::ClusterSettings { version: cluster::apply_settings(txn, *version, *max_clock_skew_ms)? }
-        }
+        Command::Transaction {
+            ops,
+            required_leases,
+            kv,
+            timers,
+        } => Outcome::Transaction(transaction::apply(
+            txn,
+            stamp,
+            index,
+            ops,
+            required_leases,
+            kv,
+            timers,
+        )?),
+        Command::ClusterSettings {
+            version,
+            max_clock_skew_ms,
+        } => Outcome::ClusterSettings {
+            version: cluster::apply_settings(txn, *version, *max_clock_skew_ms)?,
+        },
     };
     Ok(Response { stamp, outcome })
 }
@@ -159,13 +192,22 @@ pub fn partition_ids_pub(s: &dyn StateRead, qid: u64) -> Result<Vec<u64>, StoreE
 ///
 /// # Errors
 /// Store failures.
-pub fn start_offset_pub(s: &dyn StateRead, p: &crate::model::PartitionRec, start: crate::model::SubscriptionStart) -> Result<u64, StoreError> {
+pub fn start_offset_pub(
+    s: &dyn StateRead,
+    p: &crate::model::PartitionRec,
+    start: crate::model::SubscriptionStart,
+) -> Result<u64, StoreError> {
     pop::start_offset(s, p, start)
 }
 
 /// The due entries of a time index (`[table] ‖ stamp ‖ name ‖ NUL ‖ key`) at or before `now`, at
 /// most `limit`, as (index key, name, key). Serves the KV expiry sweep and timer delivery.
-pub(crate) fn due_entries(s: &dyn StateRead, table: u8, now: Stamp, limit: usize) -> Result<Vec<(Vec<u8>, String, String)>, StoreError> {
+pub(crate) fn due_entries(
+    s: &dyn StateRead,
+    table: u8,
+    now: Stamp,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, String, String)>, StoreError> {
     let mut end = vec![table];
     end.extend_from_slice(&now.0.saturating_add(1).to_be_bytes());
     let mut due = Vec::new();
@@ -178,7 +220,10 @@ pub(crate) fn due_entries(s: &dyn StateRead, table: u8, now: Stamp, limit: usize
         .map(|k| {
             let rest = k.get(9..).unwrap_or_default();
             let (name, key) = match rest.iter().position(|b| *b == 0) {
-                Some(pos) => (String::from_utf8_lossy(&rest[..pos]).into_owned(), String::from_utf8_lossy(&rest[pos + 1..]).into_owned()),
+                Some(pos) => (
+                    String::from_utf8_lossy(&rest[..pos]).into_owned(),
+                    String::from_utf8_lossy(&rest[pos + 1..]).into_owned(),
+                ),
                 None => (String::new(), String::new()),
             };
             (k, name, key)

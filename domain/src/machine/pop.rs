@@ -2,7 +2,10 @@
 
 use crate::command::{Claim, Delivered, PopCommand, PopOutcome, Subscription};
 use crate::keys;
-use crate::model::{CursorLease, CursorRec, GroupRec, LeaseRec, MessageRec, PartitionRec, QueueRec, SubscriptionStart};
+use crate::model::{
+    CursorLease, CursorRec, GroupRec, LeaseRec, MessageRec, PartitionRec, QueueRec,
+    SubscriptionStart,
+};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
@@ -12,8 +15,16 @@ use super::{get_rec, put_rec, scan_recs};
 /// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
 /// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
 /// without counting a retry).
-pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<PopOutcome, StoreError> {
-    let mut out = PopOutcome { lease_id: String::new(), lease_expires: Stamp(0), claims: Vec::new() };
+pub(crate) fn pop(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    cmd: &PopCommand,
+) -> Result<PopOutcome, StoreError> {
+    let mut out = PopOutcome {
+        lease_id: String::new(),
+        lease_expires: Stamp(0),
+        claims: Vec::new(),
+    };
     let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(cmd.queue.as_str()))? else {
         return Ok(out);
     };
@@ -58,11 +69,16 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
         if budget == 0 || out.claims.len() >= max_parts {
             break;
         }
-        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else { continue };
+        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
+            continue;
+        };
         let cursor_key = keys::cursor(pid, group);
         let mut c = match get_rec::<CursorRec>(txn, &cursor_key)? {
             Some(c) => c,
-            None => CursorRec { next: start_offset(txn, &p, g.start)?, ..CursorRec::default() },
+            None => CursorRec {
+                next: start_offset(txn, &p, g.start)?,
+                ..CursorRec::default()
+            },
         };
         if c.live_lease(lease_now).is_some() {
             continue;
@@ -72,15 +88,23 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
             continue;
         }
         let until = p.next_offset.min(from.saturating_add(budget as u64));
-        let msgs: Vec<(Vec<u8>, MessageRec)> =
-            scan_recs(txn, &keys::message(pid, from), &keys::message(pid, until), budget)?;
+        let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
+            txn,
+            &keys::message(pid, from),
+            &keys::message(pid, until),
+            budget,
+        )?;
         let mut delivered = Vec::with_capacity(msgs.len());
         for (k, m) in msgs {
             if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
                 break;
             }
             let offset = keys::offset_of_message_key(&k).unwrap_or(from);
-            let attempt = if offset == c.retry_offset && c.retries > 0 { c.retries + 1 } else { 1 };
+            let attempt = if offset == c.retry_offset && c.retries > 0 {
+                c.retries + 1
+            } else {
+                1
+            };
             delivered.push(Delivered {
                 offset,
                 transaction_id: m.transaction_id,
@@ -91,7 +115,9 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
                 attempt,
             });
         }
-        let Some(last) = delivered.last().map(|d| d.offset) else { continue };
+        let Some(last) = delivered.last().map(|d| d.offset) else {
+            continue;
+        };
         budget -= delivered.len();
         c.next = from;
         if cmd.auto_ack {
@@ -99,11 +125,19 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
             c.lease = None;
             c.last_consumed = stamp;
         } else {
-            c.lease = Some(CursorLease { id: cmd.lease_id.clone(), expires: lease_expires, end: last + 1 });
+            c.lease = Some(CursorLease {
+                id: cmd.lease_id.clone(),
+                expires: lease_expires,
+                end: last + 1,
+            });
         }
         put_rec(txn, cursor_key, &c);
         g.last_pid = pid;
-        out.claims.push(Claim { pid, partition: p.name.clone(), messages: delivered });
+        out.claims.push(Claim {
+            pid,
+            partition: p.name.clone(),
+            messages: delivered,
+        });
     }
     put_rec(txn, group_key, &g);
     if !out.claims.is_empty() && !cmd.auto_ack {
@@ -128,8 +162,14 @@ pub(crate) fn pop(txn: &mut Txn<'_>, stamp: Stamp, cmd: &PopCommand) -> Result<P
 /// Where a group starts in a partition it has not touched: the oldest retained offset, or the
 /// first offset stamped at or after its subscription time (stamps rise with offsets, so a
 /// binary search over point reads finds it).
-pub(crate) fn start_offset(s: &dyn StateRead, p: &PartitionRec, start: SubscriptionStart) -> Result<u64, StoreError> {
-    let SubscriptionStart::From(t) = start else { return Ok(p.log_start) };
+pub(crate) fn start_offset(
+    s: &dyn StateRead,
+    p: &PartitionRec,
+    start: SubscriptionStart,
+) -> Result<u64, StoreError> {
+    let SubscriptionStart::From(t) = start else {
+        return Ok(p.log_start);
+    };
     let (mut lo, mut hi) = (p.log_start, p.next_offset);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;

@@ -6,9 +6,9 @@ use crate::model::{MessageRecRef, PartitionRec, QueueRec};
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
-use super::queue::{ensure_partition, ensure_queue};
 use super::dedup;
 use super::put_rec;
+use super::queue::{ensure_partition, ensure_queue};
 
 /// Push every item; each gets its own answer, in order. All records share `stamp`.
 ///
@@ -31,7 +31,10 @@ pub(crate) fn push(
                 queues.len() - 1
             }
         };
-        let pi = match parts.iter().position(|(i, p, _)| *i == qi && p.name == item.partition.as_str()) {
+        let pi = match parts
+            .iter()
+            .position(|(i, p, _)| *i == qi && p.name == item.partition.as_str())
+        {
             Some(i) => i,
             None => {
                 let p = ensure_partition(txn, &mut queues[qi], &item.partition, stamp)?;

@@ -41,9 +41,10 @@ pub(crate) fn ensure_partition(
 ) -> Result<PartitionRec, StoreError> {
     let name_key = keys::partition_name(q.qid, name.as_str());
     if let Some(pid) = get_rec::<u64>(txn, &name_key)?
-        && let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
-            return Ok(p);
-        }
+        && let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))?
+    {
+        return Ok(p);
+    }
     let pid = next_counter(txn, "next_pid")?;
     let p = PartitionRec {
         pid,
@@ -90,7 +91,9 @@ pub(crate) fn delete(txn: &mut Txn<'_>, name: &QueueName) -> Result<bool, StoreE
     let start = keys::pid_prefix(keys::table::QUEUE_PARTITION, q.qid);
     let parts: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &keys::prefix_end(&start), usize::MAX)?;
     for (k, ()) in parts {
-        let Some(pid) = keys::u64_at(&k, 9) else { continue };
+        let Some(pid) = keys::u64_at(&k, 9) else {
+            continue;
+        };
         if let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
             txn.delete(keys::partition_name(q.qid, &p.name));
         }

@@ -5,7 +5,7 @@
 //! is already stored answers `duplicate` and does not fail the bundle. A resend of a bundle that
 //! did commit fails on its required lease (the first attempt released it) and writes nothing.
 
-use crate::command::{TxnOp, TxnOutcome, TxnResult, AckOutcome, PushStatus};
+use crate::command::{AckOutcome, PushStatus, TxnOp, TxnOutcome, TxnResult};
 use crate::keys;
 use crate::model::LeaseRec;
 use crate::store::{StoreError, Txn};
@@ -16,7 +16,13 @@ use super::get_rec;
 use super::push::push;
 
 fn failed(error: String) -> TxnOutcome {
-    TxnOutcome { success: false, error: Some(error), results: Vec::new(), kv: None, timers: Vec::new() }
+    TxnOutcome {
+        success: false,
+        error: Some(error),
+        results: Vec::new(),
+        kv: None,
+        timers: Vec::new(),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -31,9 +37,12 @@ pub(crate) fn apply(
 ) -> Result<TxnOutcome, StoreError> {
     let lease_now = super::cluster::lease_now(txn, stamp)?;
     for lease in required_leases {
-        let live = get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > lease_now);
+        let live =
+            get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > lease_now);
         if !live {
-            return Ok(failed(format!("lease {lease} is expired, released or unknown")));
+            return Ok(failed(format!(
+                "lease {lease} is expired, released or unknown"
+            )));
         }
     }
     // With exactly one required lease, an ack that names none is fenced by it.
@@ -55,29 +64,54 @@ pub(crate) fn apply(
                     let verdict = ack_one(&mut child, stamp, group.as_str(), &item, &mut leased)?;
                     if !verdict.success {
                         let why = verdict.error.unwrap_or_default();
-                        return Ok(failed(format!("operation {i} (ack of {}): {why}", item.transaction_id)));
+                        return Ok(failed(format!(
+                            "operation {i} (ack of {}): {why}",
+                            item.transaction_id
+                        )));
                     }
-                    results.push(TxnResult::Ack(AckOutcome { transaction_id: item.transaction_id.clone(), verdict }));
+                    results.push(TxnResult::Ack(AckOutcome {
+                        transaction_id: item.transaction_id.clone(),
+                        verdict,
+                    }));
                 }
                 TxnOp::Push(item) => {
                     let mut out = push(&mut child, stamp, std::slice::from_ref(item))?;
                     let Some(o) = out.pop() else { continue };
                     if let PushStatus::Failed(why) = &o.status {
-                        return Ok(failed(format!("operation {i} (push of {}): {why}", item.transaction_id)));
+                        return Ok(failed(format!(
+                            "operation {i} (push of {}): {why}",
+                            item.transaction_id
+                        )));
                     }
                     results.push(TxnResult::Push(o));
                 }
             }
         }
-        let kv = if kv_ops.is_empty() { None } else { Some(super::kv::apply(&mut child, stamp, index, kv_ops)?) };
+        let kv = if kv_ops.is_empty() {
+            None
+        } else {
+            Some(super::kv::apply(&mut child, stamp, index, kv_ops)?)
+        };
         if let Some(k) = &kv
             && k.failed.is_some()
         {
-            return Ok(TxnOutcome { success: false, error: Some("a required KV precondition was lost".to_owned()), results, kv, timers: Vec::new() });
+            return Ok(TxnOutcome {
+                success: false,
+                error: Some("a required KV precondition was lost".to_owned()),
+                results,
+                kv,
+                timers: Vec::new(),
+            });
         }
         let timers = super::timers::apply(&mut child, stamp, timer_ops)?;
         (results, kv, timers, child.into_parts())
     };
     txn.absorb_parts(writes);
-    Ok(TxnOutcome { success: true, error: None, results, kv, timers })
+    Ok(TxnOutcome {
+        success: true,
+        error: None,
+        results,
+        kv,
+        timers,
+    })
 }

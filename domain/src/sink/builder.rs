@@ -50,13 +50,27 @@ impl Builder {
     /// A builder continuing after a window that ended at `prev_end`.
     #[must_use]
     pub fn new(rules: WindowRules, prev_end: Stamp) -> Self {
-        Self { rules, prev_end, start: None, records: Vec::new(), bytes: 0, partial: BTreeMap::new() }
+        Self {
+            rules,
+            prev_end,
+            start: None,
+            records: Vec::new(),
+            bytes: 0,
+            partial: BTreeMap::new(),
+        }
     }
 
     /// A builder that must rebuild exactly `[start, ..)` (redoing an intent).
     #[must_use]
     pub fn at(rules: WindowRules, start: Stamp) -> Self {
-        Self { rules, prev_end: start, start: Some(start), records: Vec::new(), bytes: 0, partial: BTreeMap::new() }
+        Self {
+            rules,
+            prev_end: start,
+            start: Some(start),
+            records: Vec::new(),
+            bytes: 0,
+            partial: BTreeMap::new(),
+        }
     }
 
     /// Take a record read from the log (in offset order per partition). Records stamped before
@@ -154,7 +168,11 @@ impl Builder {
         let start = self.start?;
         let last = self.records.iter().map(|r| r.ts).max();
         let (end, reason) = decide(start, last, self.bytes, memory, safe_time, &self.rules)?;
-        let end = if reason == CloseReason::Size { end.min(self.size_cut()) } else { end };
+        let end = if reason == CloseReason::Size {
+            end.min(self.size_cut())
+        } else {
+            end
+        };
         let end = self.partial.values().fold(end, |e, t| e.min(*t));
         (end > start && self.records.iter().any(|r| r.ts < end)).then_some((end, reason))
     }
@@ -162,7 +180,11 @@ impl Builder {
     /// Just past the oldest stamp at which the records (oldest first) reach the target size, so a
     /// window closed by size holds about the target even when more is buffered.
     fn size_cut(&self) -> Stamp {
-        let mut by_ts: Vec<(Stamp, u64)> = self.records.iter().map(|r| (r.ts, record_size(r))).collect();
+        let mut by_ts: Vec<(Stamp, u64)> = self
+            .records
+            .iter()
+            .map(|r| (r.ts, record_size(r)))
+            .collect();
         by_ts.sort_unstable_by_key(|(t, _)| *t);
         let mut sum = 0;
         for (t, size) in by_ts {
@@ -179,13 +201,25 @@ impl Builder {
     pub fn close(&mut self, end: Stamp, reason: CloseReason) -> Option<Closed> {
         let start = self.start?;
         let (mut inside, rest): (Vec<SinkRecord>, Vec<SinkRecord>) =
-            std::mem::take(&mut self.records).into_iter().partition(|r| r.ts < end);
+            std::mem::take(&mut self.records)
+                .into_iter()
+                .partition(|r| r.ts < end);
         self.records = rest;
         self.bytes = self.records.iter().map(record_size).sum();
         self.prev_end = end;
-        self.start = self.records.iter().map(|r| r.ts).min().map(|t| next_start(end, t, self.rules.align));
+        self.start = self
+            .records
+            .iter()
+            .map(|r| r.ts)
+            .min()
+            .map(|t| next_start(end, t, self.rules.align));
         inside.sort_by(|a, b| a.partition.cmp(&b.partition).then(a.offset.cmp(&b.offset)));
-        Some(Closed { start, end, reason, records: inside })
+        Some(Closed {
+            start,
+            end,
+            reason,
+            records: inside,
+        })
     }
 
     /// The stamp below which every record of the queue has left this builder (the previous
@@ -193,7 +227,8 @@ impl Builder {
     #[must_use]
     pub fn complete_through(&self, safe_time: Stamp) -> Stamp {
         if self.records.is_empty() && self.partial.is_empty() {
-            self.prev_end.max(super::window::end_limit(safe_time, &self.rules))
+            self.prev_end
+                .max(super::window::end_limit(safe_time, &self.rules))
         } else {
             self.prev_end
         }
@@ -210,18 +245,33 @@ mod tests {
     const T0: u64 = 1_791_007_200_000_000;
 
     fn rules(target: u64) -> WindowRules {
-        WindowRules { target_bytes: target, max_age_us: 10 * S, align: Align::Hour, guard_us: 5 * S }
+        WindowRules {
+            target_bytes: target,
+            max_age_us: 10 * S,
+            align: Align::Hour,
+            guard_us: 5 * S,
+        }
     }
 
     fn rec(p: &str, o: u64, ts: u64) -> SinkRecord {
-        SinkRecord { partition: p.into(), offset: o, transaction_id: format!("{p}-{o}"), ts: Stamp(ts), payload: b"{}".to_vec() }
+        SinkRecord {
+            partition: p.into(),
+            offset: o,
+            transaction_id: format!("{p}-{o}"),
+            ts: Stamp(ts),
+            payload: b"{}".to_vec(),
+        }
     }
 
     #[test]
     fn the_walkthrough_window_starts_at_the_hour_and_closes_by_age() {
         let mut b = Builder::new(rules(1 << 30), Stamp(0));
         let t = T0 + 2_257_501_942;
-        for r in [rec("cust-1", 0, t), rec("cust-2", 0, t), rec("cust-1", 1, t)] {
+        for r in [
+            rec("cust-1", 0, t),
+            rec("cust-2", 0, t),
+            rec("cust-1", 1, t),
+        ] {
             assert!(b.push(r));
         }
         assert_eq!(b.start(), Some(Stamp(T0)));
@@ -230,8 +280,19 @@ mod tests {
         assert_eq!(reason, CloseReason::Age);
         assert_eq!(end, Stamp(t + S));
         let c = b.close(end, reason).unwrap();
-        let order: Vec<(String, u64)> = c.records.iter().map(|r| (r.partition.clone(), r.offset)).collect();
-        assert_eq!(order, vec![("cust-1".into(), 0), ("cust-1".into(), 1), ("cust-2".into(), 0)]);
+        let order: Vec<(String, u64)> = c
+            .records
+            .iter()
+            .map(|r| (r.partition.clone(), r.offset))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                ("cust-1".into(), 0),
+                ("cust-1".into(), 1),
+                ("cust-2".into(), 0)
+            ]
+        );
         assert!(b.is_empty());
         assert_eq!(b.start(), None);
     }
@@ -244,7 +305,11 @@ mod tests {
         b.push(rec("b", 0, T0 + 2 * S));
         b.set_partial("b", Some(Stamp(T0 + 2 * S)));
         let (end, _) = b.poll(Stamp(T0 + 100 * S), false).unwrap();
-        assert_eq!(end, Stamp(T0 + 2 * S), "b may hold more records stamped at 2 s");
+        assert_eq!(
+            end,
+            Stamp(T0 + 2 * S),
+            "b may hold more records stamped at 2 s"
+        );
         b.set_partial("b", None);
         assert!(b.poll(Stamp(T0 + 100 * S), false).unwrap().0 > Stamp(T0 + 3 * S));
     }

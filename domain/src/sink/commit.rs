@@ -101,7 +101,10 @@ impl Manifest {
     /// Whether this manifest was written for `intent`.
     #[must_use]
     pub fn names(&self, intent: &Intent) -> bool {
-        self.k == intent.k && self.t_start == intent.t_start && self.t_end == intent.t_end && self.writer == intent.writer
+        self.k == intent.k
+            && self.t_start == intent.t_start
+            && self.t_end == intent.t_end
+            && self.writer == intent.writer
     }
 }
 
@@ -138,7 +141,9 @@ pub enum RecoveryError {
         pointer: u64,
     },
     /// The pending intent was written by another encoder or settings than this build's.
-    #[error("window {k} was started by '{found}', this node writes '{ours}': refusing to change its bytes")]
+    #[error(
+        "window {k} was started by '{found}', this node writes '{ours}': refusing to change its bytes"
+    )]
     Writer {
         /// Window.
         k: u64,
@@ -154,20 +159,38 @@ pub enum RecoveryError {
 ///
 /// # Errors
 /// A gap between intent and pointer, or an intent this build would encode differently.
-pub fn recover(pointer: Option<&Pointer>, intent: Option<&Intent>, manifest: Option<&Manifest>, writer: &str) -> Result<Recovery, RecoveryError> {
+pub fn recover(
+    pointer: Option<&Pointer>,
+    intent: Option<&Intent>,
+    manifest: Option<&Manifest>,
+    writer: &str,
+) -> Result<Recovery, RecoveryError> {
     let done_k = pointer.map_or(0, |p| p.k);
     let from = pointer.map_or(0, |p| p.t_end);
     let Some(i) = intent.filter(|i| i.k > done_k) else {
-        return Ok(Recovery::Continue { next_k: done_k + 1, from });
+        return Ok(Recovery::Continue {
+            next_k: done_k + 1,
+            from,
+        });
     };
     if i.k != done_k + 1 {
-        return Err(RecoveryError::Gap { intent: i.k, pointer: done_k });
+        return Err(RecoveryError::Gap {
+            intent: i.k,
+            pointer: done_k,
+        });
     }
     if let Some(m) = manifest.filter(|m| m.names(i)) {
-        return Ok(Recovery::CommitUploaded { intent: i.clone(), manifest: Box::new(m.clone()) });
+        return Ok(Recovery::CommitUploaded {
+            intent: i.clone(),
+            manifest: Box::new(m.clone()),
+        });
     }
     if i.writer != writer {
-        return Err(RecoveryError::Writer { k: i.k, found: i.writer.clone(), ours: writer.to_owned() });
+        return Err(RecoveryError::Writer {
+            k: i.k,
+            found: i.writer.clone(),
+            ours: writer.to_owned(),
+        });
     }
     Ok(Recovery::Redo(i.clone()))
 }
@@ -179,7 +202,12 @@ mod tests {
     const W: &str = "queen-s3/0.1.0 jsonl+zstd";
 
     fn intent(k: u64) -> Intent {
-        Intent { k, t_start: k * 10, t_end: k * 10 + 10, writer: W.into() }
+        Intent {
+            k,
+            t_start: k * 10,
+            t_end: k * 10 + 10,
+            writer: W.into(),
+        }
     }
 
     fn manifest_for(i: &Intent) -> Manifest {
@@ -211,38 +239,101 @@ mod tests {
         let p2 = Pointer { k: 2, t_end: 30 };
         let i3 = intent(3);
         // 1. Crash before the intent: continue after the pointer.
-        assert_eq!(recover(Some(&p2), Some(&intent(2)), None, W), Ok(Recovery::Continue { next_k: 3, from: 30 }));
+        assert_eq!(
+            recover(Some(&p2), Some(&intent(2)), None, W),
+            Ok(Recovery::Continue {
+                next_k: 3,
+                from: 30
+            })
+        );
         // 2. After the intent, before any object: redo with the intent's bounds.
-        assert_eq!(recover(Some(&p2), Some(&i3), None, W), Ok(Recovery::Redo(i3.clone())));
+        assert_eq!(
+            recover(Some(&p2), Some(&i3), None, W),
+            Ok(Recovery::Redo(i3.clone()))
+        );
         // 3. After some objects, no manifest: redo (same keys, same bytes overwrite).
-        assert_eq!(recover(Some(&p2), Some(&i3), None, W), Ok(Recovery::Redo(i3.clone())));
+        assert_eq!(
+            recover(Some(&p2), Some(&i3), None, W),
+            Ok(Recovery::Redo(i3.clone()))
+        );
         // 4. After the manifest, before the pointer: commit what was uploaded.
-        assert_eq!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), W), Ok(Recovery::CommitUploaded { intent: i3.clone(), manifest: Box::new(manifest_for(&i3)) }));
+        assert_eq!(
+            recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), W),
+            Ok(Recovery::CommitUploaded {
+                intent: i3.clone(),
+                manifest: Box::new(manifest_for(&i3))
+            })
+        );
         // 5. After the pointer: continue with window 4.
-        assert_eq!(recover(Some(&Pointer { k: 3, t_end: 40 }), Some(&i3), Some(&manifest_for(&i3)), W), Ok(Recovery::Continue { next_k: 4, from: 40 }));
+        assert_eq!(
+            recover(
+                Some(&Pointer { k: 3, t_end: 40 }),
+                Some(&i3),
+                Some(&manifest_for(&i3)),
+                W
+            ),
+            Ok(Recovery::Continue {
+                next_k: 4,
+                from: 40
+            })
+        );
         // A stale manifest of an older attempt with other bounds does not count.
         let mut other = manifest_for(&i3);
         other.t_end += 1;
-        assert_eq!(recover(Some(&p2), Some(&i3), Some(&other), W), Ok(Recovery::Redo(i3.clone())));
+        assert_eq!(
+            recover(Some(&p2), Some(&i3), Some(&other), W),
+            Ok(Recovery::Redo(i3.clone()))
+        );
         // Fresh queue.
-        assert_eq!(recover(None, None, None, W), Ok(Recovery::Continue { next_k: 1, from: 0 }));
+        assert_eq!(
+            recover(None, None, None, W),
+            Ok(Recovery::Continue { next_k: 1, from: 0 })
+        );
     }
 
     #[test]
     fn an_upgrade_never_changes_a_pending_windows_bytes_silently() {
         let p2 = Pointer { k: 2, t_end: 30 };
         let i3 = intent(3);
-        assert!(matches!(recover(Some(&p2), Some(&i3), None, "queen-s3/0.2.0 jsonl+zstd"), Err(RecoveryError::Writer { .. })));
+        assert!(matches!(
+            recover(Some(&p2), Some(&i3), None, "queen-s3/0.2.0 jsonl+zstd"),
+            Err(RecoveryError::Writer { .. })
+        ));
         // A finished upload is committed whatever this build writes.
-        assert!(matches!(recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), "other"), Ok(Recovery::CommitUploaded { .. })));
-        assert!(matches!(recover(Some(&p2), Some(&intent(5)), None, W), Err(RecoveryError::Gap { .. })));
+        assert!(matches!(
+            recover(Some(&p2), Some(&i3), Some(&manifest_for(&i3)), "other"),
+            Ok(Recovery::CommitUploaded { .. })
+        ));
+        assert!(matches!(
+            recover(Some(&p2), Some(&intent(5)), None, W),
+            Err(RecoveryError::Gap { .. })
+        ));
     }
 
     #[test]
     fn the_manifest_serializes_with_the_documents_field_names() {
         let m = manifest_for(&intent(1));
         let v = serde_json::to_value(&m).unwrap();
-        for f in ["sink", "tenant", "queue", "k", "tStart", "tEnd", "format", "compression", "layout", "objects", "records", "bytes", "partitions", "minTs", "maxTs", "lost", "writer", "committedAt"] {
+        for f in [
+            "sink",
+            "tenant",
+            "queue",
+            "k",
+            "tStart",
+            "tEnd",
+            "format",
+            "compression",
+            "layout",
+            "objects",
+            "records",
+            "bytes",
+            "partitions",
+            "minTs",
+            "maxTs",
+            "lost",
+            "writer",
+            "committedAt",
+        ] {
             assert!(v.get(f).is_some(), "{f}");
         }
         let text = serde_json::to_string(&m).unwrap();

@@ -80,18 +80,32 @@ pub fn someone_under_share(present: &[PresenceDoc], me: &str, queues: u64) -> bo
 ///
 /// # Errors
 /// Store failures (a row that does not parse reads as absent).
-pub fn pointer(s: &dyn StateRead, sink: &str, queue: &str, now: Stamp) -> Result<Option<Pointer>, StoreError> {
-    Ok(crate::machine::kv::live_row(s, NS, &pointer_key(sink, queue), now)?
-        .and_then(|r| serde_json::from_slice::<Pointer>(&r.value).ok()))
+pub fn pointer(
+    s: &dyn StateRead,
+    sink: &str,
+    queue: &str,
+    now: Stamp,
+) -> Result<Option<Pointer>, StoreError> {
+    Ok(
+        crate::machine::kv::live_row(s, NS, &pointer_key(sink, queue), now)?
+            .and_then(|r| serde_json::from_slice::<Pointer>(&r.value).ok()),
+    )
 }
 
 /// The live intent of a queue, read from the applied state.
 ///
 /// # Errors
 /// Store failures (a row that does not parse reads as absent).
-pub fn intent(s: &dyn StateRead, sink: &str, queue: &str, now: Stamp) -> Result<Option<Intent>, StoreError> {
-    Ok(crate::machine::kv::live_row(s, NS, &intent_key(sink, queue), now)?
-        .and_then(|r| serde_json::from_slice::<Intent>(&r.value).ok()))
+pub fn intent(
+    s: &dyn StateRead,
+    sink: &str,
+    queue: &str,
+    now: Stamp,
+) -> Result<Option<Intent>, StoreError> {
+    Ok(
+        crate::machine::kv::live_row(s, NS, &intent_key(sink, queue), now)?
+            .and_then(|r| serde_json::from_slice::<Intent>(&r.value).ok()),
+    )
 }
 
 #[cfg(test)]
@@ -111,9 +125,18 @@ mod tests {
     // store's 1024-byte keys, so these keys never needed shortening and none of them moved.
     #[test]
     fn document_keys_of_the_longest_queue_names_fit_the_kv_store() {
-        for queue in ["q".repeat(255), "漢".repeat(85), ".".repeat(255), "\u{1F600}".repeat(63)] {
+        for queue in [
+            "q".repeat(255),
+            "漢".repeat(85),
+            ".".repeat(255),
+            "\u{1F600}".repeat(63),
+        ] {
             assert!(crate::names::QueueName::new(queue.clone()).is_ok());
-            for key in [lease_key("default", &queue), intent_key("default", &queue), pointer_key("default", &queue)] {
+            for key in [
+                lease_key("default", &queue),
+                intent_key("default", &queue),
+                pointer_key("default", &queue),
+            ] {
                 assert!(key.len() <= 1024 - 200, "{} bytes", key.len());
                 assert!(crate::kv::check_key(&key).is_ok());
             }
@@ -121,14 +144,23 @@ mod tests {
     }
 
     fn present(held: &[u64]) -> Vec<PresenceDoc> {
-        held.iter().enumerate().map(|(i, h)| PresenceDoc { instance: format!("node-{}", i + 1), held: *h }).collect()
+        held.iter()
+            .enumerate()
+            .map(|(i, h)| PresenceDoc {
+                instance: format!("node-{}", i + 1),
+                held: *h,
+            })
+            .collect()
     }
 
     #[test]
     fn a_node_at_its_share_waits_only_for_nodes_under_theirs() {
         // 8 queues over 3 nodes: share 3.
         assert!(someone_under_share(&present(&[3, 2, 3]), "node-1", 8));
-        assert!(!someone_under_share(&present(&[3, 3, 2]), "node-3", 8), "only this node is under");
+        assert!(
+            !someone_under_share(&present(&[3, 3, 2]), "node-3", 8),
+            "only this node is under"
+        );
         // A node that died still has its row for a while (held 2 here): nobody is under 3,
         // so the live ones take its queues without waiting for a node that will not come.
         assert!(!someone_under_share(&present(&[3, 3, 3]), "node-1", 8));

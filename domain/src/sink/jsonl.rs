@@ -22,18 +22,30 @@ pub struct SinkRecord {
 /// Append one record's line (with its trailing `\n`) to `out`.
 pub fn write_line(out: &mut Vec<u8>, r: &SinkRecord) {
     out.extend_from_slice(b"{\"partition\":");
-    out.extend_from_slice(serde_json::Value::String(r.partition.clone()).to_string().as_bytes());
+    out.extend_from_slice(
+        serde_json::Value::String(r.partition.clone())
+            .to_string()
+            .as_bytes(),
+    );
     out.extend_from_slice(b",\"offset\":");
     out.extend_from_slice(r.offset.to_string().as_bytes());
     out.extend_from_slice(b",\"transactionId\":");
-    out.extend_from_slice(serde_json::Value::String(r.transaction_id.clone()).to_string().as_bytes());
+    out.extend_from_slice(
+        serde_json::Value::String(r.transaction_id.clone())
+            .to_string()
+            .as_bytes(),
+    );
     out.extend_from_slice(b",\"ts\":\"");
     out.extend_from_slice(r.ts.iso_micros().as_bytes());
     out.extend_from_slice(b"\",\"payload\":");
     if r.payload.iter().all(u8::is_ascii_whitespace) {
         out.extend_from_slice(b"null");
     } else {
-        out.extend(r.payload.iter().map(|b| if matches!(b, b'\n' | b'\r') { b' ' } else { *b }));
+        out.extend(
+            r.payload
+                .iter()
+                .map(|b| if matches!(b, b'\n' | b'\r') { b' ' } else { *b }),
+        );
     }
     out.extend_from_slice(b"}\n");
 }
@@ -55,17 +67,36 @@ mod tests {
     use proptest::prelude::*;
 
     fn rec(p: &str, o: u64, payload: &[u8]) -> SinkRecord {
-        SinkRecord { partition: p.into(), offset: o, transaction_id: format!("t{o}"), ts: Stamp(1_791_009_457_501_942), payload: payload.to_vec() }
+        SinkRecord {
+            partition: p.into(),
+            offset: o,
+            transaction_id: format!("t{o}"),
+            ts: Stamp(1_791_009_457_501_942),
+            payload: payload.to_vec(),
+        }
     }
 
     #[test]
     fn the_documents_lines_byte_for_byte() {
-        let mut rs = vec![rec("cust-2", 0, br#"{"order":2,"total":17.50}"#), rec("cust-1", 1, b"{\n  \"total\": 42.00\n}"), rec("cust-1", 0, b"")];
+        let mut rs = vec![
+            rec("cust-2", 0, br#"{"order":2,"total":17.50}"#),
+            rec("cust-1", 1, b"{\n  \"total\": 42.00\n}"),
+            rec("cust-1", 0, b""),
+        ];
         let text = String::from_utf8(encode_window(&mut rs)).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], r#"{"partition":"cust-1","offset":0,"transactionId":"t0","ts":"2026-10-03T06:37:37.501942Z","payload":null}"#);
-        assert_eq!(lines[1], r#"{"partition":"cust-1","offset":1,"transactionId":"t1","ts":"2026-10-03T06:37:37.501942Z","payload":{   "total": 42.00 }}"#);
-        assert!(lines[2].ends_with(r#""payload":{"order":2,"total":17.50}}"#), "payloads are never re-printed");
+        assert_eq!(
+            lines[0],
+            r#"{"partition":"cust-1","offset":0,"transactionId":"t0","ts":"2026-10-03T06:37:37.501942Z","payload":null}"#
+        );
+        assert_eq!(
+            lines[1],
+            r#"{"partition":"cust-1","offset":1,"transactionId":"t1","ts":"2026-10-03T06:37:37.501942Z","payload":{   "total": 42.00 }}"#
+        );
+        assert!(
+            lines[2].ends_with(r#""payload":{"order":2,"total":17.50}}"#),
+            "payloads are never re-printed"
+        );
     }
 
     proptest! {

@@ -64,7 +64,8 @@ pub fn encode(name: &str) -> String {
     let dots_only = !name.is_empty() && name.bytes().all(|b| b == b'.');
     let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
-        let plain = b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-') || (b == b'.' && !dots_only);
+        let plain =
+            b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-') || (b == b'.' && !dots_only);
         if plain {
             out.push(char::from(b));
         } else {
@@ -93,7 +94,10 @@ pub fn encode_within(name: &str, max: usize) -> String {
     let (mut at, mut cut) = (0, 0);
     while at < bytes.len() {
         let (len, continues) = if bytes[at] == b'%' {
-            let hex = full.get(at + 1..at + 3).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
+            let hex = full
+                .get(at + 1..at + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .unwrap_or(0);
             (3, hex & 0xC0 == 0x80)
         } else {
             (1, false)
@@ -163,7 +167,12 @@ pub struct WindowKeys<'a> {
 impl WindowKeys<'_> {
     fn dir(&self) -> String {
         let (dt, hour) = date_parts(self.t_start);
-        let mut d = format!("{}/tenant={}/queue={}/dt={dt}", self.prefix, encode_tenant(self.tenant), encode_queue(self.queue));
+        let mut d = format!(
+            "{}/tenant={}/queue={}/dt={dt}",
+            self.prefix,
+            encode_tenant(self.tenant),
+            encode_queue(self.queue)
+        );
         if self.align != Align::Day {
             let _ = write!(d, "/hour={hour}");
         }
@@ -173,13 +182,22 @@ impl WindowKeys<'_> {
     /// The merged layout's data object.
     #[must_use]
     pub fn data(&self, ext: &str) -> String {
-        format!("{}/w-{:010}-{}-{}.{ext}", self.dir(), self.k, self.t_start.0, self.t_end.0)
+        format!(
+            "{}/w-{:010}-{}-{}.{ext}",
+            self.dir(),
+            self.k,
+            self.t_start.0,
+            self.t_end.0
+        )
     }
 
     /// The per-partition layout's data object for one partition.
     #[must_use]
     pub fn partition_data(&self, partition: &str, first: u64, last: u64, ext: &str) -> String {
-        debug_assert!(ext.len() <= MAX_EXT_BYTES, "extension {ext} is longer than the keys are sized for");
+        debug_assert!(
+            ext.len() <= MAX_EXT_BYTES,
+            "extension {ext} is longer than the keys are sized for"
+        );
         format!(
             "{}/w-{:010}-{}-{}-p-{}-{first}-{last}.{ext}",
             self.dir(),
@@ -193,7 +211,13 @@ impl WindowKeys<'_> {
     /// The window's manifest (under `_queen/`, which is not a Hive partition).
     #[must_use]
     pub fn manifest(&self) -> String {
-        format!("{}/_queen/tenant={}/queue={}/windows/{:010}.json", self.prefix, encode_tenant(self.tenant), encode_queue(self.queue), self.k)
+        format!(
+            "{}/_queen/tenant={}/queue={}/windows/{:010}.json",
+            self.prefix,
+            encode_tenant(self.tenant),
+            encode_queue(self.queue),
+            self.k
+        )
     }
 
     /// The checkpoint written after window k.
@@ -229,9 +253,18 @@ mod tests {
             w.data("jsonl.zst"),
             "queen/tenant=00000000-0000-0000-0000-000000000001/queue=orders/dt=2026-10-03/hour=06/w-0000000001-1791007200000000-1791009458377855.jsonl.zst"
         );
-        assert_eq!(w.manifest(), "queen/_queen/tenant=00000000-0000-0000-0000-000000000001/queue=orders/windows/0000000001.json");
-        assert!(w.partition_data("cust 1", 0, 4, "parquet").ends_with("-p-cust%201-0-4.parquet"));
-        let day = WindowKeys { align: Align::Day, ..w };
+        assert_eq!(
+            w.manifest(),
+            "queen/_queen/tenant=00000000-0000-0000-0000-000000000001/queue=orders/windows/0000000001.json"
+        );
+        assert!(
+            w.partition_data("cust 1", 0, 4, "parquet")
+                .ends_with("-p-cust%201-0-4.parquet")
+        );
+        let day = WindowKeys {
+            align: Align::Day,
+            ..w
+        };
         assert!(!day.data("x").contains("hour="));
     }
 
@@ -338,11 +371,31 @@ mod tests {
         assert_eq!(head.len() % 9, 0, "{head}");
         let long = "q".repeat(255);
         assert_eq!(encode_queue(&long).len(), MAX_QUEUE_BYTES);
-        assert_eq!(encode_queue(&"q".repeat(MAX_QUEUE_BYTES)), "q".repeat(MAX_QUEUE_BYTES), "a name that fits is whole");
+        assert_eq!(
+            encode_queue(&"q".repeat(MAX_QUEUE_BYTES)),
+            "q".repeat(MAX_QUEUE_BYTES),
+            "a name that fits is whole"
+        );
         let p = "p".repeat(200);
-        let w = WindowKeys { prefix: "queen", tenant: DEFAULT_TENANT, queue: &long, k: 1, t_start: Stamp(0), t_end: Stamp(1), align: Align::Hour };
-        for key in [w.partition_data(&p, 0, 9, "parquet"), w.data("jsonl.zst"), w.manifest(), w.checkpoint()] {
-            assert!(key.split('/').all(|c| c.len() <= MAX_COMPONENT_BYTES), "{key}");
+        let w = WindowKeys {
+            prefix: "queen",
+            tenant: DEFAULT_TENANT,
+            queue: &long,
+            k: 1,
+            t_start: Stamp(0),
+            t_end: Stamp(1),
+            align: Align::Hour,
+        };
+        for key in [
+            w.partition_data(&p, 0, 9, "parquet"),
+            w.data("jsonl.zst"),
+            w.manifest(),
+            w.checkpoint(),
+        ] {
+            assert!(
+                key.split('/').all(|c| c.len() <= MAX_COMPONENT_BYTES),
+                "{key}"
+            );
         }
     }
 

@@ -69,7 +69,14 @@ pub fn end_limit(safe_time: Stamp, rules: &WindowRules) -> Stamp {
 /// `start + max_age`; a boundary close at the boundary. No end passes the alignment boundary or
 /// `safeTime - guard`; an age or boundary close waits until `safeTime - guard` reaches it.
 #[must_use]
-pub fn decide(start: Stamp, last_ts: Option<Stamp>, bytes: u64, memory: bool, safe_time: Stamp, rules: &WindowRules) -> Option<(Stamp, CloseReason)> {
+pub fn decide(
+    start: Stamp,
+    last_ts: Option<Stamp>,
+    bytes: u64,
+    memory: bool,
+    safe_time: Stamp,
+    rules: &WindowRules,
+) -> Option<(Stamp, CloseReason)> {
     let last = last_ts?;
     let limit = end_limit(safe_time, rules);
     let boundary = boundary_after(start, rules.align).unwrap_or(Stamp(u64::MAX));
@@ -78,7 +85,10 @@ pub fn decide(start: Stamp, last_ts: Option<Stamp>, bytes: u64, memory: bool, sa
     let (end, reason) = if bytes >= rules.target_bytes {
         (Stamp(last.0.saturating_add(1)).min(cap), CloseReason::Size)
     } else if memory {
-        (Stamp(last.0.saturating_add(1)).min(cap), CloseReason::Memory)
+        (
+            Stamp(last.0.saturating_add(1)).min(cap),
+            CloseReason::Memory,
+        )
     } else if boundary <= age_end {
         if limit < boundary {
             return None;
@@ -101,7 +111,13 @@ pub fn decide(start: Stamp, last_ts: Option<Stamp>, bytes: u64, memory: bool, sa
 #[must_use]
 pub fn next_start(end: Stamp, next_record: Stamp, align: Align) -> Stamp {
     let p = period_start(next_record, align);
-    if align != Align::None && p > end { p } else if align == Align::None && next_record > end { next_record } else { end }
+    if align != Align::None && p > end {
+        p
+    } else if align == Align::None && next_record > end {
+        next_record
+    } else {
+        end
+    }
 }
 
 #[cfg(test)]
@@ -112,7 +128,12 @@ mod tests {
     const S: u64 = 1_000_000;
 
     fn rules() -> WindowRules {
-        WindowRules { target_bytes: 1000, max_age_us: 10 * S, align: Align::Hour, guard_us: 5 * S }
+        WindowRules {
+            target_bytes: 1000,
+            max_age_us: 10 * S,
+            align: Align::Hour,
+            guard_us: 5 * S,
+        }
     }
 
     #[test]
@@ -126,23 +147,79 @@ mod tests {
         let start = Stamp(1_791_007_200_000_000);
         let r = rules();
         // Young and small: stays open.
-        assert_eq!(decide(start, Some(Stamp(start.0 + S)), 10, false, Stamp(start.0 + 9 * S), &r), None);
+        assert_eq!(
+            decide(
+                start,
+                Some(Stamp(start.0 + S)),
+                10,
+                false,
+                Stamp(start.0 + 9 * S),
+                &r
+            ),
+            None
+        );
         // Old enough, but safeTime - guard has not passed the age yet.
-        assert_eq!(decide(start, Some(Stamp(start.0 + S)), 10, false, Stamp(start.0 + 12 * S), &r), None);
-        assert_eq!(decide(start, Some(Stamp(start.0 + S)), 10, false, Stamp(start.0 + 15 * S), &r), Some((Stamp(start.0 + 10 * S), CloseReason::Age)));
+        assert_eq!(
+            decide(
+                start,
+                Some(Stamp(start.0 + S)),
+                10,
+                false,
+                Stamp(start.0 + 12 * S),
+                &r
+            ),
+            None
+        );
+        assert_eq!(
+            decide(
+                start,
+                Some(Stamp(start.0 + S)),
+                10,
+                false,
+                Stamp(start.0 + 15 * S),
+                &r
+            ),
+            Some((Stamp(start.0 + 10 * S), CloseReason::Age))
+        );
         // Size closes right after the newest record.
-        assert_eq!(decide(start, Some(Stamp(start.0 + S)), 1000, false, Stamp(start.0 + 7 * S), &r), Some((Stamp(start.0 + S + 1), CloseReason::Size)));
+        assert_eq!(
+            decide(
+                start,
+                Some(Stamp(start.0 + S)),
+                1000,
+                false,
+                Stamp(start.0 + 7 * S),
+                &r
+            ),
+            Some((Stamp(start.0 + S + 1), CloseReason::Size))
+        );
         // A window near the end of the hour closes at the boundary.
         let late = Stamp(start.0 + HOUR_US - 3 * S);
-        assert_eq!(decide(late, Some(late), 10, false, Stamp(start.0 + HOUR_US + 6 * S), &r), Some((Stamp(start.0 + HOUR_US), CloseReason::Boundary)));
+        assert_eq!(
+            decide(
+                late,
+                Some(late),
+                10,
+                false,
+                Stamp(start.0 + HOUR_US + 6 * S),
+                &r
+            ),
+            Some((Stamp(start.0 + HOUR_US), CloseReason::Boundary))
+        );
         // No records: nothing to close.
-        assert_eq!(decide(start, None, 0, false, Stamp(start.0 + HOUR_US), &r), None);
+        assert_eq!(
+            decide(start, None, 0, false, Stamp(start.0 + HOUR_US), &r),
+            None
+        );
     }
 
     #[test]
     fn a_quiet_stretch_makes_no_object() {
         let end = Stamp(10 * HOUR_US + 10 * S);
-        assert_eq!(next_start(end, Stamp(13 * HOUR_US + 5), Align::Hour), Stamp(13 * HOUR_US));
+        assert_eq!(
+            next_start(end, Stamp(13 * HOUR_US + 5), Align::Hour),
+            Stamp(13 * HOUR_US)
+        );
         assert_eq!(next_start(end, Stamp(end.0 + 1), Align::Hour), end);
     }
 

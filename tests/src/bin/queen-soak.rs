@@ -70,7 +70,10 @@ fn parse() -> Args {
         }
     }
     if !a.bin.is_file() {
-        eprintln!("queen-soak: no binary at {} (cargo build --release -p queen)", a.bin.display());
+        eprintln!(
+            "queen-soak: no binary at {} (cargo build --release -p queen)",
+            a.bin.display()
+        );
         std::process::exit(2);
     }
     a
@@ -87,15 +90,28 @@ struct Watch {
 
 /// Poll every live node's `/status` once a second until told to stop: the largest
 /// `lagSeconds` of any queue, and how often a queue showed `fenced`.
-fn spawn_watcher(ports: Vec<u16>, live: Arc<Vec<AtomicBool>>, watch: Arc<Mutex<Watch>>, stop: Arc<AtomicBool>, t0: Instant) -> std::thread::JoinHandle<()> {
+fn spawn_watcher(
+    ports: Vec<u16>,
+    live: Arc<Vec<AtomicBool>>,
+    watch: Arc<Mutex<Watch>>,
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(6 * 3600) {
             for (i, port) in ports.iter().enumerate() {
                 if !live[i].load(Ordering::Relaxed) {
                     continue;
                 }
-                let Ok((200, text)) = try_get_url(&format!("http://127.0.0.1:{port}/status"), Duration::from_secs(5)) else { continue };
-                let Ok(status) = serde_json::from_str::<Value>(&text) else { continue };
+                let Ok((200, text)) = try_get_url(
+                    &format!("http://127.0.0.1:{port}/status"),
+                    Duration::from_secs(5),
+                ) else {
+                    continue;
+                };
+                let Ok(status) = serde_json::from_str::<Value>(&text) else {
+                    continue;
+                };
                 let rows = sink::rows(&status["s3"]["sinks"][0]);
                 let mut w = watch.lock().unwrap_or_else(PoisonError::into_inner);
                 w.samples += 1;
@@ -120,7 +136,11 @@ fn spawn_watcher(ports: Vec<u16>, live: Arc<Vec<AtomicBool>>, watch: Arc<Mutex<W
 /// Peak resident memory (VmHWM) of a process, MiB.
 fn peak_mib(pid: u32) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).map_or(0.0, |kb| kb / 1024.0)
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn main() {
@@ -147,7 +167,13 @@ fn main() {
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     println!(
         "queen-soak: 3 nodes, {} queues, {} min, a stop every {} s (kill -9 and SIGTERM in turn, back after {} s), lease TTL {} ms, windows {} ms, {} records per push",
-        args.queues, args.minutes, args.every_secs, args.down_secs, args.lease_ttl_ms, args.window_ms, args.per_push
+        args.queues,
+        args.minutes,
+        args.every_secs,
+        args.down_secs,
+        args.lease_ttl_ms,
+        args.window_ms,
+        args.per_push
     );
 
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -160,15 +186,37 @@ fn main() {
         pause: Duration::from_millis(args.pause_ms),
         limit: duration + Duration::from_secs(300),
     };
-    let writer = sink::spawn_writer(ports.clone(), live_flags.clone(), plan, acked.clone(), stop.clone());
+    let writer = sink::spawn_writer(
+        ports.clone(),
+        live_flags.clone(),
+        plan,
+        acked.clone(),
+        stop.clone(),
+    );
     let watch = Arc::new(Mutex::new(Watch::default()));
     let watcher_stop = Arc::new(AtomicBool::new(false));
-    let watcher = spawn_watcher(ports.clone(), live_flags.clone(), watch.clone(), watcher_stop.clone(), t0);
+    let watcher = spawn_watcher(
+        ports.clone(),
+        live_flags.clone(),
+        watch.clone(),
+        watcher_stop.clone(),
+        t0,
+    );
 
-    let settled = eventually(Duration::from_secs(120), || sink::owners(&nodes, &live, &queues).is_some());
-    assert!(settled, "the queues found no owners: {:#?}", sink::reports(&nodes, &live));
+    let settled = eventually(Duration::from_secs(120), || {
+        sink::owners(&nodes, &live, &queues).is_some()
+    });
+    assert!(
+        settled,
+        "the queues found no owners: {:#?}",
+        sink::reports(&nodes, &live)
+    );
     let placed = sink::owners(&nodes, &live, &queues).unwrap_or_default();
-    println!("{:>6.1} s  every queue has one owner: {:?}", t0.elapsed().as_secs_f64(), counts(&placed));
+    println!(
+        "{:>6.1} s  every queue has one owner: {:?}",
+        t0.elapsed().as_secs_f64(),
+        counts(&placed)
+    );
 
     let start = Instant::now();
     let mut stops = Vec::new();
@@ -180,8 +228,13 @@ fn main() {
         // Stop the owner of a queue, a different queue each time.
         let queue = &queues[usize::try_from(event).unwrap_or(0) % queues.len()];
         let before = sink::owners(&nodes, &live, &queues).unwrap_or_default();
-        let victim = sink::owner(&nodes, &live, queue).unwrap_or(usize::try_from(event % 3).unwrap_or(0));
-        let held: Vec<&String> = before.iter().filter(|(_, o)| **o == victim).map(|(q, _)| q).collect();
+        let victim =
+            sink::owner(&nodes, &live, queue).unwrap_or(usize::try_from(event % 3).unwrap_or(0));
+        let held: Vec<&String> = before
+            .iter()
+            .filter(|(_, o)| **o == victim)
+            .map(|(q, _)| q)
+            .collect();
         let acked_before = acked.lock().unwrap_or_else(PoisonError::into_inner).len();
         let t = Instant::now();
         live_flags[victim].store(false, Ordering::Relaxed);
@@ -190,7 +243,11 @@ fn main() {
             nodes[victim].kill9();
         } else {
             let status = nodes[victim].sigterm(Duration::from_secs(90));
-            assert!(status.success(), "node {} exited {status} after SIGTERM", victim + 1);
+            assert!(
+                status.success(),
+                "node {} exited {status} after SIGTERM",
+                victim + 1
+            );
         }
         let stopped = t.elapsed();
         let moved = eventually(Duration::from_secs(180), || {
@@ -200,7 +257,11 @@ fn main() {
             }
             ok
         });
-        assert!(moved, "the stopped node's queues found no new owner: {:#?}", sink::reports(&nodes, &live));
+        assert!(
+            moved,
+            "the stopped node's queues found no new owner: {:#?}",
+            sink::reports(&nodes, &live)
+        );
         let moved_after = t.elapsed();
         std::thread::sleep(Duration::from_secs(args.down_secs).saturating_sub(t.elapsed()));
         let t_back = Instant::now();
@@ -229,37 +290,88 @@ fn main() {
     let _ = writer.join();
     let write_secs = start.elapsed().as_secs_f64();
     let acked = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    println!("{:>6.1} s  writer stopped: {} records acknowledged ({:.0}/s); waiting for the lake", t0.elapsed().as_secs_f64(), acked.len(), acked.len() as f64 / write_secs);
+    println!(
+        "{:>6.1} s  writer stopped: {} records acknowledged ({:.0}/s); waiting for the lake",
+        t0.elapsed().as_secs_f64(),
+        acked.len(),
+        acked.len() as f64 / write_secs
+    );
     // Counters as whole numbers (an empty f64 sum is -0).
-    let total = |name: &str| nodes.iter().map(|n| sink::metric(n, name) as u64).sum::<u64>();
+    let total = |name: &str| {
+        nodes
+            .iter()
+            .map(|n| sink::metric(n, name) as u64)
+            .sum::<u64>()
+    };
     let fences = total("queen_s3_commit_precondition_lost_total");
     let given_back = total("queen_s3_queues_given_back_total");
     let t_lake = Instant::now();
-    let report = sink::assert_lake_is_the_log(&args.bin, &server, &nodes, 0, &queues, &acked, Duration::from_secs(600));
+    let report = sink::assert_lake_is_the_log(
+        &args.bin,
+        &server,
+        &nodes,
+        0,
+        &queues,
+        &acked,
+        Duration::from_secs(600),
+    );
     let lake_secs = t_lake.elapsed().as_secs_f64();
     watcher_stop.store(true, Ordering::Relaxed);
     let _ = watcher.join();
     let w = watch.lock().unwrap_or_else(PoisonError::into_inner);
-    let windows: u64 = report["queues"].as_array().map_or(0, |qs| qs.iter().map(|q| q["windows"].as_u64().unwrap_or(0)).sum());
-    let bytes: u64 = report["queues"].as_array().map_or(0, |qs| qs.iter().map(|q| q["bytes"].as_u64().unwrap_or(0)).sum());
+    let windows: u64 = report["queues"].as_array().map_or(0, |qs| {
+        qs.iter().map(|q| q["windows"].as_u64().unwrap_or(0)).sum()
+    });
+    let bytes: u64 = report["queues"].as_array().map_or(0, |qs| {
+        qs.iter().map(|q| q["bytes"].as_u64().unwrap_or(0)).sum()
+    });
     let takeover = |k: bool| -> String {
-        let v: Vec<f64> = stops.iter().filter(|(kill, _)| *kill == k).map(|(_, s)| *s).collect();
+        let v: Vec<f64> = stops
+            .iter()
+            .filter(|(kill, _)| *kill == k)
+            .map(|(_, s)| *s)
+            .collect();
         if v.is_empty() {
             return "none".into();
         }
         let max = v.iter().copied().fold(0.0, f64::max);
         let mean = v.iter().sum::<f64>() / v.len() as f64;
-        format!("{} stops, new owners after {mean:.1} s on average, {max:.1} s at most", v.len())
+        format!(
+            "{} stops, new owners after {mean:.1} s on average, {max:.1} s at most",
+            v.len()
+        )
     };
-    let rss: Vec<String> = nodes.iter().map(|n| n.pid().map_or("-".into(), |p| format!("{:.0}", peak_mib(p)))).collect();
-    println!("PASS: the lake holds every one of the {} acknowledged records exactly once ({} windows, {:.1} MiB of objects; verify clean; DuckDB and pyarrow agree), complete {lake_secs:.1} s after the writer stopped", acked.len(), windows, bytes as f64 / 1048576.0);
+    let rss: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            n.pid()
+                .map_or("-".into(), |p| format!("{:.0}", peak_mib(p)))
+        })
+        .collect();
+    println!(
+        "PASS: the lake holds every one of the {} acknowledged records exactly once ({} windows, {:.1} MiB of objects; verify clean; DuckDB and pyarrow agree), complete {lake_secs:.1} s after the writer stopped",
+        acked.len(),
+        windows,
+        bytes as f64 / 1048576.0
+    );
     println!("  kill -9: {}", takeover(true));
     println!("  SIGTERM: {}", takeover(false));
-    println!("  largest lagSeconds seen: {:.1} s (at {:.0} s); a queue row showed `fenced` in {} of {} status samples", w.max_lag, w.max_lag_at, w.fenced_seen, w.samples);
-    println!("  precondition losses counted (since each node's last start): {fences}; queues given back: {given_back}");
-    println!("  peak RSS of the nodes since their last start: {} MiB; total {:.0} s", rss.join(" / "), t0.elapsed().as_secs_f64());
+    println!(
+        "  largest lagSeconds seen: {:.1} s (at {:.0} s); a queue row showed `fenced` in {} of {} status samples",
+        w.max_lag, w.max_lag_at, w.fenced_seen, w.samples
+    );
+    println!(
+        "  precondition losses counted (since each node's last start): {fences}; queues given back: {given_back}"
+    );
+    println!(
+        "  peak RSS of the nodes since their last start: {} MiB; total {:.0} s",
+        rss.join(" / "),
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 fn counts(o: &BTreeMap<String, usize>) -> Vec<usize> {
-    (0..3).map(|i| o.values().filter(|v| **v == i).count()).collect()
+    (0..3)
+        .map(|i| o.values().filter(|v| **v == i).count())
+        .collect()
 }

@@ -12,7 +12,9 @@ fn s3_target(endpoint: Option<&str>) -> S3Target {
         bucket: "lake".into(),
         access_key: "testkey".into(),
         secret_key: Secret::new(SECRET),
-        sse: Some(Sse::Kms { key_id: Some("arn:aws:kms:eu-central-1:1:key/abc".into()) }),
+        sse: Some(Sse::Kms {
+            key_id: Some("arn:aws:kms:eu-central-1:1:key/abc".into()),
+        }),
     }
 }
 
@@ -30,25 +32,44 @@ fn recording(lake: Lake) -> (Lake, Calls) {
 }
 
 fn taken(calls: &Calls) -> Vec<(&'static str, u16)> {
-    calls.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    calls
+        .lock()
+        .map(|mut c| std::mem::take(&mut *c))
+        .unwrap_or_default()
 }
 
 fn big(len: usize, seed: u8) -> Bytes {
-    Bytes::from((0..len).map(|i| (i % 251) as u8 ^ seed).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..len)
+            .map(|i| (i % 251) as u8 ^ seed)
+            .collect::<Vec<u8>>(),
+    )
 }
 
 async fn create_identical_different(lake: &Lake, key: &str, calls: &Calls) {
     let a = Bytes::from_static(b"{\"partition\":\"p\",\"offset\":0}\n");
     let b = Bytes::from_static(b"{\"partition\":\"p\",\"offset\":1}\n");
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Created);
+    assert_eq!(
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Created
+    );
     assert_eq!(taken(calls), vec![("put", 200)]);
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Identical);
+    assert_eq!(
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Identical
+    );
     assert_eq!(taken(calls), vec![("put", 412), ("get", 200)]);
     assert_eq!(
         lake.put_create(key, b).await.unwrap(),
-        PutOutcome::Different { existing_sha256: sha256_hex(&a) }
+        PutOutcome::Different {
+            existing_sha256: sha256_hex(&a)
+        }
     );
-    assert_eq!(lake.get(key).await.unwrap(), Some(a.clone()), "a different put never replaces the object");
+    assert_eq!(
+        lake.get(key).await.unwrap(),
+        Some(a.clone()),
+        "a different put never replaces the object"
+    );
     taken(calls);
     assert_eq!(lake.get("queen/none/here.json").await.unwrap(), None);
     assert_eq!(taken(calls), vec![("get", 404)]);
@@ -68,7 +89,14 @@ async fn memory_put_create_tells_created_identical_and_different() {
     create_identical_different(&lake, KEY, &calls).await;
     // Clones share the store; a new open is a new empty lake.
     assert!(lake.clone().get(KEY).await.unwrap().is_some());
-    assert!(Lake::open(&LakeTarget::Memory).unwrap().get(KEY).await.unwrap().is_none());
+    assert!(
+        Lake::open(&LakeTarget::Memory)
+            .unwrap()
+            .get(KEY)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -88,17 +116,36 @@ async fn large_objects_go_up_in_parts_and_compare_like_small_ones() {
     let key = "queen/tenant=t/queue=q/dt=2026-10-03/hour=06/w-0000000001-1-2.parquet";
     let len = MULTIPART_THRESHOLD_BYTES + MULTIPART_PART_BYTES / 2 + 3; // 3 parts: 8 + 8 + 4 MiB
     let a = big(len, 0);
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Created);
+    assert_eq!(
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Created
+    );
     let seen = taken(&calls);
     assert_eq!(seen.first(), Some(&("head", 404)));
-    assert_eq!(seen.iter().filter(|c| **c == ("multipart", 200)).count(), 1 + 3 + 1, "{seen:?}");
+    assert_eq!(
+        seen.iter().filter(|c| **c == ("multipart", 200)).count(),
+        1 + 3 + 1,
+        "{seen:?}"
+    );
     assert_eq!(lake.get(key).await.unwrap().as_deref(), Some(&a[..]));
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Identical);
+    assert_eq!(
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Identical
+    );
     let b = big(len, 1);
-    assert_eq!(lake.put_create(key, b).await.unwrap(), PutOutcome::Different { existing_sha256: sha256_hex(&a) });
+    assert_eq!(
+        lake.put_create(key, b).await.unwrap(),
+        PutOutcome::Different {
+            existing_sha256: sha256_hex(&a)
+        }
+    );
     assert_eq!(lake.get(key).await.unwrap().as_deref(), Some(&a[..]));
     let listed = lake.list("queen").await.unwrap();
-    assert_eq!(listed, vec![(key.to_owned(), len as u64)], "no part files left behind");
+    assert_eq!(
+        listed,
+        vec![(key.to_owned(), len as u64)],
+        "no part files left behind"
+    );
 }
 
 #[test]
@@ -111,8 +158,14 @@ fn the_secret_never_prints() {
     assert!(!debug.contains(SECRET) && debug.contains("***"), "{debug}");
     let lake = Lake::open(&target).unwrap();
     let shown = format!("{} {lake:?}", lake.describe());
-    assert!(!shown.contains(SECRET) && !shown.contains("testkey"), "{shown}");
-    assert!(shown.contains("bucket=lake") && shown.contains("http://127.0.0.1:9"), "{shown}");
+    assert!(
+        !shown.contains(SECRET) && !shown.contains("testkey"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("bucket=lake") && shown.contains("http://127.0.0.1:9"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -120,7 +173,9 @@ fn bad_targets_are_refused_without_echoing_secrets() {
     let with = |f: &dyn Fn(&mut S3Target)| {
         let mut t = s3_target(Some("http://127.0.0.1:9"));
         f(&mut t);
-        Lake::open(&LakeTarget::S3(t)).map(|_| ()).map_err(|e| e.to_string())
+        Lake::open(&LakeTarget::S3(t))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     };
     for case in [
         with(&|t| t.bucket = String::new()),
@@ -129,7 +184,10 @@ fn bad_targets_are_refused_without_echoing_secrets() {
         with(&|t| t.endpoint = Some(format!("http://testkey:{SECRET}@127.0.0.1:9"))),
     ] {
         let text = case.unwrap_err();
-        assert!(text.starts_with("invalid lake target: ") && !text.contains(SECRET), "{text}");
+        assert!(
+            text.starts_with("invalid lake target: ") && !text.contains(SECRET),
+            "{text}"
+        );
     }
     assert!(with(&|t| t.endpoint = None).is_ok());
     assert!(with(&|t| t.sse = Some(Sse::Aes256)).is_ok());
@@ -147,10 +205,19 @@ async fn a_failing_probe_says_what_to_check_and_hides_the_secret() {
     assert!(text.contains("check the endpoint URL"), "{text}");
     assert!(e.retryable());
     assert_eq!(taken(&calls), vec![("list", 0)]);
-    let put = lake.put_create("queen/x.json", Bytes::from_static(b"{}")).await.unwrap_err();
+    let put = lake
+        .put_create("queen/x.json", Bytes::from_static(b"{}"))
+        .await
+        .unwrap_err();
     let text = format!("{put} {put:?}");
     assert!(!text.contains(SECRET), "{text}");
-    assert!(matches!(put, LakeError::Store { operation: "put", .. }));
+    assert!(matches!(
+        put,
+        LakeError::Store {
+            operation: "put",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -158,7 +225,12 @@ fn sse_parses_the_documented_forms() {
     assert_eq!("AES256".parse::<Sse>().unwrap(), Sse::Aes256);
     assert_eq!("aws:kms".parse::<Sse>().unwrap(), Sse::Kms { key_id: None });
     let arn = "aws:kms:arn:aws:kms:eu-central-1:111:key/abc";
-    assert_eq!(arn.parse::<Sse>().unwrap(), Sse::Kms { key_id: Some("arn:aws:kms:eu-central-1:111:key/abc".into()) });
+    assert_eq!(
+        arn.parse::<Sse>().unwrap(),
+        Sse::Kms {
+            key_id: Some("arn:aws:kms:eu-central-1:111:key/abc".into())
+        }
+    );
     assert_eq!(arn.parse::<Sse>().unwrap().to_string(), arn);
     assert!("aws:kms:".parse::<Sse>().is_err());
     assert!("sse-c".parse::<Sse>().is_err());
@@ -166,19 +238,51 @@ fn sse_parses_the_documented_forms() {
 
 #[test]
 fn virtual_hosted_endpoints_get_the_bucket_in_the_host() {
-    assert_eq!(virtual_hosted_endpoint("https://s3.eu-central-1.amazonaws.com", "acme"), "https://acme.s3.eu-central-1.amazonaws.com");
-    assert_eq!(virtual_hosted_endpoint("https://acme.example.com", "acme"), "https://acme.example.com");
+    assert_eq!(
+        virtual_hosted_endpoint("https://s3.eu-central-1.amazonaws.com", "acme"),
+        "https://acme.s3.eu-central-1.amazonaws.com"
+    );
+    assert_eq!(
+        virtual_hosted_endpoint("https://acme.example.com", "acme"),
+        "https://acme.example.com"
+    );
 }
 
 #[test]
 fn statuses_come_from_the_error() {
-    let err = |source: &str| -> Box<dyn std::error::Error + Send + Sync> { source.to_owned().into() };
-    let generic = |text: &str| object_store::Error::Generic { store: "S3", source: err(text) };
-    assert_eq!(status_of(&object_store::Error::NotFound { path: "k".into(), source: err("x") }), 404);
-    assert_eq!(status_of(&object_store::Error::AlreadyExists { path: "k".into(), source: err("x") }), 412);
-    assert_eq!(status_of(&generic("Error performing PUT in 1ms - Server returned non-2xx status code: 503 Service Unavailable: ")), 503);
-    assert_eq!(status_of(&generic("error sending request: connection refused")), 0);
-    assert!(retryable(&generic("status code: 500 Internal Server Error")));
+    let err =
+        |source: &str| -> Box<dyn std::error::Error + Send + Sync> { source.to_owned().into() };
+    let generic = |text: &str| object_store::Error::Generic {
+        store: "S3",
+        source: err(text),
+    };
+    assert_eq!(
+        status_of(&object_store::Error::NotFound {
+            path: "k".into(),
+            source: err("x")
+        }),
+        404
+    );
+    assert_eq!(
+        status_of(&object_store::Error::AlreadyExists {
+            path: "k".into(),
+            source: err("x")
+        }),
+        412
+    );
+    assert_eq!(
+        status_of(&generic(
+            "Error performing PUT in 1ms - Server returned non-2xx status code: 503 Service Unavailable: "
+        )),
+        503
+    );
+    assert_eq!(
+        status_of(&generic("error sending request: connection refused")),
+        0
+    );
+    assert!(retryable(&generic(
+        "status code: 500 Internal Server Error"
+    )));
     assert!(!retryable(&generic("status code: 400 Bad Request")));
     assert!(retryable(&generic("status code: 429 Too Many Requests")));
 }
@@ -187,7 +291,10 @@ fn statuses_come_from_the_error() {
 async fn keys_that_are_not_object_paths_are_refused() {
     let lake = Lake::open(&LakeTarget::Memory).unwrap();
     for key in ["a//b", "a/../b", "a/\u{7}"] {
-        assert!(matches!(lake.get(key).await, Err(LakeError::InvalidKey { .. })), "{key}");
+        assert!(
+            matches!(lake.get(key).await, Err(LakeError::InvalidKey { .. })),
+            "{key}"
+        );
     }
 }
 
@@ -208,20 +315,30 @@ async fn s3_when_a_server_is_configured() {
         path_style: true,
         bucket,
         access_key: var("AWS_ACCESS_KEY_ID").unwrap_or_else(|| "testkey".into()),
-        secret_key: Secret::new(var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|| "testsecret".into())),
+        secret_key: Secret::new(
+            var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|| "testsecret".into()),
+        ),
         sse: Some(Sse::Aes256),
     };
     let (lake, calls) = recording(Lake::open(&LakeTarget::S3(target(bucket))).unwrap());
     lake.probe("queen").await.unwrap();
     let run = format!("{}", std::process::id());
-    let key = format!("lake-test-{run}/tenant=t/queue=q%2Fx/dt=2026-10-03/hour=06/w-0000000001-1-2.jsonl");
+    let key = format!(
+        "lake-test-{run}/tenant=t/queue=q%2Fx/dt=2026-10-03/hour=06/w-0000000001-1-2.jsonl"
+    );
     taken(&calls);
     create_small_on_s3(&lake, &key, &calls).await;
     let big_key = format!("lake-test-{run}/big.parquet");
     let a = big(MULTIPART_THRESHOLD_BYTES + 1, 0);
-    assert_eq!(lake.put_create(&big_key, a.clone()).await.unwrap(), PutOutcome::Created);
+    assert_eq!(
+        lake.put_create(&big_key, a.clone()).await.unwrap(),
+        PutOutcome::Created
+    );
     assert_eq!(lake.get(&big_key).await.unwrap().as_deref(), Some(&a[..]));
-    assert_eq!(lake.put_create(&big_key, a.clone()).await.unwrap(), PutOutcome::Identical);
+    assert_eq!(
+        lake.put_create(&big_key, a.clone()).await.unwrap(),
+        PutOutcome::Identical
+    );
     let listed = lake.list(&format!("lake-test-{run}")).await.unwrap();
     assert_eq!(listed.len(), 2, "{listed:?}");
     let missing = Lake::open(&LakeTarget::S3(target(format!("no-such-bucket-{run}")))).unwrap();
@@ -231,12 +348,31 @@ async fn s3_when_a_server_is_configured() {
 
 async fn create_small_on_s3(lake: &Lake, key: &str, calls: &Calls) {
     let a = Bytes::from_static(b"{\"a\":1}\n");
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Created);
-    assert_eq!(lake.put_create(key, a.clone()).await.unwrap(), PutOutcome::Identical);
     assert_eq!(
-        lake.put_create(key, Bytes::from_static(b"{\"a\":2}\n")).await.unwrap(),
-        PutOutcome::Different { existing_sha256: sha256_hex(&a) }
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Created
     );
-    assert_eq!(taken(calls), vec![("put", 200), ("put", 412), ("get", 200), ("put", 412), ("get", 200)]);
+    assert_eq!(
+        lake.put_create(key, a.clone()).await.unwrap(),
+        PutOutcome::Identical
+    );
+    assert_eq!(
+        lake.put_create(key, Bytes::from_static(b"{\"a\":2}\n"))
+            .await
+            .unwrap(),
+        PutOutcome::Different {
+            existing_sha256: sha256_hex(&a)
+        }
+    );
+    assert_eq!(
+        taken(calls),
+        vec![
+            ("put", 200),
+            ("put", 412),
+            ("get", 200),
+            ("put", 412),
+            ("get", 200)
+        ]
+    );
     assert_eq!(lake.get(key).await.unwrap(), Some(a));
 }
