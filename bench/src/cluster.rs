@@ -1001,11 +1001,25 @@ async fn backlog(
         rss.push(("NATS", rss_mib(&n.procs)));
         n.procs.stop_all();
     }
+    let stored_end = q.stored().await;
     println!(
-        "backlog run: queen {} stored, peak RSS per node {:?} MiB",
-        q.stored().await,
+        "backlog run: queen {stored_end} stored, peak RSS per node {:?} MiB",
         rss[0].1
     );
+    // Where the bytes are kept (what each part holds now, not what was written over the run).
+    for i in 0..3 {
+        let parts = store_parts(&dir.join("queen").join(format!("queen-{}", i + 1)));
+        let per = |b: u64| b as f64 / stored_end.max(1) as f64;
+        println!(
+            "    node {} keeps per stored message: {}",
+            i + 1,
+            parts
+                .iter()
+                .map(|(name, b)| format!("{name} {:.0} B", per(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     q.queen.procs.stop_all();
     Ok(Backlog {
         target: c.backlog,
@@ -1082,6 +1096,31 @@ where
 }
 
 /// Free bytes on the file system that holds `dir` (from `df`), if it can tell.
+/// Bytes of a node's data directory by part: the raft log (`log/`), the message segments
+/// (`state/segments*`), the dedup index (`state/dedup*`) and the rest (the engine).
+fn store_parts(node: &Path) -> [(&'static str, u64); 4] {
+    fn walk(p: &Path, part: usize, out: &mut [(&'static str, u64); 4]) {
+        let Ok(rd) = std::fs::read_dir(p) else { return };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let part = match name.as_str() {
+                "log" => 0,
+                n if n.starts_with("segments") => 1,
+                n if n.starts_with("dedup") => 2,
+                _ => part,
+            };
+            match e.metadata() {
+                Ok(m) if m.is_dir() => walk(&e.path(), part, out),
+                Ok(m) => out[part].1 += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    let mut out = [("raft log", 0), ("segments", 0), ("dedup", 0), ("engine", 0)];
+    walk(node, 3, &mut out);
+    out
+}
+
 fn free_bytes(dir: &Path) -> Option<u64> {
     let out = Command::new("df")
         .args(["-B1", "--output=avail"])
