@@ -1116,7 +1116,12 @@ fn store_parts(node: &Path) -> [(&'static str, u64); 4] {
             }
         }
     }
-    let mut out = [("raft log", 0), ("segments", 0), ("dedup", 0), ("engine", 0)];
+    let mut out = [
+        ("raft log", 0),
+        ("segments", 0),
+        ("dedup", 0),
+        ("engine", 0),
+    ];
     walk(node, 3, &mut out);
     out
 }
