@@ -13,7 +13,7 @@
 //!   `pid | hash | offset` (big-endian, so byte order is key order); a run keeps in memory the
 //!   first key of every 4 KiB page (1/128 of its entries), and a lookup reads one page per run;
 //! - runs of similar size are merged [`FANOUT`] at a time in a background thread (size-tiered,
-//!   so an entry is rewritten about log4(n / MEM_ENTRIES) times), dropping the entries of
+//!   so an entry is rewritten about log8(n / MEM_ENTRIES) times), dropping the entries of
 //!   messages that retention or a queue deletion removed (messages go from a partition's front,
 //!   so an entry is dead when its offset is below the partition's first live one);
 //! - a manifest names the runs and the position of the segment log up to which they hold every
@@ -55,7 +55,7 @@ const PAGE_ENTRIES: usize = 128;
 /// Entries held in memory before they are written out as a run (about 8 MiB of table).
 pub(crate) const MEM_ENTRIES: usize = 1 << 17;
 /// Runs of similar size merged at once.
-const FANOUT: usize = 4;
+const FANOUT: usize = 8;
 const RUN_MAGIC: &[u8; 8] = b"QDDX\0\0\0\x01";
 const RUN_HEADER: u64 = 16;
 const MANIFEST: &str = "MANIFEST";
@@ -748,7 +748,7 @@ mod tests {
     fn entries_are_found_in_memory_in_runs_and_after_merges_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let idx = Arc::new(DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).unwrap());
-        let n = (MEM_ENTRIES * 5 + 77) as u64;
+        let n = (MEM_ENTRIES * (FANOUT + 1) + 77) as u64;
         for i in 0..n {
             idx.insert(key(i % 3, i), i);
             if idx.full() {
@@ -763,7 +763,7 @@ mod tests {
         }
         assert!(idx.lookup(&key(0, n + 5)).unwrap().is_empty());
         let (runs, _, _) = idx.stats();
-        assert!(runs < 5, "{runs} runs after merges");
+        assert!(runs < FANOUT, "{runs} runs after merges");
         let covered = idx.covered();
         drop(idx);
         let again = DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).unwrap();
