@@ -117,8 +117,10 @@ pub fn dead_letters(
     ))
 }
 
-/// What a pop would deliver at `now` on the current state, without writing anything: the
-/// long-poll pre-check, so that an empty pop never reaches the log.
+/// What a pop would claim at `now` on the current state, without writing anything: the
+/// long-poll pre-check, so that an empty pop never reaches the log. The claims come back
+/// without their messages (those are read only when the pop is applied), so a look costs a few
+/// row reads, not a read of the messages.
 ///
 /// # Errors
 /// Store failures.
@@ -129,7 +131,7 @@ pub fn would_pop(
 ) -> Result<PopOutcome, StoreError> {
     let mut scratch = Txn::new(s);
     let now = now.max(Stamp(safe_time(s)?.0 + 1));
-    pop(&mut scratch, now, cmd)
+    pop(&mut scratch, now, cmd, false)
 }
 
 /// The stamp of the newest message retention deleted from a partition, if any.

@@ -1,8 +1,9 @@
 //! Property tests: random command sequences keep the invariants, batching does not change the
-//! outcome (determinism), and a group never holds two live deliveries of one message.
+//! outcome (determinism), nor does applying without an answer (a follower), and a group never holds two live deliveries of one message.
 
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
+use queen_domain::machine::apply_entry_as;
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants};
@@ -162,7 +163,17 @@ proptest! {
             let w = txn.into_writes();
             batched.commit(w);
         }
-        prop_assert_eq!(one_by_one, batched);
+        prop_assert_eq!(&one_by_one, &batched);
+        // The same entries applied as a follower applies them (nobody waits for the answers,
+        // so pops do not read the messages they claim): the same state.
+        let mut follower = MemStore::new();
+        for (i, e) in entries.iter().enumerate() {
+            let mut txn = Txn::new(&follower);
+            apply_entry_as(&mut txn, e, i as u64 + 1, false).unwrap();
+            let w = txn.into_writes();
+            follower.commit(w);
+        }
+        prop_assert_eq!(one_by_one, follower);
     }
 
     #[test]

@@ -29,7 +29,7 @@ impl StateMachineBackend for FjallStore {
         for e in &entries {
             match &e.command {
                 Some(bytes) => {
-                    let r = apply_encoded(&mut txn, bytes, e.index).map_err(storage)?;
+                    let r = apply_encoded(&mut txn, bytes, e.index, e.answered).map_err(storage)?;
                     // Nobody here waits for it: its state changes are made, its answer is not.
                     responses.push(if e.answered { r.encode() } else { Vec::new() });
                 }

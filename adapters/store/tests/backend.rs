@@ -118,7 +118,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     let mut expected = MemStore::new();
     for i in 0..5000 {
         let mut txn = queen_domain::Txn::new(&expected);
-        queen_domain::machine::apply_encoded(&mut txn, &push_entry(i), i + 1).unwrap();
+        queen_domain::machine::apply_encoded(&mut txn, &push_entry(i), i + 1, true).unwrap();
         let w = txn.into_writes();
         expected.commit(w);
     }

@@ -125,7 +125,7 @@ fn reference(entries: &[Vec<u8>]) -> MemStore {
     let mut m = MemStore::new();
     for (i, e) in entries.iter().enumerate() {
         let mut txn = queen_domain::Txn::new(&m);
-        queen_domain::machine::apply_encoded(&mut txn, e, i as u64 + 1).unwrap();
+        queen_domain::machine::apply_encoded(&mut txn, e, i as u64 + 1, true).unwrap();
         let w = txn.into_writes();
         m.commit(w);
     }

@@ -35,6 +35,22 @@ pub(crate) use pop::pop;
 /// # Errors
 /// Only store failures; every rule violation is an outcome, never an error.
 pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Response, StoreError> {
+    apply_entry_as(txn, entry, index, true)
+}
+
+/// `apply_entry`, with `answered` false when nobody on this node waits for the response (a
+/// follower): the state changes are exactly the same, but a rule may leave out of the outcome
+/// what only the answer needs (a pop does not read the messages it claims), so the response is
+/// not to be sent to anyone.
+///
+/// # Errors
+/// Only store failures.
+pub fn apply_entry_as(
+    txn: &mut Txn<'_>,
+    entry: &Entry,
+    index: u64,
+    answered: bool,
+) -> Result<Response, StoreError> {
     let stamp = next_stamp(txn, entry.proposed_at)?;
     let outcome = match &entry.command {
         Command::Tick => {
@@ -42,7 +58,7 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
             Outcome::Tick
         }
         Command::Push(items) => Outcome::Push(push::push(txn, stamp, items)?),
-        Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd)?),
+        Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
         Command::Ack { group, items } => Outcome::Ack(ack::ack(txn, stamp, group, items)?),
         Command::ExtendLease { lease_id } => ack::extend(txn, stamp, lease_id)?,
         Command::Configure {
@@ -102,13 +118,19 @@ pub fn apply_entry(txn: &mut Txn<'_>, entry: &Entry, index: u64) -> Result<Respo
 }
 
 /// Apply an encoded entry; an entry this build cannot decode is answered `Rejected` and changes
-/// nothing (every replica of the same build decides the same).
+/// nothing (every replica of the same build decides the same). `answered` as in
+/// [`apply_entry_as`].
 ///
 /// # Errors
 /// Store failures.
-pub fn apply_encoded(txn: &mut Txn<'_>, bytes: &[u8], index: u64) -> Result<Response, StoreError> {
+pub fn apply_encoded(
+    txn: &mut Txn<'_>,
+    bytes: &[u8],
+    index: u64,
+    answered: bool,
+) -> Result<Response, StoreError> {
     match Entry::decode(bytes) {
-        Ok(entry) => apply_entry(txn, &entry, index),
+        Ok(entry) => apply_entry_as(txn, &entry, index, answered),
         Err(e) => Ok(Response {
             stamp: last_stamp(txn)?,
             outcome: Outcome::Rejected(format!("undecodable entry: {e}")),

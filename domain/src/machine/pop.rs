@@ -15,10 +15,17 @@ use super::{get_rec, put_rec, scan_recs};
 /// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
 /// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
 /// without counting a retry).
+///
+/// `answered` is false when nobody on this node waits for the answer (a follower applying the
+/// leader's pop): the state changes are the same, but without a delay the messages are not
+/// read at all. Every offset from `log_start` to `next_offset` is stored (`invariants::check`),
+/// so the claim's extent follows from the offsets alone, and the claims come back without their
+/// messages.
 pub(crate) fn pop(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     cmd: &PopCommand,
+    answered: bool,
 ) -> Result<PopOutcome, StoreError> {
     let mut out = PopOutcome {
         lease_id: String::new(),
@@ -88,37 +95,16 @@ pub(crate) fn pop(
             continue;
         }
         let until = p.next_offset.min(from.saturating_add(budget as u64));
-        let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
-            txn,
-            &keys::message(pid, from),
-            &keys::message(pid, until),
-            budget,
-        )?;
-        let mut delivered = Vec::with_capacity(msgs.len());
-        for (k, m) in msgs {
-            if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
-                break;
-            }
-            let offset = keys::offset_of_message_key(&k).unwrap_or(from);
-            let attempt = if offset == c.retry_offset && c.retries > 0 {
-                c.retries + 1
-            } else {
-                1
+        let (count, last, delivered) = if !answered && delay == 0 {
+            (until - from, until - 1, Vec::new())
+        } else {
+            let d = read_claim(txn, pid, from, until, budget, delay, stamp, &c)?;
+            let Some(last) = d.last().map(|d| d.offset) else {
+                continue;
             };
-            delivered.push(Delivered {
-                offset,
-                transaction_id: m.transaction_id,
-                id: m.id,
-                trace_id: m.trace_id,
-                payload: m.payload,
-                created: m.stamp,
-                attempt,
-            });
-        }
-        let Some(last) = delivered.last().map(|d| d.offset) else {
-            continue;
+            (d.len() as u64, last, d)
         };
-        budget -= delivered.len();
+        budget -= count as usize;
         c.next = from;
         if cmd.auto_ack {
             c.next = last + 1;
@@ -157,6 +143,49 @@ pub(crate) fn pop(
         super::cluster::note_lease_expiry(txn, lease_expires)?;
     }
     Ok(out)
+}
+
+/// The messages of a claim on partition `pid` from `from` (at most `budget`, before `until`):
+/// all of them, or up to the first one still inside the queue's `delay` (seconds) at `stamp`.
+#[allow(clippy::too_many_arguments)]
+fn read_claim(
+    txn: &Txn<'_>,
+    pid: u64,
+    from: u64,
+    until: u64,
+    budget: usize,
+    delay: u64,
+    stamp: Stamp,
+    c: &CursorRec,
+) -> Result<Vec<Delivered>, StoreError> {
+    let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
+        txn,
+        &keys::message(pid, from),
+        &keys::message(pid, until),
+        budget,
+    )?;
+    let mut delivered = Vec::with_capacity(msgs.len());
+    for (k, m) in msgs {
+        if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
+            break;
+        }
+        let offset = keys::offset_of_message_key(&k).unwrap_or(from);
+        let attempt = if offset == c.retry_offset && c.retries > 0 {
+            c.retries + 1
+        } else {
+            1
+        };
+        delivered.push(Delivered {
+            offset,
+            transaction_id: m.transaction_id,
+            id: m.id,
+            trace_id: m.trace_id,
+            payload: m.payload,
+            created: m.stamp,
+            attempt,
+        });
+    }
+    Ok(delivered)
 }
 
 /// Where a group starts in a partition it has not touched: the oldest retained offset, or the
