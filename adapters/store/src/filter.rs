@@ -56,11 +56,17 @@ fn probes(seed: u64) -> impl Iterator<Item = (usize, u64)> {
 impl DedupFilter {
     /// An empty filter.
     pub(crate) fn new() -> Self {
-        Self {
-            blocks: (0..1usize << BLOCKS_LOG2)
-                .map(|_| Block(std::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
-        }
+        let mut blocks = Box::<[Block]>::new_zeroed_slice(1usize << BLOCKS_LOG2);
+        // Before the first touch, so the pages come in as huge pages where the system allows
+        // them (transparent huge pages "madvise" or "always").
+        ask_for_huge_pages(
+            blocks.as_mut_ptr().cast(),
+            blocks.len() * size_of::<Block>(),
+        );
+        // SAFETY: a block is eight `AtomicU64`s, for which all-zero bytes are a valid value
+        // (zero).
+        let blocks = unsafe { blocks.assume_init() };
+        Self { blocks }
     }
 
     /// Note a dedup row key (any other key is ignored).
@@ -94,6 +100,26 @@ impl DedupFilter {
         }
     }
 }
+
+/// Ask the kernel to back the whole 2 MiB pages inside `[start, start + len)` with huge pages.
+/// Every check of the filter reads a random block of 8 MiB: with 4 KiB pages nearly each one
+/// also misses the TLB, which in a virtual machine costs a nested page walk. Measured with
+/// `perf` on a follower under pushes, the filter's share of the samples fell by about a third
+/// with huge pages. A refusal (no THP support) is harmless: the pages stay small.
+#[cfg(target_os = "linux")]
+fn ask_for_huge_pages(start: *mut u8, len: usize) {
+    const HUGE: usize = 2 << 20;
+    let from = (start as usize).next_multiple_of(HUGE);
+    let to = (start as usize + len) / HUGE * HUGE;
+    if to > from {
+        // SAFETY: madvise only gives the kernel a hint about pages of our own allocation,
+        // `[from, to)` lies inside it, and MADV_HUGEPAGE never changes their contents.
+        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn ask_for_huge_pages(_start: *mut u8, _len: usize) {}
 
 #[cfg(test)]
 mod tests {
