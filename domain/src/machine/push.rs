@@ -13,11 +13,14 @@ use super::queue::{ensure_partition, ensure_queue};
 /// Push every item; each gets its own answer, in order. All records share `stamp`.
 ///
 /// The queue and partition records a batch touches are read once and written once, at the end
-/// (a batch usually goes to a few partitions); only the dedup lookup is per item.
+/// (a batch usually goes to a few partitions); only the dedup lookup is per item. With
+/// `answered` false (nobody on this node waits for the answers) the answers carry their status,
+/// ids and offsets but not copies of the transactionId and queue name.
 pub(crate) fn push(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     items: &[PushItem],
+    answered: bool,
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut queues: Vec<QueueRec> = Vec::new();
@@ -49,8 +52,16 @@ pub(crate) fn push(
             message_id: item.message_id,
             offset: 0,
             partition_id: p.pid,
-            transaction_id: item.transaction_id.clone(),
-            queue: q.name.clone(),
+            transaction_id: if answered {
+                item.transaction_id.clone()
+            } else {
+                String::new()
+            },
+            queue: if answered {
+                q.name.clone()
+            } else {
+                String::new()
+            },
         };
         if item.transaction_id.is_empty() {
             answer.status = PushStatus::Failed("transactionId must not be empty".to_owned());

@@ -125,6 +125,7 @@ pub(crate) fn deliver_due(
                 payload: t.payload,
                 trace_id: None,
             }],
+            false,
         )?;
     }
     Ok(())
