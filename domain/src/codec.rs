@@ -44,6 +44,23 @@ pub fn decode_head<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, S
         })
 }
 
+/// `decode_head` for a `T` that borrows from `bytes` (text fields as `&str`), so reading a
+/// record's leading text copies nothing.
+///
+/// # Errors
+/// `StoreError::Corrupt` when the bytes do not start with a `T`.
+pub fn decode_head_borrowed<'de, T: serde::Deserialize<'de>>(
+    key: &[u8],
+    bytes: &'de [u8],
+) -> Result<T, StoreError> {
+    postcard::take_from_bytes(bytes)
+        .map(|(head, _rest)| head)
+        .map_err(|e| StoreError::Corrupt {
+            key: escape(key),
+            detail: e.to_string(),
+        })
+}
+
 /// A key shown printable for errors and logs.
 #[must_use]
 pub fn escape(key: &[u8]) -> String {

@@ -20,18 +20,24 @@ fn refused(error: impl Into<String>) -> AckVerdict {
 }
 
 /// Apply acknowledgements in order; each is answered on its own.
+/// With `answered` false (nobody on this node waits) the answers do not copy the ids.
 pub(crate) fn ack(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     group: &GroupName,
     items: &[AckItem],
+    answered: bool,
 ) -> Result<Vec<AckOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut leased = LeasedOffsets::default();
     for item in items {
         let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
         out.push(AckOutcome {
-            transaction_id: item.transaction_id.clone(),
+            transaction_id: if answered {
+                item.transaction_id.clone()
+            } else {
+                String::new()
+            },
             verdict,
         });
     }
@@ -49,7 +55,7 @@ pub(crate) fn ack(
 #[derive(Default)]
 pub(crate) struct LeasedOffsets {
     /// (partition, lease id) -> transactionId -> offset.
-    by_lease: Vec<((u64, String), std::collections::HashMap<String, u64>)>,
+    by_lease: Vec<((u64, String), LeaseIndex)>,
     /// `lease_now` of the entry's stamp, once read.
     lease_now: Option<Stamp>,
     /// Partitions read so far (a few per entry).
@@ -103,19 +109,19 @@ impl LeasedOffsets {
             .iter()
             .find(|((p, l), _)| *p == pid && l == lease)
         {
-            return Ok(m.get(transaction_id).copied());
+            return Ok(m.get(transaction_id));
         }
         if end <= from || end - from > Self::MAX_LEASED {
             return Ok(None);
         }
-        let mut m = std::collections::HashMap::new();
+        let mut m = LeaseIndex::with_capacity((end - from) as usize);
         let mut failed = None;
         s.scan(
             &keys::message(pid, from),
             &keys::message(pid, end),
-            &mut |k, v| match crate::codec::decode_head::<crate::model::MessageHead>(k, v) {
+            &mut |k, v| match crate::codec::decode_head_borrowed::<TransactionIdHead<'_>>(k, v) {
                 Ok(h) => {
-                    m.insert(
+                    m.add(
                         h.transaction_id,
                         keys::offset_of_message_key(k).unwrap_or(from),
                     );
@@ -130,9 +136,77 @@ impl LeasedOffsets {
         if let Some(e) = failed {
             return Err(e);
         }
-        let found = m.get(transaction_id).copied();
+        m.seal();
+        let found = m.get(transaction_id);
         self.by_lease.push(((pid, lease.to_owned()), m));
         Ok(found)
+    }
+}
+
+/// A stored message's first field, borrowed.
+#[derive(serde::Deserialize)]
+struct TransactionIdHead<'a> {
+    #[serde(borrow)]
+    transaction_id: &'a str,
+}
+
+/// The transactionIds of one lease's messages and their offsets: the ids back to back in one
+/// string, and (hash, start, length, offset) sorted by hash and offset. Building it allocates
+/// twice, not once per message; a lookup is a binary search and a comparison of the bytes, so
+/// the hash only orders the entries and never decides an answer. Of two messages with the
+/// same id (one deleted by retention before the other was pushed), the later one is found.
+#[derive(Default)]
+struct LeaseIndex {
+    text: String,
+    entries: Vec<(u64, u32, u32, u64)>,
+}
+
+impl LeaseIndex {
+    fn with_capacity(messages: usize) -> Self {
+        Self {
+            text: String::with_capacity(messages * 40),
+            entries: Vec::with_capacity(messages),
+        }
+    }
+
+    /// FNV-1a: fixed, so the order is the same on every node (not that any answer depends on it).
+    fn hash(id: &str) -> u64 {
+        id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    fn add(&mut self, id: &str, offset: u64) {
+        self.add_hashed(id, Self::hash(id), offset);
+    }
+
+    fn add_hashed(&mut self, id: &str, hash: u64, offset: u64) {
+        let start = u32::try_from(self.text.len()).unwrap_or(u32::MAX);
+        let len = u32::try_from(id.len()).unwrap_or(u32::MAX);
+        self.text.push_str(id);
+        self.entries.push((hash, start, len, offset));
+    }
+
+    fn seal(&mut self) {
+        self.entries
+            .sort_unstable_by_key(|&(h, _, _, offset)| (h, offset));
+    }
+
+    fn get(&self, id: &str) -> Option<u64> {
+        self.get_hashed(id, Self::hash(id))
+    }
+
+    fn get_hashed(&self, id: &str, h: u64) -> Option<u64> {
+        let from = self.entries.partition_point(|e| e.0 < h);
+        self.entries[from..]
+            .iter()
+            .take_while(|e| e.0 == h)
+            .filter(|e| {
+                let (start, len) = (e.1 as usize, e.2 as usize);
+                self.text.get(start..start + len) == Some(id)
+            })
+            .last()
+            .map(|e| e.3)
     }
 }
 
@@ -387,4 +461,32 @@ pub(crate) fn extend(
         renewed,
         expires: Some(expires),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseIndex;
+
+    #[test]
+    fn a_lease_index_answers_by_the_bytes_not_the_hash() {
+        let mut m = LeaseIndex::with_capacity(4);
+        for i in 0..1000u64 {
+            m.add(&format!("txn-{i}"), 500 + i);
+        }
+        // Two ids under one hash, and one id stored twice (the later offset is the live one).
+        m.add_hashed("a", 7, 1);
+        m.add_hashed("b", 7, 2);
+        m.add_hashed("c", 9, 3);
+        m.add_hashed("c", 9, 4);
+        m.seal();
+        for i in (0..1000u64).step_by(37) {
+            assert_eq!(m.get(&format!("txn-{i}")), Some(500 + i));
+        }
+        assert_eq!(m.get("txn-1000"), None);
+        assert_eq!(m.get(""), None);
+        assert_eq!(m.get_hashed("a", 7), Some(1));
+        assert_eq!(m.get_hashed("b", 7), Some(2));
+        assert_eq!(m.get_hashed("c", 9), Some(4));
+        assert_eq!(m.get_hashed("d", 7), None);
+    }
 }

@@ -59,7 +59,9 @@ pub fn apply_entry_as(
         }
         Command::Push(items) => Outcome::Push(push::push(txn, stamp, items, answered)?),
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
-        Command::Ack { group, items } => Outcome::Ack(ack::ack(txn, stamp, group, items)?),
+        Command::Ack { group, items } => {
+            Outcome::Ack(ack::ack(txn, stamp, group, items, answered)?)
+        }
         Command::ExtendLease { lease_id } => ack::extend(txn, stamp, lease_id)?,
         Command::Configure {
             queue,
