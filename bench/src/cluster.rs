@@ -1095,7 +1095,6 @@ where
     .await
 }
 
-/// Free bytes on the file system that holds `dir` (from `df`), if it can tell.
 /// Bytes of a node's data directory by part: the raft log (`log/`), the message segments
 /// (`state/segments*`), the dedup index (`state/dedup*`) and the rest (the engine).
 fn store_parts(node: &Path) -> [(&'static str, u64); 4] {
@@ -1126,6 +1125,7 @@ fn store_parts(node: &Path) -> [(&'static str, u64); 4] {
     out
 }
 
+/// Free bytes on the file system that holds `dir` (from `df`), if it can tell.
 fn free_bytes(dir: &Path) -> Option<u64> {
     let out = Command::new("df")
         .args(["-B1", "--output=avail"])

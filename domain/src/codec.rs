@@ -36,12 +36,7 @@ pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreE
 /// # Errors
 /// `StoreError::Corrupt` when the bytes do not start with a `T`.
 pub fn decode_head<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
-    postcard::take_from_bytes(bytes)
-        .map(|(head, _rest)| head)
-        .map_err(|e| StoreError::Corrupt {
-            key: escape(key),
-            detail: e.to_string(),
-        })
+    decode_head_borrowed(key, bytes)
 }
 
 /// `decode_head` for a `T` that borrows from `bytes` (text fields as `&str`), so reading a

@@ -1,5 +1,6 @@
 //! Property tests: random command sequences keep the invariants, batching does not change the
-//! outcome (determinism), nor does applying without an answer (a follower), and a group never holds two live deliveries of one message.
+//! outcome (determinism), nor does applying without an answer (a follower), and a group never
+//! holds two live deliveries of one message.
 
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};

@@ -9,7 +9,7 @@ use crate::names::GroupName;
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
-use super::{get_rec, next_counter, put_rec};
+use super::{get_rec, next_counter, put_rec, text_for_answer};
 
 fn refused(error: impl Into<String>) -> AckVerdict {
     AckVerdict {
@@ -33,11 +33,7 @@ pub(crate) fn ack(
     for item in items {
         let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
         out.push(AckOutcome {
-            transaction_id: if answered {
-                item.transaction_id.clone()
-            } else {
-                String::new()
-            },
+            transaction_id: text_for_answer(answered, &item.transaction_id),
             verdict,
         });
     }
@@ -155,7 +151,6 @@ struct TransactionIdHead<'a> {
 /// twice, not once per message; a lookup is a binary search and a comparison of the bytes, so
 /// the hash only orders the entries and never decides an answer. Of two messages with the
 /// same id (one deleted by retention before the other was pushed), the later one is found.
-#[derive(Default)]
 struct LeaseIndex {
     text: String,
     entries: Vec<(u64, u32, u32, u64)>,

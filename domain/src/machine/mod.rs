@@ -155,6 +155,16 @@ fn next_stamp(txn: &mut Txn<'_>, proposed: u64) -> Result<Stamp, StoreError> {
     Ok(stamp)
 }
 
+/// A copy of `text` for an answer somebody waits for; nothing where nobody does (`answered`
+/// false, see [`apply_entry_as`]).
+pub(crate) fn text_for_answer(answered: bool, text: &str) -> String {
+    if answered {
+        text.to_owned()
+    } else {
+        String::new()
+    }
+}
+
 pub(crate) fn get_rec<T: DeserializeOwned>(
     s: &dyn StateRead,
     key: &[u8],

@@ -7,8 +7,8 @@ use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
 use super::dedup;
-use super::put_rec;
 use super::queue::{ensure_partition, ensure_queue};
+use super::{put_rec, text_for_answer};
 
 /// Push every item; each gets its own answer, in order. All records share `stamp`.
 ///
@@ -52,16 +52,8 @@ pub(crate) fn push(
             message_id: item.message_id,
             offset: 0,
             partition_id: p.pid,
-            transaction_id: if answered {
-                item.transaction_id.clone()
-            } else {
-                String::new()
-            },
-            queue: if answered {
-                q.name.clone()
-            } else {
-                String::new()
-            },
+            transaction_id: text_for_answer(answered, &item.transaction_id),
+            queue: text_for_answer(answered, &q.name),
         };
         if item.transaction_id.is_empty() {
             answer.status = PushStatus::Failed("transactionId must not be empty".to_owned());
