@@ -9,6 +9,7 @@ use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants, reads};
 
 /// A single replica: applies entries one by one, with a clock the test moves.
+#[derive(Clone)]
 struct Sim {
     store: MemStore,
     now: u64,
@@ -571,6 +572,10 @@ mod transactions {
         assert!(t.success, "{t:?}");
         assert!(matches!(&t.results[1], TxnResult::Push(o) if o.status == PushStatus::Queued));
         assert_eq!(txns(&s.pop("out", None, 5)), ["derived-1"]);
+        // The ack moved the cursor: m1 is done, not redelivered after its lease's time.
+        let mut later = s.clone();
+        later.advance_secs(3_600);
+        assert!(later.pop("in", None, 5).claims.is_empty());
         // The resend fails on the released lease and writes nothing.
         let before = s.store.clone();
         let Outcome::Transaction(again) = s.apply(cmd) else {

@@ -37,6 +37,7 @@ pub(crate) fn ack(
             verdict,
         });
     }
+    leased.write_cursors(txn);
     Ok(out)
 }
 
@@ -45,17 +46,29 @@ pub(crate) fn ack(
 /// record they share costs less than one dedup lookup per message.
 ///
 /// It also keeps what every item of one entry reads alike: the lease clock (the same for the
-/// whole entry: only a leader change moves the hold it reads) and the partitions' records
-/// (acks never change a partition's identity, the only fields they use), each read once per
-/// entry instead of once per item.
+/// whole entry: only a leader change moves the hold it reads), the partitions' records (acks
+/// never change a partition's identity, the only fields they use) with their queue's retry
+/// options (only a `Configure` entry changes those), each read once per entry instead of once
+/// per item; and the cursors the items move, read once and written once, by
+/// [`LeasedOffsets::write_cursors`], which the caller runs before its writes are taken.
 #[derive(Default)]
 pub(crate) struct LeasedOffsets {
     /// (partition, lease id) -> transactionId -> offset.
     by_lease: Vec<((u64, String), LeaseIndex)>,
     /// `lease_now` of the entry's stamp, once read.
     lease_now: Option<Stamp>,
-    /// Partitions read so far (a few per entry).
-    partitions: Vec<PartitionRec>,
+    /// Partitions read so far (a few per entry), with their queue's options when it exists.
+    partitions: Vec<(PartitionRec, Option<RetryOptions>)>,
+    /// Cursors read so far, by (partition, group), and whether an item changed them.
+    cursors: Vec<(u64, String, CursorRec, bool)>,
+}
+
+/// What an ack reads of a partition's queue.
+#[derive(Clone, Copy)]
+struct RetryOptions {
+    qid: u64,
+    retry_limit: u32,
+    dlq_after_max_retries: bool,
 }
 
 impl LeasedOffsets {
@@ -72,21 +85,63 @@ impl LeasedOffsets {
         Ok(t)
     }
 
+    /// The partition `pid` and its queue's retry options (`None` when the partition is
+    /// unknown or its queue is gone or was created again since).
     fn partition(
         &mut self,
         s: &dyn crate::store::StateRead,
         pid: u64,
-    ) -> Result<Option<PartitionRec>, StoreError> {
-        if let Some(p) = self.partitions.iter().find(|p| p.pid == pid) {
-            return Ok(Some(p.clone()));
-        }
-        let p = get_rec::<PartitionRec>(s, &keys::partition(pid))?;
-        if let Some(p) = &p
-            && self.partitions.len() < 64
+    ) -> Result<Option<(&PartitionRec, RetryOptions)>, StoreError> {
+        let i = match self.partitions.iter().position(|(p, _)| p.pid == pid) {
+            Some(i) => i,
+            None => {
+                let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(pid))? else {
+                    return Ok(None);
+                };
+                let opts = get_rec::<QueueRec>(s, &keys::queue(&p.queue))?
+                    .filter(|q| q.qid == p.qid)
+                    .map(|q| RetryOptions {
+                        qid: q.qid,
+                        retry_limit: q.options.retry_limit,
+                        dlq_after_max_retries: q.options.dlq_after_max_retries,
+                    });
+                if self.partitions.len() >= 64 {
+                    self.partitions.remove(0);
+                }
+                self.partitions.push((p, opts));
+                self.partitions.len() - 1
+            }
+        };
+        let (p, opts) = &self.partitions[i];
+        Ok(opts.map(|o| (p, o)))
+    }
+
+    /// Where the cursor of (`pid`, `group`) is kept, read on first use.
+    fn cursor_slot(
+        &mut self,
+        s: &dyn crate::store::StateRead,
+        pid: u64,
+        group: &str,
+    ) -> Result<usize, StoreError> {
+        if let Some(i) = self
+            .cursors
+            .iter()
+            .position(|(p, g, _, _)| *p == pid && g == group)
         {
-            self.partitions.push(p.clone());
+            return Ok(i);
         }
-        Ok(p)
+        let c = get_rec::<CursorRec>(s, &keys::cursor(pid, group))?.unwrap_or_default();
+        self.cursors.push((pid, group.to_owned(), c, false));
+        Ok(self.cursors.len() - 1)
+    }
+
+    /// Write every cursor an item changed.
+    pub(crate) fn write_cursors(&mut self, txn: &mut Txn<'_>) {
+        for (pid, group, c, dirty) in self.cursors.drain(..) {
+            if dirty {
+                put_rec(txn, keys::cursor(pid, &group), &c);
+            }
+        }
     }
 
     const MAX_LEASED: u64 = 10_000;
@@ -222,15 +277,35 @@ pub(crate) fn ack_one(
             item.partition_id
         )));
     };
-    let Some(p) = leased.partition(txn, pid)? else {
+    let Some((_, opts)) = leased.partition(txn, pid)? else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
-    let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == p.qid)
-    else {
-        return Ok(refused(format!("unknown partitionId '{pid}'")));
-    };
-    let cursor_key = keys::cursor(pid, group);
-    let mut c = get_rec::<CursorRec>(txn, &cursor_key)?.unwrap_or_default();
+    // The cursor is taken out of its slot while the item is judged and put back after,
+    // marked changed when the item moved it.
+    let slot = leased.cursor_slot(txn, pid, group)?;
+    let mut c = std::mem::take(&mut leased.cursors[slot].2);
+    let judged = judge(txn, stamp, group, item, pid, opts, &mut c, leased);
+    let entry = &mut leased.cursors[slot];
+    entry.2 = c;
+    let (verdict, changed) = judged?;
+    entry.3 |= changed;
+    Ok(verdict)
+}
+
+/// Judge one ack against the cursor `c` of its partition and group; answers the verdict and
+/// whether `c` changed.
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    group: &str,
+    item: &AckItem,
+    pid: u64,
+    opts: RetryOptions,
+    c: &mut CursorRec,
+    leased: &mut LeasedOffsets,
+) -> Result<(AckVerdict, bool), StoreError> {
+    let status = item.status.as_str();
     // Under the named live lease the leased messages say where the transactionId is; else
     // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
     let under_lease = match (&item.lease_id, &c.lease) {
@@ -248,10 +323,13 @@ pub(crate) fn ack_one(
         )? {
             Some(o) => o,
             None => {
-                return Ok(refused(format!(
-                    "no message '{}' in partition {pid}",
-                    item.transaction_id
-                )));
+                return Ok((
+                    refused(format!(
+                        "no message '{}' in partition {pid}",
+                        item.transaction_id
+                    )),
+                    false,
+                ));
             }
         },
     };
@@ -264,28 +342,34 @@ pub(crate) fn ack_one(
     {
         let mut v = last.outcome.clone();
         v.noop = true;
-        return Ok(v);
+        return Ok((v, false));
     }
     let live = c.live_lease(leased.lease_now(txn, stamp)?).cloned();
     let completes = matches!(status, "completed" | "success");
     if offset < c.next {
         // Already behind the cursor: acknowledged before (or redelivered past).
         if completes {
-            return Ok(AckVerdict {
-                success: true,
-                noop: true,
-                ..AckVerdict::default()
-            });
+            return Ok((
+                AckVerdict {
+                    success: true,
+                    noop: true,
+                    ..AckVerdict::default()
+                },
+                false,
+            ));
         }
-        return Ok(refused("message was already acknowledged"));
+        return Ok((refused("message was already acknowledged"), false));
     }
-    match (&item.lease_id, &live) {
-        (Some(id), Some(l)) if *id == l.id && offset < l.end => {}
-        (Some(_), _) => return Ok(refused("lease expired or not held for this message")),
-        (None, Some(l)) if offset < l.end => {}
-        (None, Some(_)) => return Ok(refused("message is not under the partition's lease")),
-        (None, None) if completes => {}
-        (None, None) => return Ok(refused("no live lease covers this message")),
+    let refusal = match (&item.lease_id, &live) {
+        (Some(id), Some(l)) if *id == l.id && offset < l.end => None,
+        (Some(_), _) => Some("lease expired or not held for this message"),
+        (None, Some(l)) if offset < l.end => None,
+        (None, Some(_)) => Some("message is not under the partition's lease"),
+        (None, None) if completes => None,
+        (None, None) => Some("no live lease covers this message"),
+    };
+    if let Some(why) = refusal {
+        return Ok((refused(why), false));
     }
 
     let mut v = AckVerdict {
@@ -312,11 +396,11 @@ pub(crate) fn ack_one(
                     1
                 };
                 c.retry_offset = offset;
-                c.retries > q.options.retry_limit
+                c.retries > opts.retry_limit
             };
             if dead {
-                if q.options.dlq_after_max_retries || status == "dlq" {
-                    dead_letter(txn, stamp, &mut q, &p, group, offset, item, c.retries)?;
+                if opts.dlq_after_max_retries || status == "dlq" {
+                    dead_letter(txn, stamp, opts.qid, pid, group, offset, item, c.retries)?;
                     v.dlq = true;
                 }
                 c.next = offset + 1;
@@ -344,22 +428,30 @@ pub(crate) fn ack_one(
         lease_id: item.lease_id.clone(),
         outcome: v.clone(),
     });
-    put_rec(txn, cursor_key, &c);
-    Ok(v)
+    Ok((v, true))
 }
 
+/// Move message `offset` of `pid` to the dead letters of its queue (`qid`), reading the
+/// partition and queue records afresh: this is the rare path, and it counts on the queue.
 #[allow(clippy::too_many_arguments)]
 fn dead_letter(
     txn: &mut Txn<'_>,
     stamp: Stamp,
-    q: &mut QueueRec,
-    p: &PartitionRec,
+    qid: u64,
+    pid: u64,
     group: &str,
     offset: u64,
     item: &AckItem,
     retries: u32,
 ) -> Result<(), StoreError> {
-    let Some(m) = get_rec::<MessageRec>(txn, &keys::message(p.pid, offset))? else {
+    let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
+        return Ok(());
+    };
+    let Some(mut q) = get_rec::<QueueRec>(txn, &keys::queue(&p.queue))?.filter(|q| q.qid == qid)
+    else {
+        return Ok(());
+    };
+    let Some(m) = get_rec::<MessageRec>(txn, &keys::message(pid, offset))? else {
         return Ok(());
     };
     let seq = next_counter(txn, "dlq_seq")?;
@@ -367,7 +459,7 @@ fn dead_letter(
         txn,
         keys::dlq(q.qid, seq),
         &DlqRec {
-            pid: p.pid,
+            pid,
             partition: p.name.clone(),
             group: group.to_owned(),
             offset,
@@ -381,7 +473,7 @@ fn dead_letter(
         },
     );
     q.dead_lettered += 1;
-    put_rec(txn, keys::queue(&q.name), q);
+    put_rec(txn, keys::queue(&q.name), &q);
     Ok(())
 }
 

@@ -87,6 +87,7 @@ pub(crate) fn apply(
                 }
             }
         }
+        leased.write_cursors(&mut child);
         let kv = if kv_ops.is_empty() {
             None
         } else {
