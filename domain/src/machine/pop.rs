@@ -10,7 +10,7 @@ use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
 use super::queue::partition_ids;
-use super::{get_rec, put_rec, scan_recs};
+use super::{get_rec, put_rec};
 
 /// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
 /// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
@@ -158,34 +158,45 @@ fn read_claim(
     stamp: Stamp,
     c: &CursorRec,
 ) -> Result<Vec<Delivered>, StoreError> {
-    let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
-        txn,
+    // Each message is decoded straight into its answer as the scan hands it over.
+    let mut delivered = Vec::with_capacity(budget.min(1024));
+    let mut failed = None;
+    txn.scan(
         &keys::message(pid, from),
         &keys::message(pid, until),
-        budget,
+        &mut |k, v| {
+            let m = match crate::codec::decode::<MessageRec>(k, v) {
+                Ok(m) => m,
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
+            };
+            if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
+                return false;
+            }
+            let offset = keys::offset_of_message_key(k).unwrap_or(from);
+            let attempt = if offset == c.retry_offset && c.retries > 0 {
+                c.retries + 1
+            } else {
+                1
+            };
+            delivered.push(Delivered {
+                offset,
+                transaction_id: m.transaction_id,
+                id: m.id,
+                trace_id: m.trace_id,
+                payload: m.payload,
+                created: m.stamp,
+                attempt,
+            });
+            delivered.len() < budget
+        },
     )?;
-    let mut delivered = Vec::with_capacity(msgs.len());
-    for (k, m) in msgs {
-        if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
-            break;
-        }
-        let offset = keys::offset_of_message_key(&k).unwrap_or(from);
-        let attempt = if offset == c.retry_offset && c.retries > 0 {
-            c.retries + 1
-        } else {
-            1
-        };
-        delivered.push(Delivered {
-            offset,
-            transaction_id: m.transaction_id,
-            id: m.id,
-            trace_id: m.trace_id,
-            payload: m.payload,
-            created: m.stamp,
-            attempt,
-        });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(delivered),
     }
-    Ok(delivered)
 }
 
 /// Where a group starts in a partition it has not touched: the oldest retained offset, or the
