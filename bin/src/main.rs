@@ -6,14 +6,15 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, read before `main`: freed pages go back to the system after about a
-/// second (the default keeps them ten seconds, and under batch pushes that held 50-60 MiB more
-/// per node at the peak: docs/performance.md), by a background thread rather than by the
-/// threads that free. `_RJEM_MALLOC_CONF` in the environment still overrides any of them.
+/// jemalloc's options, read before `main`: freed pages go back to the system within about a
+/// fifth of a second (the default keeps them ten seconds, and under batch pushes that held
+/// 50-60 MiB more per node at the peak; one second still held 5-6 MiB more than a fifth:
+/// docs/performance.md), by a background thread rather than by the threads that free.
+/// `_RJEM_MALLOC_CONF` in the environment still overrides any of them.
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static malloc_conf: Option<&'static std::ffi::c_char> =
-    Some(unsafe { &*c"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr() });
+    Some(unsafe { &*c"background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:0".as_ptr() });
 
 use clap::{Parser, Subcommand};
 use queen_app::RawConfig;
