@@ -60,12 +60,6 @@ impl FlushStats {
         file.sync_data()
     }
 
-    /// fsync `file`, its size included, counting the call.
-    pub(crate) fn sync_all(&self, file: &File) -> io::Result<()> {
-        self.fsyncs.fetch_add(1, Ordering::Relaxed);
-        file.sync_all()
-    }
-
     /// fsync a directory so created or removed entries survive a crash, counting the call.
     pub(crate) fn sync_dir(&self, dir: &std::path::Path) -> io::Result<()> {
         self.fsyncs.fetch_add(1, Ordering::Relaxed);

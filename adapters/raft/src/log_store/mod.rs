@@ -61,7 +61,6 @@ use self::flusher::Completion;
 use self::flusher::FlushRequest;
 use self::flusher::FlushStats;
 use self::record::FORMAT_VERSION;
-use self::record::HeaderItem;
 use self::record::Record;
 use self::record::ScanItem;
 use self::record::SegmentHeader;
@@ -74,15 +73,6 @@ use crate::type_config::Vote;
 
 /// File name suffix of segment files.
 const SEGMENT_SUFFIX: &str = ".seg";
-/// File name suffix of purged segment files kept for reuse.
-const FREE_SUFFIX: &str = ".free";
-/// Purged segment files kept for reuse, at most (up to 256 MiB of disk with the default
-/// segment size; a purge after a snapshot usually frees more). Writing into a file that already has its
-/// blocks (and, usually, its pages in the page cache) lets fdatasync flush data alone, where
-/// appending to a new file also commits the file's growth to the filesystem journal on every
-/// flush: on this project's machine a 16 KiB write + fdatasync took 170-350 µs in place against
-/// 590-750 µs appended (docs/performance.md).
-const FREE_KEEP: usize = 4;
 /// Name of the lock file that keeps a second process off the log directory.
 const LOCK_FILE: &str = "LOCK";
 /// Largest span read with one pread when serving a range of entries.
@@ -164,9 +154,6 @@ struct EntryLoc {
     len: u32,
 }
 
-/// A live entry's place, the file it is in and that file's checksum seed.
-type Located = (EntryLoc, Arc<File>, Option<u64>);
-
 /// One segment file.
 struct Segment {
     /// Path, for deletion.
@@ -177,9 +164,6 @@ struct Segment {
     size: u64,
     /// Highest entry index ever written into it; it may be deleted once purged past this.
     max_entry_index: Option<u64>,
-    /// What its checksums are seeded with: its sequence number, or `None` in a format 1
-    /// segment (never reused: its stale records would check out in a new life).
-    seed: Option<u64>,
 }
 
 /// The mutable state of the log, behind one mutex.
@@ -203,8 +187,6 @@ struct LogInner {
     cache_bytes: usize,
     /// Bound of `cache_bytes`.
     cache_max_bytes: usize,
-    /// Purged segment files kept for reuse (`<seq>.free`), oldest first.
-    free: Vec<PathBuf>,
 }
 
 /// State shared by the store and its readers.
@@ -257,7 +239,6 @@ impl LogStore {
             cache: VecDeque::new(),
             cache_bytes: 0,
             cache_max_bytes: opts.cache_max_bytes,
-            free: Vec::new(),
         };
         recover(dir, &mut inner, &stats)?;
         let next_seq = inner.segments.keys().next_back().map_or(1, |s| s + 1);
@@ -336,15 +317,12 @@ impl Shared {
     /// Read entries with index in `[start, end)` that exist: the latest from the cache, older
     /// ones from their segments.
     fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
-        let (locs, cached): (Vec<Located>, Vec<Entry>) = {
+        let (locs, cached): (Vec<(EntryLoc, Arc<File>)>, Vec<Entry>) = {
             let inner = self.lock()?;
             let Some(first) = inner.entries.front().map(|l| l.log_id.index) else {
                 return Ok(Vec::new());
             };
             let from = start.max(first);
-            if from >= end {
-                return Ok(Vec::new());
-            }
             let cache_first = inner.cache.front().map_or(u64::MAX, |e| e.log_id.index);
             let cached: Vec<Entry> = if end > cache_first {
                 let skip = from.saturating_sub(cache_first) as usize;
@@ -360,14 +338,14 @@ impl Shared {
                 let Some(loc) = inner.entries.get((idx - first) as usize) else {
                     break;
                 };
-                let (file, seed) = inner
+                let file = inner
                     .segments
                     .get(&loc.seq)
-                    .map(|s| (s.file.clone(), s.seed))
+                    .map(|s| s.file.clone())
                     .ok_or_else(|| {
                         io::Error::other("raft log index points at a missing segment")
                     })?;
-                out.push((loc.clone(), file, seed));
+                out.push((loc.clone(), file));
                 idx += 1;
             }
             (out, cached)
@@ -377,7 +355,7 @@ impl Shared {
         let mut i = 0;
         while i < locs.len() {
             // Group consecutive locations in one segment into one pread.
-            let (head, file, seed) = &locs[i];
+            let (head, file) = &locs[i];
             let mut j = i + 1;
             let mut span_end = head.offset + u64::from(head.len);
             while j < locs.len()
@@ -390,10 +368,10 @@ impl Shared {
             }
             let mut buf = vec![0u8; (span_end - head.offset) as usize];
             file.read_exact_at(&mut buf, head.offset)?;
-            for (loc, _, _) in &locs[i..j] {
+            for (loc, _) in &locs[i..j] {
                 let from = (loc.offset - head.offset) as usize;
                 let frame = &buf[from..from + loc.len as usize];
-                match record::decode_frame(frame, *seed)? {
+                match record::decode_frame(frame)? {
                     Record::Entry(e) if e.log_id == loc.log_id => entries.push(e),
                     _ => {
                         return Err(io::Error::new(
@@ -432,28 +410,16 @@ impl LogInner {
         }
     }
 
-    /// Start segment `seq` in a free file when one is kept (renamed, its header written over
-    /// the old one: what lies past the new write head was checksummed with another sequence
-    /// number and reads as a torn tail), else in a new file; make it visible in the directory.
+    /// Create segment `seq`, write its header and make the new file visible in the directory.
     fn start_segment(&mut self, dir: &Path, seq: u64, stats: &FlushStats) -> io::Result<()> {
         let path = dir.join(segment_name(seq));
-        let file = match self.free.pop() {
-            Some(free) => {
-                std::fs::rename(&free, &path)?;
-                OpenOptions::new().read(true).write(true).open(&path)?
-            }
-            None => OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)?,
-        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
         let mut buf = Vec::new();
-        let opening = Record::Opening {
-            header: self.header(),
-            seq,
-        };
-        record::encode_into(&mut buf, &opening, None)?;
+        record::encode_into(&mut buf, &Record::Header(self.header()))?;
         file.write_all_at(&buf, 0)?;
         stats.sync_dir(dir)?;
         self.segments.insert(
@@ -463,7 +429,6 @@ impl LogInner {
                 file: Arc::new(file),
                 size: buf.len() as u64,
                 max_entry_index: None,
-                seed: Some(seq),
             },
         );
         Ok(())
@@ -483,12 +448,11 @@ impl LogInner {
             self.roll(shared)?;
         }
         let seq = self.active_seq()?;
-        let seed = self.segments.get(&seq).and_then(|s| s.seed);
 
         let mut buf = Vec::with_capacity(records.iter().map(record::encoded_len_hint).sum());
         let mut lens = Vec::with_capacity(records.len());
         for r in records {
-            lens.push(record::encode_into(&mut buf, r, seed)?);
+            lens.push(record::encode_into(&mut buf, r)?);
         }
         let segment = self
             .segments
@@ -510,17 +474,11 @@ impl LogInner {
         Ok(())
     }
 
-    /// Sync the active segment and start the next one. A segment in a reused file is first
-    /// cut to what it holds, durably, so that only the newest segment can ever have bytes past
-    /// its last record.
+    /// Sync the active segment and start the next one.
     fn roll(&mut self, shared: &Shared) -> io::Result<()> {
         let active = self.active_seq()?;
         if let Some(seg) = self.segments.get(&active) {
             shared.stats.sync_data(&seg.file)?;
-            if seg.file.metadata()?.len() > seg.size {
-                seg.file.set_len(seg.size)?;
-                shared.stats.sync_all(&seg.file)?;
-            }
         }
         self.start_segment(&shared.dir, active + 1, &shared.stats)?;
         tracing::debug!(seq = active + 1, "raft log segment rolled");
@@ -551,7 +509,7 @@ impl LogInner {
     /// Apply one record (written or replayed) to the in-memory state.
     fn apply(&mut self, record: &Record, seq: u64, offset: u64, len: u32) -> io::Result<()> {
         match record {
-            Record::Header(_) | Record::Opening { .. } => {}
+            Record::Header(_) => {}
             Record::Entry(e) => {
                 let log_id = e.log_id;
                 let idx = log_id.index;
@@ -669,9 +627,8 @@ impl LogInner {
             .map_err(|_| io::Error::other("raft log flusher stopped"))
     }
 
-    /// Remove the segments (oldest first, never the active one) whose entries are all purged;
-    /// answers their paths and whether each may be reused (format 2).
-    fn take_purgeable_segments(&mut self) -> Vec<(PathBuf, bool)> {
+    /// Remove the segments (oldest first, never the active one) whose entries are all purged.
+    fn take_purgeable_segments(&mut self) -> Vec<PathBuf> {
         let Some(purged) = self.last_purged.map(|p| p.index) else {
             return Vec::new();
         };
@@ -684,7 +641,7 @@ impl LogInner {
                 break;
             }
             if let Some(seg) = self.segments.remove(&seq) {
-                out.push((seg.path, seg.seed.is_some()));
+                out.push(seg.path);
             }
         }
         out
@@ -708,17 +665,10 @@ fn segment_name(seq: u64) -> String {
 /// Scan every segment in order and rebuild the state; cut a torn tail off the last segment.
 fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<()> {
     let mut seqs = Vec::new();
-    let mut free = Vec::new();
     for dent in std::fs::read_dir(dir)? {
         let dent = dent?;
         let name = dent.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(stem) = name.strip_suffix(FREE_SUFFIX)
-            && let Ok(seq) = stem.parse::<u64>()
-        {
-            free.push((seq, dent.path()));
-            continue;
-        }
         let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
             continue;
         };
@@ -731,14 +681,6 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
         }
     }
     seqs.sort_unstable();
-    // Files purged before the restart are reused as they were (only format 2 files are ever
-    // kept); past the bound they go.
-    free.sort_unstable();
-    while free.len() > FREE_KEEP {
-        let (_, path) = free.remove(0);
-        std::fs::remove_file(&path)?;
-    }
-    inner.free = free.into_iter().map(|(_, p)| p).collect();
 
     let mut first = true;
     for (i, &seq) in seqs.iter().enumerate() {
@@ -753,29 +695,32 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
                 file: Arc::new(file.try_clone()?),
                 size: file_len,
                 max_entry_index: None,
-                seed: None,
             },
         );
 
         let mut reader = BufReader::with_capacity(1024 * 1024, file);
         let mut offset = 0u64;
         let mut saw_header = false;
-        let mut seed = None;
-        let mut missing = "empty segment";
         loop {
-            let item = if saw_header {
-                record::scan_next(&mut reader, seed)?
-            } else {
-                match record::scan_header(&mut reader, seq)? {
-                    HeaderItem::Missing(why) => {
-                        missing = why;
-                        break;
-                    }
-                    HeaderItem::Header {
-                        header: h,
-                        len,
-                        seed: s,
-                    } => {
+            match record::scan_next(&mut reader)? {
+                ScanItem::End => break,
+                ScanItem::Record(rec, len) => {
+                    if !saw_header {
+                        let Record::Header(h) = &rec else {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!(
+                                    "raft log segment {} does not start with a header",
+                                    path.display()
+                                ),
+                            ));
+                        };
+                        if h.format != FORMAT_VERSION {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("raft log format {} is not supported", h.format),
+                            ));
+                        }
                         if first {
                             inner.vote = h.vote;
                             inner.committed = h.committed;
@@ -783,18 +728,7 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
                             first = false;
                         }
                         saw_header = true;
-                        seed = s;
-                        if let Some(seg) = inner.segments.get_mut(&seq) {
-                            seg.seed = s;
-                        }
-                        offset += u64::from(len);
-                        continue;
                     }
-                }
-            };
-            match item {
-                ScanItem::End => break,
-                ScanItem::Record(rec, len) => {
                     inner.apply(&rec, seq, offset, len)?;
                     offset += u64::from(len);
                 }
@@ -832,16 +766,13 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
             if !is_last {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!(
-                        "raft log segment {} has no header ({missing})",
-                        path.display()
-                    ),
+                    format!("raft log segment {} has no header", path.display()),
                 ));
             }
             inner.segments.remove(&seq);
             std::fs::remove_file(&path)?;
             stats.sync_dir(dir)?;
-            tracing::warn!(segment = %path.display(), reason = missing, "removed a raft log segment whose creation was cut short");
+            tracing::warn!(segment = %path.display(), "removed a raft log segment whose creation was cut short");
         }
     }
     Ok(())
@@ -933,29 +864,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(upto = %log_id, "raft log purge");
         // last_purged must be durable before any file goes away.
         self.write_durable(vec![Record::Purged(log_id)]).await?;
-        let mut inner = self.shared.lock()?;
-        let victims = inner.take_purgeable_segments();
+        let victims = self.shared.lock()?.take_purgeable_segments();
         if victims.is_empty() {
             return Ok(());
         }
-        // The newest purged files are kept for reuse (their pages are the likeliest to be
-        // cached); the rest, and any format 1 file, are deleted.
-        let mut keep = Vec::new();
-        for (path, reusable) in victims.iter().rev() {
-            if *reusable && inner.free.len() + keep.len() < FREE_KEEP {
-                let free = path.with_extension(&FREE_SUFFIX[1..]);
-                std::fs::rename(path, &free)?;
-                keep.push(free);
-            } else {
-                std::fs::remove_file(path)?;
-            }
+        for path in &victims {
+            std::fs::remove_file(path)?;
         }
-        let kept = keep.len();
-        // Newest last: the next segment takes it.
-        inner.free.extend(keep.into_iter().rev());
-        drop(inner);
         self.shared.stats.sync_dir(&self.shared.dir)?;
-        tracing::debug!(segments = victims.len(), kept, "raft log segments purged");
+        tracing::debug!(segments = victims.len(), "raft log segments deleted");
         Ok(())
     }
 }

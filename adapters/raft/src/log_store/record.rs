@@ -1,17 +1,7 @@
 //! The on-disk record format of the raft log: what a record says and how it is framed.
 //!
-//! Frame: `[body length: u32 LE][checksum: u32 LE][body]`, body = postcard of `Record`.
+//! Frame: `[body length: u32 LE][crc32 of body: u32 LE][body]`, body = postcard of `Record`.
 //! A frame that is cut short or whose checksum does not match marks the torn tail of a segment.
-//!
-//! In a format 2 segment every record after the first is checksummed as the crc32 of the
-//! segment's sequence number (u64 LE) followed by the body; the first record, the segment's
-//! opening, names that sequence number and is checksummed as the body alone. Format 1 segments
-//! (written by earlier builds, still read) checksum every body alone and open with a plain
-//! header. Seeding with the sequence number is what makes a segment file reusable: a file taken
-//! over by a later segment keeps the previous segment's records past the new write head, and
-//! those fail the new checksum, so they read as a torn tail and are never served; an opening
-//! that names another sequence number is the previous life's. A build that only reads format 1
-//! meets an unknown record kind with a valid checksum in the first frame and refuses to open.
 
 use std::io;
 use std::io::Read;
@@ -29,21 +19,8 @@ pub(crate) const FRAME_HEADER_BYTES: usize = 8;
 /// Upper bound of one record body; a larger length field can only be garbage.
 pub(crate) const MAX_RECORD_BYTES: u32 = 256 * 1024 * 1024;
 
-/// The version of the record format, written into every new segment header.
-pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The format of segments whose checksums are not seeded (read, never written).
-pub(crate) const FORMAT_UNSEEDED: u32 = 1;
-
-/// The checksum of a frame body in a segment with `seed` (its sequence number; `None` for a
-/// format 1 segment).
-pub(crate) fn checksum(seed: Option<u64>, body: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    if let Some(seed) = seed {
-        h.update(&seed.to_le_bytes());
-    }
-    h.update(body);
-    h.finalize()
-}
+/// The version of the record format, written into every segment header.
+pub(crate) const FORMAT_VERSION: u32 = 1;
 
 /// The log's durable state as of the start of a segment. Every segment begins with one, so the
 /// segments before it can be deleted without losing the vote, `committed` or `last_purged`.
@@ -63,7 +40,7 @@ pub(crate) struct SegmentHeader {
 /// that one fdatasync orders and covers all of them.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Record {
-    /// The first record of a format 1 segment (read, never written).
+    /// The first record of every segment.
     Header(SegmentHeader),
     /// A raft log entry.
     Entry(Entry),
@@ -75,14 +52,6 @@ pub(crate) enum Record {
     Purged(LogId),
     /// Entries after this log id (or all entries when `None`) are removed.
     TruncateAfter(Option<LogId>),
-    /// The first record of a format 2 segment: its header and the segment's own sequence
-    /// number, checksummed without a seed.
-    Opening {
-        /// The log's durable state as of the start of the segment.
-        header: SegmentHeader,
-        /// The sequence number of the segment it opens.
-        seq: u64,
-    },
 }
 
 /// About how many bytes `record` takes framed: an entry's command and some room for its log id
@@ -98,13 +67,8 @@ pub(crate) fn encoded_len_hint(record: &Record) -> usize {
     }
 }
 
-/// Append the framed `record` to `buf`, checksummed for a segment with `seed`; returns the
-/// frame length.
-pub(crate) fn encode_into(
-    buf: &mut Vec<u8>,
-    record: &Record,
-    seed: Option<u64>,
-) -> io::Result<u32> {
+/// Append the framed `record` to `buf`; returns the frame length.
+pub(crate) fn encode_into(buf: &mut Vec<u8>, record: &Record) -> io::Result<u32> {
     let start = buf.len();
     buf.extend_from_slice(&[0u8; FRAME_HEADER_BYTES]);
     let body = postcard::to_extend(record, std::mem::take(buf))
@@ -115,14 +79,14 @@ pub(crate) fn encode_into(
         .ok()
         .filter(|l| *l <= MAX_RECORD_BYTES)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "log record too large"))?;
-    let crc = checksum(seed, &buf[start + FRAME_HEADER_BYTES..]);
+    let crc = crc32fast::hash(&buf[start + FRAME_HEADER_BYTES..]);
     buf[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     Ok(body_len + FRAME_HEADER_BYTES as u32)
 }
 
-/// Decode one complete frame (as located by the index) of a segment with `seed`.
-pub(crate) fn decode_frame(frame: &[u8], seed: Option<u64>) -> io::Result<Record> {
+/// Decode one complete frame (as located by the index).
+pub(crate) fn decode_frame(frame: &[u8]) -> io::Result<Record> {
     if frame.len() < FRAME_HEADER_BYTES {
         return Err(corrupt("frame shorter than its header"));
     }
@@ -131,7 +95,7 @@ pub(crate) fn decode_frame(frame: &[u8], seed: Option<u64>) -> io::Result<Record
     if body.len() != len as usize {
         return Err(corrupt("frame length does not match the index"));
     }
-    if checksum(seed, body) != crc {
+    if crc32fast::hash(body) != crc {
         return Err(corrupt("record checksum mismatch"));
     }
     decode_body(body)
@@ -147,103 +111,30 @@ pub(crate) enum ScanItem {
     Torn(&'static str),
 }
 
-/// Read the next frame of a segment with `seed` from a sequential reader.
-pub(crate) fn scan_next(reader: &mut impl Read, seed: Option<u64>) -> io::Result<ScanItem> {
-    match scan_raw(reader)? {
-        Raw::End => Ok(ScanItem::End),
-        Raw::Torn(why) => Ok(ScanItem::Torn(why)),
-        Raw::Frame { body, crc } => {
-            if checksum(seed, &body) != crc {
-                return Ok(ScanItem::Torn("record checksum mismatch"));
-            }
-            let len = body.len() as u32 + FRAME_HEADER_BYTES as u32;
-            // The checksum matched, so the bytes are what we wrote: this is not a torn write.
-            Ok(ScanItem::Record(decode_body(&body)?, len))
-        }
-    }
-}
-
-/// What the first frame of segment `seq` says, and which format it is in.
-pub(crate) enum HeaderItem {
-    /// A header of either format; `seed` is what the rest of the segment is checksummed with.
-    Header {
-        /// The log's durable state as of the start of the segment.
-        header: SegmentHeader,
-        /// Its frame length.
-        len: u32,
-        /// `Some(seq)` for format 2, `None` for format 1.
-        seed: Option<u64>,
-    },
-    /// Nothing, or no opening of this segment: a creation cut short, or a reused file whose
-    /// new opening never reached the disk.
-    Missing(&'static str),
-}
-
-/// Read the first frame of segment `seq`: an opening that names `seq` (format 2), or a plain
-/// header that says format 1.
-pub(crate) fn scan_header(reader: &mut impl Read, seq: u64) -> io::Result<HeaderItem> {
-    let (body, crc) = match scan_raw(reader)? {
-        Raw::End => return Ok(HeaderItem::Missing("empty segment")),
-        Raw::Torn(why) => return Ok(HeaderItem::Missing(why)),
-        Raw::Frame { body, crc } => (body, crc),
-    };
-    if checksum(None, &body) != crc {
-        return Ok(HeaderItem::Missing("header checksum mismatch"));
-    }
-    let len = body.len() as u32 + FRAME_HEADER_BYTES as u32;
-    match decode_body(&body)? {
-        Record::Opening { header, seq: s } if s == seq && header.format == FORMAT_VERSION => {
-            Ok(HeaderItem::Header {
-                header,
-                len,
-                seed: Some(seq),
-            })
-        }
-        Record::Opening { seq: s, .. } if s != seq => {
-            Ok(HeaderItem::Missing("the opening of another segment"))
-        }
-        Record::Header(header) if header.format == FORMAT_UNSEEDED => Ok(HeaderItem::Header {
-            header,
-            len,
-            seed: None,
-        }),
-        Record::Opening { header, .. } | Record::Header(header) => Err(corrupt_owned(format!(
-            "raft log format {} is not supported",
-            header.format
-        ))),
-        _ => Err(corrupt("segment does not start with a header")),
-    }
-}
-
-/// A frame read without judging its checksum.
-enum Raw {
-    End,
-    Torn(&'static str),
-    Frame { body: Vec<u8>, crc: u32 },
-}
-
-fn scan_raw(reader: &mut impl Read) -> io::Result<Raw> {
+/// Read the next frame from a sequential reader.
+pub(crate) fn scan_next(reader: &mut impl Read) -> io::Result<ScanItem> {
     let mut header = [0u8; FRAME_HEADER_BYTES];
     match read_full(reader, &mut header)? {
-        0 => return Ok(Raw::End),
-        n if n < FRAME_HEADER_BYTES => return Ok(Raw::Torn("frame header cut short")),
+        0 => return Ok(ScanItem::End),
+        n if n < FRAME_HEADER_BYTES => return Ok(ScanItem::Torn("frame header cut short")),
         _ => {}
     }
     let (len, crc) = frame_header(&header);
     if len > MAX_RECORD_BYTES {
-        return Ok(Raw::Torn("frame length out of range"));
+        return Ok(ScanItem::Torn("frame length out of range"));
     }
-    // Read as the bytes come: past a reused file's write head the length is stale garbage, and
-    // must not size an allocation beyond what the file holds.
-    let mut body = Vec::with_capacity((len as usize).min(1 << 20));
-    reader
-        .by_ref()
-        .take(u64::from(len))
-        .read_to_end(&mut body)?;
-    if body.len() < len as usize {
-        return Ok(Raw::Torn("frame body cut short"));
+    let mut body = vec![0u8; len as usize];
+    if read_full(reader, &mut body)? < body.len() {
+        return Ok(ScanItem::Torn("frame body cut short"));
     }
-    Ok(Raw::Frame { body, crc })
+    if crc32fast::hash(&body) != crc {
+        return Ok(ScanItem::Torn("record checksum mismatch"));
+    }
+    match decode_body(&body) {
+        Ok(record) => Ok(ScanItem::Record(record, len + FRAME_HEADER_BYTES as u32)),
+        // The checksum matched, so the bytes are what we wrote: this is not a torn write.
+        Err(e) => Err(e),
+    }
 }
 
 fn frame_header(h: &[u8]) -> (u32, u32) {
