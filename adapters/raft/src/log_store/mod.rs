@@ -323,6 +323,9 @@ impl Shared {
                 return Ok(Vec::new());
             };
             let from = start.max(first);
+            if from >= end {
+                return Ok(Vec::new());
+            }
             let cache_first = inner.cache.front().map_or(u64::MAX, |e| e.log_id.index);
             let cached: Vec<Entry> = if end > cache_first {
                 let skip = from.saturating_sub(cache_first) as usize;

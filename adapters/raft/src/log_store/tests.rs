@@ -369,3 +369,17 @@ async fn cached_reads_equal_disk_reads() {
     assert_eq!(last.first().map(RaftEntry::index), Some(42));
     assert_eq!(last.last(), Some(&entry(2, 43)));
 }
+
+/// A range that is empty, or starts past its end, reads as nothing (it used to underflow when
+/// the range ended inside the cache).
+#[tokio::test]
+async fn an_empty_or_inverted_range_reads_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let mut s = open(&dir, 1 << 20);
+    append_range(&mut s, 1, 1, 10).await;
+    for (a, b) in [(5, 5), (8, 3), (20, 30), (11, 2)] {
+        let got = s.try_get_log_entries(a..b).await.expect("read");
+        assert!(got.is_empty(), "{a}..{b}: {got:?}");
+    }
+}
