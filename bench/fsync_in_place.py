@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Time a small write + fdatasync appended to a new file against the same in place in a file
-that already holds its blocks (what the raft log's reuse of purged files buys).
+that already holds its blocks: what reusing the raft log's purged files would buy (tried on
+2026-12-03 and reverted, see docs/performance.md).
 
     python3 bench/fsync_in_place.py [DIR]    # DIR on the disk the data directory lives on
 
