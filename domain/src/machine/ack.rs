@@ -46,10 +46,9 @@ pub(crate) fn ack(
 /// record they share costs less than one dedup lookup per message.
 ///
 /// It also keeps what every item of one entry reads alike: the lease clock (the same for the
-/// whole entry: only a leader change moves the hold it reads), the partitions' records (acks
-/// never change a partition's identity, the only fields they use) with their queue's retry
-/// options (only a `Configure` entry changes those), each read once per entry instead of once
-/// per item; and the cursors the items move, read once and written once, by
+/// whole entry: only a leader change moves the hold it reads) and each partition's queue
+/// retry options (acks never change a partition's identity, and only a `Configure` entry
+/// changes the options), each read once per entry instead of once per item; and the cursors the items move, read once and written once, by
 /// [`LeasedOffsets::write_cursors`], which the caller runs before its writes are taken.
 #[derive(Default)]
 pub(crate) struct LeasedOffsets {
@@ -58,7 +57,7 @@ pub(crate) struct LeasedOffsets {
     /// `lease_now` of the entry's stamp, once read.
     lease_now: Option<Stamp>,
     /// Partitions read so far (a few per entry), with their queue's options when it exists.
-    partitions: Vec<(PartitionRec, Option<RetryOptions>)>,
+    partitions: Vec<(u64, Option<RetryOptions>)>,
     /// Cursors read so far, by (partition, group), and whether an item changed them.
     cursors: Vec<(u64, String, CursorRec, bool)>,
 }
@@ -85,35 +84,31 @@ impl LeasedOffsets {
         Ok(t)
     }
 
-    /// The partition `pid` and its queue's retry options (`None` when the partition is
-    /// unknown or its queue is gone or was created again since).
+    /// The retry options of partition `pid`'s queue (`None` when the partition is unknown or
+    /// its queue is gone or was created again since).
     fn partition(
         &mut self,
         s: &dyn crate::store::StateRead,
         pid: u64,
-    ) -> Result<Option<(&PartitionRec, RetryOptions)>, StoreError> {
-        let i = match self.partitions.iter().position(|(p, _)| p.pid == pid) {
-            Some(i) => i,
-            None => {
-                let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(pid))? else {
-                    return Ok(None);
-                };
-                let opts = get_rec::<QueueRec>(s, &keys::queue(&p.queue))?
-                    .filter(|q| q.qid == p.qid)
-                    .map(|q| RetryOptions {
-                        qid: q.qid,
-                        retry_limit: q.options.retry_limit,
-                        dlq_after_max_retries: q.options.dlq_after_max_retries,
-                    });
-                if self.partitions.len() >= 64 {
-                    self.partitions.remove(0);
-                }
-                self.partitions.push((p, opts));
-                self.partitions.len() - 1
-            }
+    ) -> Result<Option<RetryOptions>, StoreError> {
+        if let Some((_, opts)) = self.partitions.iter().find(|(p, _)| *p == pid) {
+            return Ok(*opts);
+        }
+        let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(pid))? else {
+            return Ok(None);
         };
-        let (p, opts) = &self.partitions[i];
-        Ok(opts.map(|o| (p, o)))
+        let opts = get_rec::<QueueRec>(s, &keys::queue(&p.queue))?
+            .filter(|q| q.qid == p.qid)
+            .map(|q| RetryOptions {
+                qid: q.qid,
+                retry_limit: q.options.retry_limit,
+                dlq_after_max_retries: q.options.dlq_after_max_retries,
+            });
+        if self.partitions.len() >= 64 {
+            self.partitions.remove(0);
+        }
+        self.partitions.push((pid, opts));
+        Ok(opts)
     }
 
     /// Where the cursor of (`pid`, `group`) is kept, read on first use.
@@ -277,7 +272,7 @@ pub(crate) fn ack_one(
             item.partition_id
         )));
     };
-    let Some((_, opts)) = leased.partition(txn, pid)? else {
+    let Some(opts) = leased.partition(txn, pid)? else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
     };
     // The cursor is taken out of its slot while the item is judged and put back after,
