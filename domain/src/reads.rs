@@ -3,7 +3,7 @@
 
 use crate::command::{PopCommand, PopOutcome};
 use crate::keys;
-use crate::machine::{get_rec, pop, scan_recs};
+use crate::machine::{get_rec, pop, scan_recs, try_scan};
 use crate::model::{CursorRec, DlqRec, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
@@ -174,30 +174,22 @@ pub fn messages(
 ) -> Result<Vec<(u64, crate::model::MessageRec)>, StoreError> {
     let mut out = Vec::new();
     let mut bytes = 0usize;
-    let mut failed = None;
-    s.scan(
+    try_scan(
+        s,
         &keys::message(p.pid, from),
         &keys::message(p.pid, p.next_offset),
-        &mut |k, v| match crate::codec::decode::<crate::model::MessageRec>(k, v) {
-            Ok(m) => {
-                let size = m.payload.len() + m.transaction_id.len() + 64;
-                if !out.is_empty() && bytes + size > max_bytes {
-                    return false;
-                }
-                bytes += size;
-                out.push((keys::offset_of_message_key(k).unwrap_or(from), m));
-                out.len() < max_count
+        |k, v| {
+            let m = crate::codec::decode::<crate::model::MessageRec>(k, v)?;
+            let size = m.payload.len() + m.transaction_id.len() + 64;
+            if !out.is_empty() && bytes + size > max_bytes {
+                return Ok(false);
             }
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
+            bytes += size;
+            out.push((keys::offset_of_message_key(k).unwrap_or(from), m));
+            Ok(out.len() < max_count)
         },
     )?;
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    Ok(out)
 }
 
 /// Every consumer group record as (queue, group, record).

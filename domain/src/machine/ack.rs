@@ -9,7 +9,7 @@ use crate::names::GroupName;
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
-use super::{get_rec, next_counter, put_rec, text_for_answer};
+use super::{get_rec, next_counter, put_rec, text_for_answer, try_scan};
 
 fn refused(error: impl Into<String>) -> AckVerdict {
     AckVerdict {
@@ -161,27 +161,19 @@ impl LeasedOffsets {
             return Ok(None);
         }
         let mut m = LeaseIndex::with_capacity((end - from) as usize);
-        let mut failed = None;
-        s.scan(
+        try_scan(
+            s,
             &keys::message(pid, from),
             &keys::message(pid, end),
-            &mut |k, v| match crate::codec::decode_head_borrowed::<TransactionIdHead<'_>>(k, v) {
-                Ok(h) => {
-                    m.add(
-                        h.transaction_id,
-                        keys::offset_of_message_key(k).unwrap_or(from),
-                    );
-                    true
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    false
-                }
+            |k, v| {
+                let h = crate::codec::decode_head_borrowed::<TransactionIdHead<'_>>(k, v)?;
+                m.add(
+                    h.transaction_id,
+                    keys::offset_of_message_key(k).unwrap_or(from),
+                );
+                Ok(true)
             },
         )?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
         m.seal();
         let found = m.get(transaction_id);
         self.by_lease.push(((pid, lease.to_owned()), m));

@@ -9,7 +9,7 @@ use crate::model::{CursorRec, LeaseRec, MessageHead, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
-use super::{get_rec, put_rec, scan_recs};
+use super::{get_rec, put_rec, scan_recs, try_scan};
 
 /// How much one tick may do.
 #[derive(Debug, Clone, Copy)]
@@ -163,19 +163,12 @@ fn retention(
         // messages deleted here (and that one) are read, and only their heads are decoded, so a
         // large payload is never copied for a stamp.
         let mut doomed: Vec<(Vec<u8>, u64, MessageHead)> = Vec::new();
-        let mut failed = None;
-        StateRead::scan(
+        try_scan(
             &*txn,
             &keys::message(p.pid, p.log_start),
             &keys::message(p.pid, p.next_offset),
-            &mut |k, v| {
-                let m = match crate::codec::decode_head::<MessageHead>(k, v) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        failed = Some(e);
-                        return false;
-                    }
-                };
+            |k, v| {
+                let m = crate::codec::decode_head::<MessageHead>(k, v)?;
                 let offset = keys::offset_of_message_key(k).unwrap_or(p.log_start);
                 let aged = |secs: u64| secs > 0 && m.stamp.plus_seconds(secs) <= stamp;
                 let held = hold.is_some_and(|h| m.stamp > h);
@@ -185,15 +178,12 @@ fn retention(
                             || (min_cursor.is_some_and(|mc| offset < mc)
                                 && aged(o.completed_retention_seconds))));
                 if !expired {
-                    return false;
+                    return Ok(false);
                 }
                 doomed.push((k.to_vec(), offset, m));
-                doomed.len() < budget
+                Ok(doomed.len() < budget)
             },
         )?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
         let before = p.log_start;
         let mut purged = None;
         for (k, offset, m) in doomed {

@@ -195,23 +195,36 @@ pub(crate) fn scan_recs<T: DeserializeOwned>(
     limit: usize,
 ) -> Result<Vec<(Vec<u8>, T)>, StoreError> {
     // Decoded as the scan hands each row over: a value is copied once, into its record, not
-    // first into a buffer of its own (a pop reads a hundred messages this way on every node).
+    // first into a buffer of its own.
     let mut out = Vec::new();
+    try_scan(s, start, end, |k, v| {
+        out.push((k.to_vec(), decode(k, v)?));
+        Ok(out.len() < limit)
+    })?;
+    Ok(out)
+}
+
+/// Visit every pair with `start <= key < end` in key order with a visitor that may fail (a
+/// decode, usually) until it answers `false`; its first failure stops the scan and is the
+/// answer.
+///
+/// # Errors
+/// Store failures and the visitor's.
+pub(crate) fn try_scan(
+    s: &dyn StateRead,
+    start: &[u8],
+    end: &[u8],
+    mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
     let mut failed = None;
-    s.scan(start, end, &mut |k, v| match decode(k, v) {
-        Ok(t) => {
-            out.push((k.to_vec(), t));
-            out.len() < limit
-        }
+    s.scan(start, end, &mut |k, v| match visit(k, v) {
+        Ok(more) => more,
         Err(e) => {
             failed = Some(e);
             false
         }
     })?;
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// The partitions of a queue in creation order.

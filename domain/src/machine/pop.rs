@@ -10,7 +10,7 @@ use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
 use super::queue::partition_ids;
-use super::{get_rec, put_rec};
+use super::{get_rec, put_rec, try_scan};
 
 /// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
 /// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
@@ -160,20 +160,14 @@ fn read_claim(
 ) -> Result<Vec<Delivered>, StoreError> {
     // Each message is decoded straight into its answer as the scan hands it over.
     let mut delivered = Vec::with_capacity(budget.min(1024));
-    let mut failed = None;
-    txn.scan(
+    try_scan(
+        txn,
         &keys::message(pid, from),
         &keys::message(pid, until),
-        &mut |k, v| {
-            let m = match crate::codec::decode::<MessageRec>(k, v) {
-                Ok(m) => m,
-                Err(e) => {
-                    failed = Some(e);
-                    return false;
-                }
-            };
+        |k, v| {
+            let m = crate::codec::decode::<MessageRec>(k, v)?;
             if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
-                return false;
+                return Ok(false);
             }
             let offset = keys::offset_of_message_key(k).unwrap_or(from);
             let attempt = if offset == c.retry_offset && c.retries > 0 {
@@ -190,13 +184,10 @@ fn read_claim(
                 created: m.stamp,
                 attempt,
             });
-            delivered.len() < budget
+            Ok(delivered.len() < budget)
         },
     )?;
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(delivered),
-    }
+    Ok(delivered)
 }
 
 /// Where a group starts in a partition it has not touched: the oldest retained offset, or the
