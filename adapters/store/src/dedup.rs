@@ -630,36 +630,48 @@ impl DedupIndex {
     }
 
     /// A k-way merge of `runs` into run `id`, without the entries of deleted messages.
+    ///
+    /// The cursors' next entries sit in a heap ordered by the key read as integers (partition,
+    /// hash, offset: the same order as the bytes, which are big-endian), so each entry costs a
+    /// few integer comparisons instead of a byte comparison against every run.
     fn merge(&self, runs: &[Arc<Run>], id: u64) -> Result<Run, DedupError> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
         let mut cursors: Vec<RunCursor<'_>> = runs.iter().map(|r| RunCursor::new(r)).collect();
         let mut error = None;
+        let mut heap: BinaryHeap<Reverse<(u64, u128, u64, usize)>> =
+            BinaryHeap::with_capacity(cursors.len());
+        let ordered = |(k, offset): (Key, u64), i: usize| {
+            let pid = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
+            let hash = u128::from_be_bytes(k[8..].try_into().unwrap_or_default());
+            Reverse((pid, hash, offset, i))
+        };
+        for (i, c) in cursors.iter_mut().enumerate() {
+            match c.peek() {
+                Ok(Some(e)) => heap.push(ordered(e, i)),
+                Ok(None) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut live_pid: Option<(u64, Option<u64>)> = None;
-        let mut last: Option<(Key, u64)> = None;
+        let mut last: Option<(u64, u128, u64)> = None;
         let first_live = self.first_live.clone();
         let mut next = || -> Option<(Key, u64)> {
             loop {
-                let mut best: Option<(usize, (Key, u64))> = None;
-                for (i, c) in cursors.iter_mut().enumerate() {
-                    match c.peek() {
-                        Ok(Some(e)) => {
-                            if best.is_none_or(|(_, b)| e < b) {
-                                best = Some((i, e));
-                            }
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            error = Some(e);
-                            return None;
-                        }
+                let Reverse((pid, hash, offset, i)) = heap.pop()?;
+                cursors[i].advance();
+                match cursors[i].peek() {
+                    Ok(Some(e)) => heap.push(ordered(e, i)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        return None;
                     }
                 }
-                let (i, e) = best?;
-                cursors[i].advance();
-                if last == Some(e) {
+                if last == Some((pid, hash, offset)) {
                     continue;
                 }
-                last = Some(e);
-                let pid = u64::from_be_bytes(e.0[..8].try_into().unwrap_or_default());
+                last = Some((pid, hash, offset));
                 let first = match live_pid {
                     Some((p, f)) if p == pid => f,
                     _ => {
@@ -668,8 +680,11 @@ impl DedupIndex {
                         f
                     }
                 };
-                if first.is_some_and(|f| e.1 >= f) {
-                    return Some(e);
+                if first.is_some_and(|f| offset >= f) {
+                    let mut k = [0u8; 24];
+                    k[..8].copy_from_slice(&pid.to_be_bytes());
+                    k[8..].copy_from_slice(&hash.to_be_bytes());
+                    return Some((k, offset));
                 }
             }
         };
@@ -797,6 +812,41 @@ mod tests {
         assert_eq!(idx.lookup(&key(7, 1002)).unwrap(), vec![1002]);
         assert!(idx.lookup(&key(8, 1000)).unwrap().is_empty());
         assert_eq!(idx.lookup(&key(9, 2)).unwrap(), vec![2]);
+    }
+
+    /// A merge yields every live entry of its runs once, in key order: the same key under two
+    /// offsets stays twice, an entry written to two runs (a replay after a restart) once.
+    #[test]
+    fn a_merge_keeps_each_live_entry_once_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let first: FirstLive = Arc::new(|pid| (pid != 5).then_some(0));
+        let cap = 64;
+        let idx = Arc::new(DedupIndex::open(dir.path(), cap, first).unwrap());
+        let mut want = std::collections::BTreeSet::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for run in 0..FANOUT as u64 {
+            for j in 0..cap as u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Partitions 1 to 6 (5 is deleted), keys that repeat across runs, and some
+                // entries written again under the same offset.
+                let pid = 1 + x % 6;
+                let k = key(pid, x % 97);
+                let offset = if j % 5 == 0 { x % 97 } else { run * 1000 + j };
+                idx.insert(k, offset);
+                if pid != 5 {
+                    want.insert((k, offset));
+                }
+            }
+            idx.flush((1, run)).unwrap();
+        }
+        idx.settle();
+        assert_eq!(idx.stats().0, 1, "the eight runs merged into one");
+        let mut got = Vec::new();
+        let runs = read(&idx.inner).runs.clone();
+        runs[0].scan(&mut |k, o| got.push((k, o))).unwrap();
+        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
     }
 
     #[test]
