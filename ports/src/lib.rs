@@ -13,4 +13,6 @@ mod state_machine;
 
 pub use clock::{Clock, SystemClock};
 pub use replicated_log::{LogProgress, ProposeError, RaftRole, ReplicatedLog};
-pub use state_machine::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
+pub use state_machine::{
+    ApplyEntry, BackendError, LogFiles, LogSpan, SnapshotChunks, StateMachineBackend,
+};

@@ -16,6 +16,49 @@ pub struct ApplyEntry {
     /// When not, the backend answers it with an empty response and need not build one: a
     /// follower applying a pop does not encode the hundred messages it delivered to nobody.
     pub answered: bool,
+    /// Where the command's bytes sit in the log's files, when the log can say (see
+    /// [`LogFiles`]): a backend may keep pointing there instead of writing the bytes again.
+    pub span: Option<LogSpan>,
+}
+
+/// A run of bytes in one of the replicated log's files: exactly an entry's command bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSpan {
+    /// The log file (segment) number.
+    pub file: u64,
+    /// Byte position in the file.
+    pub pos: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// The replicated log's files as a state machine that keeps messages inside them sees them.
+///
+/// The log deletes a file once every entry in it is purged, unless the state machine holds it:
+/// then the file is kept (out of the log's own view) until it is released. Holds live in
+/// memory; a backend states all of them again with `set_holds` after every start and snapshot
+/// install, before the log can purge.
+pub trait LogFiles: Send + Sync {
+    /// The bytes of `span`, from the log's live files or the kept ones.
+    ///
+    /// # Errors
+    /// The file is gone or cannot be read.
+    fn read(&self, span: LogSpan) -> Result<Vec<u8>, BackendError>;
+
+    /// Keep `file` past its purge.
+    fn hold(&self, file: u64);
+
+    /// `file` is no longer needed; a kept file that was already purged is deleted.
+    ///
+    /// # Errors
+    /// The file could not be deleted.
+    fn release(&self, file: u64) -> Result<(), BackendError>;
+
+    /// Replace every hold by `files`; kept files not among them are deleted.
+    ///
+    /// # Errors
+    /// A file could not be deleted.
+    fn set_holds(&self, files: &[u64]) -> Result<(), BackendError>;
 }
 
 /// An error of the state machine's storage. Any error here is fatal for the node: the raft
@@ -101,4 +144,15 @@ pub trait StateMachineBackend: Send + Sync + 'static {
         chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>,
         meta: Vec<u8>,
     ) -> Result<(), BackendError>;
+
+    /// The log's files, handed over at every start before the first apply, so that a backend
+    /// that keeps messages inside them can read them and state its holds. The default keeps
+    /// nothing there.
+    ///
+    /// # Errors
+    /// Storage failures while stating the holds.
+    fn attach_log(&self, files: std::sync::Arc<dyn LogFiles>) -> Result<(), BackendError> {
+        let _ = files;
+        Ok(())
+    }
 }

@@ -26,7 +26,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
         let dir = tempfile::tempdir().map_err(|e| sto_err(&e))?;
         let store =
             LogStore::open(&dir.path().join("log"), self.opts.clone()).map_err(|e| sto_err(&e))?;
-        let sm = StateMachineStore::open(Arc::new(MemBackend::new()))
+        let sm = StateMachineStore::open(Arc::new(MemBackend::new()), None)
             .await
             .map_err(|e| sto_err(&e))?;
         Ok((dir, store, sm))

@@ -137,7 +137,7 @@ impl RaftNode {
         let fsyncs = store.fsync_counter();
         let log_liveness = store.liveness();
 
-        let sm = StateMachineStore::open(backend)
+        let sm = StateMachineStore::open(backend, Some(store.files()))
             .await
             .map_err(RaftStartError::StateMachine)?;
 

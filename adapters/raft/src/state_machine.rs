@@ -31,6 +31,7 @@ use queen_ports::StateMachineBackend;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::log_store::LogFiles;
 use crate::snapshot_spool::SpooledSnapshot;
 use crate::type_config::LogId;
 use crate::type_config::Snapshot;
@@ -225,6 +226,8 @@ struct CurrentSnapshot {
 pub(crate) struct StateMachineStore {
     /// Where entries are applied.
     backend: Arc<dyn StateMachineBackend>,
+    /// The log's files, to tell the backend where each command's bytes were written.
+    files: Option<LogFiles>,
     /// The last applied membership, carried into every batch's meta.
     last_membership: StoredMembership,
     /// The latest snapshot, shared with snapshot builders (which run in their own task).
@@ -232,11 +235,20 @@ pub(crate) struct StateMachineStore {
 }
 
 impl StateMachineStore {
-    /// Wrap `backend`, reading its stored meta.
-    pub(crate) async fn open(backend: Arc<dyn StateMachineBackend>) -> io::Result<Self> {
+    /// Wrap `backend`, reading its stored meta; with `files`, hand the log's files to it first.
+    pub(crate) async fn open(
+        backend: Arc<dyn StateMachineBackend>,
+        files: Option<LogFiles>,
+    ) -> io::Result<Self> {
+        if let Some(f) = &files {
+            let handle: Arc<dyn queen_ports::LogFiles> = Arc::new(f.clone());
+            let b = backend.clone();
+            blocking(move || b.attach_log(handle)).await?;
+        }
         let meta = load_meta(&backend).await?;
         Ok(Self {
             backend,
+            files,
             last_membership: meta.last_membership,
             current: Arc::new(Mutex::new(None)),
         })
@@ -250,8 +262,15 @@ impl StateMachineStore {
         let mut entries = Vec::with_capacity(batch.len());
         let mut responders = Vec::with_capacity(batch.len());
         for (entry, responder) in batch {
+            let mut span = None;
             let command = match entry.payload {
-                EntryPayload::Normal(cmd) => Some(cmd.0),
+                EntryPayload::Normal(cmd) => {
+                    span = self
+                        .files
+                        .as_ref()
+                        .and_then(|f| f.command_span(entry.log_id.index, cmd.0.len()));
+                    Some(cmd.0)
+                }
                 EntryPayload::Blank => None,
                 EntryPayload::Membership(m) => {
                     self.last_membership = StoredMembership::new(Some(entry.log_id), m);
@@ -262,6 +281,7 @@ impl StateMachineStore {
                 index: entry.log_id.index,
                 command,
                 answered: responder.is_some(),
+                span,
             });
             responders.push(responder);
         }
@@ -499,7 +519,7 @@ mod tests {
     /// A store with commands 1..=n applied, on its in-memory backend.
     async fn applied_store(n: u64) -> (Arc<MemBackend>, StateMachineStore) {
         let backend = Arc::new(MemBackend::new());
-        let mut store = StateMachineStore::open(backend.clone())
+        let mut store = StateMachineStore::open(backend.clone(), None)
             .await
             .expect("open");
         let entries: Vec<_> = (1..=n)
@@ -564,7 +584,7 @@ mod tests {
         let spool = SnapshotSpool::open(dir.path()).expect("spool");
         let received = spooled(&spool, &chunks).await;
         let follower_backend = Arc::new(MemBackend::new());
-        let mut follower = StateMachineStore::open(follower_backend.clone())
+        let mut follower = StateMachineStore::open(follower_backend.clone(), None)
             .await
             .expect("open");
         follower

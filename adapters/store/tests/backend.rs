@@ -36,6 +36,7 @@ fn applied_batches_survive_reopen_with_their_meta() {
                     index: b * 50 + i + 1,
                     command: Some(push_entry(b * 50 + i).into()),
                     answered: true,
+                    span: None,
                 })
                 .collect();
             let r = s.apply(entries, format!("meta-{b}").into_bytes()).unwrap();
@@ -48,6 +49,7 @@ fn applied_batches_survive_reopen_with_their_meta() {
                     index: 501,
                     command: None,
                     answered: true,
+                    span: None,
                 }],
                 b"meta-last".to_vec(),
             )
@@ -71,6 +73,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
             index: i + 1,
             command: Some(push_entry(i).into()),
             answered: true,
+            span: None,
         })
         .collect();
     a.apply(entries, b"m".to_vec()).unwrap();
@@ -82,6 +85,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
             index: 5001,
             command: Some(push_entry(9999).into()),
             answered: true,
+            span: None,
         }],
         b"m2".to_vec(),
     )
@@ -106,6 +110,7 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
             index: 1,
             command: Some(push_entry(77_777).into()),
             answered: true,
+            span: None,
         }],
         b"old".to_vec(),
     )
@@ -137,6 +142,7 @@ fn store_with(dir: &std::path::Path, from: u64, n: u64, meta: &[u8]) -> FjallSto
             index: i + 1,
             command: Some(push_entry(i).into()),
             answered: true,
+            span: None,
         })
         .collect();
     s.apply(entries, meta.to_vec()).unwrap();
@@ -261,6 +267,7 @@ fn installs_alternate_between_the_two_slots_across_reopens() {
             index: 5001,
             command: Some(push_entry(5000).into()),
             answered: true,
+            span: None,
         }],
         b"first+1".to_vec(),
     )
@@ -290,6 +297,7 @@ fn installs_alternate_between_the_two_slots_across_reopens() {
             index: 1201,
             command: Some(push_entry(7).into()),
             answered: true,
+            span: None,
         }],
         b"second+1".to_vec(),
     )
@@ -334,6 +342,7 @@ fn entries_nobody_waits_for_change_the_same_state_and_answer_nothing() {
                 index: i as u64 + 1,
                 command: Some(c.clone().into()),
                 answered,
+                span: None,
             })
             .collect::<Vec<_>>()
     };

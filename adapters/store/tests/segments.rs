@@ -98,6 +98,7 @@ fn apply_in(store: &FjallStore, entries: &[Vec<u8>], sizes: &[usize]) {
                 index: k as u64 + 1,
                 command: Some(entries[k].clone().into()),
                 answered: true,
+                span: None,
             })
             .collect();
         store
@@ -296,6 +297,7 @@ fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
                 .into(),
             ),
             answered: true,
+            span: None,
         })
         .collect()
 }

@@ -75,6 +75,11 @@ use crate::type_config::Vote;
 const SEGMENT_SUFFIX: &str = ".seg";
 /// Name of the lock file that keeps a second process off the log directory.
 const LOCK_FILE: &str = "LOCK";
+/// Subdirectory of segments purged from the log that the state machine still keeps messages
+/// in (see [`LogFiles`]). The log never scans them: they are not part of its state any more.
+const ARCHIVE_DIR: &str = "archive";
+/// Most archived segments kept open for reads at once.
+const ARCHIVE_HANDLES: usize = 32;
 /// Largest span read with one pread when serving a range of entries.
 const MAX_READ_SPAN: u64 = 8 * 1024 * 1024;
 
@@ -187,6 +192,11 @@ struct LogInner {
     cache_bytes: usize,
     /// Bound of `cache_bytes`.
     cache_max_bytes: usize,
+    /// Segments the state machine keeps messages in: a purge moves them to `archive/` instead
+    /// of deleting them.
+    holds: std::collections::HashSet<u64>,
+    /// Segments in `archive/`, with an open handle for the few read last.
+    archived: BTreeMap<u64, Option<Arc<File>>>,
 }
 
 /// State shared by the store and its readers.
@@ -239,8 +249,11 @@ impl LogStore {
             cache: VecDeque::new(),
             cache_bytes: 0,
             cache_max_bytes: opts.cache_max_bytes,
+            holds: std::collections::HashSet::new(),
+            archived: BTreeMap::new(),
         };
         recover(dir, &mut inner, &stats)?;
+        inner.archived = list_archive(dir, &stats)?;
         let next_seq = inner.segments.keys().next_back().map_or(1, |s| s + 1);
         inner.start_segment(dir, next_seq, &stats)?;
 
@@ -631,7 +644,7 @@ impl LogInner {
     }
 
     /// Remove the segments (oldest first, never the active one) whose entries are all purged.
-    fn take_purgeable_segments(&mut self) -> Vec<PathBuf> {
+    fn take_purgeable_segments(&mut self) -> Vec<(u64, PathBuf)> {
         let Some(purged) = self.last_purged.map(|p| p.index) else {
             return Vec::new();
         };
@@ -644,7 +657,7 @@ impl LogInner {
                 break;
             }
             if let Some(seg) = self.segments.remove(&seq) {
-                out.push(seg.path);
+                out.push((seq, seg.path));
             }
         }
         out
@@ -781,6 +794,162 @@ fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<(
     Ok(())
 }
 
+/// The segments in `archive/` (creating the directory on first use).
+fn list_archive(dir: &Path, stats: &FlushStats) -> io::Result<BTreeMap<u64, Option<Arc<File>>>> {
+    let archive = dir.join(ARCHIVE_DIR);
+    if !archive.exists() {
+        std::fs::create_dir(&archive)?;
+        stats.sync_dir(dir)?;
+    }
+    let mut out = BTreeMap::new();
+    for dent in std::fs::read_dir(&archive)? {
+        let dent = dent?;
+        let name = dent.file_name();
+        if let Some(seq) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(SEGMENT_SUFFIX))
+            .and_then(|stem| stem.parse::<u64>().ok())
+        {
+            out.insert(seq, None);
+        }
+    }
+    Ok(out)
+}
+
+/// The log's files as the state machine reads them (`queen_ports::LogFiles`): where each entry's
+/// command bytes were written, those bytes, and holds on segments past their purge.
+///
+/// It does not keep the log alive: once the store and its readers are gone, reads fail.
+#[derive(Clone)]
+pub(crate) struct LogFiles {
+    /// The log's shared state.
+    shared: std::sync::Weak<Shared>,
+}
+
+impl LogStore {
+    /// A handle on the log's files for the state machine.
+    pub(crate) fn files(&self) -> LogFiles {
+        LogFiles {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+}
+
+impl LogFiles {
+    fn shared(&self) -> io::Result<Arc<Shared>> {
+        self.shared
+            .upgrade()
+            .ok_or_else(|| io::Error::other("the raft log is closed"))
+    }
+
+    /// Where the command bytes of live entry `index` are: the last `command_len` bytes of its
+    /// record (a record ends with the command, see `record.rs`).
+    pub(crate) fn command_span(
+        &self,
+        index: u64,
+        command_len: usize,
+    ) -> Option<queen_ports::LogSpan> {
+        let shared = self.shared().ok()?;
+        let inner = shared.lock().ok()?;
+        let first = inner.entries.front()?.log_id.index;
+        let loc = inner
+            .entries
+            .get(usize::try_from(index.checked_sub(first)?).ok()?)?;
+        let len = u32::try_from(command_len).ok()?;
+        (loc.log_id.index == index && len <= loc.len).then(|| queen_ports::LogSpan {
+            file: loc.seq,
+            pos: loc.offset + u64::from(loc.len - len),
+            len,
+        })
+    }
+
+    /// The open file of segment `seq`, live or archived.
+    fn file(&self, shared: &Shared, seq: u64) -> io::Result<Arc<File>> {
+        let mut inner = shared.lock()?;
+        if let Some(seg) = inner.segments.get(&seq) {
+            return Ok(seg.file.clone());
+        }
+        match inner.archived.get(&seq) {
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("raft log segment {seq} is gone"),
+            )),
+            Some(Some(f)) => Ok(f.clone()),
+            Some(None) => {
+                let f = Arc::new(File::open(
+                    shared.dir.join(ARCHIVE_DIR).join(segment_name(seq)),
+                )?);
+                let open = inner.archived.values().filter(|h| h.is_some()).count();
+                if open >= ARCHIVE_HANDLES {
+                    for h in inner.archived.values_mut() {
+                        *h = None;
+                    }
+                }
+                inner.archived.insert(seq, Some(f.clone()));
+                Ok(f)
+            }
+        }
+    }
+
+    /// Delete the archived segments in `seqs` (already out of `holds`).
+    fn delete_archived(shared: &Shared, inner: &mut LogInner, seqs: &[u64]) -> io::Result<()> {
+        let archive = shared.dir.join(ARCHIVE_DIR);
+        let mut any = false;
+        for seq in seqs {
+            if inner.archived.remove(seq).is_some() {
+                std::fs::remove_file(archive.join(segment_name(*seq)))?;
+                any = true;
+            }
+        }
+        if any {
+            shared.stats.sync_dir(&archive)?;
+        }
+        Ok(())
+    }
+}
+
+fn files_err(e: io::Error) -> queen_ports::BackendError {
+    queen_ports::BackendError::Storage(format!("raft log files: {e}"))
+}
+
+impl queen_ports::LogFiles for LogFiles {
+    fn read(&self, span: queen_ports::LogSpan) -> Result<Vec<u8>, queen_ports::BackendError> {
+        let shared = self.shared().map_err(files_err)?;
+        let file = self.file(&shared, span.file).map_err(files_err)?;
+        let mut buf = vec![0u8; span.len as usize];
+        file.read_exact_at(&mut buf, span.pos).map_err(files_err)?;
+        Ok(buf)
+    }
+
+    fn hold(&self, file: u64) {
+        if let Ok(shared) = self.shared()
+            && let Ok(mut inner) = shared.lock()
+        {
+            inner.holds.insert(file);
+        }
+    }
+
+    fn release(&self, file: u64) -> Result<(), queen_ports::BackendError> {
+        let shared = self.shared().map_err(files_err)?;
+        let mut inner = shared.lock().map_err(files_err)?;
+        inner.holds.remove(&file);
+        Self::delete_archived(&shared, &mut inner, &[file]).map_err(files_err)
+    }
+
+    fn set_holds(&self, files: &[u64]) -> Result<(), queen_ports::BackendError> {
+        let shared = self.shared().map_err(files_err)?;
+        let mut inner = shared.lock().map_err(files_err)?;
+        inner.holds = files.iter().copied().collect();
+        let stale: Vec<u64> = inner
+            .archived
+            .keys()
+            .copied()
+            .filter(|seq| !inner.holds.contains(seq))
+            .collect();
+        Self::delete_archived(&shared, &mut inner, &stale).map_err(files_err)
+    }
+}
+
 /// The store and its readers are both handles on `Shared`, and read the log the same way.
 macro_rules! read_the_shared_log {
     ($($handle:ty),+) => {$(
@@ -867,15 +1036,34 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(upto = %log_id, "raft log purge");
         // last_purged must be durable before any file goes away.
         self.write_durable(vec![Record::Purged(log_id)]).await?;
-        let victims = self.shared.lock()?.take_purgeable_segments();
+        // Under the lock, so that a hold or release cannot fall between the decision and the
+        // move: a held segment goes to the archive, any other is deleted.
+        let mut inner = self.shared.lock()?;
+        let victims = inner.take_purgeable_segments();
         if victims.is_empty() {
             return Ok(());
         }
-        for path in &victims {
-            std::fs::remove_file(path)?;
+        let archive = self.shared.dir.join(ARCHIVE_DIR);
+        let mut archived = 0;
+        for (seq, path) in &victims {
+            if inner.holds.contains(seq) {
+                std::fs::rename(path, archive.join(segment_name(*seq)))?;
+                inner.archived.insert(*seq, None);
+                archived += 1;
+            } else {
+                std::fs::remove_file(path)?;
+            }
+        }
+        drop(inner);
+        if archived > 0 {
+            self.shared.stats.sync_dir(&archive)?;
         }
         self.shared.stats.sync_dir(&self.shared.dir)?;
-        tracing::debug!(segments = victims.len(), "raft log segments deleted");
+        tracing::debug!(
+            segments = victims.len(),
+            archived,
+            "raft log segments purged"
+        );
         Ok(())
     }
 }

@@ -383,3 +383,78 @@ async fn an_empty_or_inverted_range_reads_nothing() {
         assert!(got.is_empty(), "{a}..{b}: {got:?}");
     }
 }
+
+/// Every entry's command bytes are where `command_span` says, in a live segment or, for a
+/// held segment past its purge, in the archive; a release or a start that no longer holds it
+/// deletes an archived segment, and a purge deletes unheld segments as before.
+#[tokio::test]
+async fn held_segments_outlive_their_purge_and_go_when_released() {
+    use queen_ports::LogFiles as _;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    let archive = dir.join(super::ARCHIVE_DIR);
+    let mut s = open(&dir, 1024);
+    for from in (1..=300).step_by(10) {
+        append_range(&mut s, 1, from, from + 9).await;
+    }
+    let files = s.files();
+    let cmd = |i: u64| format!("cmd-{i}").into_bytes();
+    let spans: Vec<_> = (1..=300)
+        .map(|i| files.command_span(i, cmd(i).len()).expect("a live entry"))
+        .collect();
+    for (i, span) in (1..=300).zip(&spans) {
+        assert_eq!(files.read(*span).expect("read"), cmd(i), "entry {i}");
+    }
+    assert!(files.command_span(301, 5).is_none(), "no such entry");
+    let first_file = spans[0].file;
+    let later_file = spans[150].file;
+    assert!(
+        later_file > first_file + 1,
+        "the entries span several segments"
+    );
+    files.hold(first_file);
+    files.hold(later_file);
+
+    s.purge(log_id::<TypeConfig>(1, 1, 250))
+        .await
+        .expect("purge");
+    let live = segments(&dir);
+    let kept = segments(&archive);
+    assert_eq!(
+        kept.iter()
+            .map(|p| p
+                .file_stem()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap())
+            .collect::<Vec<_>>(),
+        vec![first_file, later_file],
+        "only the held segments are kept"
+    );
+    assert!(live.len() < 10, "the rest was deleted: {live:?}");
+    assert_eq!(files.read(spans[0]).expect("archived read"), cmd(1));
+    assert_eq!(files.read(spans[150]).expect("archived read"), cmd(151));
+
+    files.release(first_file).expect("release");
+    assert_eq!(segments(&archive).len(), 1);
+    assert!(files.read(spans[0]).is_err(), "a released segment is gone");
+    drop(files);
+    drop(s);
+
+    // After a restart the archive is not part of the log; holds are stated again.
+    let s = open(&dir, 1024);
+    let files = s.files();
+    assert_eq!(files.read(spans[150]).expect("read after reopen"), cmd(151));
+    files.set_holds(&[later_file]).expect("holds");
+    assert_eq!(segments(&archive).len(), 1);
+    files.set_holds(&[]).expect("no holds");
+    assert!(segments(&archive).is_empty());
+    drop(s);
+    assert!(
+        files.read(spans[299]).is_err(),
+        "a closed log answers no reads"
+    );
+}
