@@ -299,10 +299,18 @@ impl Broker {
             return;
         }
         let (store, running) = (self.store.clone(), self.reclaiming.clone());
+        let raft = self.raft.clone();
         tokio::spawn(async move {
             let until = Instant::now() + RECLAIM_WAIT;
             while graves_pending(&store) && Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // The deleted messages are in raft log files (written once, where the log wrote
+            // their entries): a snapshot and a purge up to it let those files go now.
+            if let Some(raft) = &raft {
+                let started = Instant::now();
+                let done = raft.compact_log(RECLAIM_WAIT).await;
+                tracing::info!(target: "queen-app", ms = started.elapsed().as_millis(), done, "compacted the raft log near the disk gate");
             }
             let started = Instant::now();
             let done =

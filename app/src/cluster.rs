@@ -33,6 +33,9 @@ pub(crate) struct TestKnobs {
     /// `QUEEN_TEST_SNAPSHOT_EVERY`: build a snapshot (and let the log be purged) every this many
     /// entries instead of the default, so a test can strand a follower behind a purge quickly.
     pub(crate) snapshot_every: Option<u64>,
+    /// `QUEEN_TEST_LOG_SEGMENT_BYTES`: roll the raft log's files at this size, so that purges
+    /// delete and archive files in tests that write a few MiB.
+    pub(crate) log_segment_bytes: Option<u64>,
 }
 
 impl TestKnobs {
@@ -47,6 +50,9 @@ impl TestKnobs {
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
             snapshot_every: std::env::var("QUEEN_TEST_SNAPSHOT_EVERY")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
+            log_segment_bytes: std::env::var("QUEEN_TEST_LOG_SEGMENT_BYTES")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
         };

@@ -114,6 +114,9 @@ pub async fn run(
     if let Some(every) = knobs.snapshot_every {
         raft_cfg.snapshot_every_entries = every;
     }
+    if let Some(bytes) = knobs.log_segment_bytes {
+        raft_cfg.log_segment_bytes = bytes;
+    }
     // The raft port carries one client body per forwarded command, and appends split at
     // `MAX_APPEND_BYTES` unless one entry is larger: bound its bodies by the largest client
     // body plus room for the entry's own framing.

@@ -385,6 +385,41 @@ pub fn message_stamp(bytes: &[u8]) -> Option<Stamp> {
         .map(|(s, _)| s.stamp)
 }
 
+/// The stored messages of items `first .. first + count` of an encoded `Command::Push` entry
+/// applied at `stamp`: byte for byte what the push appended for them, for a store that keeps
+/// the entry instead of the messages.
+///
+/// # Errors
+/// The bytes are not a push entry of this build, or it has fewer items.
+pub fn pushed_messages(
+    entry: &[u8],
+    stamp: u64,
+    first: usize,
+    count: usize,
+) -> Result<Vec<Vec<u8>>, String> {
+    let entry = crate::command::Entry::decode(entry)?;
+    let crate::command::Command::Push(items) = &entry.command else {
+        return Err("the entry is not a push".to_owned());
+    };
+    let items = first
+        .checked_add(count)
+        .and_then(|end| items.get(first..end))
+        .ok_or_else(|| format!("the push has {} items, not {first} + {count}", items.len()))?;
+    Ok(items
+        .iter()
+        .map(|item| {
+            MessageRecRef {
+                transaction_id: &item.transaction_id,
+                id: item.message_id,
+                trace_id: item.trace_id.as_deref(),
+                stamp: Stamp(stamp),
+                payload: &item.payload,
+            }
+            .encode()
+        })
+        .collect())
+}
+
 /// A dedup row of the first store format (by transactionId text), read by the migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRec {

@@ -60,6 +60,21 @@ pub struct Txn<'a> {
     base: &'a dyn StateRead,
     writes: WriteSet,
     appends: Appends,
+    /// Where appended messages came from, when the store asked (see [`Txn::record_origins`]).
+    origins: Option<Vec<Origin>>,
+}
+
+/// An appended message that is item `item` of the push entry being applied, stored at `offset`
+/// of partition `pid`: a store that keeps the log's entries can point at the item instead of
+/// writing the message again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// The partition.
+    pub pid: u64,
+    /// The message's offset.
+    pub offset: u64,
+    /// The item's position in the entry's `Command::Push` items.
+    pub item: u32,
 }
 
 impl<'a> Txn<'a> {
@@ -69,6 +84,26 @@ impl<'a> Txn<'a> {
             base,
             writes: WriteSet::new(),
             appends: Appends::new(),
+            origins: None,
+        }
+    }
+
+    /// From now on, note the origin of every message a `Command::Push` entry appends.
+    pub fn record_origins(&mut self) {
+        self.origins.get_or_insert_with(Vec::new);
+    }
+
+    /// The origins noted so far, in the order the messages were appended.
+    #[must_use]
+    pub fn origins(&self) -> &[Origin] {
+        self.origins.as_deref().unwrap_or_default()
+    }
+
+    /// Note that the message appended at (`pid`, `offset`) is item `item` of the push entry
+    /// being applied.
+    pub(crate) fn note_origin(&mut self, pid: u64, offset: u64, item: u32) {
+        if let Some(o) = &mut self.origins {
+            o.push(Origin { pid, offset, item });
         }
     }
 

@@ -760,10 +760,12 @@ fn a_partitioned_leader_loses_its_quorum_and_rejoins_without_losing_anything() {
 // its disk, installed chunk by chunk), through kill -9 at each step of the transfer and install.
 
 /// Snapshots every 200 entries, so a purge strands a stopped follower after about 1,500 entries
-/// (purges go in steps of 1,024); the log store reports its purges.
-const SNAPSHOT_ENV: [(&str, &str); 3] = [
+/// (purges go in steps of 1,024); the log store reports its purges. The raft log's files roll
+/// at 1 MiB, so purges delete files and move those that still hold messages to the archive.
+const SNAPSHOT_ENV: [(&str, &str); 4] = [
     ("QUEEN_TEST_FAULTS", "1"),
     ("QUEEN_TEST_SNAPSHOT_EVERY", "200"),
+    ("QUEEN_TEST_LOG_SEGMENT_BYTES", "1048576"),
     ("RUST_LOG", "info,queen_raft::log_store=debug"),
 ];
 
@@ -944,6 +946,12 @@ fn a_follower_behind_a_purge_catches_up_by_snapshot_and_serves_every_message() {
     acked.extend(load(&nodes, &live, "snap", "away", 1800, 8));
     let now_leader = leader_index(&nodes, Some(follower)).expect("a leader");
     wait_purged_past(&nodes[now_leader], stopped_at);
+    // Its messages were written once, into the raft log: the purge kept the files that hold
+    // them (in the archive), and the pops below read them from there.
+    let archived = std::fs::read_dir(nodes[now_leader].dir.join("log").join("archive"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(archived > 0, "the leader's purges archived no log file");
 
     let from = nodes[follower].log_text().len();
     nodes[follower].launch();

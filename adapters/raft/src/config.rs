@@ -56,6 +56,8 @@ pub struct RaftNodeConfig {
     pub election_max_ms: u64,
     /// Build a snapshot (and allow purging the log) every this many applied entries.
     pub snapshot_every_entries: u64,
+    /// The log's files roll at this size (64 MiB); a purge deletes (or archives) whole files.
+    pub log_segment_bytes: u64,
     /// Start empty and wait to be added by the cluster (`QUEEN_RAFT_JOIN`): never initialize.
     pub join: bool,
     /// The highest log format this build reads, reported to the leader on the raft port.
@@ -89,6 +91,7 @@ impl RaftNodeConfig {
             election_min_ms: DEFAULT_ELECTION_MIN_MS,
             election_max_ms: DEFAULT_ELECTION_MAX_MS,
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+            log_segment_bytes: 64 << 20,
             join: false,
             log_kinds: 1,
             faults_file: None,

@@ -110,7 +110,11 @@ impl RaftNode {
         cfg: RaftNodeConfig,
         backend: Arc<dyn StateMachineBackend>,
     ) -> Result<RaftNode, RaftStartError> {
-        Self::start_with(cfg, backend, LogStoreOptions::default()).await
+        let options = LogStoreOptions {
+            segment_max_bytes: cfg.log_segment_bytes,
+            ..LogStoreOptions::default()
+        };
+        Self::start_with(cfg, backend, options).await
     }
 
     /// `start` with explicit log store tuning.
@@ -577,6 +581,44 @@ impl RaftNode {
             .borrow_watched()
             .purged
             .map_or(0, |l| l.index)
+    }
+
+    /// Build a snapshot of what this node applied and purge its log up to it, past the entries
+    /// the log normally keeps below a snapshot for followers that lag a little (they catch up by
+    /// snapshot instead). The log files whose messages were all deleted then go at once, and
+    /// the others move to the archive, instead of waiting for the next scheduled snapshot. False
+    /// when it did not finish within `timeout` (it may still finish later).
+    pub async fn compact_log(&self, timeout: Duration) -> bool {
+        let raft = &self.inner.raft;
+        let applied = raft
+            .metrics()
+            .borrow_watched()
+            .last_applied
+            .map_or(0, |l| l.index);
+        if applied == 0 || raft.trigger().snapshot().await.is_err() {
+            return false;
+        }
+        let Ok(m) = raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "compact_log snapshot",
+            )
+            .await
+        else {
+            return false;
+        };
+        let upto = m.snapshot.map_or(0, |s| s.index);
+        if raft.trigger().purge_log(upto).await.is_err() {
+            return false;
+        }
+        raft.wait(Some(timeout))
+            .metrics(
+                |m| m.purged.is_some_and(|p| p.index >= upto),
+                "compact_log purge",
+            )
+            .await
+            .is_ok()
     }
 
     /// Wait until this node has applied `index`; false on timeout or when the node stopped.

@@ -10,7 +10,7 @@ use queen_domain::machine::apply_encoded;
 use queen_ports::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
 
 use crate::filter::DedupFilter;
-use crate::messages;
+use crate::messages::{self, KeptEntry};
 use crate::segments::Segments;
 use crate::snapshot::{Chunk, Chunks, decode_chunk};
 use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, open_dedup};
@@ -26,10 +26,25 @@ impl StateMachineBackend for FjallStore {
         // apply, never during it.
         let slot = self.slot();
         let mut txn = Txn::new(&slot);
+        // Entries whose command the raft log keeps where it wrote it: (stamp, span, CRC, the
+        // range of origins their pushes noted). Only with the log attached.
+        let keep = self.log.get().is_some();
+        if keep {
+            txn.record_origins();
+        }
+        let mut kept: Vec<(u64, queen_ports::LogSpan, u32, std::ops::Range<usize>)> = Vec::new();
         for e in &entries {
             match &e.command {
                 Some(bytes) => {
+                    let from = txn.origins().len();
                     let r = apply_encoded(&mut txn, bytes, e.index, e.answered).map_err(storage)?;
+                    let to = txn.origins().len();
+                    if keep
+                        && to > from
+                        && let Some(span) = e.span
+                    {
+                        kept.push((r.stamp.0, span, crc32fast::hash(bytes), from..to));
+                    }
                     // Nobody here waits for it: its state changes are made, its answer is not.
                     responses.push(if e.answered { r.encode() } else { Vec::new() });
                 }
@@ -41,14 +56,33 @@ impl StateMachineBackend for FjallStore {
                 }
             }
         }
+        let origins = txn.origins().to_vec();
         let (mut writes, appends) = txn.into_parts();
-        // Messages go to the segment log (written here, before the batch that indexes them);
-        // what remains of `writes` and the index rows go into one engine batch.
-        let staged =
-            messages::stage(&slot.state, &slot.segments, &mut writes, appends).map_err(storage)?;
+        let kept: Vec<KeptEntry<'_>> = kept
+            .into_iter()
+            .map(|(stamp, span, crc, range)| KeptEntry {
+                stamp,
+                span,
+                crc,
+                origins: &origins[range],
+            })
+            .collect();
+        // Messages go to the segment log (written here, before the batch that indexes them),
+        // except those whose entry the raft log keeps; what remains of `writes` and the index
+        // rows go into one engine batch.
+        let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends, &kept)
+            .map_err(storage)?;
+        if let Some(log) = self.log.get() {
+            for file in &staged.held {
+                log.hold(*file);
+            }
+        }
         // Dedup rows go to the dedup index, before the batch: a reader that finds an entry whose
         // record is not indexed yet drops it as not live, the same answer as before the batch.
         slot.take_dedup_rows(&mut writes).map_err(storage)?;
+        if let Some(last) = kept.iter().map(|k| (k.span.file, k.span.pos)).max() {
+            slot.dedup.note_raft(last);
+        }
         self.rows_written
             .fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
@@ -89,6 +123,11 @@ impl StateMachineBackend for FjallStore {
     /// atomic batch then stores the new meta and makes that slot active. A crash before that
     /// batch leaves the old state and meta (the next open discards the partial slot); after it,
     /// the new ones.
+    fn attach_log(&self, files: Arc<dyn queen_ports::LogFiles>) -> Result<(), BackendError> {
+        self.log.set(files.clone());
+        self.hold_raft_files(&files).map_err(storage)
+    }
+
     fn install_snapshot(
         &self,
         chunks: &mut dyn Iterator<Item = Result<Vec<u8>, BackendError>>,
@@ -101,13 +140,14 @@ impl StateMachineBackend for FjallStore {
         let state = self.keyspaces[name as usize].clone();
         state.clear().map_err(storage)?;
         // Opened with no end: every file left in the slot's directory is deleted.
-        let segments = Segments::open(
+        let mut segments = Segments::open(
             &self.dir.join(name.segment_dir()),
             self.segment_bytes,
             None,
             &|_| false,
         )
         .map_err(storage)?;
+        segments.set_log(self.log.clone());
         segments.clear().map_err(storage)?;
         let dedup = open_dedup(&self.dir, name, &state, self.dedup_mem_entries).map_err(storage)?;
         dedup.clear().map_err(storage)?;
@@ -148,6 +188,10 @@ impl StateMachineBackend for FjallStore {
         batch.commit().map_err(storage)?;
         self.db.persist(PersistMode::SyncAll).map_err(storage)?;
         self.switch_to(new);
+        // The new state keeps nothing in the raft log (a snapshot carries its messages).
+        if let Some(log) = self.log.get() {
+            self.hold_raft_files(&log).map_err(storage)?;
+        }
         // The old slot is garbage now; if this fails the next open or install clears it.
         if let Err(e) = clear_slot(&old) {
             tracing::warn!(target: "queen-store", slot = ?old.name, error = %e, "could not clear the state slot an install replaced; it is cleared at the next start");

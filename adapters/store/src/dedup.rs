@@ -59,10 +59,13 @@ const FANOUT: usize = 8;
 const RUN_MAGIC: &[u8; 8] = b"QDDX\0\0\0\x01";
 const RUN_HEADER: u64 = 16;
 const MANIFEST: &str = "MANIFEST";
-const MANIFEST_MAGIC: &[u8; 8] = b"QDDM\0\0\0\x01";
+const MANIFEST_MAGIC: &[u8; 8] = b"QDDM\0\0\0\x02";
+/// Manifests of builds before records were kept in the raft log: no raft position.
+const MANIFEST_MAGIC_1: &[u8; 8] = b"QDDM\0\0\0\x01";
 
-/// What a manifest says: where the runs' coverage ends, and the runs.
-type Manifest = (Option<(u64, u64)>, Vec<u64>);
+/// What a manifest says: where the runs' coverage ends in the segment log and in the raft log,
+/// and the runs.
+type Manifest = (Option<(u64, u64)>, (u64, u64), Vec<u64>);
 
 /// The first offset of a partition that is still stored (`None`: none is).
 pub(crate) type FirstLive = Arc<dyn Fn(u64) -> Option<u64> + Send + Sync>;
@@ -282,6 +285,11 @@ struct Inner {
     next_id: u64,
     /// The runs hold every message of the segment log before this position.
     covered: Option<(u64, u64)>,
+    /// ... and every message of a record kept in the raft log at or before this (file,
+    /// position) of its entry.
+    covered_raft: (u64, u64),
+    /// The greatest such position of an entry whose messages were inserted.
+    raft_seen: (u64, u64),
     merging: bool,
 }
 
@@ -333,12 +341,12 @@ impl DedupIndex {
             o.retain(|(p, _)| p != dir);
             o.push((dir.to_path_buf(), generation));
         }
-        let (covered, ids) = match std::fs::read(dir.join(MANIFEST)) {
+        let (covered, covered_raft, ids) = match std::fs::read(dir.join(MANIFEST)) {
             Ok(b) => Self::decode_manifest(&b).ok_or_else(|| DedupError::Damaged {
                 path: dir.join(MANIFEST).display().to_string(),
                 detail: "unreadable manifest".to_owned(),
             })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, (0, 0), Vec::new()),
             Err(e) => return Err(io_err(&dir.join(MANIFEST))(e)),
         };
         for e in std::fs::read_dir(dir).map_err(io_err(dir))? {
@@ -365,6 +373,8 @@ impl DedupIndex {
                 runs,
                 next_id,
                 covered,
+                covered_raft,
+                raft_seen: covered_raft,
                 merging: false,
             }),
             first_live,
@@ -388,6 +398,8 @@ impl DedupIndex {
         g.more.clear();
         g.mem_len = 0;
         g.covered = None;
+        g.covered_raft = (0, 0);
+        g.raft_seen = (0, 0);
         Ok(())
     }
 
@@ -396,27 +408,52 @@ impl DedupIndex {
         read(&self.inner).covered
     }
 
-    /// (covered, run ids) of a manifest's bytes.
+    /// Where the runs' coverage of records kept in the raft log ends: replay the records whose
+    /// entry is after this (file, position).
+    pub(crate) fn covered_raft(&self) -> (u64, u64) {
+        read(&self.inner).covered_raft
+    }
+
+    /// The messages of the raft log's entry at `pos` (file, position) were inserted.
+    pub(crate) fn note_raft(&self, pos: (u64, u64)) {
+        let mut g = write(&self.inner);
+        g.raft_seen = g.raft_seen.max(pos);
+    }
+
+    /// (covered, covered in the raft log, run ids) of a manifest's bytes (version 1 has no raft
+    /// position: its store kept nothing there).
     fn decode_manifest(b: &[u8]) -> Option<Manifest> {
         let u64_at = |i: usize| {
             b.get(i..i + 8)
                 .map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
         };
-        if b.get(..8)? != MANIFEST_MAGIC {
-            return None;
-        }
-        let covered = (u64_at(8)?, u64_at(16)?);
-        let n = u64_at(24)? as usize;
+        let (raft, at) = match b.get(..8)? {
+            m if m == MANIFEST_MAGIC => ((u64_at(8)?, u64_at(16)?), 24),
+            m if m == MANIFEST_MAGIC_1 => ((0, 0), 8),
+            _ => return None,
+        };
+        let covered = (u64_at(at)?, u64_at(at + 8)?);
+        let n = u64_at(at + 16)? as usize;
+        let ids_at = at + 24;
         let ids = (0..n)
-            .map(|i| u64_at(32 + 8 * i))
+            .map(|i| u64_at(ids_at + 8 * i))
             .collect::<Option<Vec<_>>>()?;
-        let crc = u32::from_le_bytes(b.get(32 + 8 * n..36 + 8 * n)?.try_into().ok()?);
-        (crc32fast::hash(&b[..32 + 8 * n]) == crc && b.len() == 36 + 8 * n)
-            .then_some((Some(covered), ids))
+        let end = ids_at + 8 * n;
+        let crc = u32::from_le_bytes(b.get(end..end + 4)?.try_into().ok()?);
+        (crc32fast::hash(&b[..end]) == crc && b.len() == end + 4).then_some((
+            Some(covered),
+            raft,
+            ids,
+        ))
     }
 
     /// Write the manifest for `runs` and `covered` (atomically: a temporary file renamed over).
-    fn write_manifest(&self, covered: (u64, u64), runs: &[Arc<Run>]) -> Result<(), DedupError> {
+    fn write_manifest(
+        &self,
+        covered: (u64, u64),
+        raft: (u64, u64),
+        runs: &[Arc<Run>],
+    ) -> Result<(), DedupError> {
         let owners = owners();
         if !owners
             .iter()
@@ -428,8 +465,10 @@ impl DedupIndex {
                     .to_owned(),
             });
         }
-        let mut b = Vec::with_capacity(36 + 8 * runs.len());
+        let mut b = Vec::with_capacity(52 + 8 * runs.len());
         b.extend_from_slice(MANIFEST_MAGIC);
+        b.extend_from_slice(&raft.0.to_le_bytes());
+        b.extend_from_slice(&raft.1.to_le_bytes());
         b.extend_from_slice(&covered.0.to_le_bytes());
         b.extend_from_slice(&covered.1.to_le_bytes());
         b.extend_from_slice(&(runs.len() as u64).to_le_bytes());
@@ -531,10 +570,12 @@ impl DedupIndex {
                 &mut entries.into_iter(),
             )?));
         }
-        self.write_manifest(covered, &runs)?;
+        let raft = g.raft_seen;
+        self.write_manifest(covered, raft, &runs)?;
         g.next_id = id + 1;
         g.runs = runs;
         g.covered = Some(covered);
+        g.covered_raft = raft;
         g.mem = HashMap::default();
         g.more = HashMap::default();
         g.mem_len = 0;
@@ -616,7 +657,7 @@ impl DedupIndex {
         }
         runs.extend_from_slice(&g.runs[to..]);
         if let Some(covered) = g.covered
-            && let Err(e) = self.write_manifest(covered, &runs)
+            && let Err(e) = self.write_manifest(covered, g.covered_raft, &runs)
         {
             let _ = std::fs::remove_file(&merged_path);
             return Err(e);

@@ -18,46 +18,77 @@ use std::collections::{BTreeMap, HashMap};
 use queen_domain::keys::{self, table};
 use queen_domain::{Appends, StoreError, WriteSet};
 
-use crate::segments::{Loc, NewRecord, SegmentError, Segments};
+use crate::segments::{Loc, NewRecord, RAFT_BIT, Raft, Record, SegmentError, Segments};
 use crate::store::read_err;
 
-/// An index row's value.
+/// An index row's value: 28 bytes for a record of the segment log, 44 for one kept in the
+/// raft log (its location is the entry's command, `loc.file` has `RAFT_BIT`, and `raft` says
+/// which of the entry's items are the record's messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IndexVal {
     pub loc: Loc,
     pub count: u32,
     pub skip: u32,
+    pub raft: Option<Raft>,
 }
 
 impl IndexVal {
-    pub(crate) fn encode(&self) -> [u8; 28] {
-        let mut b = [0u8; 28];
-        b[0..8].copy_from_slice(&self.loc.file.to_le_bytes());
-        b[8..16].copy_from_slice(&self.loc.pos.to_le_bytes());
-        b[16..20].copy_from_slice(&self.loc.len.to_le_bytes());
-        b[20..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..28].copy_from_slice(&self.skip.to_le_bytes());
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(44);
+        b.extend_from_slice(&self.loc.file.to_le_bytes());
+        b.extend_from_slice(&self.loc.pos.to_le_bytes());
+        b.extend_from_slice(&self.loc.len.to_le_bytes());
+        b.extend_from_slice(&self.count.to_le_bytes());
+        b.extend_from_slice(&self.skip.to_le_bytes());
+        if let Some(r) = self.raft {
+            b.extend_from_slice(&r.stamp.to_le_bytes());
+            b.extend_from_slice(&r.crc.to_le_bytes());
+            b.extend_from_slice(&r.first_item.to_le_bytes());
+        }
         b
     }
 
     pub(crate) fn decode(key: &[u8], b: &[u8]) -> Result<Self, StoreError> {
-        if b.len() != 28 {
-            return Err(StoreError::Corrupt {
-                key: queen_domain::codec::escape(key),
-                detail: format!("segment index row of {} bytes", b.len()),
-            });
-        }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+        let file = if b.len() >= 8 { u64_at(0) } else { 0 };
+        let raft = match b.len() {
+            28 if file & RAFT_BIT == 0 => None,
+            44 if file & RAFT_BIT != 0 => Some(Raft {
+                stamp: u64_at(28),
+                crc: u32_at(36),
+                first_item: u32_at(40),
+            }),
+            n => {
+                return Err(StoreError::Corrupt {
+                    key: queen_domain::codec::escape(key),
+                    detail: format!("segment index row of {n} bytes for file {file:#x}"),
+                });
+            }
+        };
         Ok(Self {
             loc: Loc {
-                file: u64_at(0),
+                file,
                 pos: u64_at(8),
                 len: u32_at(16),
             },
             count: u32_at(20),
             skip: u32_at(24),
+            raft,
         })
+    }
+
+    /// The record this row indexes (`base` is its key's), from the segment log or the raft log.
+    pub(crate) fn read(
+        &self,
+        seg: &Segments,
+        pid: u64,
+        base: u64,
+    ) -> Result<std::sync::Arc<Record>, SegmentError> {
+        match self.raft {
+            None => seg.read(self.loc),
+            Some(r) => seg.read_raft(self.loc, r, pid, base, self.count),
+        }
     }
 
     fn first_live(&self, base: u64) -> u64 {
@@ -210,7 +241,7 @@ pub(crate) fn get(
     if offset < v.first_live(base) || offset >= v.end(base) {
         return Ok(None);
     }
-    let r = seg.read(v.loc).map_err(segment_err)?;
+    let r = v.read(seg, pid, base).map_err(segment_err)?;
     Ok(r.values()
         .nth((offset - base) as usize)
         .map(|(_, v)| v.to_vec()))
@@ -252,7 +283,7 @@ pub(crate) fn scan(
         }
         let (pid, base) = (u64_be(&k[1..9]), u64_be(&k[9..17]));
         let val = IndexVal::decode(&k, &v)?;
-        let r = seg.read(val.loc).map_err(segment_err)?;
+        let r = val.read(seg, pid, base).map_err(segment_err)?;
         if r.pid != pid || r.base != base {
             return Err(StoreError::Corrupt {
                 key: queen_domain::codec::escape(&k),
@@ -285,15 +316,70 @@ pub(crate) struct Staged {
     pub rows: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// Files to delete once the batch is committed.
     pub released: Vec<u64>,
+    /// Raft log files that records now point into for the first time (`RAFT_BIT` clear).
+    pub held: Vec<u64>,
+}
+
+/// A push entry of the batch whose messages can stay where the raft log wrote them: its
+/// stamp, its command's span in the log's files and the CRC32 of those bytes, and where each
+/// message it appended came from.
+pub(crate) struct KeptEntry<'a> {
+    pub stamp: u64,
+    pub span: queen_ports::LogSpan,
+    pub crc: u32,
+    pub origins: &'a [queen_domain::Origin],
+}
+
+/// The messages one kept entry appended to one partition: the first offset and item, how many,
+/// and whether the items are consecutive (only then is the record kept in the raft log).
+struct KeptRun {
+    span: queen_ports::LogSpan,
+    crc: u32,
+    first_offset: u64,
+    first_item: u32,
+    count: u32,
+    consecutive: bool,
+}
+
+fn kept_runs(kept: &[KeptEntry<'_>]) -> HashMap<(u64, u64), KeptRun> {
+    let mut out: HashMap<(u64, u64), KeptRun> = HashMap::new();
+    for e in kept {
+        for o in e.origins {
+            match out.get_mut(&(e.stamp, o.pid)) {
+                Some(r) => {
+                    r.consecutive &= o.offset == r.first_offset + u64::from(r.count)
+                        && o.item == r.first_item + r.count;
+                    r.count += 1;
+                }
+                None => {
+                    out.insert(
+                        (e.stamp, o.pid),
+                        KeptRun {
+                            span: e.span,
+                            crc: e.crc,
+                            first_offset: o.offset,
+                            first_item: o.item,
+                            count: 1,
+                            consecutive: true,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Split the message rows out of `writes` (the other rows stay), append `appends` to the
-/// segment log and turn the deletes into index changes. `idx` is the committed index.
+/// segment log and turn the deletes into index changes. `idx` is the committed index. The
+/// messages a `kept` entry appended to a partition from consecutive items are not written
+/// again: their index row points at the entry in the raft log.
 pub(crate) fn stage(
     idx: &dyn EngineRead,
     seg: &Segments,
     writes: &mut WriteSet,
     appends: Appends,
+    kept: &[KeptEntry<'_>],
 ) -> Result<Staged, StoreError> {
     // Deletes of message rows: the new first live offset per partition.
     let mut cuts: BTreeMap<u64, u64> = BTreeMap::new();
@@ -324,6 +410,7 @@ pub(crate) fn stage(
         return Ok(Staged {
             rows: Vec::new(),
             released: Vec::new(),
+            held: Vec::new(),
         });
     }
 
@@ -363,6 +450,39 @@ pub(crate) fn stage(
         }
     }
     runs.sort_by_key(|r| (r.stamp, r.pid, r.base));
+    // Runs that stay in the raft log: every message of the run is one of a kept entry's
+    // consecutive items for the partition.
+    let kept = kept_runs(kept);
+    let mut index: BTreeMap<Vec<u8>, Option<IndexVal>> = BTreeMap::new();
+    let mut files: HashMap<u64, i64> = HashMap::new();
+    runs.retain(|r| {
+        let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
+        match kept.get(&(r.stamp, r.pid)) {
+            Some(k) if k.consecutive && k.first_offset == r.base && k.count == count => {
+                let loc = Loc {
+                    file: k.span.file | RAFT_BIT,
+                    pos: k.span.pos,
+                    len: k.span.len,
+                };
+                index.insert(
+                    index_key(r.pid, r.base),
+                    Some(IndexVal {
+                        loc,
+                        count,
+                        skip: 0,
+                        raft: Some(Raft {
+                            stamp: r.stamp,
+                            crc: k.crc,
+                            first_item: k.first_item,
+                        }),
+                    }),
+                );
+                *files.entry(loc.file).or_default() += 1;
+                false
+            }
+            _ => true,
+        }
+    });
     let records: Vec<NewRecord<'_>> = runs
         .into_iter()
         .map(|r| NewRecord {
@@ -375,8 +495,6 @@ pub(crate) fn stage(
     let (locs, sealed) = seg.append(&records).map_err(segment_err)?;
 
     // The index after this apply, for the partitions it touches: new records, then cuts.
-    let mut index: BTreeMap<Vec<u8>, Option<IndexVal>> = BTreeMap::new();
-    let mut files: HashMap<u64, i64> = HashMap::new();
     for (r, loc) in records.iter().zip(&locs) {
         let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
         index.insert(
@@ -385,6 +503,7 @@ pub(crate) fn stage(
                 loc: *loc,
                 count,
                 skip: 0,
+                raft: None,
             }),
         );
         *files.entry(loc.file).or_default() += 1;
@@ -420,6 +539,7 @@ pub(crate) fn stage(
         .map(|(k, v)| (k, v.map(|v| v.encode().to_vec())))
         .collect();
     let mut released = Vec::new();
+    let mut held = Vec::new();
     let mut counted: Vec<u64> = files.keys().copied().collect();
     counted.extend(sealed.iter().copied().filter(|f| !files.contains_key(f)));
     counted.sort_unstable();
@@ -432,6 +552,9 @@ pub(crate) fn stage(
         let after =
             i64::try_from(before).unwrap_or(i64::MAX) + files.get(&file).copied().unwrap_or(0);
         if after > 0 {
+            if before == 0 && file & RAFT_BIT != 0 {
+                held.push(file & !RAFT_BIT);
+            }
             rows.push((key, Some((after as u64).to_le_bytes().to_vec())));
         } else {
             rows.push((key, None));
@@ -441,5 +564,9 @@ pub(crate) fn stage(
         }
     }
     rows.push((END_KEY.to_vec(), Some(encode_end(end).to_vec())));
-    Ok(Staged { rows, released })
+    Ok(Staged {
+        rows,
+        released,
+        held,
+    })
 }

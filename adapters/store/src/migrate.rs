@@ -47,7 +47,7 @@ impl FjallStore {
             let removes: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
             let appends: Appends = rows.into_iter().collect();
             let mut writes = WriteSet::new();
-            let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends)?;
+            let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends, &[])?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
             slot.write_rows(
                 &mut batch,

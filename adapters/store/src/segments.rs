@@ -26,6 +26,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// The high bit of a location's file: the location is an entry's command in the raft log's
+/// file `file & !RAFT_BIT` (see `Raft`), not a record of this log.
+pub(crate) const RAFT_BIT: u64 = 1 << 63;
+
 /// By default a file rolls before a record would take it past this many bytes.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// The file header.
@@ -94,6 +98,40 @@ pub(crate) struct NewRecord<'a> {
     pub values: Vec<&'a [u8]>,
 }
 
+/// What an index row of a record kept in the raft log adds to its location (the command's
+/// span): the entry's stamp, a CRC32 of the command's bytes, and which items of the entry's
+/// push are the record's messages (`count` of them from `first_item`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Raft {
+    pub stamp: u64,
+    pub crc: u32,
+    pub first_item: u32,
+}
+
+/// The raft log's files, once the raft adapter handed them over (`attach_log`).
+#[derive(Default)]
+pub(crate) struct LogLink(std::sync::RwLock<Option<Arc<dyn queen_ports::LogFiles>>>);
+
+impl LogLink {
+    pub(crate) fn set(&self, files: Arc<dyn queen_ports::LogFiles>) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(files);
+    }
+
+    pub(crate) fn get(&self) -> Option<Arc<dyn queen_ports::LogFiles>> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// What the recent records are found by: a location and, for records kept in the raft log
+/// (which share their entry's location), the first item (`u32::MAX` for the segment log's).
+type CacheKey = (Loc, u32);
+
 /// A record read back.
 pub(crate) struct Record {
     pub pid: u64,
@@ -103,6 +141,44 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// How many messages the record holds.
+    pub(crate) fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// A record built from messages, as `parse` reads one of this log.
+    pub(crate) fn from_values(pid: u64, base: u64, stamp: u64, values: &[Vec<u8>]) -> Record {
+        let mut out = Vec::new();
+        encode(
+            &NewRecord {
+                pid,
+                base,
+                stamp,
+                values: values.iter().map(Vec::as_slice).collect(),
+            },
+            &mut out,
+        );
+        Record {
+            pid,
+            base,
+            body: out.split_off(RECORD_HEAD),
+            count: u32::try_from(values.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The record framed as this log stores it (head and body).
+    pub(crate) fn framed(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_HEAD + self.body.len());
+        out.extend_from_slice(
+            &u32::try_from(self.body.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        out.extend_from_slice(&crc32fast::hash(&self.body).to_le_bytes());
+        out.extend_from_slice(&self.body);
+        out
+    }
+
     /// The values with their offsets, in order.
     pub(crate) fn values(&self) -> impl Iterator<Item = (u64, &[u8])> {
         let mut at = BODY_FIXED;
@@ -269,8 +345,11 @@ pub(crate) struct Segments {
     writer: Mutex<Writer>,
     open: Mutex<Vec<(u64, Arc<File>)>>,
     pins: Mutex<Pins>,
-    /// Recently read records, newest first.
-    recent: Mutex<std::collections::VecDeque<(Loc, Arc<Record>)>>,
+    /// Recently read records, newest first, by location and (for records kept in the raft
+    /// log, which share their entry's location) first item.
+    recent: Mutex<std::collections::VecDeque<(CacheKey, Arc<Record>)>>,
+    /// The raft log's files, for records kept there.
+    log: Arc<LogLink>,
 }
 
 /// While held, no segment file is deleted (deletions wait for the last pin).
@@ -319,6 +398,19 @@ impl Segments {
         Ok(ids)
     }
 
+    /// The header every file of the log starts with.
+    pub(crate) fn header(id: u64) -> Vec<u8> {
+        let mut h = Vec::with_capacity(HEADER_BYTES as usize);
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&id.to_le_bytes());
+        h
+    }
+
+    /// The size at which files roll.
+    pub(crate) fn roll_at(&self) -> u64 {
+        self.roll_at
+    }
+
     fn create(dir: &Path, id: u64) -> Result<File, SegmentError> {
         let path = dir.join(format!("{id:020}.qseg"));
         let f = OpenOptions::new()
@@ -328,10 +420,8 @@ impl Segments {
             .truncate(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        let mut h = Vec::with_capacity(HEADER_BYTES as usize);
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&id.to_le_bytes());
-        f.write_all_at(&h, 0).map_err(io_err(&path))?;
+        f.write_all_at(&Self::header(id), 0)
+            .map_err(io_err(&path))?;
         Ok(f)
     }
 
@@ -415,6 +505,7 @@ impl Segments {
                 doomed: Vec::new(),
             }),
             recent: Mutex::new(std::collections::VecDeque::new()),
+            log: Arc::default(),
         })
     }
 
@@ -590,16 +681,69 @@ impl Segments {
 
     /// The record at `loc`, checked (from the recent records when it was read lately).
     pub(crate) fn read(&self, loc: Loc) -> Result<Arc<Record>, SegmentError> {
+        self.cached((loc, u32::MAX), || self.read_uncached(loc))
+    }
+
+    /// The record of `pid` at `base` kept in the raft log at `loc`: `count` messages of the
+    /// push entry there from item `raft.first_item`, checked against the entry's CRC.
+    pub(crate) fn read_raft(
+        &self,
+        loc: Loc,
+        raft: Raft,
+        pid: u64,
+        base: u64,
+        count: u32,
+    ) -> Result<Arc<Record>, SegmentError> {
+        self.cached((loc, raft.first_item), || {
+            let damaged = |detail: String| SegmentError::Damaged {
+                path: format!("raft log file {}", loc.file & !RAFT_BIT),
+                pos: loc.pos,
+                detail,
+            };
+            let log = self
+                .log
+                .get()
+                .ok_or_else(|| damaged("the raft log is not attached".to_owned()))?;
+            let span = queen_ports::LogSpan {
+                file: loc.file & !RAFT_BIT,
+                pos: loc.pos,
+                len: loc.len,
+            };
+            let bytes = log.read(span).map_err(|e| damaged(e.to_string()))?;
+            if crc32fast::hash(&bytes) != raft.crc {
+                return Err(damaged("entry checksum mismatch".to_owned()));
+            }
+            let values = queen_domain::model::pushed_messages(
+                &bytes,
+                raft.stamp,
+                raft.first_item as usize,
+                count as usize,
+            )
+            .map_err(damaged)?;
+            Ok(Record::from_values(pid, base, raft.stamp, &values))
+        })
+    }
+
+    /// Attach the raft log's files (shared with the store's other segment logs).
+    pub(crate) fn set_log(&mut self, log: Arc<LogLink>) {
+        self.log = log;
+    }
+
+    fn cached(
+        &self,
+        key: CacheKey,
+        read: impl FnOnce() -> Result<Record, SegmentError>,
+    ) -> Result<Arc<Record>, SegmentError> {
         if let Some(r) = lock(&self.recent)
             .iter()
-            .find(|(l, _)| *l == loc)
+            .find(|(l, _)| *l == key)
             .map(|(_, r)| r.clone())
         {
             return Ok(r);
         }
-        let r = Arc::new(self.read_uncached(loc)?);
+        let r = Arc::new(read()?);
         let mut recent = lock(&self.recent);
-        recent.push_front((loc, r.clone()));
+        recent.push_front((key, r.clone()));
         let mut bytes = 0;
         let mut keep = 0;
         for (_, x) in recent.iter() {
@@ -663,8 +807,16 @@ impl Segments {
     }
 
     fn remove_file(&self, id: u64) {
+        lock(&self.recent).retain(|((l, _), _)| l.file != id);
+        if id & RAFT_BIT != 0 {
+            if let Some(log) = self.log.get()
+                && let Err(e) = log.release(id & !RAFT_BIT)
+            {
+                tracing::warn!(target: "queen-store", file = id & !RAFT_BIT, error = %e, "could not release a raft log file without live records");
+            }
+            return;
+        }
         lock(&self.open).retain(|(i, _)| *i != id);
-        lock(&self.recent).retain(|(l, _)| l.file != id);
         if lock(&self.writer).id == id {
             return;
         }

@@ -1,11 +1,19 @@
 //! Snapshots: a pinned MVCC view read out in chunks of about 1 MiB of rows, then the segment
 //! files that view's index points into, in chunks of 1 MiB of bytes.
 //!
+//! Records the sender keeps in its raft log are not sent as they are (the receiver's raft log
+//! holds other files, and not the entries a snapshot replaces): as the rows are read, each such
+//! record is written out as a record of the segment log into new files after the view's last
+//! one, sent as segment chunks between the rows, and its index row is sent pointing there. The
+//! view's rows about raft log files and its end of the segment log are replaced by the new
+//! files' rows and end, sent after the rows.
+//!
 //! A chunk of this layout starts with `QSC2` and holds a postcard `Chunk`. A chunk without the
 //! magic is a bare list of rows, as nodes of store layout 1 send (their first byte is a row
 //! count and the first key's table byte, never `QS`); its message rows are migrated after the
 //! install.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use fjall::Readable;
@@ -13,8 +21,8 @@ use queen_domain::keys::table;
 use queen_ports::{BackendError, SnapshotChunks};
 use serde::{Deserialize, Serialize};
 
-use crate::messages;
-use crate::segments::{Pin, Segments};
+use crate::messages::{self, IndexVal};
+use crate::segments::{HEADER_BYTES, Loc, Pin, RAFT_BIT, Segments};
 use crate::store::{FjallStore, META_KEY, Slot};
 
 const MAGIC: &[u8; 4] = b"QSC2";
@@ -77,6 +85,23 @@ pub(crate) struct Chunks {
     files: Vec<(u64, u64, u64)>,
     /// The segment files of the view as `new` found them, for `restart`.
     all_files: Vec<(u64, u64, u64)>,
+    /// The view's end of the segment log, where new files for records kept in the raft log
+    /// start (after it).
+    end: Option<(u64, u64)>,
+    /// The files written out of records kept in the raft log so far.
+    out: Materialized,
+    /// Chunks ready to go before anything else.
+    pending: VecDeque<Vec<u8>>,
+}
+
+/// Segment files written, while the rows are read, out of records the sender keeps in its
+/// raft log: (file, records in it), the length of the last, and its bytes not yet sent.
+#[derive(Default)]
+struct Materialized {
+    files: Vec<(u64, u64)>,
+    len: u64,
+    buf: Vec<u8>,
+    buf_at: u64,
 }
 
 impl Chunks {
@@ -105,7 +130,7 @@ impl Chunks {
                 let Some(file) = queen_domain::keys::u64_at(&k, 1) else {
                     continue;
                 };
-                if file != end_file {
+                if file != end_file && file & RAFT_BIT == 0 {
                     let len = segments
                         .file_len(file)
                         .map_err(|e| BackendError::Storage(e.to_string()))?;
@@ -123,7 +148,101 @@ impl Chunks {
             from: Some(Vec::new()),
             all_files: files.clone(),
             files,
+            end,
+            out: Materialized::default(),
+            pending: VecDeque::new(),
         })
+    }
+
+    /// Write the record behind a row kept in the raft log into the new files; the row as it is
+    /// sent, pointing there.
+    fn materialize(&mut self, key: &[u8], val: IndexVal) -> Result<Vec<u8>, BackendError> {
+        let storage = |e: String| BackendError::Storage(e);
+        let (Some(pid), Some(base)) = (
+            queen_domain::keys::u64_at(key, 1),
+            queen_domain::keys::u64_at(key, 9),
+        ) else {
+            return Err(storage("a malformed segment index key".to_owned()));
+        };
+        let rec = val
+            .read(&self.segments, pid, base)
+            .map_err(|e| storage(e.to_string()))?;
+        let framed = rec.framed();
+        let roll = self.out.files.is_empty()
+            || (self.out.len + framed.len() as u64 > self.segments.roll_at()
+                && self.out.len > HEADER_BYTES);
+        if roll {
+            self.flush_out()?;
+            let id = match self.out.files.last() {
+                Some((id, _)) => id + 1,
+                None => self.end.map_or(1, |(f, _)| f + 1),
+            };
+            self.out.files.push((id, 0));
+            self.out.buf = Segments::header(id);
+            self.out.buf_at = 0;
+            self.out.len = HEADER_BYTES;
+        }
+        let Some((file, records)) = self.out.files.last_mut() else {
+            return Err(storage("no file to write a record into".to_owned()));
+        };
+        *records += 1;
+        let loc = Loc {
+            file: *file,
+            pos: self.out.len,
+            len: u32::try_from(framed.len()).unwrap_or(u32::MAX),
+        };
+        self.out.len += framed.len() as u64;
+        self.out.buf.extend_from_slice(&framed);
+        if self.out.buf.len() >= CHUNK_BYTES {
+            self.flush_out()?;
+        }
+        Ok(IndexVal {
+            loc,
+            raft: None,
+            ..val
+        }
+        .encode())
+    }
+
+    /// Queue the new files' bytes not yet sent as a segment chunk.
+    fn flush_out(&mut self) -> Result<(), BackendError> {
+        if let Some((file, _)) = self.out.files.last()
+            && !self.out.buf.is_empty()
+        {
+            let bytes = std::mem::take(&mut self.out.buf);
+            let at = self.out.buf_at;
+            self.out.buf_at += bytes.len() as u64;
+            self.pending.push_back(encode_chunk(&Chunk::Segment {
+                file: *file,
+                at,
+                bytes,
+            })?);
+        }
+        Ok(())
+    }
+
+    /// After the rows: the new files' last bytes, their rows and the segment log's end.
+    fn finish_rows(&mut self) -> Result<(), BackendError> {
+        self.flush_out()?;
+        let mut rows = Vec::new();
+        for (file, records) in &self.out.files {
+            rows.push(Row(
+                messages::file_key(*file),
+                records.to_le_bytes().to_vec(),
+            ));
+        }
+        let end = match self.out.files.last() {
+            Some((file, _)) => Some((*file, self.out.len)),
+            None => self.end,
+        };
+        if let Some(end) = end {
+            rows.push(Row(
+                messages::END_KEY.to_vec(),
+                messages::encode_end(end).to_vec(),
+            ));
+        }
+        self.pending.push_back(encode_chunk(&Chunk::Rows(rows))?);
+        Ok(())
     }
 
     fn next_file_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
@@ -161,32 +280,68 @@ impl SnapshotChunks for Chunks {
             from: Some(Vec::new()),
             files: self.all_files.clone(),
             all_files: self.all_files.clone(),
+            end: self.end,
+            out: Materialized::default(),
+            pending: VecDeque::new(),
         }))
     }
 
     fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, BackendError> {
+        if let Some(c) = self.pending.pop_front() {
+            return Ok(Some(c));
+        }
         let Some(from) = self.from.take() else {
             return self.next_file_chunk();
         };
         let mut rows: Rows = Vec::new();
         let mut bytes = 0;
         let mut next = None;
-        for guard in self.snap.range(&self.state, from..) {
+        let snap = self.snap.clone();
+        for guard in snap.range(&self.state, from..) {
             let (k, v) = guard
                 .into_inner()
                 .map_err(|e| BackendError::Storage(e.to_string()))?;
-            if bytes >= CHUNK_BYTES {
+            // Bounded by the rows' bytes and by the records written out of the raft log.
+            if bytes >= CHUNK_BYTES || self.pending.len() >= 2 {
                 next = Some(k.to_vec());
                 break;
             }
+            let v = match k.first() {
+                // Sent after the rows, for the files written out of the raft log.
+                Some(&table::SEGMENT_END) => continue,
+                Some(&table::SEGMENT_FILE)
+                    if queen_domain::keys::u64_at(&k, 1).is_some_and(|f| f & RAFT_BIT != 0) =>
+                {
+                    continue;
+                }
+                Some(&table::SEGMENT_INDEX) if k.len() == 17 && v.len() != 28 => {
+                    let val = IndexVal::decode(&k, &v)
+                        .map_err(|e| BackendError::Storage(e.to_string()))?;
+                    if val.raft.is_some() {
+                        self.materialize(&k, val)?
+                    } else {
+                        v.to_vec()
+                    }
+                }
+                _ => v.to_vec(),
+            };
             bytes += k.len() + v.len();
-            rows.push(Row(k.to_vec(), v.to_vec()));
+            rows.push(Row(k.to_vec(), v));
         }
         self.from = next;
-        if rows.is_empty() {
-            return self.next_file_chunk();
+        if self.from.is_none() {
+            self.finish_rows()?;
         }
-        encode_chunk(&Chunk::Rows(rows)).map(Some)
+        if rows.is_empty() {
+            return match self.pending.pop_front() {
+                Some(c) => Ok(Some(c)),
+                None => self.next_file_chunk(),
+            };
+        }
+        // Rows go after the segment bytes they point into were queued: the receiver does not
+        // mind the order, but the chunks' sizes stay bounded.
+        self.pending.push_back(encode_chunk(&Chunk::Rows(rows))?);
+        Ok(self.pending.pop_front())
     }
 }
 

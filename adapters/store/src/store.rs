@@ -12,7 +12,7 @@ use queen_domain::{StateRead, StoreError};
 use crate::dedup::{DedupIndex, FirstLive, Key, key_of_row};
 use crate::filter::DedupFilter;
 use crate::messages::{self, EngineRead, View};
-use crate::segments::{SegmentError, Segments};
+use crate::segments::{LogLink, RAFT_BIT, SegmentError, Segments};
 
 /// Engine settings that bound memory.
 #[derive(Debug, Clone)]
@@ -110,10 +110,14 @@ pub(crate) const INSTALLING_KEY: &[u8] = b"installing";
 pub(crate) const SLOT_KEY: &[u8] = b"slot";
 /// The layout version of the store, in the `raft` keyspace. 1 (no key): messages and a
 /// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash as
-/// engine rows. 3: the dedup index out of the engine, in its own run files (`dedup.rs`).
+/// engine rows. 3: the dedup index out of the engine, in its own run files (`dedup.rs`). 4: the
+/// messages of a push entry may stay in the raft log's files, where the index points (a
+/// layout-3 store opens as it is; builds of layout 3 cannot read index rows of layout 4).
 pub(crate) const FORMAT_KEY: &[u8] = b"format";
 /// The layout this build writes.
-pub(crate) const FORMAT: u32 = 3;
+pub(crate) const FORMAT: u32 = 4;
+/// The first layout with the dedup index in its own files: stores before it are migrated.
+const FORMAT_DEDUP_FILES: u32 = 3;
 
 /// One of the two places a whole state can live. A snapshot is installed into the inactive
 /// one while the active one stays readable and intact, then one atomic batch makes it active:
@@ -198,6 +202,8 @@ pub struct FjallStore {
     pub(crate) dedup_mem_entries: usize,
     /// Rows written by apply, for metrics.
     pub(crate) rows_written: Arc<AtomicU64>,
+    /// The raft log's files, where records of push entries stay (every slot's segments share it).
+    pub(crate) log: Arc<LogLink>,
 }
 
 pub(crate) fn read_err(e: fjall::Error) -> StoreError {
@@ -285,18 +291,20 @@ impl FjallStore {
             .and_then(|v| messages::decode_end(&v));
         let seg_dir = cfg.dir.join(name.segment_dir());
         let live = |file: u64| state.get(messages::file_key(file)).ok().flatten().is_some();
-        let segments =
+        let mut segments =
             Segments::open(&seg_dir, cfg.segment_bytes, end, &live).map_err(|source| {
                 StoreOpenError::Segments {
                     dir: seg_dir.display().to_string(),
                     source,
                 }
             })?;
+        let log = Arc::new(LogLink::default());
+        segments.set_log(log.clone());
         let format_err = |detail: String| StoreOpenError::Format {
             dir: cfg.dir.display().to_string(),
             detail,
         };
-        if format < FORMAT {
+        if format < FORMAT_DEDUP_FILES {
             // A dedup index left by an interrupted migration may not match what it migrates.
             let _ = std::fs::remove_dir_all(cfg.dir.join(name.dedup_dir()));
         }
@@ -318,8 +326,9 @@ impl FjallStore {
             segment_bytes: cfg.segment_bytes,
             dedup_mem_entries: cfg.dedup_mem_entries,
             rows_written: Arc::new(AtomicU64::new(0)),
+            log,
         };
-        if format < FORMAT {
+        if format < FORMAT_DEDUP_FILES {
             store.migrate(&store.slot()).map_err(|e| StoreOpenError::Format {
                 dir: cfg.dir.display().to_string(),
                 detail: format!("has layout version {format} and could not be migrated to {FORMAT}: {e}; the migration resumes at the next start, or move the directory away to start this node empty"),
@@ -370,6 +379,75 @@ impl FjallStore {
                 slot.dedup_filter.insert(&full);
             })
             .map_err(|e| StoreError::Read(e.to_string()))
+    }
+
+    /// Tell the raft log which of its files records of the active slot point into (a file
+    /// that none does may go), then bring the dedup index up to date with those records: the
+    /// ones after what its runs cover (every one of them after a snapshot install).
+    pub(crate) fn hold_raft_files(
+        &self,
+        log: &Arc<dyn queen_ports::LogFiles>,
+    ) -> Result<(), StoreError> {
+        let slot = self.slot();
+        let lo = messages::file_key(RAFT_BIT);
+        let hi = [table::SEGMENT_FILE + 1];
+        let mut files = Vec::new();
+        for g in slot.state.range(lo.as_slice()..hi.as_slice()) {
+            let (k, _) = g.into_inner().map_err(read_err)?;
+            if let Some(file) = queen_domain::keys::u64_at(&k, 1) {
+                files.push(file & !RAFT_BIT);
+            }
+        }
+        log.set_holds(&files)
+            .map_err(|e| StoreError::Read(e.to_string()))?;
+
+        // Records kept in the raft log after what the dedup runs cover, in log order.
+        let covered = slot.dedup.covered_raft();
+        let mut replay: Vec<(u64, u64, u64, u64, messages::IndexVal)> = Vec::new();
+        for g in slot
+            .state
+            .range([table::SEGMENT_INDEX].as_slice()..[table::SEGMENT_INDEX + 1].as_slice())
+        {
+            let (k, v) = g.into_inner().map_err(read_err)?;
+            if k.len() != 17 || v.len() == 28 {
+                continue;
+            }
+            let val = messages::IndexVal::decode(&k, &v)?;
+            let at = (val.loc.file & !RAFT_BIT, val.loc.pos);
+            if val.raft.is_some() && at > covered {
+                let (Some(pid), Some(base)) = (
+                    queen_domain::keys::u64_at(&k, 1),
+                    queen_domain::keys::u64_at(&k, 9),
+                ) else {
+                    continue;
+                };
+                replay.push((at.0, at.1, pid, base, val));
+            }
+        }
+        replay.sort_unstable_by_key(|r| (r.0, r.1, r.2, r.3));
+        let mut full = [0u8; 25];
+        full[0] = table::DEDUP_HASH;
+        for (file, pos, pid, base, val) in replay {
+            let rec = val
+                .read(&slot.segments, pid, base)
+                .map_err(|e| StoreError::Read(e.to_string()))?;
+            let mut entries = Vec::with_capacity(rec.count() as usize);
+            for (offset, v) in rec.values().skip(val.skip as usize) {
+                let h = queen_domain::codec::decode_head::<MessageHead>(&[], v)?;
+                let key = dedup_key(pid, &h.transaction_id);
+                full[1..].copy_from_slice(&key);
+                slot.dedup_filter.insert(&full);
+                entries.push((key, offset));
+            }
+            slot.dedup.insert_all(entries);
+            slot.dedup.note_raft((file, pos));
+            if slot.dedup.full() {
+                slot.dedup
+                    .flush(slot.segments.end())
+                    .map_err(|e| StoreError::Read(e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 
     /// The active slot, as one operation should use it throughout.

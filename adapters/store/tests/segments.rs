@@ -5,48 +5,25 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use proptest::prelude::*;
-use queen_domain::command::{Command, Entry, Outcome, PushItem, PushStatus, Response};
+use queen_domain::command::{Command, Entry, PushItem, PushStatus};
 use queen_domain::keys;
-use queen_domain::model::{DedupRec, MessageRec, QueueOptions};
+use queen_domain::model::{DedupRec, MessageRec};
 use queen_domain::names::{PartitionName, QueueName};
-use queen_domain::{MemStore, StateRead, invariants, reads};
+use queen_domain::{StateRead, invariants, reads};
 use queen_ports::{ApplyEntry, StateMachineBackend};
 use queen_store::{FjallStore, StoreConfig};
 
 mod common;
-use common::same;
+use common::{reference, retained_queue_r, same, statuses, xorshift};
 
 const SECOND: u64 = 1_000_000;
 
 /// A deterministic mix of pushes to a queue with one-second retention and to one without,
 /// ticks that run retention, and a queue deletion.
 fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut x = seed | 1;
-    let mut rnd = move |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut rnd = xorshift(seed);
     let q = |s: &str| QueueName::new(s).unwrap();
-    let options = QueueOptions {
-        retention_enabled: true,
-        retention_seconds: 1,
-        ..QueueOptions::default()
-    };
-    out.push(
-        Entry {
-            proposed_at: SECOND,
-            command: Command::Configure {
-                queue: q("r"),
-                namespace: None,
-                task: None,
-                options,
-            },
-        }
-        .encode(),
-    );
+    let mut out = vec![retained_queue_r(SECOND)];
     for i in 0..n {
         let at = SECOND + i * (SECOND / 20);
         let command = match i % 10 {
@@ -120,17 +97,6 @@ fn segment_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             )
         })
         .collect()
-}
-
-fn reference(entries: &[Vec<u8>]) -> MemStore {
-    let mut m = MemStore::new();
-    for (i, e) in entries.iter().enumerate() {
-        let mut txn = queen_domain::Txn::new(&m);
-        queen_domain::machine::apply_encoded(&mut txn, e, i as u64 + 1, true).unwrap();
-        let w = txn.into_writes();
-        m.commit(w);
-    }
-    m
 }
 
 proptest! {
@@ -298,19 +264,6 @@ fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
             ),
             answered: true,
             span: None,
-        })
-        .collect()
-}
-
-fn statuses(responses: &[Vec<u8>]) -> Vec<(PushStatus, u64)> {
-    responses
-        .iter()
-        .flat_map(|r| match Response::decode(r).unwrap().outcome {
-            Outcome::Push(items) => items
-                .into_iter()
-                .map(|o| (o.status, o.offset))
-                .collect::<Vec<_>>(),
-            other => panic!("not a push answer: {other:?}"),
         })
         .collect()
 }

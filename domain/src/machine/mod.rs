@@ -57,7 +57,7 @@ pub fn apply_entry_as(
             housekeeping::run(txn, stamp, HousekeepingBudget::default())?;
             Outcome::Tick
         }
-        Command::Push(items) => Outcome::Push(push::push(txn, stamp, items, answered)?),
+        Command::Push(items) => Outcome::Push(push::push(txn, stamp, items, answered, true)?),
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
         Command::Ack { group, items } => {
             Outcome::Ack(ack::ack(txn, stamp, group, items, answered)?)

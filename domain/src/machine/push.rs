@@ -10,7 +10,9 @@ use super::dedup;
 use super::queue::{ensure_partition, ensure_queue};
 use super::{put_rec, text_for_answer};
 
-/// Push every item; each gets its own answer, in order. All records share `stamp`.
+/// Push every item; each gets its own answer, in order. All records share `stamp`. With
+/// `from_entry`, the items are those of the `Command::Push` entry being applied, and each stored
+/// message's origin is noted in `txn` (see [`Txn::record_origins`]).
 ///
 /// The queue and partition records a batch touches are read once and written once, at the end
 /// (a batch usually goes to a few partitions); only the dedup lookup is per item. With
@@ -21,12 +23,13 @@ pub(crate) fn push(
     stamp: Stamp,
     items: &[PushItem],
     answered: bool,
+    from_entry: bool,
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut queues: Vec<QueueRec> = Vec::new();
     // (index in `queues`, partition record, whether a message went to it)
     let mut parts: Vec<(usize, PartitionRec, bool)> = Vec::new();
-    for item in items {
+    for (index, item) in items.iter().enumerate() {
         let qi = match queues.iter().position(|q| q.name == item.queue.as_str()) {
             Some(i) => i,
             None => {
@@ -88,6 +91,9 @@ pub(crate) fn push(
             }
             .encode(),
         );
+        if from_entry {
+            txn.note_origin(p.pid, offset, u32::try_from(index).unwrap_or(u32::MAX));
+        }
         row.record(txn, offset);
         p.next_offset += 1;
         p.last_write = stamp;

@@ -126,6 +126,7 @@ pub(crate) fn deliver_due(
                 trace_id: None,
             }],
             false,
+            false,
         )?;
     }
     Ok(())

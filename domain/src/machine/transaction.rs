@@ -75,7 +75,7 @@ pub(crate) fn apply(
                     }));
                 }
                 TxnOp::Push(item) => {
-                    let mut out = push(&mut child, stamp, std::slice::from_ref(item), true)?;
+                    let mut out = push(&mut child, stamp, std::slice::from_ref(item), true, false)?;
                     let Some(o) = out.pop() else { continue };
                     if let PushStatus::Failed(why) = &o.status {
                         return Ok(failed(format!(
