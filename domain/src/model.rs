@@ -397,8 +397,31 @@ pub fn pushed_messages(
     first: usize,
     count: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let entry = crate::command::Entry::decode(entry)?;
-    let crate::command::Command::Push(items) = &entry.command else {
+    // A push entry read in place: the items' text and payloads borrowed from `entry`, so that
+    // each message is copied once, into its stored form. Fields in the order of `Entry`,
+    // `Command` (its first two variants) and `PushItem`.
+    #[derive(Deserialize)]
+    struct EntryRef<'a> {
+        _proposed_at: u64,
+        #[serde(borrow)]
+        command: CommandRef<'a>,
+    }
+    #[derive(Deserialize)]
+    enum CommandRef<'a> {
+        Tick,
+        Push(#[serde(borrow)] Vec<ItemRef<'a>>),
+    }
+    #[derive(Deserialize)]
+    struct ItemRef<'a> {
+        _queue: &'a str,
+        _partition: &'a str,
+        transaction_id: &'a str,
+        message_id: [u8; 16],
+        payload: &'a [u8],
+        trace_id: Option<&'a str>,
+    }
+    let entry: EntryRef<'_> = postcard::from_bytes(entry).map_err(|e| e.to_string())?;
+    let CommandRef::Push(items) = &entry.command else {
         return Err("the entry is not a push".to_owned());
     };
     let items = first
@@ -409,11 +432,11 @@ pub fn pushed_messages(
         .iter()
         .map(|item| {
             MessageRecRef {
-                transaction_id: &item.transaction_id,
+                transaction_id: item.transaction_id,
                 id: item.message_id,
-                trace_id: item.trace_id.as_deref(),
+                trace_id: item.trace_id,
                 stamp: Stamp(stamp),
-                payload: &item.payload,
+                payload: item.payload,
             }
             .encode()
         })
@@ -636,5 +659,54 @@ mod tests {
         );
         let e = parse(serde_json::json!({"k".repeat(300): 1})).unwrap_err();
         assert_eq!(e.field.len(), 64);
+    }
+
+    /// A push entry read in place gives, for any run of its items, the bytes the push stores
+    /// for them; another entry, or a run past its items, is an error.
+    #[test]
+    fn pushed_messages_are_the_stored_bytes_of_the_items() {
+        use crate::command::{Command, Entry, PushItem};
+        use crate::names::{PartitionName, QueueName};
+        let items: Vec<PushItem> = (0..7u8)
+            .map(|i| PushItem {
+                queue: QueueName::new(format!("q{i}")).unwrap(),
+                partition: PartitionName::new("Default").unwrap(),
+                transaction_id: format!("txn-{}", "x".repeat(usize::from(i) * 40)),
+                message_id: [i; 16],
+                payload: vec![i; usize::from(i) * 100],
+                trace_id: (i % 2 == 0).then(|| format!("trace-{i}")),
+            })
+            .collect();
+        let entry = Entry {
+            proposed_at: 1_700_000_000_000_000,
+            command: Command::Push(items.clone()),
+        }
+        .encode();
+        let stamp = 1_700_000_000_000_123;
+        for first in 0..items.len() {
+            for count in 0..=items.len() - first {
+                let want: Vec<Vec<u8>> = items[first..first + count]
+                    .iter()
+                    .map(|item| {
+                        MessageRecRef {
+                            transaction_id: &item.transaction_id,
+                            id: item.message_id,
+                            trace_id: item.trace_id.as_deref(),
+                            stamp: Stamp(stamp),
+                            payload: &item.payload,
+                        }
+                        .encode()
+                    })
+                    .collect();
+                assert_eq!(pushed_messages(&entry, stamp, first, count).unwrap(), want);
+            }
+        }
+        assert!(pushed_messages(&entry, stamp, 6, 2).is_err());
+        let tick = Entry {
+            proposed_at: 1,
+            command: Command::Tick,
+        }
+        .encode();
+        assert!(pushed_messages(&tick, stamp, 0, 0).is_err());
     }
 }
