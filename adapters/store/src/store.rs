@@ -401,9 +401,11 @@ impl FjallStore {
         log.set_holds(&files)
             .map_err(|e| StoreError::Read(e.to_string()))?;
 
-        // Records kept in the raft log after what the dedup runs cover, in log order.
+        // Records kept in the raft log after what the dedup runs cover, in log order, and the
+        // last record kept there.
         let covered = slot.dedup.covered_raft();
         let mut replay: Vec<(u64, u64, u64, u64, messages::IndexVal)> = Vec::new();
+        let mut last: Option<(u64, u64, u64, u64, messages::IndexVal)> = None;
         for g in slot
             .state
             .range([table::SEGMENT_INDEX].as_slice()..[table::SEGMENT_INDEX + 1].as_slice())
@@ -414,15 +416,31 @@ impl FjallStore {
             }
             let val = messages::IndexVal::decode(&k, &v)?;
             let at = (val.loc.file & !RAFT_BIT, val.loc.pos);
-            if val.raft.is_some() && at > covered {
-                let (Some(pid), Some(base)) = (
-                    queen_domain::keys::u64_at(&k, 1),
-                    queen_domain::keys::u64_at(&k, 9),
-                ) else {
-                    continue;
-                };
+            let (Some(pid), Some(base)) = (
+                queen_domain::keys::u64_at(&k, 1),
+                queen_domain::keys::u64_at(&k, 9),
+            ) else {
+                continue;
+            };
+            if val.raft.is_none() {
+                continue;
+            }
+            if last.is_none_or(|l| (l.0, l.1) < at) {
+                last = Some((at.0, at.1, pid, base, val));
+            }
+            if at > covered {
                 replay.push((at.0, at.1, pid, base, val));
             }
+        }
+        // The log is append-only: when its last record the state indexes is whole, so is every
+        // earlier one. One that is gone or damaged means the log lost entries this state applied
+        // (a machine that lost power before this node's own fsync of them): refuse to serve.
+        if let Some((file, pos, pid, base, val)) = last {
+            val.read(&slot.segments, pid, base).map_err(|e| {
+                StoreError::Read(format!(
+                    "the raft log lost entries this state applied (the last kept record, at position {pos} of log file {file}: {e}); move the data directory away and start the node empty, so that it receives a snapshot"
+                ))
+            })?;
         }
         replay.sort_unstable_by_key(|r| (r.0, r.1, r.2, r.3));
         let mut full = [0u8; 25];

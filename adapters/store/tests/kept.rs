@@ -60,6 +60,14 @@ impl TwinLog {
         t.files.retain(|f, _| *f >= file || holds.contains(f));
     }
 
+    /// Lose the last `bytes` of the newest file.
+    fn cut_tail(&self, bytes: usize) {
+        let mut t = self.inner.lock().unwrap();
+        if let Some((_, f)) = t.files.iter_mut().next_back() {
+            f.truncate(f.len().saturating_sub(bytes));
+        }
+    }
+
     fn holds(&self) -> BTreeSet<u64> {
         self.inner.lock().unwrap().holds.clone()
     }
@@ -349,4 +357,25 @@ fn retention_releases_log_files() {
         "nothing still read was purged"
     );
     invariants::check(&store).unwrap();
+}
+
+/// A log that lost the tail this state indexes (a power loss before the node's own fsync of
+/// entries it applied) is found at start: attaching it fails with what to do, and nothing is
+/// served from it.
+#[test]
+fn a_log_that_lost_indexed_entries_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(TwinLog::default());
+    let store = open(dir.path(), &log);
+    let ids: Vec<String> = (0..300).map(|i| format!("t{i}")).collect();
+    apply_in(&store, Some(&log), &pushes(&ids), 1, 4);
+    drop(store);
+    log.cut_tail(100);
+    let store = FjallStore::open(&config(dir.path())).unwrap();
+    let e = store.attach_log(log.clone()).expect_err("refused");
+    let line = e.to_string();
+    assert!(
+        line.contains("lost entries") && line.contains("start the node empty"),
+        "{line}"
+    );
 }
