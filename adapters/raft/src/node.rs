@@ -141,7 +141,13 @@ impl RaftNode {
         let fsyncs = store.fsync_counter();
         let log_liveness = store.liveness();
 
-        let sm = StateMachineStore::open(backend, Some(store.files()))
+        let files = store.files();
+        let spans = files.clone();
+        let handles = crate::state_machine::LogHandles {
+            files: Arc::new(files),
+            spans: Arc::new(move |index, len| spans.command_span(index, len)),
+        };
+        let sm = StateMachineStore::open(backend, Some(handles))
             .await
             .map_err(RaftStartError::StateMachine)?;
 

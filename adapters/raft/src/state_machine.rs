@@ -31,7 +31,6 @@ use queen_ports::StateMachineBackend;
 use serde::Deserialize;
 use serde::Serialize;
 
-use crate::log_store::LogFiles;
 use crate::snapshot_spool::SpooledSnapshot;
 use crate::type_config::LogId;
 use crate::type_config::Snapshot;
@@ -222,12 +221,22 @@ struct CurrentSnapshot {
     meta: SnapshotMeta,
 }
 
+/// Where the log wrote a live entry's command: (log index, command length) -> its span.
+pub(crate) type CommandSpans =
+    Arc<dyn Fn(u64, usize) -> Option<queen_ports::LogSpan> + Send + Sync>;
+
+/// The log's files as the backend reads them, and where the log wrote each command.
+pub(crate) struct LogHandles {
+    pub(crate) files: Arc<dyn queen_ports::LogFiles>,
+    pub(crate) spans: CommandSpans,
+}
+
 /// openraft's state machine over the backend port.
 pub(crate) struct StateMachineStore {
     /// Where entries are applied.
     backend: Arc<dyn StateMachineBackend>,
-    /// The log's files, to tell the backend where each command's bytes were written.
-    files: Option<LogFiles>,
+    /// The log's files and where it wrote each command, to tell the backend.
+    files: Option<LogHandles>,
     /// The last applied membership, carried into every batch's meta.
     last_membership: StoredMembership,
     /// The latest snapshot, shared with snapshot builders (which run in their own task).
@@ -238,11 +247,10 @@ impl StateMachineStore {
     /// Wrap `backend`, reading its stored meta; with `files`, hand the log's files to it first.
     pub(crate) async fn open(
         backend: Arc<dyn StateMachineBackend>,
-        files: Option<LogFiles>,
+        files: Option<LogHandles>,
     ) -> io::Result<Self> {
         if let Some(f) = &files {
-            let handle: Arc<dyn queen_ports::LogFiles> = Arc::new(f.clone());
-            let b = backend.clone();
+            let (handle, b) = (f.files.clone(), backend.clone());
             blocking(move || b.attach_log(handle)).await?;
         }
         let meta = load_meta(&backend).await?;
@@ -268,7 +276,7 @@ impl StateMachineStore {
                     span = self
                         .files
                         .as_ref()
-                        .and_then(|f| f.command_span(entry.log_id.index, cmd.0.len()));
+                        .and_then(|f| (f.spans)(entry.log_id.index, cmd.0.len()));
                     Some(cmd.0)
                 }
                 EntryPayload::Blank => None,
