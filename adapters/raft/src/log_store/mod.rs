@@ -680,23 +680,7 @@ fn segment_name(seq: u64) -> String {
 
 /// Scan every segment in order and rebuild the state; cut a torn tail off the last segment.
 fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> io::Result<()> {
-    let mut seqs = Vec::new();
-    for dent in std::fs::read_dir(dir)? {
-        let dent = dent?;
-        let name = dent.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
-            continue;
-        };
-        match stem.parse::<u64>() {
-            Ok(seq) => seqs.push(seq),
-            Err(_) => tracing::warn!(
-                file = name,
-                "ignoring unexpected file in raft log directory"
-            ),
-        }
-    }
-    seqs.sort_unstable();
+    let seqs = segment_seqs(dir)?;
 
     let mut first = true;
     for (i, &seq) in seqs.iter().enumerate() {
@@ -801,19 +785,34 @@ fn list_archive(dir: &Path, stats: &FlushStats) -> io::Result<BTreeMap<u64, Opti
         std::fs::create_dir(&archive)?;
         stats.sync_dir(dir)?;
     }
-    let mut out = BTreeMap::new();
-    for dent in std::fs::read_dir(&archive)? {
+    Ok(segment_seqs(&archive)?
+        .into_iter()
+        .map(|seq| (seq, None))
+        .collect())
+}
+
+/// The sequence numbers of the segment files in `dir`, ascending; a `.seg` file whose name is
+/// not a number is left alone, with a warning.
+fn segment_seqs(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut seqs = Vec::new();
+    for dent in std::fs::read_dir(dir)? {
         let dent = dent?;
         let name = dent.file_name();
-        if let Some(seq) = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(SEGMENT_SUFFIX))
-            .and_then(|stem| stem.parse::<u64>().ok())
-        {
-            out.insert(seq, None);
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
+            continue;
+        };
+        match stem.parse::<u64>() {
+            Ok(seq) => seqs.push(seq),
+            Err(_) => tracing::warn!(
+                file = name,
+                dir = %dir.display(),
+                "ignoring unexpected file in raft log directory"
+            ),
         }
     }
-    Ok(out)
+    seqs.sort_unstable();
+    Ok(seqs)
 }
 
 /// The log's files as the state machine reads them (`queen_ports::LogFiles`): where each entry's
