@@ -28,7 +28,8 @@ impl StateMachineBackend for FjallStore {
         let mut txn = Txn::new(&slot);
         // Entries whose command the raft log keeps where it wrote it: (stamp, span, CRC, the
         // range of origins their pushes noted). Only with the log attached.
-        let keep = self.log.get().is_some();
+        let log = self.log.get();
+        let keep = log.is_some();
         if keep {
             txn.record_origins();
         }
@@ -72,7 +73,7 @@ impl StateMachineBackend for FjallStore {
         // rows go into one engine batch.
         let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends, &kept)
             .map_err(storage)?;
-        if let Some(log) = self.log.get() {
+        if let Some(log) = &log {
             for file in &staged.held {
                 log.hold(*file);
             }

@@ -134,6 +134,12 @@ fn u64_be(b: &[u8]) -> u64 {
     u64::from_be_bytes(b.try_into().unwrap_or_default())
 }
 
+/// (pid, base offset) of an index row's key.
+pub(crate) fn index_key_parts(key: &[u8]) -> Option<(u64, u64)> {
+    (key.len() == 17 && key[0] == table::SEGMENT_INDEX)
+        .then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
+}
+
 /// (pid, offset) of a message key.
 fn message_key_parts(key: &[u8]) -> Option<(u64, u64)> {
     (key.len() == 17 && key[0] == table::MESSAGE).then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
@@ -214,10 +220,9 @@ pub(crate) fn first_live(idx: &dyn EngineRead, pid: u64) -> Result<Option<u64>, 
     let hi = keys::prefix_end(&prefix);
     for g in idx.range(&prefix, &hi) {
         let (k, v) = g.into_inner().map_err(read_err)?;
-        if k.len() != 17 {
+        let Some((_, base)) = index_key_parts(&k) else {
             continue;
-        }
-        let base = u64_be(&k[9..17]);
+        };
         let v = IndexVal::decode(&k, &v)?;
         if v.first_live(base) < v.end(base) {
             return Ok(Some(v.first_live(base)));
@@ -278,10 +283,9 @@ pub(crate) fn scan(
     let mut key = vec![table::MESSAGE; 17];
     for g in idx.range(&ilo, &ihi) {
         let (k, v) = g.into_inner().map_err(read_err)?;
-        if k.len() != 17 {
+        let Some((pid, base)) = index_key_parts(&k) else {
             continue;
-        }
-        let (pid, base) = (u64_be(&k[1..9]), u64_be(&k[9..17]));
+        };
         let val = IndexVal::decode(&k, &v)?;
         let r = val.read(seg, pid, base).map_err(segment_err)?;
         if r.pid != pid || r.base != base {

@@ -141,11 +141,6 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    /// How many messages the record holds.
-    pub(crate) fn count(&self) -> u32 {
-        self.count
-    }
-
     /// A record built from messages, as `parse` reads one of this log.
     pub(crate) fn from_values(pid: u64, base: u64, stamp: u64, values: &[Vec<u8>]) -> Record {
         let mut out = Vec::new();
@@ -169,12 +164,7 @@ impl Record {
     /// The record framed as this log stores it (head and body).
     pub(crate) fn framed(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(RECORD_HEAD + self.body.len());
-        out.extend_from_slice(
-            &u32::try_from(self.body.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
-        out.extend_from_slice(&crc32fast::hash(&self.body).to_le_bytes());
+        out.extend_from_slice(&frame_head(&self.body));
         out.extend_from_slice(&self.body);
         out
     }
@@ -209,11 +199,16 @@ fn encode(r: &NewRecord<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(v);
     }
-    let body_len = out.len() - start - RECORD_HEAD;
-    let crc = crc32fast::hash(&out[start + RECORD_HEAD..]);
-    out[start..start + 4]
-        .copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    let head = frame_head(&out[start + RECORD_HEAD..]);
+    out[start..start + RECORD_HEAD].copy_from_slice(&head);
+}
+
+/// The head of a record: its body's length and CRC32.
+fn frame_head(body: &[u8]) -> [u8; RECORD_HEAD] {
+    let mut head = [0u8; RECORD_HEAD];
+    head[..4].copy_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    head[4..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+    head
 }
 
 fn encoded_len(r: &NewRecord<'_>) -> u64 {

@@ -158,10 +158,7 @@ impl Chunks {
     /// sent, pointing there.
     fn materialize(&mut self, key: &[u8], val: IndexVal) -> Result<Vec<u8>, BackendError> {
         let storage = |e: String| BackendError::Storage(e);
-        let (Some(pid), Some(base)) = (
-            queen_domain::keys::u64_at(key, 1),
-            queen_domain::keys::u64_at(key, 9),
-        ) else {
+        let Some((pid, base)) = messages::index_key_parts(key) else {
             return Err(storage("a malformed segment index key".to_owned()));
         };
         let rec = val

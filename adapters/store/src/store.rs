@@ -348,18 +348,14 @@ impl FjallStore {
     /// migration or a snapshot install), then fill the bloom filter from it.
     pub(crate) fn load_dedup(slot: &Slot) -> Result<(), StoreError> {
         let mut failed: Option<StoreError> = None;
-        let mut entries: Vec<(Key, u64)> = Vec::new();
         slot.segments
             .scan_records(slot.dedup.covered(), &mut |rec, after| {
-                for (offset, v) in rec.values() {
-                    match queen_domain::codec::decode_head::<MessageHead>(&[], v) {
-                        Ok(h) => entries.push((dedup_key(rec.pid, &h.transaction_id), offset)),
-                        Err(e) => {
-                            failed.get_or_insert(e);
-                        }
+                match dedup_entries(rec, 0) {
+                    Ok(entries) => slot.dedup.insert_all(entries),
+                    Err(e) => {
+                        failed.get_or_insert(e);
                     }
                 }
-                slot.dedup.insert_all(entries.drain(..));
                 if slot.dedup.full()
                     && let Err(e) = slot.dedup.flush(after)
                 {
@@ -411,20 +407,13 @@ impl FjallStore {
             .range([table::SEGMENT_INDEX].as_slice()..[table::SEGMENT_INDEX + 1].as_slice())
         {
             let (k, v) = g.into_inner().map_err(read_err)?;
-            if k.len() != 17 || v.len() == 28 {
-                continue;
-            }
-            let val = messages::IndexVal::decode(&k, &v)?;
-            let at = (val.loc.file & !RAFT_BIT, val.loc.pos);
-            let (Some(pid), Some(base)) = (
-                queen_domain::keys::u64_at(&k, 1),
-                queen_domain::keys::u64_at(&k, 9),
-            ) else {
+            // A row of 28 bytes is a record of the segment log; any other decodes as one kept
+            // in the raft log, or is an error.
+            let Some((pid, base)) = messages::index_key_parts(&k).filter(|_| v.len() != 28) else {
                 continue;
             };
-            if val.raft.is_none() {
-                continue;
-            }
+            let val = messages::IndexVal::decode(&k, &v)?;
+            let at = (val.loc.file & !RAFT_BIT, val.loc.pos);
             if last.is_none_or(|l| (l.0, l.1) < at) {
                 last = Some((at.0, at.1, pid, base, val));
             }
@@ -449,13 +438,10 @@ impl FjallStore {
             let rec = val
                 .read(&slot.segments, pid, base)
                 .map_err(|e| StoreError::Read(e.to_string()))?;
-            let mut entries = Vec::with_capacity(rec.count() as usize);
-            for (offset, v) in rec.values().skip(val.skip as usize) {
-                let h = queen_domain::codec::decode_head::<MessageHead>(&[], v)?;
-                let key = dedup_key(pid, &h.transaction_id);
-                full[1..].copy_from_slice(&key);
+            let entries = dedup_entries(&rec, val.skip as usize)?;
+            for (key, _) in &entries {
+                full[1..].copy_from_slice(key);
                 slot.dedup_filter.insert(&full);
-                entries.push((key, offset));
             }
             slot.dedup.insert_all(entries);
             slot.dedup.note_raft((file, pos));
@@ -558,6 +544,21 @@ impl FjallStore {
     pub fn dedup_stats(&self) -> (usize, u64, usize) {
         self.slot().dedup.stats()
     }
+}
+
+/// The dedup entries of a record's messages from its `skip`th on: the key of each message's
+/// transactionId and its offset.
+fn dedup_entries(
+    rec: &crate::segments::Record,
+    skip: usize,
+) -> Result<Vec<(Key, u64)>, StoreError> {
+    rec.values()
+        .skip(skip)
+        .map(|(offset, v)| {
+            let h = queen_domain::codec::decode_head::<MessageHead>(&[], v)?;
+            Ok((dedup_key(rec.pid, &h.transaction_id), offset))
+        })
+        .collect()
 }
 
 /// The index key of a transactionId in a partition: the dedup row's key without its table byte.

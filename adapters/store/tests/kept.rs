@@ -360,8 +360,7 @@ fn retention_releases_log_files() {
 }
 
 /// A log that lost the tail this state indexes (a power loss before the node's own fsync of
-/// entries it applied) is found at start: attaching it fails with what to do, and nothing is
-/// served from it.
+/// entries it applied) is found at start: attaching it fails with what to do.
 #[test]
 fn a_log_that_lost_indexed_entries_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
