@@ -32,6 +32,77 @@ impl Entry {
     }
 }
 
+/// A pushed item read in place from an encoded entry: its text and payload borrowed from the
+/// entry's bytes. The fields of [`PushItem`], in its order (the same encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct PushItemRef<'a> {
+    /// Target queue.
+    pub queue: &'a str,
+    /// Target partition.
+    pub partition: &'a str,
+    /// Idempotency key.
+    pub transaction_id: &'a str,
+    /// Message id.
+    pub message_id: [u8; 16],
+    /// Payload as JSON text.
+    pub payload: &'a [u8],
+    /// Optional trace id.
+    pub trace_id: Option<&'a str>,
+}
+
+impl PushItem {
+    /// The item as borrowed fields.
+    #[must_use]
+    pub fn as_item_ref(&self) -> PushItemRef<'_> {
+        PushItemRef {
+            queue: self.queue.as_str(),
+            partition: self.partition.as_str(),
+            transaction_id: &self.transaction_id,
+            message_id: self.message_id,
+            payload: &self.payload,
+            trace_id: self.trace_id.as_deref(),
+        }
+    }
+}
+
+/// The proposer's clock and the items of an encoded `Command::Push` entry, read in place
+/// (nothing copied out of `bytes`). `None` for any other entry, and for one that
+/// [`Entry::decode`] would refuse (a queue or partition name that is not valid), so that a
+/// caller falling back to it decides exactly as before.
+#[must_use]
+pub fn decode_push(bytes: &[u8]) -> Option<(u64, Vec<PushItemRef<'_>>)> {
+    // Fields in the order of `Entry`; the variants of `Command` up to `Push`.
+    #[derive(Deserialize)]
+    struct EntryRef<'a> {
+        proposed_at: u64,
+        #[serde(borrow)]
+        command: CommandRef<'a>,
+    }
+    #[derive(Deserialize)]
+    enum CommandRef<'a> {
+        Tick,
+        Push(#[serde(borrow)] Vec<PushItemRef<'a>>),
+    }
+    let EntryRef {
+        proposed_at,
+        command: CommandRef::Push(items),
+    } = postcard::from_bytes(bytes).ok()?
+    else {
+        return None;
+    };
+    // Names are checked once per change from the item before (a batch names a few).
+    let mut last: Option<(&str, &str)> = None;
+    for i in &items {
+        if last != Some((i.queue, i.partition)) {
+            if !QueueName::is_valid(i.queue) || !PartitionName::is_valid(i.partition) {
+                return None;
+            }
+            last = Some((i.queue, i.partition));
+        }
+    }
+    Some((proposed_at, items))
+}
+
 impl Command {
     /// About how many bytes the command encodes to: exact enough that a push of many messages
     /// is encoded into one buffer instead of one grown and copied step by step.
@@ -429,6 +500,57 @@ impl Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A push entry read in place gives the items the owned decode gives; any other entry,
+    /// and a push naming a queue or partition the owned decode refuses, gives nothing.
+    #[test]
+    fn a_push_read_in_place_is_the_push_decoded() {
+        let item = |q: &str, p: &str, i: u8| PushItem {
+            queue: QueueName::new(q).expect("name"),
+            partition: PartitionName::new(p).expect("name"),
+            transaction_id: format!("t{i}"),
+            message_id: [i; 16],
+            payload: vec![i; usize::from(i) * 7],
+            trace_id: i.is_multiple_of(2).then(|| format!("trace{i}")),
+        };
+        let items: Vec<PushItem> = (0..9u8)
+            .map(|i| {
+                item(
+                    ["a", "b"][usize::from(i % 2)],
+                    ["x", "y", "z"][usize::from(i % 3)],
+                    i,
+                )
+            })
+            .collect();
+        let bytes = Entry {
+            proposed_at: 42,
+            command: Command::Push(items.clone()),
+        }
+        .encode();
+        let (at, read) = decode_push(&bytes).expect("a push");
+        assert_eq!(at, 42);
+        let want: Vec<PushItemRef<'_>> = items.iter().map(PushItem::as_item_ref).collect();
+        assert_eq!(read, want);
+        assert!(
+            decode_push(
+                &Entry {
+                    proposed_at: 1,
+                    command: Command::Tick
+                }
+                .encode()
+            )
+            .is_none()
+        );
+        // A name the owned decode refuses (bytes a valid build never proposes).
+        let mut bad = bytes.clone();
+        let at = bad
+            .iter()
+            .position(|&b| b == b'x')
+            .expect("a partition name");
+        bad[at] = b'/';
+        assert!(Entry::decode(&bad).is_err());
+        assert!(decode_push(&bad).is_none());
+    }
 
     /// A push entry is encoded into the buffer its hint reserves, without growing it, whatever
     /// the sizes of its fields.

@@ -397,33 +397,10 @@ pub fn pushed_messages(
     first: usize,
     count: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    // A push entry read in place: the items' text and payloads borrowed from `entry`, so that
-    // each message is copied once, into its stored form. Fields in the order of `Entry`,
-    // `Command` (its first two variants) and `PushItem`.
-    #[derive(Deserialize)]
-    struct EntryRef<'a> {
-        _proposed_at: u64,
-        #[serde(borrow)]
-        command: CommandRef<'a>,
-    }
-    #[derive(Deserialize)]
-    enum CommandRef<'a> {
-        Tick,
-        Push(#[serde(borrow)] Vec<ItemRef<'a>>),
-    }
-    #[derive(Deserialize)]
-    struct ItemRef<'a> {
-        _queue: &'a str,
-        _partition: &'a str,
-        transaction_id: &'a str,
-        message_id: [u8; 16],
-        payload: &'a [u8],
-        trace_id: Option<&'a str>,
-    }
-    let entry: EntryRef<'_> = postcard::from_bytes(entry).map_err(|e| e.to_string())?;
-    let CommandRef::Push(items) = &entry.command else {
-        return Err("the entry is not a push".to_owned());
-    };
+    // Read in place: the items' text and payloads borrowed from `entry`, so that each message
+    // is copied once, into its stored form.
+    let (_, items) = crate::command::decode_push(entry)
+        .ok_or_else(|| "the entry is not a push of this build".to_owned())?;
     let items = first
         .checked_add(count)
         .and_then(|end| items.get(first..end))

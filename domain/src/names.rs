@@ -62,6 +62,12 @@ macro_rules! name_type {
                 Ok(Self(name))
             }
 
+            /// Whether `name` is a valid name (what [`Self::new`] checks), without a copy.
+            #[must_use]
+            pub fn is_valid(name: &str) -> bool {
+                check(name).is_ok()
+            }
+
             /// The name as text.
             #[must_use]
             pub fn as_str(&self) -> &str {

@@ -4,8 +4,13 @@
 //! The node backs `StateRead` with its on-disk engine; tests use `MemStore`. A `Txn` can sit on
 //! another `Txn`, which is how one entry's effects are rolled back without touching its batch.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Bound;
+
+use crate::keys;
+use crate::model::MessageRecRef;
+use crate::time::Stamp;
 
 /// A failure of the underlying store. Fatal for apply: replicas must not skip effects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,9 +52,51 @@ pub trait StateRead {
 /// Pending writes: `Some(value)` puts, `None` deletes.
 pub type WriteSet = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// Rows appended to an append-only table (messages): written once, never overwritten, only
-/// ever removed from the front by a later delete.
-pub type Appends = BTreeMap<Vec<u8>, Vec<u8>>;
+/// A message appended in an overlay: its stored bytes, or the fields of the pushed item it
+/// is, borrowed from the entry being applied. A borrowed one is encoded only when something
+/// reads it or a store writes it out; a store that keeps the entry instead of the messages
+/// never encodes it at all.
+#[derive(Debug, Clone)]
+pub enum Appended<'a> {
+    /// The stored message's bytes.
+    Encoded(Vec<u8>),
+    /// The message as pushed.
+    Pushed(MessageRecRef<'a>),
+}
+
+impl Appended<'_> {
+    /// The stored message's bytes.
+    #[must_use]
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
+        match self {
+            Appended::Encoded(b) => Cow::Borrowed(b),
+            Appended::Pushed(m) => Cow::Owned(m.encode()),
+        }
+    }
+
+    /// The stamp of the push that stored it (`None`: the bytes are not a message).
+    #[must_use]
+    pub fn stamp(&self) -> Option<Stamp> {
+        match self {
+            Appended::Encoded(b) => crate::model::message_stamp(b),
+            Appended::Pushed(m) => Some(m.stamp),
+        }
+    }
+
+    /// The same message with nothing borrowed.
+    #[must_use]
+    pub fn into_owned(self) -> Appended<'static> {
+        match self {
+            Appended::Encoded(b) => Appended::Encoded(b),
+            Appended::Pushed(m) => Appended::Encoded(m.encode()),
+        }
+    }
+}
+
+/// Messages appended to partitions' logs, by (partition, offset): written once, never
+/// overwritten, only ever removed from the front by a later delete. Their rows are
+/// `keys::message(pid, offset)`; the map's order is the rows' key order.
+pub type Appends<'a> = BTreeMap<(u64, u64), Appended<'a>>;
 
 /// A write overlay on top of a readable state: reads see the overlay's own writes first.
 ///
@@ -59,7 +106,7 @@ pub type Appends = BTreeMap<Vec<u8>, Vec<u8>>;
 pub struct Txn<'a> {
     base: &'a dyn StateRead,
     writes: WriteSet,
-    appends: Appends,
+    appends: Appends<'a>,
     /// Where appended messages came from, when the store asked (see [`Txn::record_origins`]).
     origins: Option<Vec<Origin>>,
 }
@@ -107,35 +154,35 @@ impl<'a> Txn<'a> {
         }
     }
 
-    /// Stage an append to an append-only table: `key` must be new (never stored, never
-    /// appended before).
-    pub fn append(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.appends.insert(key, value);
+    /// Stage a message appended at `offset` of partition `pid`: the offset must be new (never
+    /// stored, never appended before).
+    pub fn append(&mut self, pid: u64, offset: u64, message: Appended<'a>) {
+        self.appends.insert((pid, offset), message);
     }
 
     /// The staged writes and appends apart, for a store that keeps appends in a log. A delete
     /// of an appended row is in the writes (as `None`).
     #[must_use]
-    pub fn into_parts(self) -> (WriteSet, Appends) {
+    pub fn into_parts(self) -> (WriteSet, Appends<'a>) {
         (self.writes, self.appends)
     }
 
-    /// Merge a child's writes and appends into this overlay (the child committed).
-    pub fn absorb_parts(&mut self, (writes, appends): (WriteSet, Appends)) {
-        self.appends.extend(appends);
-        self.writes.extend(writes);
+    /// [`Txn::into_parts`] with nothing borrowed, for a child overlay whose parent absorbs
+    /// them once the child (and its borrow of the parent) is gone.
+    #[must_use]
+    pub fn into_owned_parts(self) -> (WriteSet, Appends<'static>) {
+        let appends = self
+            .appends
+            .into_iter()
+            .map(|(k, v)| (k, v.into_owned()))
+            .collect();
+        (self.writes, appends)
     }
 
-    /// An appended row. Appends are all of one table (messages) and most reads are of other
-    /// tables (a push reads a dedup row per message), so a key outside the appends' first and
-    /// last is answered by two comparisons, not by a search of the whole map.
-    fn appended(&self, key: &[u8]) -> Option<&Vec<u8>> {
-        let (first, _) = self.appends.first_key_value()?;
-        let (last, _) = self.appends.last_key_value()?;
-        if key < first.as_slice() || key > last.as_slice() {
-            return None;
-        }
-        self.appends.get(key)
+    /// Merge a child's writes and appends into this overlay (the child committed).
+    pub fn absorb_parts(&mut self, (writes, appends): (WriteSet, Appends<'static>)) {
+        self.appends.extend(appends);
+        self.writes.extend(writes);
     }
 
     /// Stage a put.
@@ -153,8 +200,8 @@ impl<'a> Txn<'a> {
     pub fn into_writes(self) -> WriteSet {
         let mut all: WriteSet = self
             .appends
-            .into_iter()
-            .map(|(k, v)| (k, Some(v)))
+            .iter()
+            .map(|(&(pid, offset), v)| (keys::message(pid, offset), Some(v.bytes().into_owned())))
             .collect();
         all.extend(self.writes);
         all
@@ -178,21 +225,53 @@ impl<'a> Txn<'a> {
     }
 }
 
+/// The (partition, offset) of a message row's key, or `None` for a key of another table.
+fn message_parts(key: &[u8]) -> Option<(u64, u64)> {
+    let word =
+        |r: std::ops::Range<usize>| u64::from_be_bytes(key[r].try_into().unwrap_or_default());
+    (key.len() == 17 && key[0] == keys::table::MESSAGE).then(|| (word(1..9), word(9..17)))
+}
+
+/// The first (partition, offset) whose message row's key is at or after `start`, or `None`
+/// when every message row's key is before it. (Approximate for a `start` inside the message
+/// table longer than a row's key: the caller still compares keys.)
+fn first_message_at(start: &[u8]) -> Option<(u64, u64)> {
+    match start.first() {
+        None => Some((0, 0)),
+        Some(&t) if t < keys::table::MESSAGE => Some((0, 0)),
+        Some(&t) if t > keys::table::MESSAGE => None,
+        Some(_) => {
+            let mut padded = [0u8; 16];
+            let tail = &start[1..start.len().min(17)];
+            padded[..tail.len()].copy_from_slice(tail);
+            let word = |r: std::ops::Range<usize>| {
+                u64::from_be_bytes(padded[r].try_into().unwrap_or_default())
+            };
+            Some((word(0..8), word(8..16)))
+        }
+    }
+}
+
 /// The overlay's rows in `[start, end)`, writes taking precedence over appends of the same key.
 fn overlay_range<'s>(
     writes: &'s WriteSet,
-    appends: &'s Appends,
-    start: &[u8],
-    end: &[u8],
-) -> impl Iterator<Item = (&'s [u8], Option<&'s [u8]>)> + 's {
+    appends: &'s Appends<'_>,
+    start: &'s [u8],
+    end: &'s [u8],
+) -> impl Iterator<Item = (Cow<'s, [u8]>, Option<Cow<'s, [u8]>>)> + 's {
     let range = (Bound::Included(start), Bound::Excluded(end));
     let mut w = writes
         .range::<[u8], _>(range)
-        .map(|(k, v)| (k.as_slice(), v.as_deref()))
+        .map(|(k, v)| (Cow::Borrowed(k.as_slice()), v.as_deref().map(Cow::Borrowed)))
         .peekable();
-    let mut a = appends
-        .range::<[u8], _>(range)
-        .map(|(k, v)| (k.as_slice(), Some(v.as_slice())))
+    let from = first_message_at(start);
+    let mut a = from
+        .into_iter()
+        .flat_map(move |from| appends.range(from..))
+        .map(|(&(pid, offset), v)| (keys::message(pid, offset), v))
+        .skip_while(move |(k, _)| k.as_slice() < start)
+        .take_while(move |(k, _)| k.as_slice() < end)
+        .map(|(k, v)| (Cow::Owned(k), Some(v.bytes())))
         .peekable();
     std::iter::from_fn(move || match (w.peek(), a.peek()) {
         (Some(x), Some(y)) if x.0 == y.0 => {
@@ -207,13 +286,15 @@ fn overlay_range<'s>(
 
 impl StateRead for Txn<'_> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.writes.get(key) {
-            Some(v) => Ok(v.clone()),
-            None => match self.appended(key) {
-                Some(v) => Ok(Some(v.clone())),
-                None => self.base.get(key),
-            },
+        if let Some(v) = self.writes.get(key) {
+            return Ok(v.clone());
         }
+        if let Some(at) = message_parts(key)
+            && let Some(m) = self.appends.get(&at)
+        {
+            return Ok(Some(m.bytes().into_owned()));
+        }
+        self.base.get(key)
     }
 
     fn scan(
@@ -230,7 +311,7 @@ impl StateRead for Txn<'_> {
         self.base.scan(start, end, &mut |k, v| {
             // Emit overlay entries that sort before this base key.
             while let Some((ok, ov)) = overlay.peek() {
-                if *ok >= k {
+                if ok.as_ref() >= k {
                     break;
                 }
                 if let Some(ov) = ov
@@ -242,7 +323,7 @@ impl StateRead for Txn<'_> {
                 overlay.next();
             }
             if let Some((ok, ov)) = overlay.peek()
-                && *ok == k
+                && ok.as_ref() == k
             {
                 let keep = match ov {
                     Some(ov) => visit(k, ov),
@@ -263,7 +344,7 @@ impl StateRead for Txn<'_> {
         if !stopped {
             for (ok, ov) in overlay {
                 if let Some(ov) = ov
-                    && !visit(ok, ov)
+                    && !visit(&ok, &ov)
                 {
                     break;
                 }
@@ -360,35 +441,48 @@ mod tests {
         #[test]
         fn overlay_scan_equals_committed_scan(
             base in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..3), any::<u8>(), 0..20),
-            ops in proptest::collection::vec((proptest::collection::vec(0u8..6, 1..3), proptest::option::of(any::<u8>())), 0..20),
-            appends in proptest::collection::btree_map(proptest::collection::vec(4u8..6, 1..3), any::<u8>(), 0..6),
-            lo in proptest::collection::vec(0u8..6, 0..2),
-            hi in proptest::collection::vec(0u8..7, 1..3),
+            ops in proptest::collection::vec((0u8..9, 0u8..7, proptest::option::of(any::<u8>())), 0..20),
+            appends in proptest::collection::btree_map((0u64..2, 0u64..3), (any::<u8>(), any::<bool>()), 0..6),
+            lo in 0usize..70,
+            hi in 0usize..70,
             limit in 1usize..30,
         ) {
-            let mut store = MemStore::new();
-            store.commit(base.into_iter().map(|(k, v)| (k, Some(vec![v]))).collect());
-            let mut txn = Txn::new(&store);
-            // Appends go to keys the base never had (first byte 4 or 5); later ops may delete them.
-            for (k, v) in appends {
-                txn.append(k, vec![v]);
-            }
-            for (k, v) in ops {
-                match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
-            }
-            let via_overlay = collect(&txn, &lo, &hi, limit);
-            // Every key of one or two bytes, read through the overlay (below, inside and above
-            // the appends' range).
-            let keys: Vec<Vec<u8>> = (0u8..7)
+            // Keys: short ones of other tables (first byte 0-6, the message table's byte among
+            // them) and message rows of two partitions.
+            let mut probe: Vec<Vec<u8>> = (0u8..7)
                 .map(|a| vec![a])
                 .chain((0u8..7).flat_map(|a| (0u8..7).map(move |b| vec![a, b])))
                 .collect();
-            let got: Vec<Option<Vec<u8>>> = keys.iter().map(|k| txn.get(k).unwrap()).collect();
+            probe.extend((0u64..2).flat_map(|p| (0u64..3).map(move |o| keys::message(p, o))));
+            probe.sort();
+            let mut store = MemStore::new();
+            store.commit(base.into_iter().map(|(k, v)| (k, Some(vec![v]))).collect());
+            let mut txn = Txn::new(&store);
+            // Appends go to message rows the base never had, encoded or as pushed (the
+            // pushed ones borrow their transactionId from `ids`); later ops may delete them.
+            let ids: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+            for (i, ((pid, offset), (v, pushed))) in appends.into_iter().enumerate() {
+                let m = MessageRecRef {
+                    transaction_id: &ids[i],
+                    id: [v; 16],
+                    trace_id: None,
+                    stamp: Stamp(u64::from(v)),
+                    payload: b"{}",
+                };
+                txn.append(pid, offset, if pushed { Appended::Pushed(m) } else { Appended::Encoded(m.encode()) });
+            }
+            for (a, b, v) in ops {
+                let k = if a < 7 { vec![a, b] } else { keys::message(u64::from(a - 7), u64::from(b % 3)) };
+                match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
+            }
+            let (lo, hi) = (probe[lo % probe.len()].clone(), probe[hi % probe.len()].clone());
+            let via_overlay = collect(&txn, &lo, &hi, limit);
+            let got: Vec<Option<Vec<u8>>> = probe.iter().map(|k| txn.get(k).unwrap()).collect();
             let writes = txn.into_writes();
             let mut after = store.clone();
             after.commit(writes);
             prop_assert_eq!(via_overlay, collect(&after, &lo, &hi, limit));
-            let want: Vec<Option<Vec<u8>>> = keys.iter().map(|k| after.get(k).unwrap()).collect();
+            let want: Vec<Option<Vec<u8>>> = probe.iter().map(|k| after.get(k).unwrap()).collect();
             prop_assert_eq!(got, want);
         }
     }

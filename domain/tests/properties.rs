@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
-use queen_domain::machine::apply_entry_as;
+use queen_domain::machine::{apply_encoded, apply_entry_as};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants};
@@ -153,11 +153,12 @@ proptest! {
         prop_assert!(invariants::check(&one_by_one).is_ok(), "{:?}", invariants::check(&one_by_one));
         // The same entries applied in batches of `cut` (one overlay per batch, as the node does).
         let mut batched = MemStore::new();
+        let mut answers = Vec::new();
         for (c, chunk) in entries.chunks(cut).enumerate() {
             let mut txn = Txn::new(&batched);
             for (j, e) in chunk.iter().enumerate() {
                 let mut inner = Txn::new(&txn);
-                apply_entry(&mut inner, e, (c * cut + j) as u64 + 1).unwrap();
+                answers.push(apply_entry(&mut inner, e, (c * cut + j) as u64 + 1).unwrap());
                 let w = inner.into_writes();
                 txn.absorb(w);
             }
@@ -165,6 +166,23 @@ proptest! {
             batched.commit(w);
         }
         prop_assert_eq!(&one_by_one, &batched);
+        // The same entries applied from their bytes in batches of `cut` on one overlay, as the
+        // node's store applies them: pushes are read in place and their messages stay as
+        // pushed in the overlay until something reads them (a pop of the same batch) or the
+        // batch commits. The same state and the same answers.
+        let encoded: Vec<Vec<u8>> = entries.iter().map(Entry::encode).collect();
+        let mut in_place = MemStore::new();
+        let mut in_place_answers = Vec::new();
+        for (c, chunk) in encoded.chunks(cut).enumerate() {
+            let mut txn = Txn::new(&in_place);
+            for (j, e) in chunk.iter().enumerate() {
+                in_place_answers.push(apply_encoded(&mut txn, e, (c * cut + j) as u64 + 1, true).unwrap());
+            }
+            let w = txn.into_writes();
+            in_place.commit(w);
+        }
+        prop_assert_eq!(&one_by_one, &in_place);
+        prop_assert_eq!(answers, in_place_answers);
         // The same entries applied as a follower applies them (nobody waits for the answers,
         // so pops do not read the messages they claim): the same state.
         let mut follower = MemStore::new();

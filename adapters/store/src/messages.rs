@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use queen_domain::keys::{self, table};
-use queen_domain::{Appends, StoreError, WriteSet};
+use queen_domain::{Appended, Appends, StoreError, WriteSet};
 
 use crate::segments::{Loc, NewRecord, RAFT_BIT, Raft, Record, SegmentError, Segments};
 use crate::store::read_err;
@@ -141,7 +141,7 @@ pub(crate) fn index_key_parts(key: &[u8]) -> Option<(u64, u64)> {
 }
 
 /// (pid, offset) of a message key.
-fn message_key_parts(key: &[u8]) -> Option<(u64, u64)> {
+pub(crate) fn message_key_parts(key: &[u8]) -> Option<(u64, u64)> {
     (key.len() == 17 && key[0] == table::MESSAGE).then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
 }
 
@@ -382,7 +382,7 @@ pub(crate) fn stage(
     idx: &dyn EngineRead,
     seg: &Segments,
     writes: &mut WriteSet,
-    appends: Appends,
+    appends: Appends<'_>,
     kept: &[KeptEntry<'_>],
 ) -> Result<Staged, StoreError> {
     // Deletes of message rows: the new first live offset per partition.
@@ -419,23 +419,18 @@ pub(crate) fn stage(
     }
 
     // Appends: runs of consecutive offsets of one partition with one stamp.
-    struct Run<'a> {
+    struct Run<'a, 'm> {
         pid: u64,
         base: u64,
         stamp: u64,
-        values: Vec<&'a [u8]>,
+        values: Vec<&'a Appended<'m>>,
     }
-    let mut runs: Vec<Run<'_>> = Vec::new();
-    for (k, v) in &appends {
-        let Some((pid, offset)) = message_key_parts(k) else {
-            return Err(StoreError::Corrupt {
-                key: queen_domain::codec::escape(k),
-                detail: "an append outside the message table".to_owned(),
-            });
-        };
-        let stamp = queen_domain::model::message_stamp(v)
+    let mut runs: Vec<Run<'_, '_>> = Vec::new();
+    for (&(pid, offset), v) in &appends {
+        let stamp = v
+            .stamp()
             .ok_or_else(|| StoreError::Corrupt {
-                key: queen_domain::codec::escape(k),
+                key: queen_domain::codec::escape(&queen_domain::keys::message(pid, offset)),
                 detail: "an appended message without a stamp".to_owned(),
             })?
             .0;
@@ -487,13 +482,20 @@ pub(crate) fn stage(
             _ => true,
         }
     });
+    // The rest are written to the segment log: only these messages are encoded (those pushed
+    // in place are still the pushed fields).
+    let bytes: Vec<Vec<std::borrow::Cow<'_, [u8]>>> = runs
+        .iter()
+        .map(|r| r.values.iter().map(|v| v.bytes()).collect())
+        .collect();
     let records: Vec<NewRecord<'_>> = runs
-        .into_iter()
-        .map(|r| NewRecord {
+        .iter()
+        .zip(&bytes)
+        .map(|(r, b)| NewRecord {
             pid: r.pid,
             base: r.base,
             stamp: r.stamp,
-            values: r.values,
+            values: b.iter().map(AsRef::as_ref).collect(),
         })
         .collect();
     let (locs, sealed) = seg.append(&records).map_err(segment_err)?;

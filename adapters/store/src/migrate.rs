@@ -9,7 +9,7 @@
 
 use fjall::PersistMode;
 use queen_domain::keys::table;
-use queen_domain::{Appends, StoreError, WriteSet};
+use queen_domain::{Appended, Appends, StoreError, WriteSet};
 
 use crate::messages;
 use crate::store::{FjallStore, Slot, read_err};
@@ -45,7 +45,14 @@ impl FjallStore {
             }
             messages_moved += rows.len() as u64;
             let removes: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
-            let appends: Appends = rows.into_iter().collect();
+            let mut appends = Appends::new();
+            for (k, v) in rows {
+                let at = messages::message_key_parts(&k).ok_or_else(|| StoreError::Corrupt {
+                    key: queen_domain::codec::escape(&k),
+                    detail: "a message key of the wrong length".to_owned(),
+                })?;
+                appends.insert(at, Appended::Encoded(v));
+            }
             let mut writes = WriteSet::new();
             let staged = messages::stage(&slot.state, &slot.segments, &mut writes, appends, &[])?;
             let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));

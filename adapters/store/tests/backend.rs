@@ -122,8 +122,9 @@ fn a_snapshot_installs_the_same_state_elsewhere() {
     // The installed state equals the same entries applied by the domain on a map.
     let mut expected = MemStore::new();
     for i in 0..5000 {
+        let entry = push_entry(i);
         let mut txn = queen_domain::Txn::new(&expected);
-        queen_domain::machine::apply_encoded(&mut txn, &push_entry(i), i + 1, true).unwrap();
+        queen_domain::machine::apply_encoded(&mut txn, &entry, i + 1, true).unwrap();
         let w = txn.into_writes();
         expected.commit(w);
     }

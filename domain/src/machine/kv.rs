@@ -425,7 +425,7 @@ pub(crate) fn apply(
                 break;
             }
         }
-        (results, failed, child.into_parts())
+        (results, failed, child.into_owned_parts())
     };
     if let Some(f) = failed {
         // Nothing is kept: every write that had applied now reads as rolled back, and the

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::codec::{decode, encode};
-use crate::command::{Command, Entry, Outcome, Response};
+use crate::command::{Command, Entry, Outcome, PushItem, Response};
 use crate::keys;
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
@@ -57,7 +57,10 @@ pub fn apply_entry_as(
             housekeeping::run(txn, stamp, HousekeepingBudget::default())?;
             Outcome::Tick
         }
-        Command::Push(items) => Outcome::Push(push::push(txn, stamp, items, answered, true)?),
+        Command::Push(items) => {
+            let items: Vec<_> = items.iter().map(PushItem::as_item_ref).collect();
+            Outcome::Push(push::push(txn, stamp, &items, answered, true)?)
+        }
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
         Command::Ack { group, items } => {
             Outcome::Ack(ack::ack(txn, stamp, group, items, answered)?)
@@ -125,12 +128,18 @@ pub fn apply_entry_as(
 ///
 /// # Errors
 /// Store failures.
-pub fn apply_encoded(
-    txn: &mut Txn<'_>,
-    bytes: &[u8],
+pub fn apply_encoded<'a>(
+    txn: &mut Txn<'a>,
+    bytes: &'a [u8],
     index: u64,
     answered: bool,
 ) -> Result<Response, StoreError> {
+    // A push, the bulk of the log, is applied from the entry's bytes in place.
+    if let Some((proposed_at, items)) = crate::command::decode_push(bytes) {
+        let stamp = next_stamp(txn, proposed_at)?;
+        let outcome = Outcome::Push(push::push_in_place(txn, stamp, &items, answered)?);
+        return Ok(Response { stamp, outcome });
+    }
     match Entry::decode(bytes) {
         Ok(entry) => apply_entry_as(txn, &entry, index, answered),
         Err(e) => Ok(Response {

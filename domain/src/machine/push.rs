@@ -1,9 +1,9 @@
 //! Push: append to a partition's log, deduplicated by transactionId.
 
-use crate::command::{PushItem, PushOutcome, PushStatus};
+use crate::command::{PushItemRef, PushOutcome, PushStatus};
 use crate::keys;
 use crate::model::{MessageRecRef, PartitionRec, QueueRec};
-use crate::store::{StoreError, Txn};
+use crate::store::{Appended, StoreError, Txn};
 use crate::time::Stamp;
 
 use super::dedup;
@@ -12,38 +12,71 @@ use super::{put_rec, text_for_answer};
 
 /// Push every item; each gets its own answer, in order. All records share `stamp`. With
 /// `from_entry`, the items are those of the `Command::Push` entry being applied, and each stored
-/// message's origin is noted in `txn` (see [`Txn::record_origins`]).
+/// message's origin is noted in `txn` (see [`Txn::record_origins`]). Each message is encoded
+/// into the overlay as it is stored.
 ///
-/// The queue and partition records a batch touches are read once and written once, at the end
-/// (a batch usually goes to a few partitions); only the dedup lookup is per item. With
-/// `answered` false (nobody on this node waits for the answers) the answers carry their status,
-/// ids and offsets but not copies of the transactionId and queue name.
+/// With `answered` false (nobody on this node waits for the answers) the answers carry their
+/// status, ids and offsets but not copies of the transactionId and queue name.
 pub(crate) fn push(
     txn: &mut Txn<'_>,
     stamp: Stamp,
-    items: &[PushItem],
+    items: &[PushItemRef<'_>],
     answered: bool,
     from_entry: bool,
+) -> Result<Vec<PushOutcome>, StoreError> {
+    push_with(txn, stamp, items, answered, |txn, pid, offset, index, m| {
+        txn.append(pid, offset, Appended::Encoded(m.encode()));
+        if from_entry {
+            txn.note_origin(pid, offset, index);
+        }
+    })
+}
+
+/// [`push`] of the items of the `Command::Push` entry being applied, read in place from the
+/// entry's bytes that outlive `txn`: the overlay holds each message as pushed (borrowed), so a
+/// store that keeps the entry never copies or encodes the messages it keeps.
+pub(crate) fn push_in_place<'a>(
+    txn: &mut Txn<'a>,
+    stamp: Stamp,
+    items: &[PushItemRef<'a>],
+    answered: bool,
+) -> Result<Vec<PushOutcome>, StoreError> {
+    push_with(txn, stamp, items, answered, |txn, pid, offset, index, m| {
+        txn.append(pid, offset, Appended::Pushed(m));
+        txn.note_origin(pid, offset, index);
+    })
+}
+
+/// The rules of a push; `store` puts the message at (pid, offset), item `index` of `items`.
+///
+/// The queue and partition records a batch touches are read once and written once, at the end
+/// (a batch usually goes to a few partitions); only the dedup lookup is per item.
+fn push_with<'t, 'i>(
+    txn: &mut Txn<'t>,
+    stamp: Stamp,
+    items: &[PushItemRef<'i>],
+    answered: bool,
+    mut store: impl FnMut(&mut Txn<'t>, u64, u64, u32, MessageRecRef<'i>),
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut queues: Vec<QueueRec> = Vec::new();
     // (index in `queues`, partition record, whether a message went to it)
     let mut parts: Vec<(usize, PartitionRec, bool)> = Vec::new();
     for (index, item) in items.iter().enumerate() {
-        let qi = match queues.iter().position(|q| q.name == item.queue.as_str()) {
+        let qi = match queues.iter().position(|q| q.name == item.queue) {
             Some(i) => i,
             None => {
-                queues.push(ensure_queue(txn, &item.queue, stamp)?);
+                queues.push(ensure_queue(txn, item.queue, stamp)?);
                 queues.len() - 1
             }
         };
         let pi = match parts
             .iter()
-            .position(|(i, p, _)| *i == qi && p.name == item.partition.as_str())
+            .position(|(i, p, _)| *i == qi && p.name == item.partition)
         {
             Some(i) => i,
             None => {
-                let p = ensure_partition(txn, &mut queues[qi], &item.partition, stamp)?;
+                let p = ensure_partition(txn, &mut queues[qi], item.partition, stamp)?;
                 parts.push((qi, p, false));
                 parts.len() - 1
             }
@@ -55,7 +88,7 @@ pub(crate) fn push(
             message_id: item.message_id,
             offset: 0,
             partition_id: p.pid,
-            transaction_id: text_for_answer(answered, &item.transaction_id),
+            transaction_id: text_for_answer(answered, item.transaction_id),
             queue: text_for_answer(answered, &q.name),
         };
         if item.transaction_id.is_empty() {
@@ -63,8 +96,8 @@ pub(crate) fn push(
             out.push(answer);
             continue;
         }
-        let row = dedup::lookup(txn, p.pid, &item.transaction_id)?;
-        if let Some(orig) = row.original(txn, p.pid, &item.transaction_id)? {
+        let row = dedup::lookup(txn, p.pid, item.transaction_id)?;
+        if let Some(orig) = row.original(txn, p.pid, item.transaction_id)? {
             answer.status = PushStatus::Duplicate;
             answer.message_id = orig.id;
             answer.offset = orig.offset;
@@ -80,20 +113,19 @@ pub(crate) fn push(
             continue;
         }
         let offset = p.next_offset;
-        txn.append(
-            keys::message(p.pid, offset),
+        store(
+            txn,
+            p.pid,
+            offset,
+            u32::try_from(index).unwrap_or(u32::MAX),
             MessageRecRef {
-                transaction_id: &item.transaction_id,
+                transaction_id: item.transaction_id,
                 id: item.message_id,
-                trace_id: item.trace_id.as_deref(),
+                trace_id: item.trace_id,
                 stamp,
-                payload: &item.payload,
-            }
-            .encode(),
+                payload: item.payload,
+            },
         );
-        if from_entry {
-            txn.note_origin(p.pid, offset, u32::try_from(index).unwrap_or(u32::MAX));
-        }
         row.record(txn, offset);
         p.next_offset += 1;
         p.last_write = stamp;

@@ -11,15 +11,15 @@ use super::{get_rec, next_counter, put_rec, scan_recs};
 /// The queue, created with default options when unknown.
 pub(crate) fn ensure_queue(
     txn: &mut Txn<'_>,
-    name: &QueueName,
+    name: &str,
     stamp: Stamp,
 ) -> Result<QueueRec, StoreError> {
-    if let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(name.as_str()))? {
+    if let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(name))? {
         return Ok(q);
     }
     let q = QueueRec {
         qid: next_counter(txn, "next_qid")?,
-        name: name.as_str().to_owned(),
+        name: name.to_owned(),
         namespace: None,
         task: None,
         options: QueueOptions::default(),
@@ -28,7 +28,7 @@ pub(crate) fn ensure_queue(
         partitions: 0,
         dead_lettered: 0,
     };
-    put_rec(txn, keys::queue(name.as_str()), &q);
+    put_rec(txn, keys::queue(name), &q);
     Ok(q)
 }
 
@@ -36,10 +36,10 @@ pub(crate) fn ensure_queue(
 pub(crate) fn ensure_partition(
     txn: &mut Txn<'_>,
     q: &mut QueueRec,
-    name: &PartitionName,
+    name: &str,
     stamp: Stamp,
 ) -> Result<PartitionRec, StoreError> {
-    let name_key = keys::partition_name(q.qid, name.as_str());
+    let name_key = keys::partition_name(q.qid, name);
     if let Some(pid) = get_rec::<u64>(txn, &name_key)?
         && let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))?
     {
@@ -50,7 +50,7 @@ pub(crate) fn ensure_partition(
         pid,
         qid: q.qid,
         queue: q.name.clone(),
-        name: name.as_str().to_owned(),
+        name: name.to_owned(),
         next_offset: 0,
         log_start: 0,
         created: stamp,
@@ -73,12 +73,17 @@ pub(crate) fn configure(
     task: &Option<String>,
     options: &QueueOptions,
 ) -> Result<QueueOptions, StoreError> {
-    let mut q = ensure_queue(txn, name, stamp)?;
+    let mut q = ensure_queue(txn, name.as_str(), stamp)?;
     q.options = options.clone();
     q.namespace = namespace.clone();
     q.task = task.clone();
     put_rec(txn, keys::queue(name.as_str()), &q);
-    ensure_partition(txn, &mut q, &PartitionName::default_partition(), stamp)?;
+    ensure_partition(
+        txn,
+        &mut q,
+        PartitionName::default_partition().as_str(),
+        stamp,
+    )?;
     Ok(q.options)
 }
 

@@ -1,6 +1,6 @@
 //! Timer rules: schedule (upsert), cancel, and delivery of due timers by ticks.
 
-use crate::command::PushItem;
+use crate::command::PushItemRef;
 use crate::keys;
 use crate::names::{PartitionName, QueueName};
 use crate::store::{StoreError, Txn};
@@ -117,12 +117,12 @@ pub(crate) fn deliver_due(
         super::push::push(
             txn,
             stamp,
-            &[PushItem {
-                queue: q,
-                partition: p,
-                transaction_id: t.txn,
+            &[PushItemRef {
+                queue: q.as_str(),
+                partition: p.as_str(),
+                transaction_id: &t.txn,
                 message_id: t.message_id,
-                payload: t.payload,
+                payload: &t.payload,
                 trace_id: None,
             }],
             false,

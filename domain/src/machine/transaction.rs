@@ -75,7 +75,7 @@ pub(crate) fn apply(
                     }));
                 }
                 TxnOp::Push(item) => {
-                    let mut out = push(&mut child, stamp, std::slice::from_ref(item), true, false)?;
+                    let mut out = push(&mut child, stamp, &[item.as_item_ref()], true, false)?;
                     let Some(o) = out.pop() else { continue };
                     if let PushStatus::Failed(why) = &o.status {
                         return Ok(failed(format!(
@@ -105,7 +105,7 @@ pub(crate) fn apply(
             });
         }
         let timers = super::timers::apply(&mut child, stamp, timer_ops)?;
-        (results, kv, timers, child.into_parts())
+        (results, kv, timers, child.into_owned_parts())
     };
     txn.absorb_parts(writes);
     Ok(TxnOutcome {
