@@ -220,10 +220,43 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// transactionId, so every row has the same small size whatever the id's length.
 #[must_use]
 pub fn dedup(pid: u64, transaction_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.push(table::DEDUP_HASH);
+    k.extend_from_slice(&dedup_key(pid, transaction_id));
+    k
+}
+
+/// A dedup row's key without its table byte: the partition (big-endian) and the first 16
+/// bytes of the transactionId's SHA-256.
+#[must_use]
+pub fn dedup_key(pid: u64, transaction_id: &str) -> DedupKey {
     use sha2::{Digest, Sha256};
-    let mut k = pid_prefix(table::DEDUP_HASH, pid);
     let hash = Sha256::digest(transaction_id.as_bytes());
-    k.extend_from_slice(&hash[..16]);
+    let mut k = [0u8; 24];
+    k[..8].copy_from_slice(&pid.to_be_bytes());
+    k[8..].copy_from_slice(&hash[..16]);
+    k
+}
+
+/// A dedup row's key without its table byte (see [`dedup_key`]).
+pub type DedupKey = [u8; 24];
+
+/// The [`DedupKey`] of a dedup row's key, or `None` for a key of another table.
+#[must_use]
+pub fn as_dedup_key(key: &[u8]) -> Option<DedupKey> {
+    if key.len() == 25 && key[0] == table::DEDUP_HASH {
+        key[1..].try_into().ok()
+    } else {
+        None
+    }
+}
+
+/// The dedup row's key of a [`DedupKey`].
+#[must_use]
+pub fn dedup_row(key: &DedupKey) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.push(table::DEDUP_HASH);
+    k.extend_from_slice(key);
     k
 }
 

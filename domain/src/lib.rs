@@ -26,4 +26,6 @@ pub mod timers;
 
 pub use command::{Command, Entry, Response};
 pub use machine::apply_entry;
-pub use store::{Appended, Appends, MemStore, Origin, StateRead, StoreError, Txn, WriteSet};
+pub use store::{
+    Appended, Appends, DedupRows, MemStore, Origin, Parts, StateRead, StoreError, Txn, WriteSet,
+};

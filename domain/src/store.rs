@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::keys;
+use crate::keys::{self, DedupKey};
 use crate::model::MessageRecRef;
 use crate::time::Stamp;
 
@@ -98,6 +98,22 @@ impl Appended<'_> {
 /// `keys::message(pid, offset)`; the map's order is the rows' key order.
 pub type Appends<'a> = BTreeMap<(u64, u64), Appended<'a>>;
 
+/// Dedup rows staged in an overlay, by key: the offsets stored under the key (`None`: the row
+/// is deleted). Kept apart from the other writes, typed, because a push reads and writes one
+/// per message.
+pub type DedupRows = BTreeMap<DedupKey, Option<Vec<u64>>>;
+
+/// What an overlay staged, in its three kinds.
+#[derive(Debug, Default)]
+pub struct Parts<'a> {
+    /// Puts and deletes of rows (message rows' deletes among them).
+    pub writes: WriteSet,
+    /// Appended messages.
+    pub appends: Appends<'a>,
+    /// Dedup rows.
+    pub dedup: DedupRows,
+}
+
 /// A write overlay on top of a readable state: reads see the overlay's own writes first.
 ///
 /// Appends are kept apart from the other writes: a row appended and deleted in the same
@@ -107,6 +123,9 @@ pub struct Txn<'a> {
     base: &'a dyn StateRead,
     writes: WriteSet,
     appends: Appends<'a>,
+    /// Dedup rows written through [`Txn::set_dedup`], `put` or `delete`. A row here is newer
+    /// than any of its key in `writes` (where only a put of bytes that are not offsets goes).
+    dedup: DedupRows,
     /// Where appended messages came from, when the store asked (see [`Txn::record_origins`]).
     origins: Option<Vec<Origin>>,
 }
@@ -131,6 +150,7 @@ impl<'a> Txn<'a> {
             base,
             writes: WriteSet::new(),
             appends: Appends::new(),
+            dedup: DedupRows::new(),
             origins: None,
         }
     }
@@ -160,38 +180,88 @@ impl<'a> Txn<'a> {
         self.appends.insert((pid, offset), message);
     }
 
-    /// The staged writes and appends apart, for a store that keeps appends in a log. A delete
-    /// of an appended row is in the writes (as `None`).
+    /// The staged writes, appends and dedup rows apart, for a store that keeps appends in a
+    /// log and dedup rows in an index of its own. A delete of an appended row is in the writes
+    /// (as `None`).
     #[must_use]
-    pub fn into_parts(self) -> (WriteSet, Appends<'a>) {
-        (self.writes, self.appends)
+    pub fn into_parts(self) -> Parts<'a> {
+        Parts {
+            writes: self.writes,
+            appends: self.appends,
+            dedup: self.dedup,
+        }
     }
 
     /// [`Txn::into_parts`] with nothing borrowed, for a child overlay whose parent absorbs
     /// them once the child (and its borrow of the parent) is gone.
     #[must_use]
-    pub fn into_owned_parts(self) -> (WriteSet, Appends<'static>) {
+    pub fn into_owned_parts(self) -> Parts<'static> {
         let appends = self
             .appends
             .into_iter()
             .map(|(k, v)| (k, v.into_owned()))
             .collect();
-        (self.writes, appends)
+        Parts {
+            writes: self.writes,
+            appends,
+            dedup: self.dedup,
+        }
     }
 
-    /// Merge a child's writes and appends into this overlay (the child committed).
-    pub fn absorb_parts(&mut self, (writes, appends): (WriteSet, Appends<'static>)) {
-        self.appends.extend(appends);
-        self.writes.extend(writes);
+    /// Merge a child's parts into this overlay (the child committed).
+    pub fn absorb_parts(&mut self, parts: Parts<'static>) {
+        self.appends.extend(parts.appends);
+        for k in parts.writes.keys() {
+            if let Some(d) = keys::as_dedup_key(k) {
+                self.dedup.remove(&d);
+            }
+        }
+        self.writes.extend(parts.writes);
+        self.dedup.extend(parts.dedup);
+    }
+
+    /// The offsets stored under dedup row `key`, as this overlay sees them.
+    ///
+    /// # Errors
+    /// Store failures; a row that does not hold offsets.
+    pub fn dedup_offsets(&self, key: &DedupKey) -> Result<Option<Vec<u64>>, StoreError> {
+        if let Some(v) = self.dedup.get(key) {
+            return Ok(v.clone());
+        }
+        let mut row = [0u8; 25];
+        row[0] = keys::table::DEDUP_HASH;
+        row[1..].copy_from_slice(key);
+        let bytes = match self.writes.get(&row[..]) {
+            Some(v) => v.clone(),
+            None => self.base.get(&row)?,
+        };
+        bytes.map(|b| crate::codec::decode(&row, &b)).transpose()
+    }
+
+    /// Stage dedup row `key` holding `offsets`.
+    pub fn set_dedup(&mut self, key: DedupKey, offsets: Vec<u64>) {
+        self.dedup.insert(key, Some(offsets));
     }
 
     /// Stage a put.
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        if let Some(d) = keys::as_dedup_key(&key) {
+            if let Ok(offsets) = crate::codec::decode::<Vec<u64>>(&key, &value) {
+                self.dedup.insert(d, Some(offsets));
+                return;
+            }
+            // Not offsets: kept as bytes, and newer than the typed row it replaces.
+            self.dedup.remove(&d);
+        }
         self.writes.insert(key, Some(value));
     }
 
     /// Stage a delete.
     pub fn delete(&mut self, key: Vec<u8>) {
+        if let Some(d) = keys::as_dedup_key(&key) {
+            self.dedup.insert(d, None);
+            return;
+        }
         self.writes.insert(key, None);
     }
 
@@ -204,24 +274,34 @@ impl<'a> Txn<'a> {
             .map(|(&(pid, offset), v)| (keys::message(pid, offset), Some(v.bytes().into_owned())))
             .collect();
         all.extend(self.writes);
+        all.extend(
+            self.dedup
+                .iter()
+                .map(|(k, v)| (keys::dedup_row(k), v.as_ref().map(crate::codec::encode))),
+        );
         all
     }
 
     /// Merge a child's writes into this overlay (the child committed).
     pub fn absorb(&mut self, writes: WriteSet) {
-        self.writes.extend(writes);
+        for (k, v) in writes {
+            match v {
+                Some(v) => self.put(k, v),
+                None => self.delete(k),
+            }
+        }
     }
 
     /// How many writes and appends are staged.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.writes.len() + self.appends.len()
+        self.writes.len() + self.appends.len() + self.dedup.len()
     }
 
     /// Whether nothing is staged.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.appends.is_empty()
+        self.writes.is_empty() && self.appends.is_empty() && self.dedup.is_empty()
     }
 }
 
@@ -252,40 +332,94 @@ fn first_message_at(start: &[u8]) -> Option<(u64, u64)> {
     }
 }
 
-/// The overlay's rows in `[start, end)`, writes taking precedence over appends of the same key.
+/// The first dedup key whose row's key is at or after `start`, or `None` when every dedup
+/// row's key is before it (approximate as [`first_message_at`] is).
+fn first_dedup_at(start: &[u8]) -> Option<DedupKey> {
+    match start.first() {
+        None => Some([0; 24]),
+        Some(&t) if t < keys::table::DEDUP_HASH => Some([0; 24]),
+        Some(&t) if t > keys::table::DEDUP_HASH => None,
+        Some(_) => {
+            let mut k = [0u8; 24];
+            let tail = &start[1..start.len().min(25)];
+            k[..tail.len()].copy_from_slice(tail);
+            Some(k)
+        }
+    }
+}
+
+/// A row of an overlay: key and value (`None`: deleted).
+type Row<'s> = (Cow<'s, [u8]>, Option<Cow<'s, [u8]>>);
+
+/// Two ascending streams of rows as one; of a key in both, the second's row is kept when
+/// `second_wins`, else the first's.
+fn merge_rows<'s>(
+    first: impl Iterator<Item = Row<'s>> + 's,
+    second: impl Iterator<Item = Row<'s>> + 's,
+    second_wins: bool,
+) -> impl Iterator<Item = Row<'s>> + 's {
+    let mut f = first.peekable();
+    let mut s = second.peekable();
+    std::iter::from_fn(move || match (f.peek(), s.peek()) {
+        (Some(x), Some(y)) => match x.0.cmp(&y.0) {
+            std::cmp::Ordering::Less => f.next(),
+            std::cmp::Ordering::Greater => s.next(),
+            std::cmp::Ordering::Equal if second_wins => {
+                f.next();
+                s.next()
+            }
+            std::cmp::Ordering::Equal => {
+                s.next();
+                f.next()
+            }
+        },
+        (Some(_), None) => f.next(),
+        (None, _) => s.next(),
+    })
+}
+
+/// The overlay's rows in `[start, end)`: writes take precedence over appends of the same key
+/// (a delete of an appended message), dedup rows over writes (see [`Txn`]).
 fn overlay_range<'s>(
     writes: &'s WriteSet,
     appends: &'s Appends<'_>,
+    dedup: &'s DedupRows,
     start: &'s [u8],
     end: &'s [u8],
-) -> impl Iterator<Item = (Cow<'s, [u8]>, Option<Cow<'s, [u8]>>)> + 's {
+) -> impl Iterator<Item = Row<'s>> + 's {
     let range = (Bound::Included(start), Bound::Excluded(end));
-    let mut w = writes
+    let w = writes
         .range::<[u8], _>(range)
-        .map(|(k, v)| (Cow::Borrowed(k.as_slice()), v.as_deref().map(Cow::Borrowed)))
-        .peekable();
-    let from = first_message_at(start);
-    let mut a = from
+        .map(|(k, v)| (Cow::Borrowed(k.as_slice()), v.as_deref().map(Cow::Borrowed)));
+    let a = first_message_at(start)
         .into_iter()
         .flat_map(move |from| appends.range(from..))
         .map(|(&(pid, offset), v)| (keys::message(pid, offset), v))
         .skip_while(move |(k, _)| k.as_slice() < start)
         .take_while(move |(k, _)| k.as_slice() < end)
-        .map(|(k, v)| (Cow::Owned(k), Some(v.bytes())))
-        .peekable();
-    std::iter::from_fn(move || match (w.peek(), a.peek()) {
-        (Some(x), Some(y)) if x.0 == y.0 => {
-            a.next();
-            w.next()
-        }
-        (Some(x), Some(y)) if x.0 > y.0 => a.next(),
-        (Some(_), _) => w.next(),
-        (None, _) => a.next(),
-    })
+        .map(|(k, v)| (Cow::Owned(k), Some(v.bytes())));
+    let d = first_dedup_at(start)
+        .into_iter()
+        .flat_map(move |from| dedup.range(from..))
+        .map(|(k, v)| (keys::dedup_row(k), v))
+        .skip_while(move |(k, _)| k.as_slice() < start)
+        .take_while(move |(k, _)| k.as_slice() < end)
+        .map(|(k, v)| {
+            (
+                Cow::Owned(k),
+                v.as_ref().map(|o| Cow::Owned(crate::codec::encode(o))),
+            )
+        });
+    merge_rows(merge_rows(w, a, false), d, true)
 }
 
 impl StateRead for Txn<'_> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(d) = keys::as_dedup_key(key)
+            && let Some(v) = self.dedup.get(&d)
+        {
+            return Ok(v.as_ref().map(crate::codec::encode));
+        }
         if let Some(v) = self.writes.get(key) {
             return Ok(v.clone());
         }
@@ -306,7 +440,8 @@ impl StateRead for Txn<'_> {
         if start >= end {
             return Ok(());
         }
-        let mut overlay = overlay_range(&self.writes, &self.appends, start, end).peekable();
+        let mut overlay =
+            overlay_range(&self.writes, &self.appends, &self.dedup, start, end).peekable();
         let mut stopped = false;
         self.base.scan(start, end, &mut |k, v| {
             // Emit overlay entries that sort before this base key.
@@ -441,7 +576,7 @@ mod tests {
         #[test]
         fn overlay_scan_equals_committed_scan(
             base in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..3), any::<u8>(), 0..20),
-            ops in proptest::collection::vec((0u8..9, 0u8..7, proptest::option::of(any::<u8>())), 0..20),
+            ops in proptest::collection::vec((0u8..11, 0u8..7, proptest::option::of(any::<u8>())), 0..20),
             appends in proptest::collection::btree_map((0u64..2, 0u64..3), (any::<u8>(), any::<bool>()), 0..6),
             lo in 0usize..70,
             hi in 0usize..70,
@@ -454,6 +589,8 @@ mod tests {
                 .chain((0u8..7).flat_map(|a| (0u8..7).map(move |b| vec![a, b])))
                 .collect();
             probe.extend((0u64..2).flat_map(|p| (0u64..3).map(move |o| keys::message(p, o))));
+            let dedup: Vec<DedupKey> = (0..2).map(|i| keys::dedup_key(i, "id")).collect();
+            probe.extend(dedup.iter().map(keys::dedup_row));
             probe.sort();
             let mut store = MemStore::new();
             store.commit(base.into_iter().map(|(k, v)| (k, Some(vec![v]))).collect());
@@ -471,9 +608,21 @@ mod tests {
                 };
                 txn.append(pid, offset, if pushed { Appended::Pushed(m) } else { Appended::Encoded(m.encode()) });
             }
+            // Dedup rows (first byte 9 or 10) are set typed, put as offsets, put as bytes that
+            // are not offsets, or deleted.
             for (a, b, v) in ops {
-                let k = if a < 7 { vec![a, b] } else { keys::message(u64::from(a - 7), u64::from(b % 3)) };
-                match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
+                match (a, v) {
+                    (9.., Some(v)) if v % 3 == 0 => txn.set_dedup(dedup[usize::from(a - 9)], vec![u64::from(v)]),
+                    (9.., Some(v)) if v % 3 == 1 => txn.put(keys::dedup_row(&dedup[usize::from(a - 9)]), crate::codec::encode(&vec![u64::from(b)])),
+                    (9.., Some(_)) => txn.put(keys::dedup_row(&dedup[usize::from(a - 9)]), vec![5]),
+                    (9.., None) => txn.delete(keys::dedup_row(&dedup[usize::from(a - 9)])),
+                    (7.., v) => {
+                        let k = keys::message(u64::from(a - 7), u64::from(b % 3));
+                        match v { Some(v) => txn.put(k, vec![v]), None => txn.delete(k) }
+                    }
+                    (_, Some(v)) => txn.put(vec![a, b], vec![v]),
+                    (_, None) => txn.delete(vec![a, b]),
+                }
             }
             let (lo, hi) = (probe[lo % probe.len()].clone(), probe[hi % probe.len()].clone());
             let via_overlay = collect(&txn, &lo, &hi, limit);

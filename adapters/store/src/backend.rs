@@ -58,7 +58,11 @@ impl StateMachineBackend for FjallStore {
             }
         }
         let origins = txn.origins().to_vec();
-        let (mut writes, appends) = txn.into_parts();
+        let queen_domain::Parts {
+            mut writes,
+            appends,
+            dedup,
+        } = txn.into_parts();
         let kept: Vec<KeptEntry<'_>> = kept
             .into_iter()
             .map(|(stamp, span, crc, range)| KeptEntry {
@@ -80,7 +84,7 @@ impl StateMachineBackend for FjallStore {
         }
         // Dedup rows go to the dedup index, before the batch: a reader that finds an entry whose
         // record is not indexed yet drops it as not live, the same answer as before the batch.
-        slot.take_dedup_rows(&mut writes).map_err(storage)?;
+        slot.take_dedup_rows(&mut writes, dedup).map_err(storage)?;
         if let Some(last) = kept.iter().map(|k| (k.span.file, k.span.pos)).max() {
             slot.dedup.note_raft(last);
         }

@@ -37,12 +37,17 @@ fn hashes(key: &[u8]) -> Option<(usize, u64)> {
     if key.len() != 25 || key[0] != table::DEDUP_HASH {
         return None;
     }
+    Some(key_hashes(&key[1..]))
+}
+
+/// The block and the probe seed of a dedup key without its table byte (`pid | hash`).
+fn key_hashes(key: &[u8]) -> (usize, u64) {
     let word =
         |r: std::ops::Range<usize>| u64::from_le_bytes(key[r].try_into().unwrap_or_default());
-    let pid = word(1..9);
-    let h1 = word(9..17) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let pid = word(0..8);
+    let h1 = word(8..16) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let block = (h1 >> (64 - BLOCKS_LOG2)) as usize;
-    Some((block, word(17..25)))
+    (block, word(16..24))
 }
 
 /// The (word, mask) pairs of the probes within a block: 9 bits of the seed per probe.
@@ -71,11 +76,17 @@ impl DedupFilter {
 
     /// Note a dedup row key (any other key is ignored).
     pub(crate) fn insert(&self, key: &[u8]) {
-        if let Some((b, seed)) = hashes(key) {
-            let block = &self.blocks[b].0;
-            for (w, m) in probes(seed) {
-                block[w].fetch_or(m, Ordering::Release);
-            }
+        if hashes(key).is_some() {
+            self.insert_key(&key[1..]);
+        }
+    }
+
+    /// Note a dedup key without its table byte (`pid | hash`, 24 bytes).
+    pub(crate) fn insert_key(&self, key: &[u8]) {
+        let (b, seed) = key_hashes(key);
+        let block = &self.blocks[b].0;
+        for (w, m) in probes(seed) {
+            block[w].fetch_or(m, Ordering::Release);
         }
     }
 

@@ -367,13 +367,8 @@ impl FjallStore {
             return Err(e);
         }
         slot.dedup_filter.clear();
-        let mut full = [0u8; 25];
-        full[0] = table::DEDUP_HASH;
         slot.dedup
-            .for_each(&mut |k| {
-                full[1..].copy_from_slice(k);
-                slot.dedup_filter.insert(&full);
-            })
+            .for_each(&mut |k| slot.dedup_filter.insert_key(k))
             .map_err(|e| StoreError::Read(e.to_string()))
     }
 
@@ -432,16 +427,13 @@ impl FjallStore {
             })?;
         }
         replay.sort_unstable_by_key(|r| (r.0, r.1, r.2, r.3));
-        let mut full = [0u8; 25];
-        full[0] = table::DEDUP_HASH;
         for (file, pos, pid, base, val) in replay {
             let rec = val
                 .read(&slot.segments, pid, base)
                 .map_err(|e| StoreError::Read(e.to_string()))?;
             let entries = dedup_entries(&rec, val.skip as usize)?;
             for (key, _) in &entries {
-                full[1..].copy_from_slice(key);
-                slot.dedup_filter.insert(&full);
+                slot.dedup_filter.insert_key(key);
             }
             slot.dedup.insert_all(entries);
             slot.dedup.note_raft((file, pos));
@@ -701,26 +693,43 @@ impl Slot {
 }
 
 impl Slot {
-    /// Move the dedup rows out of `writes` into the dedup index (and the filter). A put holds
-    /// every offset under its key (the domain adds one to what it read); removes are dropped:
-    /// the index answers only offsets whose message is still stored.
+    /// Move the dedup rows into the dedup index (and the filter): those the overlay staged
+    /// typed, and any put as bytes into `writes`. A row holds every offset under its key (the
+    /// domain adds one to what it read); deletes are dropped: the index answers only offsets
+    /// whose message is still stored.
     pub(crate) fn take_dedup_rows(
         &self,
         writes: &mut queen_domain::WriteSet,
+        dedup: queen_domain::DedupRows,
     ) -> Result<(), StoreError> {
-        let mut after = writes.split_off(&[table::DEDUP_HASH + 1][..]);
-        let rows = writes.split_off(&[table::DEDUP_HASH][..]);
-        writes.append(&mut after);
-        let mut entries = Vec::with_capacity(rows.len());
-        for (k, v) in rows {
-            let Some(v) = v else { continue };
-            let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt {
-                key: queen_domain::codec::escape(&k),
-                detail: "a dedup key of the wrong length".to_owned(),
-            })?;
-            let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
-            self.dedup_filter.insert(&k);
+        let mut entries = Vec::with_capacity(dedup.len());
+        for (key, offsets) in dedup {
+            let Some(offsets) = offsets else { continue };
+            self.dedup_filter.insert_key(&key);
             entries.extend(offsets.into_iter().map(|o| (key, o)));
+        }
+        let (lo, hi) = ([table::DEDUP_HASH], [table::DEDUP_HASH + 1]);
+        if writes
+            .range::<[u8], _>((
+                std::ops::Bound::Included(&lo[..]),
+                std::ops::Bound::Excluded(&hi[..]),
+            ))
+            .next()
+            .is_some()
+        {
+            let mut after = writes.split_off(&[table::DEDUP_HASH + 1][..]);
+            let rows = writes.split_off(&[table::DEDUP_HASH][..]);
+            writes.append(&mut after);
+            for (k, v) in rows {
+                let Some(v) = v else { continue };
+                let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt {
+                    key: queen_domain::codec::escape(&k),
+                    detail: "a dedup key of the wrong length".to_owned(),
+                })?;
+                let offsets: Vec<u64> = queen_domain::codec::decode(&k, &v)?;
+                self.dedup_filter.insert_key(&key);
+                entries.extend(offsets.into_iter().map(|o| (key, o)));
+            }
         }
         self.dedup.insert_all(entries);
         Ok(())

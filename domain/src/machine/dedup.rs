@@ -2,15 +2,13 @@
 //! stored under that hash. A row is small and the same size for every id; the stored message is
 //! the check against a collision (two ids of one partition with the same hash).
 
-use crate::keys;
+use crate::keys::{self, DedupKey};
 use crate::model::MessageHead;
 use crate::store::{StateRead, StoreError, Txn};
 
-use super::{get_rec, put_rec};
-
 /// What the index says about a transactionId in a partition.
 pub(crate) struct Lookup {
-    key: Vec<u8>,
+    key: DedupKey,
     offsets: Vec<u64>,
 }
 
@@ -29,13 +27,9 @@ fn head_at(s: &dyn StateRead, pid: u64, offset: u64) -> Result<Option<MessageHea
 }
 
 /// Read the row of `transaction_id`.
-pub(crate) fn lookup(
-    s: &dyn StateRead,
-    pid: u64,
-    transaction_id: &str,
-) -> Result<Lookup, StoreError> {
-    let key = keys::dedup(pid, transaction_id);
-    let offsets = get_rec::<Vec<u64>>(s, &key)?.unwrap_or_default();
+pub(crate) fn lookup(txn: &Txn<'_>, pid: u64, transaction_id: &str) -> Result<Lookup, StoreError> {
+    let key = keys::dedup_key(pid, transaction_id);
+    let offsets = txn.dedup_offsets(&key)?.unwrap_or_default();
     Ok(Lookup { key, offsets })
 }
 
@@ -75,7 +69,7 @@ impl Lookup {
     /// Record a new message under this row.
     pub(crate) fn record(mut self, txn: &mut Txn<'_>, offset: u64) {
         self.offsets.push(offset);
-        put_rec(txn, self.key, &self.offsets);
+        txn.set_dedup(self.key, self.offsets);
     }
 }
 
