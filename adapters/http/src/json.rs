@@ -262,13 +262,15 @@ fn push_item_fields(
     let text = |i: usize| {
         plain_text(fields[i]).ok_or_else(|| ApiError::bad_request(&f(i), "must be a string"))
     };
-    let queue = name(
-        text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?,
-        &f(0),
-        QueueName::new,
-    )?;
+    // Paths are formatted only for a refusal (twice per item otherwise, measured).
+    let refused = |i: usize| {
+        move |e: queen_domain::names::NameError| ApiError::bad_request(&f(i), &e.to_string())
+    };
+    let queue =
+        QueueName::new(text(0)?.ok_or_else(|| ApiError::bad_request(&f(0), "is required"))?)
+            .map_err(refused(0))?;
     let partition = match text(1)? {
-        Some(p) => name(p, &f(1), PartitionName::new)?,
+        Some(p) => PartitionName::new(p).map_err(refused(1))?,
         None => PartitionName::default_partition(),
     };
     let id = uuid_v7();
