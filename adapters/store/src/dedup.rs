@@ -8,7 +8,8 @@
 //! keeps them as a derived index of the segment log instead, node-local like the bloom filter,
 //! and always complete for what the node has applied:
 //!
-//! - new entries go into a hash table in memory (at most [`MEM_ENTRIES`]);
+//! - new entries go into a table in memory (at most [`MEM_ENTRIES`]), appended and sorted in
+//!   small chunks;
 //! - a full table is written out, sorted, as an immutable run file of fixed 32-byte entries
 //!   `pid | hash | offset` (big-endian, so byte order is key order); a run keeps in memory the
 //!   first key of every 4 KiB page (1/128 of its entries), and a lookup reads one page per run;
@@ -33,11 +34,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// Key of an entry: partition id (big-endian) and the 16-byte hash, as in the dedup row's key.
 pub(crate) type Key = [u8; 24];
-
-/// The table in memory is hashed with ahash, seeded at random per process: SipHash (the
-/// standard map's) was 7% of a follower's CPU under batch pushes, and the keys are attacker
-/// chosen only through SHA-256, so a keyed fast hash keeps collisions out of reach.
-type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
 /// The index key of a dedup row's key (table byte, pid, hash), or `None` for another key.
 pub(crate) fn key_of_row(row: &[u8]) -> Option<Key> {
@@ -275,11 +271,77 @@ impl<'a> RunCursor<'a> {
     }
 }
 
+/// Entries not yet in a run: sorted chunks of at most [`MemTable::CHUNK`] entries, and the
+/// newest entries unsorted. An insert appends, and a chunk is sorted while it is small enough
+/// for the caches; a hash table of the whole table (4 MiB and more) cost a miss to memory per
+/// insert, 15% of the apply's samples under batch pushes (`perf`, examples/apply_cost).
+/// A lookup (only for a key the filter may have seen) searches each chunk and the tail.
+#[derive(Default)]
+struct MemTable {
+    chunks: Vec<Vec<(Key, u64)>>,
+    tail: Vec<(Key, u64)>,
+    /// Entries held, repeats included (a row's offsets are inserted again with each new one).
+    len: usize,
+}
+
+impl MemTable {
+    const CHUNK: usize = 2048;
+
+    fn insert(&mut self, key: Key, offset: u64) {
+        self.tail.push((key, offset));
+        self.len += 1;
+        if self.tail.len() >= Self::CHUNK {
+            let mut chunk = std::mem::replace(&mut self.tail, Vec::with_capacity(Self::CHUNK));
+            chunk.sort_unstable();
+            self.chunks.push(chunk);
+        }
+    }
+
+    /// The offsets under `key`, in no order, possibly repeated.
+    fn lookup(&self, key: &Key, out: &mut Vec<u64>) {
+        for c in &self.chunks {
+            let at = c.partition_point(|(k, _)| k < key);
+            out.extend(
+                c[at..]
+                    .iter()
+                    .take_while(|(k, _)| k == key)
+                    .map(|(_, o)| *o),
+            );
+        }
+        out.extend(self.tail.iter().filter(|(k, _)| k == key).map(|(_, o)| *o));
+    }
+
+    /// Every entry, sorted, without repeats; the table is left empty.
+    fn take_sorted(&mut self) -> Vec<(Key, u64)> {
+        let mut all = Vec::with_capacity(self.len);
+        for c in self.chunks.drain(..) {
+            all.extend(c);
+        }
+        all.append(&mut self.tail);
+        self.len = 0;
+        // A stable sort finds the sorted chunks and merges them.
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// Put back what [`MemTable::take_sorted`] took (a run could not be written).
+    fn restore(&mut self, sorted: Vec<(Key, u64)>) {
+        self.len += sorted.len();
+        self.chunks.push(sorted);
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.chunks
+            .iter()
+            .flatten()
+            .chain(&self.tail)
+            .map(|(k, _)| k)
+    }
+}
+
 struct Inner {
-    /// Entries not yet in a run: the first offset of a key, and any further ones.
-    mem: HashMap<Key, u64>,
-    more: HashMap<Key, Vec<u64>>,
-    mem_len: usize,
+    mem: MemTable,
     /// Oldest first.
     runs: Vec<Arc<Run>>,
     next_id: u64,
@@ -367,9 +429,7 @@ impl DedupIndex {
             dir: dir.to_path_buf(),
             mem_cap: mem_cap.max(1),
             inner: RwLock::new(Inner {
-                mem: HashMap::default(),
-                more: HashMap::default(),
-                mem_len: 0,
+                mem: MemTable::default(),
                 runs,
                 next_id,
                 covered,
@@ -394,9 +454,7 @@ impl DedupIndex {
         for r in g.runs.drain(..) {
             let _ = std::fs::remove_file(&r.path);
         }
-        g.mem.clear();
-        g.more.clear();
-        g.mem_len = 0;
+        g.mem = MemTable::default();
         g.covered = None;
         g.covered_raft = (0, 0);
         g.raft_seen = (0, 0);
@@ -496,20 +554,7 @@ impl DedupIndex {
     }
 
     fn insert_locked(g: &mut Inner, key: Key, offset: u64) {
-        match g.mem.get(&key) {
-            None => {
-                g.mem.insert(key, offset);
-            }
-            Some(&o) if o == offset => return,
-            Some(_) => {
-                let more = g.more.entry(key).or_default();
-                if more.contains(&offset) {
-                    return;
-                }
-                more.push(offset);
-            }
-        }
-        g.mem_len += 1;
+        g.mem.insert(key, offset);
     }
 
     /// Several entries under one lock.
@@ -525,12 +570,7 @@ impl DedupIndex {
         let (mut out, runs) = {
             let g = read(&self.inner);
             let mut out = Vec::new();
-            if let Some(&o) = g.mem.get(key) {
-                out.push(o);
-                if let Some(more) = g.more.get(key) {
-                    out.extend_from_slice(more);
-                }
-            }
+            g.mem.lookup(key, &mut out);
             (out, g.runs.clone())
         };
         for r in &runs {
@@ -543,7 +583,7 @@ impl DedupIndex {
 
     /// Whether the table in memory is full.
     pub(crate) fn full(&self) -> bool {
-        read(&self.inner).mem_len >= self.mem_cap
+        read(&self.inner).mem.len >= self.mem_cap
     }
 
     /// Write the table in memory out as a run; `covered` is where the segment log ends after
@@ -555,30 +595,31 @@ impl DedupIndex {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut g = write(&self.inner);
-        let mut entries: Vec<(Key, u64)> = Vec::with_capacity(g.mem_len);
-        entries.extend(g.mem.iter().map(|(k, o)| (*k, *o)));
-        for (k, more) in &g.more {
-            entries.extend(more.iter().map(|o| (*k, *o)));
-        }
-        entries.sort_unstable();
+        let entries = g.mem.take_sorted();
         let id = g.next_id;
         let mut runs = g.runs.clone();
+        // On a failure the entries stay in memory, so that no lookup misses them.
         if !entries.is_empty() {
-            runs.push(Arc::new(Run::write(
-                &self.dir,
-                id,
-                &mut entries.into_iter(),
-            )?));
+            match Run::write(&self.dir, id, &mut entries.iter().copied()) {
+                Ok(run) => runs.push(Arc::new(run)),
+                Err(e) => {
+                    g.mem.restore(entries);
+                    return Err(e);
+                }
+            }
         }
         let raft = g.raft_seen;
-        self.write_manifest(covered, raft, &runs)?;
+        if let Err(e) = self.write_manifest(covered, raft, &runs) {
+            if runs.len() > g.runs.len() {
+                let _ = std::fs::remove_file(self.dir.join(Run::name(id)));
+            }
+            g.mem.restore(entries);
+            return Err(e);
+        }
         g.next_id = id + 1;
         g.runs = runs;
         g.covered = Some(covered);
         g.covered_raft = raft;
-        g.mem = HashMap::default();
-        g.more = HashMap::default();
-        g.mem_len = 0;
         let start = !g.merging && Self::pick(&g.runs, self.mem_cap).is_some();
         if start {
             g.merging = true;
@@ -767,7 +808,7 @@ impl DedupIndex {
         (
             g.runs.len(),
             g.runs.iter().map(|r| r.entries).sum(),
-            g.mem_len,
+            g.mem.len,
         )
     }
 
@@ -798,6 +839,40 @@ mod tests {
 
     fn all_live() -> FirstLive {
         Arc::new(|_| Some(0))
+    }
+
+    /// The table in memory finds every offset of a key, in its sorted chunks and in its
+    /// unsorted tail, and hands everything back sorted without repeats.
+    #[test]
+    fn the_table_in_memory_finds_keys_in_chunks_and_tail() {
+        let mut m = MemTable::default();
+        let n = MemTable::CHUNK as u64 * 3 + 100;
+        for i in 0..n {
+            m.insert(key(i % 5, i / 3), i);
+            // A row's offsets are inserted again with each new one.
+            if i % 7 == 0 {
+                m.insert(key(i % 5, i / 3), i);
+            }
+        }
+        assert_eq!(m.chunks.len(), 3, "{} chunks", m.chunks.len());
+        for i in [0, 1, 2047, 2048, 4100, n - 1] {
+            let mut out = Vec::new();
+            m.lookup(&key(i % 5, i / 3), &mut out);
+            out.sort_unstable();
+            out.dedup();
+            let want: Vec<u64> = (0..n)
+                .filter(|j| key(j % 5, j / 3) == key(i % 5, i / 3))
+                .collect();
+            assert_eq!(out, want, "offsets of entry {i}");
+        }
+        let mut none = Vec::new();
+        m.lookup(&key(9, 9), &mut none);
+        assert!(none.is_empty());
+        let all = m.take_sorted();
+        assert_eq!(all.len() as u64, n, "every entry once");
+        assert!(all.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
+        assert_eq!(m.len, 0);
+        assert!(m.keys().next().is_none());
     }
 
     #[test]
