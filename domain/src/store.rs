@@ -47,6 +47,11 @@ pub trait StateRead {
         end: &[u8],
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError>;
+
+    /// A hint that the dedup rows of `keys` are about to be read, one after the other: a
+    /// store whose reads of them miss its caches may start bringing them in at once. Changes
+    /// nothing that is read.
+    fn prefetch_dedup(&self, _keys: &[DedupKey]) {}
 }
 
 /// Pending writes: `Some(value)` puts, `None` deletes.
@@ -421,6 +426,10 @@ impl StateRead for Txn<'_> {
             return Ok(Some(m.bytes().into_owned()));
         }
         self.base.get(key)
+    }
+
+    fn prefetch_dedup(&self, keys: &[DedupKey]) {
+        self.base.prefetch_dedup(keys);
     }
 
     fn scan(

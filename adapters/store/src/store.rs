@@ -750,6 +750,12 @@ impl StateRead for Slot {
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
         routed_scan(&self.state, &self.segments, start, end, visit)
     }
+
+    fn prefetch_dedup(&self, keys: &[queen_domain::keys::DedupKey]) {
+        for k in keys {
+            self.dedup_filter.prefetch(k);
+        }
+    }
 }
 
 impl StateRead for FjallStore {

@@ -28,7 +28,11 @@ fn head_at(s: &dyn StateRead, pid: u64, offset: u64) -> Result<Option<MessageHea
 
 /// Read the row of `transaction_id`.
 pub(crate) fn lookup(txn: &Txn<'_>, pid: u64, transaction_id: &str) -> Result<Lookup, StoreError> {
-    let key = keys::dedup_key(pid, transaction_id);
+    lookup_key(txn, keys::dedup_key(pid, transaction_id))
+}
+
+/// Read the row of `key` (see [`keys::dedup_key`]).
+pub(crate) fn lookup_key(txn: &Txn<'_>, key: DedupKey) -> Result<Lookup, StoreError> {
     let offsets = txn.dedup_offsets(&key)?.unwrap_or_default();
     Ok(Lookup { key, offsets })
 }

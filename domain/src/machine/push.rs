@@ -1,9 +1,9 @@
 //! Push: append to a partition's log, deduplicated by transactionId.
 
 use crate::command::{PushItemRef, PushOutcome, PushStatus};
-use crate::keys;
+use crate::keys::{self, DedupKey};
 use crate::model::{MessageRecRef, PartitionRec, QueueRec};
-use crate::store::{Appended, StoreError, Txn};
+use crate::store::{Appended, StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
 use super::dedup;
@@ -62,7 +62,10 @@ fn push_with<'t, 'i>(
     let mut queues: Vec<QueueRec> = Vec::new();
     // (index in `queues`, partition record, whether a message went to it)
     let mut parts: Vec<(usize, PartitionRec, bool)> = Vec::new();
-    for (index, item) in items.iter().enumerate() {
+    // Queues and partitions first, in item order (the order they are created in), then every
+    // item's dedup key, so that the store can bring the rows' filter blocks in together.
+    let mut at: Vec<(usize, usize)> = Vec::with_capacity(items.len());
+    for item in items {
         let qi = match queues.iter().position(|q| q.name == item.queue) {
             Some(i) => i,
             None => {
@@ -81,6 +84,15 @@ fn push_with<'t, 'i>(
                 parts.len() - 1
             }
         };
+        at.push((qi, pi));
+    }
+    let dedup_keys: Vec<DedupKey> = items
+        .iter()
+        .zip(&at)
+        .map(|(item, &(_, pi))| keys::dedup_key(parts[pi].1.pid, item.transaction_id))
+        .collect();
+    txn.prefetch_dedup(&dedup_keys);
+    for (index, (item, &(qi, pi))) in items.iter().zip(&at).enumerate() {
         let q = &mut queues[qi];
         let (_, p, touched) = &mut parts[pi];
         let mut answer = PushOutcome {
@@ -96,7 +108,7 @@ fn push_with<'t, 'i>(
             out.push(answer);
             continue;
         }
-        let row = dedup::lookup(txn, p.pid, item.transaction_id)?;
+        let row = dedup::lookup_key(txn, dedup_keys[index])?;
         if let Some(orig) = row.original(txn, p.pid, item.transaction_id)? {
             answer.status = PushStatus::Duplicate;
             answer.message_id = orig.id;
