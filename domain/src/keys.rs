@@ -188,6 +188,16 @@ pub fn message(pid: u64, offset: u64) -> Vec<u8> {
     k
 }
 
+/// The (partition, offset) of a `message` key, or `None` for a key of another table.
+#[must_use]
+pub fn message_parts(key: &[u8]) -> Option<(u64, u64)> {
+    if key.len() == 17 && key[0] == table::MESSAGE {
+        Some((u64_at(key, 1)?, u64_at(key, 9)?))
+    } else {
+        None
+    }
+}
+
 /// The offset encoded in a `message` key.
 #[must_use]
 pub fn offset_of_message_key(key: &[u8]) -> Option<u64> {
@@ -220,10 +230,7 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// transactionId, so every row has the same small size whatever the id's length.
 #[must_use]
 pub fn dedup(pid: u64, transaction_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(25);
-    k.push(table::DEDUP_HASH);
-    k.extend_from_slice(&dedup_key(pid, transaction_id));
-    k
+    dedup_row(&dedup_key(pid, transaction_id))
 }
 
 /// A dedup row's key without its table byte: the partition (big-endian) and the first 16

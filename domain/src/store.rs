@@ -234,6 +234,7 @@ impl<'a> Txn<'a> {
         if let Some(v) = self.dedup.get(key) {
             return Ok(v.clone());
         }
+        // On the stack: this runs for every pushed message.
         let mut row = [0u8; 25];
         row[0] = keys::table::DEDUP_HASH;
         row[1..].copy_from_slice(key);
@@ -309,13 +310,6 @@ impl<'a> Txn<'a> {
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty() && self.appends.is_empty() && self.dedup.is_empty()
     }
-}
-
-/// The (partition, offset) of a message row's key, or `None` for a key of another table.
-fn message_parts(key: &[u8]) -> Option<(u64, u64)> {
-    let word =
-        |r: std::ops::Range<usize>| u64::from_be_bytes(key[r].try_into().unwrap_or_default());
-    (key.len() == 17 && key[0] == keys::table::MESSAGE).then(|| (word(1..9), word(9..17)))
 }
 
 /// The first (partition, offset) whose message row's key is at or after `start`, or `None`
@@ -420,7 +414,7 @@ impl StateRead for Txn<'_> {
         if let Some(v) = self.writes.get(key) {
             return Ok(v.clone());
         }
-        if let Some(at) = message_parts(key)
+        if let Some(at) = keys::message_parts(key)
             && let Some(m) = self.appends.get(&at)
         {
             return Ok(Some(m.bytes().into_owned()));

@@ -33,16 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Key of an entry: partition id (big-endian) and the 16-byte hash, as in the dedup row's key.
-pub(crate) type Key = [u8; 24];
-
-/// The index key of a dedup row's key (table byte, pid, hash), or `None` for another key.
-pub(crate) fn key_of_row(row: &[u8]) -> Option<Key> {
-    if row.len() == 25 {
-        row[1..].try_into().ok()
-    } else {
-        None
-    }
-}
+pub(crate) type Key = queen_domain::keys::DedupKey;
 
 /// Bytes of one entry on disk: key and offset.
 const ENTRY: usize = 32;

@@ -14,8 +14,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use queen_domain::keys::table;
-
 /// One block: a cache line of 512 bits. Every probe of a key falls in the same block, so a
 /// lookup or insert touches one cache line instead of one per probe (the table is far larger
 /// than the caches, so each line touched is a miss to memory).
@@ -34,10 +32,7 @@ pub(crate) struct DedupFilter {
 /// The block and the probe seed of a dedup row key (`DEDUP_HASH | pid | 16-byte hash`), from
 /// the key's own hash bytes; `None` for a key of another table.
 fn hashes(key: &[u8]) -> Option<(usize, u64)> {
-    if key.len() != 25 || key[0] != table::DEDUP_HASH {
-        return None;
-    }
-    Some(key_hashes(&key[1..]))
+    queen_domain::keys::as_dedup_key(key).map(|k| key_hashes(&k))
 }
 
 /// The block and the probe seed of a dedup key without its table byte (`pid | hash`).
@@ -76,8 +71,8 @@ impl DedupFilter {
 
     /// Note a dedup row key (any other key is ignored).
     pub(crate) fn insert(&self, key: &[u8]) {
-        if hashes(key).is_some() {
-            self.insert_key(&key[1..]);
+        if let Some(k) = queen_domain::keys::as_dedup_key(key) {
+            self.insert_key(&k);
         }
     }
 

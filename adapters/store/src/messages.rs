@@ -140,11 +140,6 @@ pub(crate) fn index_key_parts(key: &[u8]) -> Option<(u64, u64)> {
         .then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
 }
 
-/// (pid, offset) of a message key.
-pub(crate) fn message_key_parts(key: &[u8]) -> Option<(u64, u64)> {
-    (key.len() == 17 && key[0] == table::MESSAGE).then(|| (u64_be(&key[1..9]), u64_be(&key[9..17])))
-}
-
 fn segment_err(e: SegmentError) -> StoreError {
     StoreError::Read(e.to_string())
 }
@@ -237,7 +232,7 @@ pub(crate) fn get(
     seg: &Segments,
     key: &[u8],
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    let Some((pid, offset)) = message_key_parts(key) else {
+    let Some((pid, offset)) = queen_domain::keys::message_parts(key) else {
         return Ok(None);
     };
     let Some((base, v)) = record_at(idx, pid, offset)? else {
@@ -272,7 +267,7 @@ pub(crate) fn scan(
     };
     // The record holding `start` begins before it.
     let mut ilo = to_index(start);
-    if let Some((pid, offset)) = message_key_parts(start)
+    if let Some((pid, offset)) = queen_domain::keys::message_parts(start)
         && let Some((base, _)) = record_at(idx, pid, offset)?
     {
         ilo = index_key(pid, base);
@@ -396,7 +391,7 @@ pub(crate) fn stage(
     for k in doomed {
         match writes.remove(&k) {
             Some(None) => {
-                if let Some((pid, offset)) = message_key_parts(&k) {
+                if let Some((pid, offset)) = queen_domain::keys::message_parts(&k) {
                     let e = cuts.entry(pid).or_insert(0);
                     *e = (*e).max(offset + 1);
                 }

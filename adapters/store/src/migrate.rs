@@ -47,10 +47,11 @@ impl FjallStore {
             let removes: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
             let mut appends = Appends::new();
             for (k, v) in rows {
-                let at = messages::message_key_parts(&k).ok_or_else(|| StoreError::Corrupt {
-                    key: queen_domain::codec::escape(&k),
-                    detail: "a message key of the wrong length".to_owned(),
-                })?;
+                let at =
+                    queen_domain::keys::message_parts(&k).ok_or_else(|| StoreError::Corrupt {
+                        key: queen_domain::codec::escape(&k),
+                        detail: "a message key of the wrong length".to_owned(),
+                    })?;
                 appends.insert(at, Appended::Encoded(v));
             }
             let mut writes = WriteSet::new();

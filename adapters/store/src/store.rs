@@ -9,10 +9,11 @@ use queen_domain::keys::table;
 use queen_domain::model::MessageHead;
 use queen_domain::{StateRead, StoreError};
 
-use crate::dedup::{DedupIndex, FirstLive, Key, key_of_row};
+use crate::dedup::{DedupIndex, FirstLive, Key};
 use crate::filter::DedupFilter;
 use crate::messages::{self, EngineRead, View};
 use crate::segments::{LogLink, RAFT_BIT, SegmentError, Segments};
+use queen_domain::keys::{as_dedup_key, dedup_key};
 
 /// Engine settings that bound memory.
 #[derive(Debug, Clone)]
@@ -553,11 +554,6 @@ fn dedup_entries(
         .collect()
 }
 
-/// The index key of a transactionId in a partition: the dedup row's key without its table byte.
-pub(crate) fn dedup_key(pid: u64, transaction_id: &str) -> Key {
-    key_of_row(&queen_domain::keys::dedup(pid, transaction_id)).unwrap_or_default()
-}
-
 /// Open the dedup index of slot `name`; one that cannot be read is rebuilt from the segment
 /// log (it is derived data), with a warning.
 pub(crate) fn open_dedup(
@@ -609,7 +605,7 @@ fn dedup_get(
     dedup: &DedupIndex,
     key: &[u8],
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    let Some(k) = key_of_row(key) else {
+    let Some(k) = as_dedup_key(key) else {
         return Ok(None);
     };
     if filter.surely_absent(key) {
@@ -722,7 +718,7 @@ impl Slot {
             writes.append(&mut after);
             for (k, v) in rows {
                 let Some(v) = v else { continue };
-                let key = key_of_row(&k).ok_or_else(|| StoreError::Corrupt {
+                let key = as_dedup_key(&k).ok_or_else(|| StoreError::Corrupt {
                     key: queen_domain::codec::escape(&k),
                     detail: "a dedup key of the wrong length".to_owned(),
                 })?;
