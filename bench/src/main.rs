@@ -384,6 +384,7 @@ fn start_node(bin: &PathBuf, dir: &std::path::Path, port: u16) -> Result<Proc, S
         .env("PORT", port.to_string())
         .env("HOST", "127.0.0.1")
         .env("QUEEN_RAFT_DIR", dir)
+        .env("QUEEN_RAFT_DISK_HIGH_PCT", "97")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
