@@ -107,7 +107,7 @@ pub type Appends<'a> = BTreeMap<(u64, u64), Appended<'a>>;
 /// is deleted). Kept apart from the other writes, typed and hashed, because a push reads and
 /// writes one per message (in a tree of a batch's rows, its inserts were 7% of a follower's
 /// CPU under batch pushes, by `perf`); a scan sorts the few it covers.
-pub type DedupRows = std::collections::HashMap<DedupKey, Option<Vec<u64>>>;
+pub type DedupRows = std::collections::HashMap<DedupKey, Option<Vec<u64>>, keys::DedupKeyState>;
 
 /// What an overlay staged, in its three kinds.
 #[derive(Debug, Default)]
@@ -156,7 +156,7 @@ impl<'a> Txn<'a> {
             base,
             writes: WriteSet::new(),
             appends: Appends::new(),
-            dedup: DedupRows::new(),
+            dedup: DedupRows::default(),
             origins: None,
         }
     }

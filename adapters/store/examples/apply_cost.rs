@@ -112,7 +112,21 @@ fn main() {
         .collect();
     let spans: Vec<LogSpan> = commands.iter().map(|c| log.append(c)).collect();
     let (cpu0, wall0) = (cpu_micros(), Instant::now());
+    // A line per tenth of the run, to show how the cost grows with what is already stored.
+    let tenth = (commands.len() / 8 / 10).max(1);
+    let mut mark = (cpu0, wall0);
     for (b, chunk) in commands.chunks(8).enumerate() {
+        if b > 0 && b % tenth == 0 {
+            let (cpu, now) = (cpu_micros(), Instant::now());
+            let n = (tenth * 8 * 100) as f64;
+            println!(
+                "  {:>9} stored: {:.2} µs CPU and {:.2} µs wall per message",
+                b * 8 * 100,
+                (cpu - mark.0) as f64 / n,
+                now.duration_since(mark.1).as_micros() as f64 / n
+            );
+            mark = (cpu, now);
+        }
         let batch = chunk
             .iter()
             .enumerate()
