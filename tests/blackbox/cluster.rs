@@ -71,11 +71,16 @@ fn any_node_serves_any_client_and_a_sigterm_hands_leadership_over() {
     let a = nodes[leader].post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
     assert_eq!(a.json[0]["success"], true, "{}", a.text);
     // Every node stays healthy past an election timeout (heartbeats keep the quorum fresh).
-    std::thread::sleep(Duration::from_millis(2500));
-    for n in &nodes {
-        let h = n.get("/health");
-        assert_eq!(h.status, 200, "{}", h.text);
-    }
+    assert!(
+        queen_tests::holds_for(Duration::from_millis(2500), || nodes
+            .iter()
+            .all(|n| n.get("/health").status == 200)),
+        "a node left health within an election timeout: {:?}",
+        nodes
+            .iter()
+            .map(|n| n.get("/health").text)
+            .collect::<Vec<_>>()
+    );
     // Reads through any node see the write (read index).
     for n in &nodes {
         let f = n.post(
@@ -371,7 +376,13 @@ fn membership_changes_need_the_raft_token() {
         assert_eq!(n.get("/api/v1/system/raft/membership").status, 200);
     }
     // Nothing was added or removed, and nobody ever connected to the stranger's address.
-    std::thread::sleep(Duration::from_secs(2));
+    let three_voters = || {
+        let list = nodes[leader].get("/api/v1/system/raft/membership");
+        list.json["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 3 && m.iter().all(|m| m["voter"] == true))
+    };
+    assert!(queen_tests::holds_for(Duration::from_secs(2), three_voters));
     let list = nodes[leader].get("/api/v1/system/raft/membership");
     let members = list.json["members"].as_array().unwrap();
     assert_eq!(members.len(), 3, "{}", list.text);
@@ -433,10 +444,18 @@ fn membership_replace_a_node_and_health_reports_a_lost_quorum() {
     // Same peer list and token as the cluster, plus QUEEN_RAFT_JOIN.
     nodes[gone].set_env("QUEEN_RAFT_JOIN", "true");
     nodes[gone].launch();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut first = None;
+    assert!(
+        queen_tests::eventually(Duration::from_secs(30), || {
+            first = nodes[gone].try_request("GET", "/health", None).ok();
+            first.is_some()
+        }),
+        "the joining node never answered:\n{}",
+        nodes[gone].log_text()
+    );
     assert_eq!(
-        nodes[gone].get("/health").status,
-        503,
+        first.map(|a| a.status),
+        Some(503),
         "an empty joining node serves 503 until added"
     );
     let raft_addr = nodes[gone]
@@ -556,11 +575,14 @@ fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data
             .all(|n| raft_field(n, "clusterVersion") == 1)),
         "the leader raised the cluster version to what every member reads"
     );
-    // Several gate rounds later it has not gone past what node 3 reads.
-    std::thread::sleep(Duration::from_secs(3));
-    for n in &nodes {
-        assert_eq!(raft_field(n, "clusterVersion"), 1, "{}", health(n));
-    }
+    // For several gate rounds it does not go past what node 3 reads.
+    assert!(
+        queen_tests::holds_for(Duration::from_secs(3), || nodes
+            .iter()
+            .all(|n| raft_field(n, "clusterVersion") == 1)),
+        "{:?}",
+        nodes.iter().map(health).collect::<Vec<_>>()
+    );
     // Upgrade node 3: now every member reads 2, and the version follows.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
     nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "2");

@@ -140,7 +140,10 @@ fn sigterm_finishes_and_exits_zero_then_restarts_with_the_data() {
             "http://127.0.0.1:{port}/api/v1/pop/queue/nothing?wait=true&timeout=2000"
         ))
     });
-    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        queen_tests::a_pop_waits(&n, Duration::from_secs(10)),
+        "the long poll never parked"
+    );
     let status = n.sigterm(Duration::from_secs(40));
     assert!(status.success(), "exit status {status}:\n{}", n.log_text());
     assert_eq!(poll.join().unwrap().0, 204);

@@ -19,7 +19,7 @@ use queen_tests::sink::{
     WriterPlan, assert_lake_is_the_log, cluster, instance, metric, owner, owner_k, owners, reports,
     row, rows, sink, spawn_writer, verified_records, verify,
 };
-use queen_tests::{Node, eventually};
+use queen_tests::{Node, eventually, holds_for};
 use serde_json::{Value, json};
 
 const TTL: Duration = Duration::from_millis(3000);
@@ -194,11 +194,12 @@ fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
         .iter()
         .map(|n| metric(n, "queen_s3_queues_given_back_total"))
         .collect();
-    std::thread::sleep(TTL + Duration::from_secs(2));
-    assert_eq!(
-        owners(&nodes, &live, &SIX).as_ref(),
-        Some(&first),
-        "a queue moved in a steady state"
+    assert!(
+        holds_for(TTL + Duration::from_secs(2), || owners(&nodes, &live, &SIX)
+            .as_ref()
+            == Some(&first)),
+        "a queue moved in a steady state: {:?} after {first:?}",
+        owners(&nodes, &live, &SIX)
     );
     assert_eq!(
         nodes
@@ -626,10 +627,10 @@ fn the_bucket_down_on_a_cluster_then_back_loses_and_doubles_nothing() {
         );
         assert!(d >= b, "{q}: the lake lost records");
     }
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        verified_records(&verify(bin(), &server).1),
-        during,
+    assert!(
+        holds_for(Duration::from_secs(2), || verified_records(
+            &verify(bin(), &server).1
+        ) == during),
         "a window committed while every upload failed"
     );
 

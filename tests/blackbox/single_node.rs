@@ -91,9 +91,12 @@ fn the_cluster_documents_walkthrough_on_one_node() {
         metrics.text
     );
     // A lone voter is its own quorum: it stays healthy past an election timeout.
-    std::thread::sleep(Duration::from_millis(2500));
-    let h = n.get("/health");
-    assert_eq!(h.status, 200, "{}", h.text);
+    assert!(
+        queen_tests::holds_for(Duration::from_millis(2500), || n.get("/health").status
+            == 200),
+        "{}",
+        n.get("/health").text
+    );
 }
 
 #[test]
@@ -233,7 +236,10 @@ fn a_waiting_pop_is_woken_by_a_push() {
         ));
         (body, started.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        queen_tests::a_pop_waits(&n, Duration::from_secs(10)),
+        "the long poll never parked"
+    );
     push(&n, "later", "Default", "wake", json!("up"));
     let ((status, text), took) = waiter.join().unwrap();
     assert_eq!(status, 200, "{text}");

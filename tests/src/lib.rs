@@ -455,6 +455,32 @@ pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+/// Whether `check` stays true for all of `period`, polled every 100 ms (for what must not
+/// happen: a check made once after a sleep would miss a change that came and went).
+pub fn holds_for(period: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + period;
+    loop {
+        if !check() {
+            return false;
+        }
+        if Instant::now() >= until {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until at least one pop is parked on `node` (a long poll that found nothing and
+/// waits), so that what the test does next reaches a waiting pop; false after `limit`.
+#[must_use]
+pub fn a_pop_waits(node: &Node, limit: Duration) -> bool {
+    eventually(limit, || {
+        node.get("/status").json["pops"]["waiting"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
+    })
+}
+
 /// A one-off GET on its own connection (for requests made from other threads).
 ///
 /// # Panics
