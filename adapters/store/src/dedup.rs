@@ -262,10 +262,10 @@ impl<'a> RunCursor<'a> {
     }
 }
 
-/// An entry of the table in memory as integers: partition, the hash's two halves (all read
-/// big-endian, so their order is the key bytes' order) and the offset. Sorting these compares
-/// words; sorting `(Key, u64)` called `memcmp` per comparison (7% of the apply's samples,
-/// `perf`, examples/apply_cost).
+/// An entry as integers, in the table in memory and in a merge's heap: partition, the hash's
+/// two halves (all read big-endian, so their order is the key bytes' order) and the offset.
+/// Sorting these compares words; sorting `(Key, u64)` called `memcmp` per comparison (7% of
+/// the apply's samples, `perf`, examples/apply_cost).
 type Ent = [u64; 4];
 
 fn ent(key: &Key, offset: u64) -> Ent {
@@ -721,21 +721,16 @@ impl DedupIndex {
 
     /// A k-way merge of `runs` into run `id`, without the entries of deleted messages.
     ///
-    /// The cursors' next entries sit in a heap ordered by the key read as integers (partition,
-    /// hash, offset: the same order as the bytes, which are big-endian), so each entry costs a
-    /// few integer comparisons instead of a byte comparison against every run.
+    /// The cursors' next entries sit in a heap as [`Ent`]s (the key read as integers, in the
+    /// bytes' order), so each entry costs a few integer comparisons instead of a byte
+    /// comparison against every run.
     fn merge(&self, runs: &[Arc<Run>], id: u64) -> Result<Run, DedupError> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
         let mut cursors: Vec<RunCursor<'_>> = runs.iter().map(|r| RunCursor::new(r)).collect();
         let mut error = None;
-        let mut heap: BinaryHeap<Reverse<(u64, u128, u64, usize)>> =
-            BinaryHeap::with_capacity(cursors.len());
-        let ordered = |(k, offset): (Key, u64), i: usize| {
-            let pid = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
-            let hash = u128::from_be_bytes(k[8..].try_into().unwrap_or_default());
-            Reverse((pid, hash, offset, i))
-        };
+        let mut heap: BinaryHeap<Reverse<(Ent, usize)>> = BinaryHeap::with_capacity(cursors.len());
+        let ordered = |(k, offset): (Key, u64), i: usize| Reverse((ent(&k, offset), i));
         for (i, c) in cursors.iter_mut().enumerate() {
             match c.peek() {
                 Ok(Some(e)) => heap.push(ordered(e, i)),
@@ -744,11 +739,11 @@ impl DedupIndex {
             }
         }
         let mut live_pid: Option<(u64, Option<u64>)> = None;
-        let mut last: Option<(u64, u128, u64)> = None;
+        let mut last: Option<Ent> = None;
         let first_live = self.first_live.clone();
         let mut next = || -> Option<(Key, u64)> {
             loop {
-                let Reverse((pid, hash, offset, i)) = heap.pop()?;
+                let Reverse((e, i)) = heap.pop()?;
                 cursors[i].advance();
                 match cursors[i].peek() {
                     Ok(Some(e)) => heap.push(ordered(e, i)),
@@ -758,10 +753,11 @@ impl DedupIndex {
                         return None;
                     }
                 }
-                if last == Some((pid, hash, offset)) {
+                if last == Some(e) {
                     continue;
                 }
-                last = Some((pid, hash, offset));
+                last = Some(e);
+                let (pid, offset) = (e[0], e[3]);
                 let first = match live_pid {
                     Some((p, f)) if p == pid => f,
                     _ => {
@@ -771,10 +767,7 @@ impl DedupIndex {
                     }
                 };
                 if first.is_some_and(|f| offset >= f) {
-                    let mut k = [0u8; 24];
-                    k[..8].copy_from_slice(&pid.to_be_bytes());
-                    k[8..].copy_from_slice(&hash.to_be_bytes());
-                    return Some((k, offset));
+                    return Some((key_of(&e), offset));
                 }
             }
         };
