@@ -262,11 +262,7 @@ fn a_request_stops_when_its_client_leaves() {
         b"GET /api/v1/pop/queue/empty?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nhost: x\r\n\r\n",
     )
     .unwrap();
-    let waiting = || {
-        n.get("/status").json["pops"]["waiting"]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let waiting = || queen_tests::waiting_pops(&n);
     assert!(
         eventually(Duration::from_secs(5), || waiting() == 1),
         "the long poll never parked"

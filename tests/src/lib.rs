@@ -470,15 +470,19 @@ pub fn holds_for(period: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Wait until at least one pop is parked on `node` (a long poll that found nothing and
-/// waits), so that what the test does next reaches a waiting pop; false after `limit`.
+/// Pops parked on `node` now (long polls that found nothing and wait), from `/status`.
+#[must_use]
+pub fn waiting_pops(node: &Node) -> u64 {
+    node.get("/status").json["pops"]["waiting"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Wait until at least one pop is parked on `node`, so that what the test does next reaches
+/// a waiting pop; false after `limit`.
 #[must_use]
 pub fn a_pop_waits(node: &Node, limit: Duration) -> bool {
-    eventually(limit, || {
-        node.get("/status").json["pops"]["waiting"]
-            .as_u64()
-            .is_some_and(|n| n >= 1)
-    })
+    eventually(limit, || waiting_pops(node) >= 1)
 }
 
 /// A one-off GET on its own connection (for requests made from other threads).
