@@ -15,11 +15,13 @@ use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
 use queen_domain::reads;
 use queen_domain::time::Stamp;
-use queen_http::{Api, ApiError, HealthView, PopRequest};
-use queen_ports::{Clock, ProposeError, RaftRole, ReplicatedLog};
+use queen_ports::{
+    BoxFuture, BrokerError, ClientApi, Clock, HealthView, Member, MembershipOp, NodeStatus,
+    NotReady, PopRequest, PopsStatus, ProposeError, QueueStatus, QueuesStatus, RaftRole,
+    ReplicatedLog, SinkLog, StatusView, StorageStatus,
+};
 use queen_store::FjallStore;
 use queen_telemetry::Telemetry;
-use serde_json::json;
 
 use crate::message_size;
 use crate::waiters::Waiters;
@@ -80,37 +82,18 @@ pub struct Broker {
     reclaiming: Arc<std::sync::atomic::AtomicBool>,
 }
 
-fn not_committed(e: &ProposeError) -> ApiError {
+fn not_committed(e: &ProposeError) -> BrokerError {
     match e {
-        ProposeError::NotLeader { leader } => {
-            let mut err = ApiError::new(
-                503,
-                "not_leader",
-                format!("this node does not lead (leader: {leader:?})"),
-            );
-            err.retry_after = Some(1);
-            err
-        }
-        ProposeError::OutcomeUnknown => {
-            let mut err = ApiError::new(
-                503,
-                "outcome_unknown",
-                "leadership changed while the request was in flight; it may or may not have applied",
-            );
-            err.retry_after = Some(1);
-            err
-        }
+        ProposeError::NotLeader { leader } => BrokerError::NotLeader {
+            leader: *leader,
+            forwards: true,
+        },
+        ProposeError::OutcomeUnknown => BrokerError::OutcomeUnknown,
         ProposeError::Unavailable(m) => {
-            let mut err = ApiError::new(
-                503,
-                "unavailable",
-                format!("the replicated log is unavailable: {m}"),
-            );
-            err.retry_after = Some(1);
-            err
+            BrokerError::Unavailable(format!("the replicated log is unavailable: {m}"))
         }
         ProposeError::Fatal(_) => {
-            ApiError::new(500, "internal", "the node's storage failed; see its log")
+            BrokerError::Internal("the node's storage failed; see its log".to_owned())
         }
     }
 }
@@ -193,7 +176,7 @@ impl Broker {
                     .await
                     .and_then(|r| match r.outcome {
                         Outcome::Push(out) => Ok(out),
-                        _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+                        _ => Err(BrokerError::unexpected_outcome()),
                     });
                 batch.answer(result);
                 drop(slot);
@@ -218,11 +201,6 @@ impl Broker {
     pub(crate) fn with_log_kinds(mut self, kinds: u32) -> Self {
         self.kinds = kinds;
         self
-    }
-
-    /// Whether this node is the cluster's only member (a single node), as it sees it.
-    pub(crate) fn alone(&self) -> bool {
-        self.raft.as_ref().is_none_or(|r| r.members().len() <= 1)
     }
 
     /// The locally applied state.
@@ -277,13 +255,13 @@ impl Broker {
         admission: crate::disk_gate::Admission,
         kind: &'static str,
         bytes: usize,
-    ) -> Result<crate::disk_gate::Admitted<'_>, ApiError> {
+    ) -> Result<crate::disk_gate::Admitted<'_>, BrokerError> {
         let memtable = self.store.engine_stats().0;
         self.disk
             .admit(u64::try_from(bytes).unwrap_or(u64::MAX), admission, memtable)
             .map_err(|refusal| {
                 tracing::debug!(target: "queen-app", kind, error = %refusal, "refused at the disk gate");
-                ApiError::new(507, "disk_full", refusal.to_string())
+                BrokerError::DiskFull(refusal)
             })
     }
 
@@ -331,24 +309,14 @@ impl Broker {
         });
     }
 
-    /// KV operations of the node's own S3 sink (leases, intents, commit pointers, checkpoints):
-    /// they pass a closed disk gate, like acks, so a node above the gate keeps committing its
-    /// backlog to the lake; only the reserve stops them.
-    pub(crate) async fn kv_internal(&self, ops: Vec<KvOp>) -> Result<KvOutcome, ApiError> {
-        match self.propose_as(Command::Kv(ops), true).await?.outcome {
-            Outcome::Kv(o) => Ok(o),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
-        }
-    }
-
     /// Propose a command and wait for its outcome, up to the request deadline. While no leader
     /// is known the proposal is held and retried (nothing was appended), not failed at once.
-    pub async fn propose(&self, command: Command) -> Result<Response, ApiError> {
+    pub async fn propose(&self, command: Command) -> Result<Response, BrokerError> {
         self.propose_as(command, false).await
     }
 
     /// `propose`, with `internal` set for the node's own writes that pass a closed disk gate.
-    async fn propose_as(&self, command: Command, internal: bool) -> Result<Response, ApiError> {
+    async fn propose_as(&self, command: Command, internal: bool) -> Result<Response, BrokerError> {
         let kind = kind(&command);
         let is_tick = matches!(command, Command::Tick);
         let admission = crate::disk_gate::Admission::of(&command, internal);
@@ -362,16 +330,10 @@ impl Broker {
         if !self.client_offload && !is_tick {
             let p = self.log.progress();
             if p.role != RaftRole::Leader {
-                let mut err = ApiError::new(
-                    503,
-                    "not_leader",
-                    format!(
-                        "this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {:?}",
-                        p.leader
-                    ),
-                );
-                err.retry_after = Some(1);
-                return Err(err);
+                return Err(BrokerError::NotLeader {
+                    leader: p.leader,
+                    forwards: false,
+                });
             }
         }
         let started = Instant::now();
@@ -379,11 +341,11 @@ impl Broker {
         let result = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(remaining, self.log.propose(bytes.clone())).await {
-                Err(_) => break Err(ApiError::timeout()),
+                Err(_) => break Err(BrokerError::Timeout),
                 Ok(Ok(resp)) => {
                     break Response::decode(&resp).map_err(|e| {
                         tracing::error!(target: "queen-app", error = %e, "undecodable state machine response");
-                        ApiError::new(500, "internal", "the state machine answered in an unknown format")
+                        BrokerError::Internal("the state machine answered in an unknown format".to_owned())
                     });
                 }
                 Ok(Err(
@@ -400,10 +362,8 @@ impl Broker {
         let response = result?;
         if let Outcome::Rejected(why) = &response.outcome {
             tracing::error!(target: "queen-app", why, "the state machine rejected an entry");
-            return Err(ApiError::new(
-                500,
-                "internal",
-                "the state machine could not read the entry",
+            return Err(BrokerError::Internal(
+                "the state machine could not read the entry".to_owned(),
             ));
         }
         Ok(response)
@@ -449,18 +409,14 @@ impl Broker {
         m.set_waiting_pops(self.waiters.parked());
     }
 
-    fn read_error(e: &queen_domain::StoreError) -> ApiError {
+    fn read_error(e: &queen_domain::StoreError) -> BrokerError {
         tracing::error!(target: "queen-app", error = %e, "state read failed");
-        ApiError::new(
-            500,
-            "internal",
-            "reading the node's state failed; see its log",
-        )
+        BrokerError::Internal("reading the node's state failed; see its log".to_owned())
     }
 }
 
-impl Api for Broker {
-    async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, ApiError> {
+impl ClientApi for Broker {
+    async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, BrokerError> {
         message_size::check_push(&items, self.max_message_bytes)?;
         let out = match &self.push_lane {
             // The request's deadline covers its wait in the lane too; past it the outcome is
@@ -468,9 +424,9 @@ impl Api for Broker {
             // transactionIds is safe).
             Some(lane) => {
                 match tokio::time::timeout(self.request_timeout, lane.submit(items)).await {
-                    Err(_) => return Err(ApiError::timeout()),
+                    Err(_) => return Err(BrokerError::Timeout),
                     Ok(Err(_)) => {
-                        return Err(ApiError::new(503, "unavailable", "the node is stopping"));
+                        return Err(BrokerError::Unavailable("the node is stopping".to_owned()));
                     }
                     Ok(Ok(out)) => out?,
                 }
@@ -478,7 +434,7 @@ impl Api for Broker {
             None => {
                 let r = self.propose(Command::Push(items)).await?;
                 let Outcome::Push(out) = r.outcome else {
-                    return Err(ApiError::new(500, "internal", "unexpected outcome"));
+                    return Err(BrokerError::unexpected_outcome());
                 };
                 out
             }
@@ -503,7 +459,7 @@ impl Api for Broker {
         Ok(out)
     }
 
-    async fn pop(&self, req: PopRequest) -> Result<PopOutcome, ApiError> {
+    async fn pop(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
         let deadline = Instant::now()
             + if req.wait {
                 req.timeout
@@ -556,7 +512,7 @@ impl Api for Broker {
         namespace: Option<String>,
         task: Option<String>,
         req: PopRequest,
-    ) -> Result<(String, PopOutcome), ApiError> {
+    ) -> Result<(String, PopOutcome), BrokerError> {
         let deadline = Instant::now()
             + if req.wait {
                 req.timeout
@@ -610,11 +566,11 @@ impl Api for Broker {
         &self,
         group: GroupName,
         items: Vec<AckItem>,
-    ) -> Result<Vec<AckOutcome>, ApiError> {
+    ) -> Result<Vec<AckOutcome>, BrokerError> {
         let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
         let r = self.propose(Command::Ack { group, items }).await?;
         let Outcome::Ack(out) = r.outcome else {
-            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+            return Err(BrokerError::unexpected_outcome());
         };
         let m = self.telemetry.metrics();
         for (o, s) in out.iter().zip(&statuses) {
@@ -626,18 +582,18 @@ impl Api for Broker {
         Ok(out)
     }
 
-    async fn kv(&self, ops: Vec<KvOp>) -> Result<KvOutcome, ApiError> {
+    async fn kv(&self, ops: Vec<KvOp>) -> Result<KvOutcome, BrokerError> {
         message_size::check_kv(&ops, self.max_message_bytes, "operations")?;
         match self.propose(Command::Kv(ops)).await?.outcome {
             Outcome::Kv(o) => Ok(o),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+            _ => Err(BrokerError::unexpected_outcome()),
         }
     }
 
-    async fn locks(&self, ops: Vec<LockOp>) -> Result<Vec<LockResult>, ApiError> {
+    async fn locks(&self, ops: Vec<LockOp>) -> Result<Vec<LockResult>, BrokerError> {
         match self.propose(Command::Locks(ops)).await?.outcome {
             Outcome::Locks(o) => Ok(o),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+            _ => Err(BrokerError::unexpected_outcome()),
         }
     }
 
@@ -647,7 +603,7 @@ impl Api for Broker {
         required_leases: Vec<String>,
         kv: Vec<KvOp>,
         timers: Vec<queen_domain::timers::TimerOp>,
-    ) -> Result<TxnOutcome, ApiError> {
+    ) -> Result<TxnOutcome, BrokerError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
         let r = self
             .propose(Command::Transaction {
@@ -658,7 +614,7 @@ impl Api for Broker {
             })
             .await?;
         let Outcome::Transaction(t) = r.outcome else {
-            return Err(ApiError::new(500, "internal", "unexpected outcome"));
+            return Err(BrokerError::unexpected_outcome());
         };
         if t.success {
             for res in &t.results {
@@ -673,7 +629,7 @@ impl Api for Broker {
         Ok(t)
     }
 
-    async fn extend(&self, lease_id: String) -> Result<Outcome, ApiError> {
+    async fn extend(&self, lease_id: String) -> Result<Outcome, BrokerError> {
         Ok(self
             .propose(Command::ExtendLease { lease_id })
             .await?
@@ -686,7 +642,7 @@ impl Api for Broker {
         namespace: Option<String>,
         task: Option<String>,
         options: QueueOptions,
-    ) -> Result<QueueOptions, ApiError> {
+    ) -> Result<QueueOptions, BrokerError> {
         let name = queue.as_str().to_owned();
         let r = self
             .propose(Command::Configure {
@@ -699,33 +655,33 @@ impl Api for Broker {
         self.waiters.wake(&name);
         match r.outcome {
             Outcome::Configured(o) => Ok(o),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+            _ => Err(BrokerError::unexpected_outcome()),
         }
     }
 
-    async fn delete_queue(&self, queue: QueueName) -> Result<bool, ApiError> {
+    async fn delete_queue(&self, queue: QueueName) -> Result<bool, BrokerError> {
         let name = queue.as_str().to_owned();
         let r = self.propose(Command::DeleteQueue { queue }).await?;
         self.waiters.forget(&name);
         self.reclaim_near_gate();
         match r.outcome {
             Outcome::Deleted { existed } => Ok(existed),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+            _ => Err(BrokerError::unexpected_outcome()),
         }
     }
 
     async fn timers(
         &self,
         ops: Vec<queen_domain::timers::TimerOp>,
-    ) -> Result<Vec<queen_domain::timers::TimerResult>, ApiError> {
+    ) -> Result<Vec<queen_domain::timers::TimerResult>, BrokerError> {
         message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
         match self.propose(Command::Timers(ops)).await?.outcome {
             Outcome::Timers(r) => Ok(r),
-            _ => Err(ApiError::new(500, "internal", "unexpected outcome")),
+            _ => Err(BrokerError::unexpected_outcome()),
         }
     }
 
-    async fn command(&self, command: Command) -> Result<Outcome, ApiError> {
+    async fn command(&self, command: Command) -> Result<Outcome, BrokerError> {
         let queue = match &command {
             Command::Seek { queue, .. } => Some(queue.as_str().to_owned()),
             _ => None,
@@ -738,10 +694,10 @@ impl Api for Broker {
         Ok(out)
     }
 
-    async fn read_barrier(&self) -> Result<(), ApiError> {
+    async fn read_barrier(&self) -> Result<(), BrokerError> {
         let deadline = self.request_timeout;
         match tokio::time::timeout(deadline, self.log.read_barrier()).await {
-            Err(_) => Err(ApiError::timeout()),
+            Err(_) => Err(BrokerError::Timeout),
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(not_committed(&e)),
         }
@@ -755,17 +711,11 @@ impl Api for Broker {
         Stamp(self.clock.now_micros())
     }
 
-    async fn membership(
-        &self,
-        op: queen_http::MembershipOp,
-    ) -> Result<serde_json::Value, ApiError> {
-        use queen_http::MembershipOp;
-        use queen_raft::{MembershipChange, MembershipError};
+    async fn membership(&self, op: MembershipOp) -> Result<Vec<Member>, BrokerError> {
+        use queen_ports::{Membership, MembershipChange};
         let Some(raft) = &self.raft else {
-            return Err(ApiError::new(
-                503,
-                "unavailable",
-                "this node has no raft group",
+            return Err(BrokerError::Unavailable(
+                "this node has no raft group".to_owned(),
             ));
         };
         // A follower hands the change to the leader (raft port); the leader checks and runs it.
@@ -789,29 +739,9 @@ impl Api for Broker {
         };
         // A membership change has the request deadline too: past it the outcome is unknown
         // (every change is idempotent, so a retry is safe).
-        let Ok(result) = tokio::time::timeout(self.request_timeout, raft.membership(change)).await
-        else {
-            return Err(ApiError::timeout());
-        };
-        match result {
-            Ok(members) => Ok(json!({"success": true, "members": members})),
-            Err(e) => {
-                let (status, code) = match &e {
-                    MembershipError::NotLeader { .. } => (503, "not_leader"),
-                    MembershipError::NoQuorum(_) => (409, "no_quorum"),
-                    MembershipError::LearnerBehind { .. } => (409, "learner_behind"),
-                    MembershipError::LastVoter(_) => (409, "last_voter"),
-                    MembershipError::Unknown(_) => (404, "unknown_member"),
-                    MembershipError::Failed(_) => (409, "membership_change_failed"),
-                    MembershipError::FormatTooOld { .. } => (409, "format_too_old"),
-                    MembershipError::Unavailable(_) => (503, "unavailable"),
-                };
-                let mut err = ApiError::new(status, code, e.to_string());
-                if status == 503 {
-                    err.retry_after = Some(1);
-                }
-                Err(err)
-            }
+        match tokio::time::timeout(self.request_timeout, raft.change(change)).await {
+            Err(_) => Err(BrokerError::Timeout),
+            Ok(result) => Ok(result?),
         }
     }
 
@@ -825,18 +755,17 @@ impl Api for Broker {
             .unwrap_or(u64::MAX);
         // A leader that no majority acknowledged within an election timeout has lost its quorum.
         let leader_alone = p.quorum_ack_ms.is_some_and(|ms| ms > LEADER_QUORUM_MS);
-        let reason = if !p.storage_ready {
-            Some("settling")
+        let not_ready = if !p.storage_ready {
+            Some(NotReady::Settling)
         } else if p.leader.is_none() || leader_alone {
-            Some("no_quorum")
+            Some(NotReady::NoQuorum)
         } else if lag > self.ready_lag_entries && age_ms > self.ready_lag_ms {
-            Some("settling")
+            Some(NotReady::Settling)
         } else {
             None
         };
         HealthView {
-            ready: reason.is_none(),
-            reason,
+            not_ready,
             progress: p,
             kinds: self.kinds,
             cluster_version: reads::cluster_version(&self.store).unwrap_or(0),
@@ -844,40 +773,56 @@ impl Api for Broker {
         }
     }
 
-    async fn status(&self) -> Result<serde_json::Value, ApiError> {
+    async fn status(&self) -> Result<StatusView, BrokerError> {
         let view = self.store.view();
         let queues = reads::queues(&view, 1000).map_err(|e| Self::read_error(&e))?;
         let safe = reads::safe_time(&view).map_err(|e| Self::read_error(&e))?;
         let p = self.log.progress();
-        let total: u64 = queues.iter().map(|q| q.messages).sum();
-        Ok(json!({
-            "node": {"id": p.node_id, "uptimeSeconds": self.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")},
-            "raft": p,
-            "safeTime": safe.iso_micros(),
-            "storage": {
-                "diskBytes": self.store.disk_bytes(),
-                "logFsyncs": (self.fsyncs)(),
-                "memtableBytes": self.store.engine_stats().0,
-                "flushesQueued": self.store.engine_stats().1,
-                "sealedMemtables": self.store.engine_stats().2,
-                "level0Tables": self.store.engine_stats().3,
-                "segmentFiles": self.store.segment_stats().0,
-                "segmentBytes": self.store.segment_stats().1,
-                "dedupRuns": self.store.dedup_stats().0,
-                "dedupRunEntries": self.store.dedup_stats().1,
-                "dedupMemoryEntries": self.store.dedup_stats().2,
+        let (memtable_bytes, flushes_queued, sealed_memtables, level0_tables) =
+            self.store.engine_stats();
+        let (segment_files, segment_bytes) = self.store.segment_stats();
+        let (dedup_runs, dedup_run_entries, dedup_memory_entries) = self.store.dedup_stats();
+        Ok(StatusView {
+            node: NodeStatus {
+                id: p.node_id,
+                uptime_seconds: self.started.elapsed().as_secs(),
+                version: env!("CARGO_PKG_VERSION"),
             },
-            "queues": {
-                "count": queues.len(),
-                "messages": total,
-                "items": queues.iter().map(|q| json!({
-                    "name": q.name, "messages": q.messages, "partitions": q.partitions,
-                    "deadLettered": q.dead_lettered, "namespace": q.namespace, "task": q.task,
-                })).collect::<Vec<_>>(),
+            raft: p,
+            safe_time: safe.iso_micros(),
+            storage: StorageStatus {
+                disk_bytes: self.store.disk_bytes(),
+                log_fsyncs: (self.fsyncs)(),
+                memtable_bytes,
+                flushes_queued,
+                sealed_memtables,
+                level0_tables,
+                segment_files,
+                segment_bytes,
+                dedup_runs,
+                dedup_run_entries,
+                dedup_memory_entries,
             },
-            "pops": {"waiting": self.waiters.parked()},
-            "s3": self.s3_status.get().map(|f| f()),
-        }))
+            queues: QueuesStatus {
+                count: queues.len(),
+                messages: queues.iter().map(|q| q.messages).sum(),
+                items: queues
+                    .into_iter()
+                    .map(|q| QueueStatus {
+                        name: q.name,
+                        messages: q.messages,
+                        partitions: q.partitions,
+                        dead_lettered: q.dead_lettered,
+                        namespace: q.namespace,
+                        task: q.task,
+                    })
+                    .collect(),
+            },
+            pops: PopsStatus {
+                waiting: self.waiters.parked(),
+            },
+            s3: self.s3_status.get().map(|f| f()),
+        })
     }
 
     fn metrics_text(&self) -> String {
@@ -889,5 +834,35 @@ impl Api for Broker {
         self.telemetry
             .metrics()
             .http_request(route, status, seconds);
+    }
+}
+
+/// The node's own S3 sink: its KV writes (leases, intents, commit pointers, checkpoints) pass a
+/// closed disk gate, like acks, so a node above the gate keeps committing its backlog to the
+/// lake; only the reserve stops them.
+impl SinkLog for Broker {
+    fn sink_kv(&self, ops: Vec<KvOp>) -> BoxFuture<'_, Result<KvOutcome, BrokerError>> {
+        Box::pin(async move {
+            match self.propose_as(Command::Kv(ops), true).await?.outcome {
+                Outcome::Kv(o) => Ok(o),
+                _ => Err(BrokerError::unexpected_outcome()),
+            }
+        })
+    }
+
+    fn sink_barrier(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(ClientApi::read_barrier(self))
+    }
+
+    fn applied(&self) -> Box<dyn queen_domain::StateRead + Send + '_> {
+        Box::new(self.store.view())
+    }
+
+    fn wall_clock(&self) -> Stamp {
+        Stamp(self.clock.now_micros())
+    }
+
+    fn alone(&self) -> bool {
+        self.raft.as_ref().is_none_or(|r| r.members().len() <= 1)
     }
 }

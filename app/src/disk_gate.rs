@@ -102,34 +102,8 @@ pub(crate) struct Projection {
     pub(crate) memtable: u64,
 }
 
-/// Why a command was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Refusal {
-    /// The client gate is closed.
-    #[error(
-        "the node's disk would be {projected_pct}% full with this write ({used_pct}% in use, {in_flight} bytes in flight); QUEEN_RAFT_DISK_HIGH_PCT is {high_pct}%"
-    )]
-    Gate {
-        /// Disk use at the last sample, percent.
-        used_pct: u64,
-        /// Projected use with this write, percent.
-        projected_pct: u64,
-        /// Bytes admitted since the last sample.
-        in_flight: u64,
-        /// The threshold.
-        high_pct: u8,
-    },
-    /// The write would take the reserve.
-    #[error(
-        "the node's disk would keep {free_after} bytes free after this write, below QUEEN_RAFT_DISK_RESERVE_BYTES ({limit} bytes); drain or delete data, or grow the disk"
-    )]
-    Reserve {
-        /// Free bytes projected after the write (0 when it would not fit at all).
-        free_after: u64,
-        /// The floor this command may not pass.
-        limit: u64,
-    },
-}
+/// Why a command was refused (the use-case port's typed refusal).
+pub(crate) use queen_ports::DiskRefusal as Refusal;
 
 /// The gate's decision (pure): may a command of `command_bytes` (its encoded entry) of kind
 /// `admission` be proposed, given the projection and the limits?

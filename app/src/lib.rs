@@ -3,7 +3,7 @@
 //!
 //! Owns: reading the environment once into a validated `Config` (a bad value names its
 //! variable), wiring the state store, the replicated log, telemetry and the HTTP listener into a
-//! node, proposing commands with a deadline, long polls woken by commits, the tick that moves
+//! node (the client port's front is handed in by the binary), proposing commands with a deadline, long polls woken by commits, the tick that moves
 //! broker time and runs housekeeping, and SIGTERM handling (stop accepting, finish requests in
 //! flight, stop raft).
 //! Must never depend on: anything the adapters should hide (openraft or fjall types do not
@@ -21,6 +21,6 @@ mod waiters;
 
 pub use broker::Broker;
 pub use config::{Config, ConfigError, Peer, RawConfig};
-pub use node::{AppError, run};
+pub use node::{AppError, Serving, run};
 pub use sink::config::{SinkBoot, SinkConfigError, SinkSettings, from_env as sink_from_env};
-pub use sink::{SinkHandle, verify_lake};
+pub use sink::{SinkError, SinkHandle, verify_lake};

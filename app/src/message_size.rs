@@ -1,24 +1,23 @@
 //! The largest payload one message may carry (`QUEEN_MAX_MESSAGE_BYTES`), checked before a
 //! command is proposed, for every way a payload enters the log: pushes, pushes inside a
-//! transaction, timer payloads and KV values. A refusal is a 413 that names the item.
+//! transaction, timer payloads and KV values. A refusal (`BrokerError::TooLarge`, a
+//! 413 on the wire) names the item.
 
 use queen_domain::command::{PushItem, TxnOp};
 use queen_domain::kv::KvOp;
 use queen_domain::timers::TimerOp;
-use queen_http::ApiError;
+use queen_ports::BrokerError;
 
-fn too_large(field: &str, len: usize, max: usize) -> ApiError {
-    ApiError::new(
-        413,
-        "payload_too_large",
-        format!(
-            "{field} is {len} bytes; a message may carry at most {max} (QUEEN_MAX_MESSAGE_BYTES)"
-        ),
-    )
+fn too_large(field: &str, len: usize, max: usize) -> BrokerError {
+    BrokerError::TooLarge {
+        field: field.to_owned(),
+        len,
+        max,
+    }
 }
 
 /// Every pushed payload within `max`; the refusal names `items[i].payload`.
-pub(crate) fn check_push(items: &[PushItem], max: usize) -> Result<(), ApiError> {
+pub(crate) fn check_push(items: &[PushItem], max: usize) -> Result<(), BrokerError> {
     match items.iter().position(|i| i.payload.len() > max) {
         Some(i) => Err(too_large(
             &format!("items[{i}].payload"),
@@ -30,7 +29,7 @@ pub(crate) fn check_push(items: &[PushItem], max: usize) -> Result<(), ApiError>
 }
 
 /// Every KV value within `max`; `field` names the list (`operations` or a transaction's `kv`).
-pub(crate) fn check_kv(ops: &[KvOp], max: usize, field: &str) -> Result<(), ApiError> {
+pub(crate) fn check_kv(ops: &[KvOp], max: usize, field: &str) -> Result<(), BrokerError> {
     for (i, op) in ops.iter().enumerate() {
         if let KvOp::Put { value, .. } = op
             && value.len() > max
@@ -42,7 +41,7 @@ pub(crate) fn check_kv(ops: &[KvOp], max: usize, field: &str) -> Result<(), ApiE
 }
 
 /// Every timer payload within `max`.
-pub(crate) fn check_timers(ops: &[TimerOp], max: usize, field: &str) -> Result<(), ApiError> {
+pub(crate) fn check_timers(ops: &[TimerOp], max: usize, field: &str) -> Result<(), BrokerError> {
     for (i, op) in ops.iter().enumerate() {
         if let TimerOp::Schedule { payload, .. } = op
             && payload.len() > max
@@ -63,7 +62,7 @@ pub(crate) fn check_transaction(
     kv: &[KvOp],
     timers: &[TimerOp],
     max: usize,
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     let pushed = ops.iter().filter_map(|op| match op {
         TxnOp::Push(item) => Some(item),
         TxnOp::Ack { .. } => None,
@@ -102,9 +101,16 @@ mod tests {
     fn refusals_name_the_item_and_the_limit() {
         assert!(check_push(&[item(10), item(100)], 100).is_ok());
         let e = check_push(&[item(10), item(101)], 100).unwrap_err();
-        assert_eq!((e.status, e.code), (413, "payload_too_large"));
+        assert!(matches!(
+            e,
+            BrokerError::TooLarge {
+                len: 101,
+                max: 100,
+                ..
+            }
+        ));
         assert_eq!(
-            e.message,
+            e.to_string(),
             "items[1].payload is 101 bytes; a message may carry at most 100 (QUEEN_MAX_MESSAGE_BYTES)"
         );
         let put = KvOp::Put {
@@ -118,11 +124,11 @@ mod tests {
         assert!(
             check_kv(std::slice::from_ref(&put), 100, "operations")
                 .unwrap_err()
-                .message
+                .to_string()
                 .starts_with("operations[0].value")
         );
         let e = check_transaction(&[TxnOp::Push(item(1))], &[put], &[], 100).unwrap_err();
-        assert!(e.message.starts_with("kv[0].value"), "{}", e.message);
+        assert!(e.to_string().starts_with("kv[0].value"), "{e}");
         let e = check_transaction(
             &[TxnOp::Push(item(1)), TxnOp::Push(item(200))],
             &[],
@@ -130,6 +136,6 @@ mod tests {
             100,
         )
         .unwrap_err();
-        assert!(e.message.contains("pushed item 1"), "{}", e.message);
+        assert!(e.to_string().contains("pushed item 1"), "{e}");
     }
 }

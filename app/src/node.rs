@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ pub enum AppError {
     },
     /// The S3 sink could not start.
     #[error("QUEEN_S3_EMBEDDED=true: {0}")]
-    Sink(String),
+    Sink(#[from] crate::sink::SinkError),
     /// The data directory holds a cluster format newer than this build reads.
     #[error(
         "QUEEN_RAFT_DIR: {dir} holds cluster format version {found}, newer than this build reads ({reads}); run a release that reads it"
@@ -78,17 +79,38 @@ const DRAIN: Duration = Duration::from_secs(30);
 /// How often the leader appends a tick.
 const TICK_EVERY: Duration = Duration::from_secs(1);
 
+/// What the client port's front (the HTTP adapter, chosen by the binary) is handed to serve:
+/// the bound listener, the broker's use cases, and when to stop accepting and how long to wait
+/// for requests in flight after that.
+pub struct Serving {
+    /// The client port, bound.
+    pub listener: TcpListener,
+    /// The use cases (`queen_ports::ClientApi`).
+    pub broker: Arc<Broker>,
+    /// How long requests in flight may take once `stop` resolved.
+    pub drain: Duration,
+    /// Resolves when the node should stop accepting (after SIGTERM and the leadership
+    /// hand-off).
+    pub stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
 /// Run a node until `shutdown` resolves; then stop accepting, finish requests in flight, and
-/// stop the replicated log.
+/// stop the replicated log. `serve` runs the client port's front until its `stop` resolves
+/// and its requests in flight are done.
 ///
 /// # Errors
 /// When the node cannot start (directory, store, log, port).
-pub async fn run(
+pub async fn run<F, Fut>(
     cfg: Config,
     sink: Option<crate::SinkSettings>,
     telemetry: Telemetry,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), AppError> {
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    serve: F,
+) -> Result<(), AppError>
+where
+    F: FnOnce(Serving) -> Fut,
+    Fut: Future<Output = ()>,
+{
     std::fs::create_dir_all(&cfg.raft_dir).map_err(|source| AppError::DataDir {
         dir: cfg.raft_dir.display().to_string(),
         source,
@@ -163,10 +185,11 @@ pub async fn run(
     tokio::spawn(broker.clone().run_push_lane());
     let sink = match sink {
         Some(settings) => {
-            let handle = Arc::new(
-                crate::sink::SinkHandle::start(settings, broker.clone(), telemetry.clone())
-                    .map_err(AppError::Sink)?,
-            );
+            let handle = Arc::new(crate::sink::SinkHandle::start(
+                settings,
+                broker.clone(),
+                telemetry.clone(),
+            )?);
             broker.set_s3_status(handle.status_source());
             Some(handle)
         }
@@ -244,18 +267,12 @@ pub async fn run(
             }
         }
     };
-    queen_http::serve(
+    serve(Serving {
         listener,
-        broker.clone(),
-        queen_http::ServeConfig {
-            max_body_bytes: cfg.max_body_bytes,
-            body_timeout: cfg.body_timeout,
-            body_budget_bytes: cfg.body_budget_bytes,
-            admin_token: cfg.token.clone(),
-            drain: DRAIN,
-        },
-        handover,
-    )
+        broker: broker.clone(),
+        drain: DRAIN,
+        stop: Box::pin(handover),
+    })
     .await;
     tracing::info!(target: "queen-app", "listener closed, stopping");
     if let Some(s) = &sink {

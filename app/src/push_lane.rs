@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use queen_domain::command::{PushItem, PushOutcome};
-use queen_http::ApiError;
+use queen_ports::BrokerError;
 use tokio::sync::{Notify, Semaphore, oneshot};
 
 /// Entries in flight at once. Four, not eight: with 128 clients sending one message each, the
@@ -28,7 +28,7 @@ const MAX_ITEMS: usize = 4_096;
 /// At most this many payload bytes in one entry (a request larger than this goes alone).
 const MAX_BYTES: usize = 4 << 20;
 
-type Reply = oneshot::Sender<Result<Vec<PushOutcome>, ApiError>>;
+type Reply = oneshot::Sender<Result<Vec<PushOutcome>, BrokerError>>;
 
 struct Waiting {
     items: Vec<PushItem>,
@@ -62,7 +62,7 @@ impl PushLane {
     pub(crate) fn submit(
         &self,
         items: Vec<PushItem>,
-    ) -> oneshot::Receiver<Result<Vec<PushOutcome>, ApiError>> {
+    ) -> oneshot::Receiver<Result<Vec<PushOutcome>, BrokerError>> {
         let (reply, rx) = oneshot::channel();
         let bytes = items
             .iter()
@@ -132,7 +132,7 @@ impl PushLane {
 
 impl Batch {
     /// Hand each request its own answers (or the entry's error).
-    pub(crate) fn answer(self, result: Result<Vec<PushOutcome>, ApiError>) {
+    pub(crate) fn answer(self, result: Result<Vec<PushOutcome>, BrokerError>) {
         match result {
             Ok(out) => {
                 // Answers come back in item order: hand them out front to back.
@@ -233,10 +233,16 @@ mod tests {
         );
         let (_s2, second) = lane.next().await;
         assert_eq!(second.items[0].transaction_id, "small");
-        first.answer(Err(ApiError::new(503, "timeout", "t")));
-        second.answer(Err(ApiError::new(503, "timeout", "t")));
-        assert_eq!(big.await.unwrap().unwrap_err().code, "timeout");
-        assert_eq!(small.await.unwrap().unwrap_err().code, "timeout");
+        first.answer(Err(BrokerError::Timeout));
+        second.answer(Err(BrokerError::Timeout));
+        assert!(matches!(
+            big.await.unwrap().unwrap_err(),
+            BrokerError::Timeout
+        ));
+        assert!(matches!(
+            small.await.unwrap().unwrap_err(),
+            BrokerError::Timeout
+        ));
     }
 
     #[tokio::test]

@@ -235,11 +235,31 @@ fn main() -> ExitCode {
     for w in &sink.warnings {
         tracing::warn!(target: "queen-s3", "{w}");
     }
+    // The client port's front is the HTTP adapter; the application hands it the bound
+    // listener and the use cases.
+    let front = queen_http::ServeConfig {
+        max_body_bytes: config.max_body_bytes,
+        body_timeout: config.body_timeout,
+        body_budget_bytes: config.body_budget_bytes,
+        admin_token: config.token.clone(),
+        drain: std::time::Duration::ZERO,
+    };
     let result = runtime.block_on(queen_app::run(
         config,
         sink.settings,
         telemetry.clone(),
         shutdown_signal(),
+        move |s: queen_app::Serving| {
+            queen_http::serve(
+                s.listener,
+                s.broker,
+                queen_http::ServeConfig {
+                    drain: s.drain,
+                    ..front
+                },
+                s.stop,
+            )
+        },
     ));
     telemetry.shutdown();
     match result {

@@ -27,8 +27,11 @@ impl Entry {
     ///
     /// # Errors
     /// When the bytes are not an entry this build reads.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        postcard::from_bytes(bytes).map_err(|source| DecodeError {
+            what: "log entry",
+            source,
+        })
     }
 }
 
@@ -492,9 +495,23 @@ impl Response {
     ///
     /// # Errors
     /// When the bytes are not a response.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        postcard::from_bytes(bytes).map_err(|source| DecodeError {
+            what: "state machine response",
+            source,
+        })
     }
+}
+
+/// Bytes that are not an entry or a response this build reads.
+#[derive(Debug, thiserror::Error)]
+#[error("the bytes are not a {what} this build reads: {source}")]
+pub struct DecodeError {
+    /// What the bytes should have been.
+    pub what: &'static str,
+    /// The decoder's complaint.
+    #[source]
+    pub source: postcard::Error,
 }
 
 #[cfg(test)]

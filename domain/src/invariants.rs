@@ -6,14 +6,19 @@ use crate::machine::scan_recs;
 use crate::model::{CursorRec, MessageRec, PartitionRec, QueueRec};
 use crate::store::StateRead;
 
+/// The first invariant found broken, described (or the state read that failed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
 /// "Each partition stores exactly the offsets `log_start..next_offset`, every stored message
 /// is found through its dedup row, no cursor or lease points past the high watermark, and a
 /// queue's message count equals what its partitions store."
 ///
 /// # Errors
 /// The first violation, described.
-pub fn check(s: &dyn StateRead) -> Result<(), String> {
-    let err = |e: crate::store::StoreError| e.to_string();
+pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
+    let err = |e: crate::store::StoreError| Violation(e.to_string());
     let parts: Vec<(Vec<u8>, PartitionRec)> = scan_recs(
         s,
         &keys::table_start(keys::table::PARTITION),
@@ -44,20 +49,20 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
             .collect();
         let expected: Vec<u64> = (p.log_start..p.next_offset).collect();
         if offsets != expected {
-            return Err(format!(
+            return Err(Violation(format!(
                 "partition {} stores {offsets:?}, expected {expected:?}",
                 p.pid
-            ));
+            )));
         }
         for (k, m) in &msgs {
             let d: Option<Vec<u64>> =
                 crate::machine::get_rec(s, &keys::dedup(p.pid, &m.transaction_id)).map_err(err)?;
             let offset = keys::offset_of_message_key(k).unwrap_or(u64::MAX);
             if !d.is_some_and(|d| d.contains(&offset)) {
-                return Err(format!(
+                return Err(Violation(format!(
                     "message {} of partition {} has no dedup row",
                     m.transaction_id, p.pid
-                ));
+                )));
             }
         }
         let prefix = keys::pid_prefix(keys::table::CURSOR, p.pid);
@@ -65,10 +70,10 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
             scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX).map_err(err)?;
         for (_, c) in cursors {
             if c.next > p.next_offset || c.lease.as_ref().is_some_and(|l| l.end > p.next_offset) {
-                return Err(format!(
+                return Err(Violation(format!(
                     "a cursor of partition {} points past its end",
                     p.pid
-                ));
+                )));
             }
         }
         *per_queue.entry(p.qid).or_default() += p.next_offset - p.log_start;
@@ -76,10 +81,10 @@ pub fn check(s: &dyn StateRead) -> Result<(), String> {
     for (_, q) in queues {
         let stored = per_queue.get(&q.qid).copied().unwrap_or(0);
         if stored != q.messages {
-            return Err(format!(
+            return Err(Violation(format!(
                 "queue {} counts {} messages, stores {stored}",
                 q.name, q.messages
-            ));
+            )));
         }
     }
     Ok(())

@@ -385,6 +385,24 @@ pub fn message_stamp(bytes: &[u8]) -> Option<Stamp> {
         .map(|(s, _)| s.stamp)
 }
 
+/// Why [`pushed_messages`] could not read an entry's messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PushedMessagesError {
+    /// The bytes are not a push entry of this build.
+    #[error("the entry is not a push of this build")]
+    NotAPush,
+    /// The push has fewer items than asked for.
+    #[error("the push has {has} items, not {first} + {count}")]
+    TooFewItems {
+        /// Items in the push.
+        has: usize,
+        /// The first asked for.
+        first: usize,
+        /// How many were asked for.
+        count: usize,
+    },
+}
+
 /// The stored messages of items `first .. first + count` of an encoded `Command::Push` entry
 /// applied at `stamp`: byte for byte what the push appended for them, for a store that keeps
 /// the entry instead of the messages.
@@ -396,15 +414,18 @@ pub fn pushed_messages(
     stamp: u64,
     first: usize,
     count: usize,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
     // Read in place: the items' text and payloads borrowed from `entry`, so that each message
     // is copied once, into its stored form.
-    let (_, items) = crate::command::decode_push(entry)
-        .ok_or_else(|| "the entry is not a push of this build".to_owned())?;
+    let (_, items) = crate::command::decode_push(entry).ok_or(PushedMessagesError::NotAPush)?;
     let items = first
         .checked_add(count)
         .and_then(|end| items.get(first..end))
-        .ok_or_else(|| format!("the push has {} items, not {first} + {count}", items.len()))?;
+        .ok_or(PushedMessagesError::TooFewItems {
+            has: items.len(),
+            first,
+            count,
+        })?;
     Ok(items
         .iter()
         .map(|item| {

@@ -79,16 +79,27 @@ impl Stamp {
     ///
     /// # Errors
     /// When the text is not such a time, or lies before the epoch.
-    pub fn parse_iso(text: &str) -> Result<Stamp, String> {
+    pub fn parse_iso(text: &str) -> Result<Stamp, TimeParseError> {
         let t = text.trim();
         let parsed = OffsetDateTime::parse(t, &Rfc3339)
             .or_else(|_| OffsetDateTime::parse(&format!("{t}Z"), &Rfc3339))
-            .map_err(|_| format!("'{t}' is not an ISO-8601 time"))?;
+            .map_err(|_| TimeParseError::NotIso(t.to_owned()))?;
         let micros = parsed.unix_timestamp_nanos() / 1000;
         u64::try_from(micros)
             .map(Stamp)
-            .map_err(|_| format!("'{t}' lies before 1970"))
+            .map_err(|_| TimeParseError::BeforeEpoch(t.to_owned()))
     }
+}
+
+/// A time a client wrote that is not one the broker reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeParseError {
+    /// Not ISO 8601 (RFC 3339, with or without an offset).
+    #[error("'{0}' is not an ISO-8601 time")]
+    NotIso(String),
+    /// Before the epoch, which no stamp is.
+    #[error("'{0}' lies before 1970")]
+    BeforeEpoch(String),
 }
 
 #[cfg(test)]

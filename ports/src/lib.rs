@@ -1,18 +1,29 @@
-//! queen-ports: the traits the application needs from the world, and the one trait the
-//! replicated log needs from the state machine.
+//! queen-ports: the traits the application needs from the world, the one trait the replicated
+//! log needs from the state machine, and the use cases as the HTTP adapter and the sink call
+//! them.
 //!
-//! Owns: `ReplicatedLog` (propose, read barrier, progress), `StateMachineBackend` (what the raft
-//! adapter calls to apply committed entries, persist its metadata atomically with them, and take
-//! or install snapshots), and the `Clock`.
+//! Owns: `ReplicatedLog` (propose, read barrier, progress), `Membership` (the admin routes'
+//! changes), `StateMachineBackend` (what the raft adapter calls to apply committed entries,
+//! persist its metadata atomically with them, and take or install snapshots), the `Clock`, and
+//! the use-case ports `ClientApi` and `SinkLog` with their typed answers and the typed
+//! `BrokerError` (the HTTP adapter maps it to status codes in one place).
 //! Must never depend on: tokio, hyper, openraft, fjall, object_store, or any file system code.
-//! Every payload that crosses these traits is opaque bytes, so no adapter type leaks through.
+//! Payloads that cross the log and state-machine traits are opaque bytes, so no adapter type
+//! leaks through; the use cases speak the domain's commands and outcomes.
 
 mod clock;
+mod membership;
 mod replicated_log;
 mod state_machine;
+mod use_cases;
 
 pub use clock::{Clock, SystemClock};
-pub use replicated_log::{LogProgress, ProposeError, RaftRole, ReplicatedLog};
+pub use membership::{Member, Membership, MembershipChange, MembershipError};
+pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
 pub use state_machine::{
     ApplyEntry, BackendError, LogFiles, LogSpan, SnapshotChunks, StateMachineBackend,
+};
+pub use use_cases::{
+    BrokerError, ClientApi, DiskRefusal, HealthView, MembershipOp, NodeStatus, NotReady,
+    PopRequest, PopsStatus, QueueStatus, QueuesStatus, SinkLog, StatusView, StorageStatus,
 };

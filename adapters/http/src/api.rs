@@ -1,18 +1,7 @@
-//! What the HTTP adapter needs from the application.
+//! The HTTP adapter's error: a status, a stable code, a sentence and `retry-after`; and the one
+//! table that maps the application's typed [`BrokerError`] onto it.
 
-use std::future::Future;
-use std::time::Duration;
-
-use queen_domain::StateRead;
-use queen_domain::command::{
-    AckItem, AckOutcome, Command, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp,
-    TxnOutcome,
-};
-use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
-use queen_domain::model::QueueOptions;
-use queen_domain::names::{GroupName, QueueName};
-use queen_domain::time::Stamp;
-use queen_ports::LogProgress;
+use queen_ports::{BrokerError, MembershipError};
 
 /// A failure the client should see as an HTTP error.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -63,138 +52,169 @@ impl ApiError {
     }
 }
 
-/// A parsed pop request.
-#[derive(Debug, Clone)]
-pub struct PopRequest {
-    /// The command to propose when something is deliverable (its lease id is replaced by the
-    /// application with a fresh one per attempt).
-    pub command: PopCommand,
-    /// Long poll.
-    pub wait: bool,
-    /// Long-poll limit.
-    pub timeout: Duration,
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            BrokerError::NotLeader { .. } => (503, "not_leader"),
+            BrokerError::OutcomeUnknown => (503, "outcome_unknown"),
+            BrokerError::Timeout => (503, "timeout"),
+            BrokerError::Unavailable(_) => (503, "unavailable"),
+            BrokerError::DiskFull(_) => (507, "disk_full"),
+            BrokerError::Invalid { .. } => (400, "bad_request"),
+            BrokerError::TooLarge { .. } => (413, "payload_too_large"),
+            BrokerError::Internal(_) => (500, "internal"),
+            BrokerError::Membership(m) => match m {
+                MembershipError::NotLeader { .. } => (503, "not_leader"),
+                MembershipError::NoQuorum(_) => (409, "no_quorum"),
+                MembershipError::LearnerBehind { .. } => (409, "learner_behind"),
+                MembershipError::LastVoter(_) => (409, "last_voter"),
+                MembershipError::Unknown(_) => (404, "unknown_member"),
+                MembershipError::Failed(_) => (409, "membership_change_failed"),
+                MembershipError::FormatTooOld { .. } => (409, "format_too_old"),
+                MembershipError::Unavailable(_) => (503, "unavailable"),
+            },
+        };
+        // Every 503 is worth a retry a second later: another node leads, or this one recovers.
+        let retry_after = (status == 503).then_some(1);
+        ApiError {
+            status,
+            code,
+            message,
+            retry_after,
+        }
+    }
 }
 
-/// A membership change or listing (admin routes on the client port).
-#[derive(Debug, Clone)]
-pub enum MembershipOp {
-    /// List the members.
-    List,
-    /// Add a learner.
-    AddLearner {
-        /// Node id.
-        id: u64,
-        /// Raft address.
-        raft: String,
-        /// Client address.
-        http: String,
-    },
-    /// Promote learners.
-    Promote {
-        /// Ids.
-        ids: Vec<u64>,
-        /// Skip the lag and quorum checks.
-        force: bool,
-    },
-    /// Remove a member.
-    Remove {
-        /// Node id.
-        id: u64,
-    },
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queen_ports::DiskRefusal;
 
-/// The node's readiness as `/health` shows it.
-#[derive(Debug, Clone)]
-pub struct HealthView {
-    /// Whether the node serves (knows a leader, caught up, storage open).
-    pub ready: bool,
-    /// Why not, when not ready (`settling`, `no_quorum`).
-    pub reason: Option<&'static str>,
-    /// Raft figures.
-    pub progress: LogProgress,
-    /// The highest log format this build reads.
-    pub kinds: u32,
-    /// The format the cluster writes.
-    pub cluster_version: u32,
-    /// The last apply failure, if any.
-    pub apply_failure: Option<String>,
-}
+    fn wire(e: BrokerError) -> (u16, &'static str, String, Option<u32>) {
+        let a = ApiError::from(e);
+        (a.status, a.code, a.message, a.retry_after)
+    }
 
-/// The application's use cases, as the HTTP adapter calls them. Every call either commits
-/// (and answers with the outcome) or fails with an `ApiError`.
-pub trait Api: Send + Sync + 'static {
-    /// Push items (ids already minted).
-    fn push(
-        &self,
-        items: Vec<PushItem>,
-    ) -> impl Future<Output = Result<Vec<PushOutcome>, ApiError>> + Send;
-    /// Pop, with an optional long poll.
-    fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, ApiError>> + Send;
-    /// Pop from any queue tagged with `namespace` and/or `task`; answers the queue it popped.
-    fn pop_tagged(
-        &self,
-        namespace: Option<String>,
-        task: Option<String>,
-        req: PopRequest,
-    ) -> impl Future<Output = Result<(String, PopOutcome), ApiError>> + Send;
-    /// Acknowledge in one group.
-    fn ack(
-        &self,
-        group: GroupName,
-        items: Vec<AckItem>,
-    ) -> impl Future<Output = Result<Vec<AckOutcome>, ApiError>> + Send;
-    /// Apply acks, pushes and a KV rider as one unit.
-    fn transaction(
-        &self,
-        ops: Vec<TxnOp>,
-        required_leases: Vec<String>,
-        kv: Vec<KvOp>,
-        timers: Vec<queen_domain::timers::TimerOp>,
-    ) -> impl Future<Output = Result<TxnOutcome, ApiError>> + Send;
-    /// Apply KV operations in one entry.
-    fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, ApiError>> + Send;
-    /// Apply lock operations in one entry.
-    fn locks(
-        &self,
-        ops: Vec<LockOp>,
-    ) -> impl Future<Output = Result<Vec<LockResult>, ApiError>> + Send;
-    /// Extend a lease; answers `Outcome::Extend`.
-    fn extend(&self, lease_id: String) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
-    /// Configure a queue.
-    fn configure(
-        &self,
-        queue: QueueName,
-        namespace: Option<String>,
-        task: Option<String>,
-        options: QueueOptions,
-    ) -> impl Future<Output = Result<QueueOptions, ApiError>> + Send;
-    /// Delete a queue; answers whether it existed.
-    fn delete_queue(&self, queue: QueueName)
-    -> impl Future<Output = Result<bool, ApiError>> + Send;
-    /// Apply timer operations in one entry.
-    fn timers(
-        &self,
-        ops: Vec<queen_domain::timers::TimerOp>,
-    ) -> impl Future<Output = Result<Vec<queen_domain::timers::TimerResult>, ApiError>> + Send;
-    /// Change or list the raft membership.
-    fn membership(
-        &self,
-        op: MembershipOp,
-    ) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
-    /// Propose an administrative command and answer its outcome.
-    fn command(&self, command: Command) -> impl Future<Output = Result<Outcome, ApiError>> + Send;
-    /// Wait until this node has applied everything committed when the read began.
-    fn read_barrier(&self) -> impl Future<Output = Result<(), ApiError>> + Send;
-    /// A consistent view of this node's applied state.
-    fn state(&self) -> Box<dyn StateRead + Send + '_>;
-    /// The wall clock, as a stamp (for ages shown on status pages only).
-    fn now(&self) -> Stamp;
-    /// Readiness.
-    fn health(&self) -> HealthView;
-    /// The node's status document (`GET /status`).
-    fn status(&self) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
-    /// Prometheus text.
-    fn metrics_text(&self) -> String;
-    /// Record one served request (route label, status, seconds).
-    fn observe_request(&self, route: &'static str, status: u16, seconds: f64);
+    #[test]
+    fn every_typed_error_has_its_status_code_and_sentence() {
+        assert_eq!(
+            wire(BrokerError::NotLeader {
+                leader: Some(2),
+                forwards: true
+            }),
+            (
+                503,
+                "not_leader",
+                "this node does not lead (leader: Some(2))".to_owned(),
+                Some(1)
+            )
+        );
+        let (status, code, message, retry) = wire(BrokerError::NotLeader {
+            leader: None,
+            forwards: false,
+        });
+        assert_eq!((status, code, retry), (503, "not_leader", Some(1)));
+        assert!(
+            message.contains("QUEEN_RAFT_CLIENT_OFFLOAD=false"),
+            "{message}"
+        );
+        assert_eq!(
+            wire(BrokerError::Timeout),
+            (
+                503,
+                "timeout",
+                "the request deadline elapsed".to_owned(),
+                Some(1)
+            )
+        );
+        assert_eq!(wire(BrokerError::OutcomeUnknown).1, "outcome_unknown");
+        let (status, code, message, retry) = wire(BrokerError::DiskFull(DiskRefusal::Gate {
+            used_pct: 86,
+            projected_pct: 87,
+            in_flight: 10,
+            high_pct: 85,
+        }));
+        assert_eq!((status, code, retry), (507, "disk_full", None));
+        assert!(
+            message.contains("QUEEN_RAFT_DISK_HIGH_PCT is 85%"),
+            "{message}"
+        );
+        assert_eq!(
+            wire(BrokerError::Invalid {
+                field: "items[0].queue".into(),
+                problem: "is required".into()
+            }),
+            (
+                400,
+                "bad_request",
+                "items[0].queue is required".to_owned(),
+                None
+            )
+        );
+        assert_eq!(
+            wire(BrokerError::TooLarge {
+                field: "items[1].payload".into(),
+                len: 101,
+                max: 100
+            })
+            .0,
+            413
+        );
+        assert_eq!(
+            wire(BrokerError::Internal("see the log".into())),
+            (500, "internal", "see the log".to_owned(), None)
+        );
+        assert_eq!(
+            wire(BrokerError::Unavailable("the node is stopping".into())).3,
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn membership_refusals_keep_their_codes() {
+        let cases = [
+            (MembershipError::NoQuorum("no".into()), 409, "no_quorum"),
+            (
+                MembershipError::LearnerBehind {
+                    id: 4,
+                    lag: 5000,
+                    limit: 1000,
+                },
+                409,
+                "learner_behind",
+            ),
+            (MembershipError::LastVoter(1), 409, "last_voter"),
+            (MembershipError::Unknown(9), 404, "unknown_member"),
+            (
+                MembershipError::Failed("x".into()),
+                409,
+                "membership_change_failed",
+            ),
+            (
+                MembershipError::FormatTooOld {
+                    id: 4,
+                    kinds: 1,
+                    version: 2,
+                },
+                409,
+                "format_too_old",
+            ),
+            (MembershipError::Unavailable("x".into()), 503, "unavailable"),
+            (
+                MembershipError::NotLeader {
+                    leader: None,
+                    leader_http: None,
+                },
+                503,
+                "not_leader",
+            ),
+        ];
+        for (e, status, code) in cases {
+            let sentence = e.to_string();
+            let (s, c, m, _) = wire(BrokerError::Membership(e));
+            assert_eq!((s, c), (status, code));
+            assert_eq!(m, sentence, "the refusal's own sentence reaches the client");
+        }
+    }
 }

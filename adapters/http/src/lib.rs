@@ -8,7 +8,9 @@
 //! bodies of `shared/spec/API.md` 4.6: QPB1 and QTB1 requests (`application/x-queen-push`), read
 //! into the same push items and transactions as JSON, and the framed pop answer QPF1.
 //! Must never depend on: openraft or the storage engine. It calls the application through the
-//! `Api` trait, so it can be tested with any implementation.
+//! `ClientApi` port
+//! (`queen-ports`), so it can be tested with any implementation, and maps the port's typed
+//! `BrokerError` to status, code and `retry-after` in one place (`api.rs`).
 
 mod api;
 mod body;
@@ -26,6 +28,6 @@ mod router;
 mod server;
 mod timers_json;
 
-pub use api::{Api, ApiError, HealthView, MembershipOp, PopRequest};
+pub use api::ApiError;
 pub use body::BodyBudget;
 pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};

@@ -7,7 +7,8 @@ use queen_domain::model::MAX_DURATION_MS;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::time::Stamp;
 
-use crate::api::{ApiError, PopRequest};
+use crate::api::ApiError;
+use queen_ports::PopRequest;
 
 /// The batch autopilot picks when the client left it to the broker.
 pub(crate) const AUTOPILOT_BATCH: u32 = 200;
@@ -114,7 +115,8 @@ pub(crate) fn pop_request(
     let subscription = match (get(&q, "subscriptionFrom"), get(&q, "subscriptionMode")) {
         (Some("now"), _) => Subscription::New,
         (Some(t), _) if !t.is_empty() => Subscription::From(
-            Stamp::parse_iso(t).map_err(|e| ApiError::bad_request("subscriptionFrom", &e))?,
+            Stamp::parse_iso(t)
+                .map_err(|e| ApiError::bad_request("subscriptionFrom", &e.to_string()))?,
         ),
         (_, Some("new")) => Subscription::New,
         (_, Some("all" | "")) | (_, None) => Subscription::Default,

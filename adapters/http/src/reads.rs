@@ -17,11 +17,12 @@ use queen_domain::{StateRead, StoreError};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::api::{Api, ApiError};
+use crate::api::ApiError;
 use crate::error::{json_answer, json_response};
 use crate::json::{object, opt_str};
 use crate::pop_query::parse_query;
 use crate::raw::StoredJson;
+use queen_ports::ClientApi;
 
 /// Most entries one fetch may carry.
 const MAX_FETCH_ENTRIES: usize = 1024;
@@ -109,7 +110,7 @@ struct DlqOut<'a> {
 }
 
 /// `POST /api/v1/fetch`.
-pub(crate) async fn fetch<A: Api>(
+pub(crate) async fn fetch<A: ClientApi>(
     api: &Arc<A>,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -209,7 +210,7 @@ pub(crate) async fn fetch<A: Api>(
 }
 
 /// `POST /api/v1/partitions/changed`.
-pub(crate) async fn changed<A: Api>(
+pub(crate) async fn changed<A: ClientApi>(
     api: &Arc<A>,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -244,7 +245,9 @@ pub(crate) async fn changed<A: Api>(
                 .clamp(1, 1000),
         };
         let since = opt_str(o, "since", &f("since"))?
-            .map(|s| Stamp::parse_iso(&s).map_err(|e| ApiError::bad_request(&f("since"), &e)))
+            .map(|s| {
+                Stamp::parse_iso(&s).map_err(|e| ApiError::bad_request(&f("since"), &e.to_string()))
+            })
             .transpose()?;
         let after = match opt_str(o, "after", &f("after"))? {
             Some(a) if !a.is_empty() => Some(a.parse::<u64>().map_err(|_| {
@@ -303,7 +306,7 @@ pub(crate) async fn changed<A: Api>(
 }
 
 /// `GET /api/v1/dlq`.
-pub(crate) async fn dlq<A: Api>(
+pub(crate) async fn dlq<A: ClientApi>(
     api: &Arc<A>,
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -317,7 +320,7 @@ pub(crate) async fn dlq<A: Api>(
     let partition = q_get(&q, "partition").map(str::to_owned);
     let parse = |k: &str| {
         q_get(&q, k)
-            .map(|t| Stamp::parse_iso(t).map_err(|e| ApiError::bad_request(k, &e)))
+            .map(|t| Stamp::parse_iso(t).map_err(|e| ApiError::bad_request(k, &e.to_string())))
             .transpose()
     };
     let (from, to) = (parse("from")?, parse("to")?);
@@ -395,7 +398,7 @@ fn secs_since(now: Stamp, t: Option<Stamp>) -> u64 {
 }
 
 /// The consumer-group routes.
-pub(crate) async fn groups<A: Api>(
+pub(crate) async fn groups<A: ClientApi>(
     api: &Arc<A>,
     method: &str,
     rest: &[&str],
@@ -519,9 +522,10 @@ pub(crate) async fn groups<A: Api>(
             let ts = opt_str(&m, "timestamp", "timestamp")?;
             let to = match (to_end, ts) {
                 (true, _) => None,
-                (false, Some(t)) => {
-                    Some(Stamp::parse_iso(&t).map_err(|e| ApiError::bad_request("timestamp", &e))?)
-                }
+                (false, Some(t)) => Some(
+                    Stamp::parse_iso(&t)
+                        .map_err(|e| ApiError::bad_request("timestamp", &e.to_string()))?,
+                ),
                 (false, None) => {
                     return Err(ApiError::bad_request("toEnd", "or timestamp is required"));
                 }
@@ -549,7 +553,7 @@ pub(crate) async fn groups<A: Api>(
             let t = opt_str(&m, "subscriptionTimestamp", "subscriptionTimestamp")?
                 .ok_or_else(|| ApiError::bad_request("subscriptionTimestamp", "is required"))?;
             let from = Stamp::parse_iso(&t)
-                .map_err(|e| ApiError::bad_request("subscriptionTimestamp", &e))?;
+                .map_err(|e| ApiError::bad_request("subscriptionTimestamp", &e.to_string()))?;
             let Outcome::Resubscribed { rows } = api
                 .command(Command::Resubscribe {
                     group: group_name(group)?,
@@ -599,7 +603,7 @@ fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, 
 }
 
 /// Status and resources routes.
-pub(crate) async fn resources<A: Api>(
+pub(crate) async fn resources<A: ClientApi>(
     api: &Arc<A>,
     segs: &[&str],
     query: &str,

@@ -9,11 +9,12 @@ use queen_domain::command::Outcome;
 use queen_domain::names::QueueName;
 use serde_json::{Value, json};
 
-use crate::api::{Api, ApiError};
+use crate::api::ApiError;
 use crate::error::{
     error_response, json_answer, json_answer_sized, json_response, no_content, text_response,
 };
 use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
+use queen_ports::{ClientApi, Member, NotReady};
 
 /// How a request body is written, from its `content-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +82,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
 }
 
 /// Whether the route takes a body (others refuse nothing; their body is ignored).
-pub(crate) async fn handle<A: Api>(
+pub(crate) async fn handle<A: ClientApi>(
     api: &Arc<A>,
     method: &Method,
     segs: &[&str],
@@ -236,12 +237,12 @@ pub(crate) async fn handle<A: Api>(
             let h = api.health();
             Ok(json_response(
                 200,
-                &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.ready}),
+                &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.not_ready.is_none()}),
             ))
         }
         ("GET", ["api", "v1", "system", "raft", "membership"]) => Ok(json_response(
             200,
-            &api.membership(crate::api::MembershipOp::List).await?,
+            &members_answer(api.membership(queen_ports::MembershipOp::List).await?),
         )),
         ("DELETE", ["api", "v1", "system", "raft", "membership", "members", id]) => {
             let id = id
@@ -249,8 +250,10 @@ pub(crate) async fn handle<A: Api>(
                 .map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
             Ok(json_response(
                 200,
-                &api.membership(crate::api::MembershipOp::Remove { id })
-                    .await?,
+                &members_answer(
+                    api.membership(queen_ports::MembershipOp::Remove { id })
+                        .await?,
+                ),
             ))
         }
         ("POST", ["api", "v1", "system", "raft", "membership", "learners"]) => {
@@ -270,12 +273,15 @@ pub(crate) async fn handle<A: Api>(
                     _ => Err(ApiError::bad_request(k, "must be host:port")),
                 }
             };
-            let op = crate::api::MembershipOp::AddLearner {
+            let op = queen_ports::MembershipOp::AddLearner {
                 id,
                 raft: addr("raft")?,
                 http: addr("http")?,
             };
-            Ok(json_response(200, &api.membership(op).await?))
+            Ok(json_response(
+                200,
+                &members_answer(api.membership(op).await?),
+            ))
         }
         ("POST", ["api", "v1", "system", "raft", "membership", "promote"]) => {
             let m = json::object(body, false)?;
@@ -299,15 +305,17 @@ pub(crate) async fn handle<A: Api>(
             };
             Ok(json_response(
                 200,
-                &api.membership(crate::api::MembershipOp::Promote { ids, force })
-                    .await?,
+                &members_answer(
+                    api.membership(queen_ports::MembershipOp::Promote { ids, force })
+                        .await?,
+                ),
             ))
         }
         ("GET", ["health"]) => {
             let h = api.health();
             let p = &h.progress;
             let v = json!({
-                "status": if h.ready { "healthy" } else { h.reason.unwrap_or("settling") },
+                "status": h.not_ready.map_or("healthy", NotReady::as_str),
                 "raft": {
                     "nodeId": p.node_id,
                     "role": p.role,
@@ -323,9 +331,20 @@ pub(crate) async fn handle<A: Api>(
                     "apply": {"failure": h.apply_failure, "skipped": []},
                 }
             });
-            Ok(json_response(if h.ready { 200 } else { 503 }, &v))
+            Ok(json_response(
+                if h.not_ready.is_none() { 200 } else { 503 },
+                &v,
+            ))
         }
-        ("GET", ["status"]) => Ok(json_response(200, &api.status().await?)),
+        ("GET", ["status"]) => {
+            // Through a JSON value, so the keys come out in the same (sorted) order as every
+            // other document of the node.
+            let status = serde_json::to_value(api.status().await?).map_err(|e| {
+                tracing::error!(target: "queen-http", error = %e, "the status could not be encoded");
+                ApiError::new(500, "internal", "the status could not be encoded; see the node's log")
+            })?;
+            Ok(json_response(200, &status))
+        }
         ("GET", ["metrics", "prometheus"]) => Ok(text_response(
             200,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -374,7 +393,7 @@ fn overflow_refusal(
 }
 
 /// The path form of KV: `PUT|GET|DELETE /api/v1/kv/<ns>/<key>`.
-async fn kv_path<A: Api>(
+async fn kv_path<A: ClientApi>(
     api: &Arc<A>,
     method: &str,
     ns: &str,
@@ -406,7 +425,7 @@ async fn kv_path<A: Api>(
     Ok(json_answer(200, &kv_json::result(0, &op, r)))
 }
 
-async fn pop<A: Api>(
+async fn pop<A: ClientApi>(
     api: &Arc<A>,
     queue: &str,
     partition: Option<&str>,
@@ -449,7 +468,7 @@ fn pop_answer(
 
 /// A request with the binary content type: QPB1 on push, QTB1 on transaction. The whole body
 /// is read and checked before the use case is called, so a bad body stores nothing.
-async fn binary<A: Api>(
+async fn binary<A: ClientApi>(
     api: &Arc<A>,
     method: &Method,
     segs: &[&str],
@@ -497,4 +516,9 @@ async fn binary<A: Api>(
 /// Turn a handler result into a response.
 pub(crate) fn finish(r: Result<Response<Full<Bytes>>, ApiError>) -> Response<Full<Bytes>> {
     r.unwrap_or_else(|e| error_response(&e))
+}
+
+/// The answer of every membership route: the members as the leader sees them.
+fn members_answer(members: Vec<Member>) -> Value {
+    json!({"success": true, "members": members})
 }

@@ -17,10 +17,11 @@ use hyper_util::service::TowerToHyperService;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
-use crate::api::{Api, ApiError};
+use crate::api::ApiError;
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
 use crate::router::{BodyKind, finish, handle, route_label, segments};
+use queen_ports::ClientApi;
 
 /// Listener settings.
 #[derive(Clone)]
@@ -100,7 +101,7 @@ fn check_admin(
     }
 }
 
-async fn serve_one<A: Api>(
+async fn serve_one<A: ClientApi>(
     shared: Arc<Shared<A>>,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
@@ -126,7 +127,7 @@ async fn serve_one<A: Api>(
     response
 }
 
-async fn answer<A: Api>(
+async fn answer<A: ClientApi>(
     shared: &Shared<A>,
     method: &hyper::Method,
     segs: &[&str],
@@ -166,7 +167,7 @@ async fn answer<A: Api>(
 
 /// Serve the API on `listener` until `shutdown` resolves, then stop accepting and let the
 /// requests in flight finish (at most `cfg.drain`).
-pub async fn serve<A: Api>(
+pub async fn serve<A: ClientApi>(
     listener: TcpListener,
     api: Arc<A>,
     cfg: ServeConfig,

@@ -13,10 +13,11 @@ use queen_domain::reads;
 use queen_domain::timers::{TimerOp, TimerRec, TimerResult};
 use serde_json::{Map, Value, json};
 
-use crate::api::{Api, ApiError};
+use crate::api::ApiError;
 use crate::error::json_response;
 use crate::json::{object, opt_str, uuid_v7};
 use crate::pop_query::parse_query;
+use queen_ports::ClientApi;
 
 /// Fields the server owns: refused in an operation.
 const SERVER_OWNED: &[&str] = &[
@@ -171,7 +172,7 @@ fn row(queue: &str, key: &str, t: &TimerRec) -> Value {
 }
 
 /// `/api/v1/timers...`.
-pub(crate) async fn route<A: Api>(
+pub(crate) async fn route<A: ClientApi>(
     api: &Arc<A>,
     method: &str,
     rest: &[&str],

@@ -37,4 +37,4 @@ pub use config::RaftNodeConfig;
 pub use error::RaftConfigError;
 pub use error::RaftShutdownError;
 pub use error::RaftStartError;
-pub use node::{Member, MembershipChange, MembershipError, RaftNode};
+pub use node::RaftNode;

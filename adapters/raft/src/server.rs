@@ -27,7 +27,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::network::Transport;
-use crate::node::MembershipChange;
 use crate::node::change_here;
 use crate::node::map_read_error;
 use crate::node::map_write_error;
@@ -39,6 +38,7 @@ use crate::type_config::Snapshot;
 use crate::type_config::SnapshotMeta;
 use crate::type_config::Vote;
 use crate::wire;
+use queen_ports::MembershipChange;
 
 /// How long the receiver waits for the next piece of a streamed snapshot.
 const SNAPSHOT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);

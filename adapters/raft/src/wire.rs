@@ -115,7 +115,7 @@ pub(crate) struct InfoReply {
 }
 
 /// The answer to `/membership`: the members as the leader sees them after the change.
-pub(crate) type MembershipReply = Result<Vec<crate::node::Member>, crate::node::MembershipError>;
+pub(crate) type MembershipReply = Result<Vec<queen_ports::Member>, queen_ports::MembershipError>;
 
 /// The answer to `/forward`.
 pub(crate) type ForwardReply = Result<Forwarded, WireError>;

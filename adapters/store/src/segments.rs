@@ -714,7 +714,7 @@ impl Segments {
                 raft.first_item as usize,
                 count as usize,
             )
-            .map_err(damaged)?;
+            .map_err(|e| damaged(e.to_string()))?;
             Ok(Record::from_values(pid, base, raft.stamp, &values))
         })
     }

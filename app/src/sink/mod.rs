@@ -16,12 +16,11 @@ use std::time::Duration;
 use queen_domain::kv::{Expiry, KvOp, KvResult};
 use queen_domain::reads;
 use queen_domain::sink::documents::{self, NS, PresenceDoc};
-use queen_http::Api;
 use queen_lake::{Lake, LakeTarget, S3Target, Secret};
+use queen_ports::SinkLog;
 use queen_telemetry::{S3QueueGauges, Telemetry};
 use serde_json::{Value, json};
 
-use crate::broker::Broker;
 use config::{Queues, SinkSettings, Target};
 use queue::{Ended, Look, QueueTask};
 
@@ -69,7 +68,7 @@ impl QueueStatus {
 /// What the supervisor and the queue tasks share.
 pub(crate) struct Shared {
     settings: Arc<SinkSettings>,
-    broker: Arc<Broker>,
+    log: Arc<dyn SinkLog>,
     lake: Lake,
     telemetry: Telemetry,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -185,11 +184,22 @@ pub struct SinkHandle {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
+/// Why the sink could not start, or the lake could not be checked.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The object store client cannot be built, or the lake cannot be listed.
+    #[error(transparent)]
+    Lake(#[from] queen_lake::LakeError),
+    /// The sink's threads could not be made.
+    #[error("cannot start the sink's threads: {0}")]
+    Threads(#[source] std::io::Error),
+}
+
 /// Open the lake a setting names.
 ///
 /// # Errors
 /// When the object store client cannot be built.
-pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake, String> {
+pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake, SinkError> {
     let target = match &settings.target {
         Target::S3 {
             endpoint,
@@ -207,10 +217,7 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
             access_key: access_key.clone(),
             secret_key: Secret::new(secret_key.clone()),
             sse: match sse {
-                Some(s) => Some(
-                    s.parse()
-                        .map_err(|e: queen_lake::LakeError| e.to_string())?,
-                ),
+                Some(s) => Some(s.parse::<queen_lake::Sse>()?),
                 None => None,
             },
         }),
@@ -218,11 +225,11 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
         Target::Memory => LakeTarget::Memory,
     };
     let t = telemetry.clone();
-    Ok(Lake::open(&target)
-        .map_err(|e| e.to_string())?
-        .with_observer(Arc::new(move |op, status| {
+    Ok(
+        Lake::open(&target)?.with_observer(Arc::new(move |op, status| {
             t.metrics().s3().s3_request(op, status)
-        })))
+        })),
+    )
 }
 
 /// Check the lake a setting names (`queen lake verify`): the report as pretty JSON, and whether
@@ -230,11 +237,9 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
 ///
 /// # Errors
 /// When the lake cannot be opened or listed.
-pub async fn verify_lake(settings: &SinkSettings) -> Result<(String, bool), String> {
+pub async fn verify_lake(settings: &SinkSettings) -> Result<(String, bool), SinkError> {
     let lake = open_lake(settings, &Telemetry::metrics_only(0))?;
-    let report = queen_lake::verify(&lake, &settings.prefix)
-        .await
-        .map_err(|e| e.to_string())?;
+    let report = queen_lake::verify(&lake, &settings.prefix).await?;
     Ok((
         serde_json::to_string_pretty(&report).unwrap_or_default(),
         report.ok(),
@@ -248,21 +253,21 @@ impl SinkHandle {
     /// When its threads or its object store client cannot be made.
     pub fn start(
         settings: SinkSettings,
-        broker: Arc<Broker>,
+        log: Arc<dyn SinkLog>,
         telemetry: Telemetry,
-    ) -> Result<SinkHandle, String> {
+    ) -> Result<SinkHandle, SinkError> {
         let lake = open_lake(&settings, &telemetry)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("queen-s3")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the sink's threads: {e}"))?;
+            .map_err(SinkError::Threads)?;
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         tracing::info!(target: "queen-s3", settings = %settings.describe(), lake = %lake.describe(), "sink starting");
         let shared = Arc::new(Shared {
             settings: Arc::new(settings.clone()),
-            broker,
+            log,
             lake,
             telemetry,
             stop: stop_rx,
@@ -416,8 +421,8 @@ async fn supervise(shared: Arc<Shared>) {
     }
     let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
     let _ = shared
-        .broker
-        .kv_internal(vec![KvOp::Delete {
+        .log
+        .sink_kv(vec![KvOp::Delete {
             ns: NS.into(),
             key,
             expect: None,
@@ -489,7 +494,7 @@ struct Found {
 }
 
 fn discover(shared: &Shared) -> Found {
-    let state = shared.broker.state();
+    let state = shared.log.applied();
     let existing: Vec<String> = reads::queues(&*state, usize::MAX)
         .map(|v| v.into_iter().map(|q| q.name).collect())
         .unwrap_or_default();
@@ -530,15 +535,15 @@ async fn presence(shared: &Shared) {
             keys_only: false,
         },
     ];
-    if let Ok(out) = shared.broker.kv_internal(ops).await
+    if let Ok(out) = shared.log.sink_kv(ops).await
         && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
     {
         // A running node rewrites its row every discovery period (and at each claim); a row
         // older than two of them is a node that died and whose row has not expired yet: it
         // runs nothing and claims nothing, so it counts for neither the share nor the wait.
         let fresh_from = shared
-            .broker
-            .now()
+            .log
+            .wall_clock()
             .0
             .saturating_sub(u64::try_from(PRESENCE_FRESH.as_micros()).unwrap_or(u64::MAX));
         let present: Vec<PresenceDoc> = rows
@@ -588,7 +593,7 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                 };
                 // Fresh counts first: presence rows otherwise trail by a discovery period, and a
                 // node that just claimed would still look under its share.
-                let alone = shared.broker.alone();
+                let alone = shared.log.alone();
                 if !alone {
                     presence(&shared).await;
                 }
@@ -628,7 +633,7 @@ async fn run_queue(shared: Arc<Shared>, queue: String) {
                 });
                 // Counted in `held` now: tell the other nodes, then the next claim on this node
                 // may go.
-                if turn.is_some() && !shared.broker.alone() {
+                if turn.is_some() && !shared.log.alone() {
                     presence(&shared).await;
                 }
                 drop(turn.take());

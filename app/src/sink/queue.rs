@@ -26,7 +26,6 @@ use queen_domain::sink::jsonl::SinkRecord;
 use queen_domain::sink::keys::WindowKeys;
 use queen_domain::sink::window::{CloseReason, WindowRules};
 use queen_domain::time::Stamp;
-use queen_http::Api;
 use queen_lake::PutOutcome;
 use serde::{Deserialize, Serialize};
 
@@ -276,13 +275,13 @@ impl QueueTask {
     pub(super) async fn look(&self) -> Result<Look, String> {
         let got = self
             .shared
-            .broker
-            .kv_internal(vec![KvOp::Get {
+            .log
+            .sink_kv(vec![KvOp::Get {
                 ns: NS.into(),
                 key: self.lease_key(),
             }])
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| e.to_string())?;
         let current = match got.results.first() {
             Some(KvResult::Get(row)) => row.clone(),
             _ => None,
@@ -315,10 +314,10 @@ impl QueueTask {
         };
         let out = self
             .shared
-            .broker
-            .kv_internal(vec![put])
+            .log
+            .sink_kv(vec![put])
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| e.to_string())?;
         match write_result(&out, 0) {
             Some((true, Some(row))) => {
                 self.lease_version = row.version;
@@ -348,10 +347,10 @@ impl QueueTask {
         ops.append(&mut rest);
         let out = self
             .shared
-            .broker
-            .kv_internal(ops)
+            .log
+            .sink_kv(ops)
             .await
-            .map_err(|e| BatchError::Retry(e.message))?;
+            .map_err(|e| BatchError::Retry(e.to_string()))?;
         if out.failed == Some(0) {
             self.shared
                 .telemetry
@@ -478,13 +477,13 @@ impl QueueTask {
     async fn restore(&mut self) -> Result<(), BatchError> {
         let s = self.shared.settings.clone();
         self.shared
-            .broker
-            .read_barrier()
+            .log
+            .sink_barrier()
             .await
-            .map_err(|e| BatchError::Retry(e.message))?;
+            .map_err(|e| BatchError::Retry(e.to_string()))?;
         let (pointer, intent, safe) = {
-            let state = self.shared.broker.state();
-            let now = self.shared.broker.now();
+            let state = self.shared.log.applied();
+            let now = self.shared.log.wall_clock();
             let pointer = documents::pointer(&*state, &s.name, &self.queue, now)
                 .map_err(|e| BatchError::Retry(e.to_string()))?;
             let intent = documents::intent(&*state, &s.name, &self.queue, now)
@@ -674,7 +673,7 @@ impl QueueTask {
     /// false when the queue is gone.
     fn read(&mut self) -> Result<bool, BatchError> {
         let shared = self.shared.clone();
-        let state = shared.broker.state();
+        let state = shared.log.applied();
         let err = |e: queen_domain::StoreError| BatchError::Retry(e.to_string());
         self.safe = reads::safe_time(&*state).map_err(err)?;
         let Some(view) = reads::queue_view(&*state, &self.queue).map_err(err)? else {
@@ -915,8 +914,8 @@ impl QueueTask {
     /// other fenced batch; the queue stops here either way and uploads nothing.
     async fn check_not_committed(&mut self, k: u64) -> Result<(), BatchError> {
         let passed = {
-            let state = self.shared.broker.state();
-            let now = self.shared.broker.now();
+            let state = self.shared.log.applied();
+            let now = self.shared.log.wall_clock();
             let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now)
                 .map_err(|e| BatchError::Retry(e.to_string()))?;
             p.is_some_and(|p| p.k >= k)
@@ -1076,7 +1075,7 @@ impl QueueTask {
 
     /// Publish the gauges and status numbers.
     fn publish(&self) {
-        let now = self.shared.broker.now();
+        let now = self.shared.log.wall_clock();
         // Everything below the pointer is committed; above it, nothing is committed below the
         // oldest record still on its way (in the window being committed, the filling one, or
         // the first unread). With none of those the queue is complete up to the window limit.
@@ -1161,10 +1160,10 @@ impl QueueTask {
                 expect: Some(self.lease_version),
                 required: true,
             };
-            match self.shared.broker.kv_internal(vec![op]).await {
+            match self.shared.log.sink_kv(vec![op]).await {
                 Ok(_) => break,
                 Err(e) => {
-                    tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.message, "lease release failed; retrying");
+                    tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.to_string(), "lease release failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }

@@ -1,0 +1,395 @@
+//! The broker's use cases as a client reaches them (the HTTP adapter calls these), with typed
+//! answers and typed errors. Nothing here knows a status code: the HTTP adapter maps
+//! [`BrokerError`] to status, code and `retry-after` in one place.
+
+use std::future::Future;
+use std::time::Duration;
+
+use queen_domain::StateRead;
+use queen_domain::command::{
+    AckItem, AckOutcome, Command, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, TxnOp,
+    TxnOutcome,
+};
+use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
+use queen_domain::model::QueueOptions;
+use queen_domain::names::{GroupName, QueueName};
+use queen_domain::time::Stamp;
+use queen_domain::timers::{TimerOp, TimerResult};
+
+use crate::LogProgress;
+use crate::membership::{Member, MembershipError};
+use crate::replicated_log::BoxFuture;
+
+/// Why the disk gate refused a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiskRefusal {
+    /// The client gate is closed.
+    #[error(
+        "the node's disk would be {projected_pct}% full with this write ({used_pct}% in use, {in_flight} bytes in flight); QUEEN_RAFT_DISK_HIGH_PCT is {high_pct}%"
+    )]
+    Gate {
+        /// Disk use at the last sample, percent.
+        used_pct: u64,
+        /// Projected use with this write, percent.
+        projected_pct: u64,
+        /// Bytes admitted since the last sample.
+        in_flight: u64,
+        /// The threshold.
+        high_pct: u8,
+    },
+    /// The write would take the reserve.
+    #[error(
+        "the node's disk would keep {free_after} bytes free after this write, below QUEEN_RAFT_DISK_RESERVE_BYTES ({limit} bytes); drain or delete data, or grow the disk"
+    )]
+    Reserve {
+        /// Free bytes projected after the write (0 when it would not fit at all).
+        free_after: u64,
+        /// The floor this command may not pass.
+        limit: u64,
+    },
+}
+
+/// Why a use case did not answer with an outcome, by what the caller can do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// This node does not lead and cannot hand the request to the leader; a retry (on the
+    /// leader) can help. `forwards` is false when the node was told not to forward
+    /// (`QUEEN_RAFT_CLIENT_OFFLOAD=false`).
+    #[error("{}", not_leader(*leader, *forwards))]
+    NotLeader {
+        /// The leader this node knows of.
+        leader: Option<u64>,
+        /// Whether this node forwards its clients' writes.
+        forwards: bool,
+    },
+    /// Leadership changed while the request was in flight: it may or may not have applied. A
+    /// retry is safe for idempotent requests (pushes with the same transactionIds).
+    #[error("leadership changed while the request was in flight; it may or may not have applied")]
+    OutcomeUnknown,
+    /// The request deadline passed; the outcome is unknown as for `OutcomeUnknown`.
+    #[error("the request deadline elapsed")]
+    Timeout,
+    /// The data directory's disk refused the write.
+    #[error(transparent)]
+    DiskFull(#[from] DiskRefusal),
+    /// The node cannot serve now (stopping, its log unavailable); a retry can help.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request is not valid: `field` names what is wrong.
+    #[error("{field} {problem}")]
+    Invalid {
+        /// The field, as the client named it.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A payload is larger than one message may carry (`QUEEN_MAX_MESSAGE_BYTES`).
+    #[error("{field} is {len} bytes; a message may carry at most {max} (QUEEN_MAX_MESSAGE_BYTES)")]
+    TooLarge {
+        /// The item, as the client named it (`items[3].payload`).
+        field: String,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A membership change was refused.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    /// The node failed; the sentence never carries a secret and points at the node's log.
+    #[error("{0}")]
+    Internal(String),
+}
+
+fn not_leader(leader: Option<u64>, forwards: bool) -> String {
+    if forwards {
+        format!("this node does not lead (leader: {leader:?})")
+    } else {
+        format!(
+            "this node does not lead and does not forward (QUEEN_RAFT_CLIENT_OFFLOAD=false); leader: {leader:?}"
+        )
+    }
+}
+
+impl BrokerError {
+    /// The answer to an outcome of the wrong kind (a bug: the log answered another command).
+    #[must_use]
+    pub fn unexpected_outcome() -> Self {
+        BrokerError::Internal("unexpected outcome".to_owned())
+    }
+}
+
+/// A parsed pop request.
+#[derive(Debug, Clone)]
+pub struct PopRequest {
+    /// The command to propose when something is deliverable (its lease id is replaced by the
+    /// application with a fresh one per attempt).
+    pub command: PopCommand,
+    /// Long poll.
+    pub wait: bool,
+    /// Long-poll limit.
+    pub timeout: Duration,
+}
+
+/// A membership change or listing (admin routes on the client port).
+#[derive(Debug, Clone)]
+pub enum MembershipOp {
+    /// List the members.
+    List,
+    /// Add a learner.
+    AddLearner {
+        /// Node id.
+        id: u64,
+        /// Raft address.
+        raft: String,
+        /// Client address.
+        http: String,
+    },
+    /// Promote learners.
+    Promote {
+        /// Ids.
+        ids: Vec<u64>,
+        /// Skip the lag and quorum checks.
+        force: bool,
+    },
+    /// Remove a member.
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
+/// Why a node is not ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReady {
+    /// Storage still opening, or the node is too far behind the commit index.
+    Settling,
+    /// No leader known, or a leader that no majority acknowledged lately.
+    NoQuorum,
+}
+
+impl NotReady {
+    /// The word `/health` shows.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotReady::Settling => "settling",
+            NotReady::NoQuorum => "no_quorum",
+        }
+    }
+}
+
+/// The node's readiness as `/health` shows it.
+#[derive(Debug, Clone)]
+pub struct HealthView {
+    /// Why the node does not serve, or `None` when it serves (knows a leader, caught up,
+    /// storage open).
+    pub not_ready: Option<NotReady>,
+    /// Raft figures.
+    pub progress: LogProgress,
+    /// The highest log format this build reads.
+    pub kinds: u32,
+    /// The format the cluster writes.
+    pub cluster_version: u32,
+    /// The last apply failure, if any.
+    pub apply_failure: Option<String>,
+}
+
+/// This node, on its status page.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Node id.
+    pub id: u64,
+    /// Seconds since the node started.
+    pub uptime_seconds: u64,
+    /// The build's version.
+    pub version: &'static str,
+}
+
+/// The storage figures of the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageStatus {
+    /// Bytes of the state store on disk.
+    pub disk_bytes: u64,
+    /// fsyncs of the raft log since start.
+    pub log_fsyncs: u64,
+    /// Bytes in the store's memtables.
+    pub memtable_bytes: u64,
+    /// Memtable flushes waiting.
+    pub flushes_queued: usize,
+    /// Sealed memtables.
+    pub sealed_memtables: usize,
+    /// Tables in level 0.
+    pub level0_tables: usize,
+    /// Message segment files.
+    pub segment_files: usize,
+    /// Bytes in message segment files.
+    pub segment_bytes: u64,
+    /// Runs of the dedup index on disk.
+    pub dedup_runs: usize,
+    /// Entries in those runs.
+    pub dedup_run_entries: u64,
+    /// Entries of the dedup index in memory.
+    pub dedup_memory_entries: usize,
+}
+
+/// One queue on the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// Its name.
+    pub name: String,
+    /// Messages stored.
+    pub messages: u64,
+    /// Partitions.
+    pub partitions: u64,
+    /// Dead letters.
+    pub dead_lettered: u64,
+    /// Its namespace tag.
+    pub namespace: Option<String>,
+    /// Its task tag.
+    pub task: Option<String>,
+}
+
+/// The queues on the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueuesStatus {
+    /// How many queues (at most the first 1000 are listed).
+    pub count: usize,
+    /// Messages over the listed queues.
+    pub messages: u64,
+    /// The listed queues.
+    pub items: Vec<QueueStatus>,
+}
+
+/// Long polls on the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PopsStatus {
+    /// Pops parked in a long poll.
+    pub waiting: u64,
+}
+
+/// The node's status document (`GET /status`).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusView {
+    /// This node.
+    pub node: NodeStatus,
+    /// Raft figures.
+    pub raft: LogProgress,
+    /// The greatest stamp applied here, ISO 8601 with microseconds.
+    pub safe_time: String,
+    /// Storage figures.
+    pub storage: StorageStatus,
+    /// Queues.
+    pub queues: QueuesStatus,
+    /// Long polls.
+    pub pops: PopsStatus,
+    /// The S3 sink's block, when the sink runs.
+    pub s3: Option<serde_json::Value>,
+}
+
+/// The application's use cases, as a client reaches them. Every call either commits (and
+/// answers with the outcome) or fails with a [`BrokerError`].
+pub trait ClientApi: Send + Sync + 'static {
+    /// Push items (ids already minted).
+    fn push(
+        &self,
+        items: Vec<PushItem>,
+    ) -> impl Future<Output = Result<Vec<PushOutcome>, BrokerError>> + Send;
+    /// Pop, with an optional long poll.
+    fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, BrokerError>> + Send;
+    /// Pop from any queue tagged with `namespace` and/or `task`; answers the queue it popped.
+    fn pop_tagged(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+        req: PopRequest,
+    ) -> impl Future<Output = Result<(String, PopOutcome), BrokerError>> + Send;
+    /// Acknowledge in one group.
+    fn ack(
+        &self,
+        group: GroupName,
+        items: Vec<AckItem>,
+    ) -> impl Future<Output = Result<Vec<AckOutcome>, BrokerError>> + Send;
+    /// Apply acks, pushes and a KV rider as one unit.
+    fn transaction(
+        &self,
+        ops: Vec<TxnOp>,
+        required_leases: Vec<String>,
+        kv: Vec<KvOp>,
+        timers: Vec<TimerOp>,
+    ) -> impl Future<Output = Result<TxnOutcome, BrokerError>> + Send;
+    /// Apply KV operations in one entry.
+    fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, BrokerError>> + Send;
+    /// Apply lock operations in one entry.
+    fn locks(
+        &self,
+        ops: Vec<LockOp>,
+    ) -> impl Future<Output = Result<Vec<LockResult>, BrokerError>> + Send;
+    /// Extend a lease; answers `Outcome::Extend`.
+    fn extend(&self, lease_id: String)
+    -> impl Future<Output = Result<Outcome, BrokerError>> + Send;
+    /// Configure a queue.
+    fn configure(
+        &self,
+        queue: QueueName,
+        namespace: Option<String>,
+        task: Option<String>,
+        options: QueueOptions,
+    ) -> impl Future<Output = Result<QueueOptions, BrokerError>> + Send;
+    /// Delete a queue; answers whether it existed.
+    fn delete_queue(
+        &self,
+        queue: QueueName,
+    ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+    /// Apply timer operations in one entry.
+    fn timers(
+        &self,
+        ops: Vec<TimerOp>,
+    ) -> impl Future<Output = Result<Vec<TimerResult>, BrokerError>> + Send;
+    /// Change or list the raft membership; answers the members as the leader sees them after.
+    fn membership(
+        &self,
+        op: MembershipOp,
+    ) -> impl Future<Output = Result<Vec<Member>, BrokerError>> + Send;
+    /// Propose an administrative command and answer its outcome.
+    fn command(
+        &self,
+        command: Command,
+    ) -> impl Future<Output = Result<Outcome, BrokerError>> + Send;
+    /// Wait until this node has applied everything committed when the read began.
+    fn read_barrier(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
+    /// A consistent view of this node's applied state.
+    fn state(&self) -> Box<dyn StateRead + Send + '_>;
+    /// The wall clock, as a stamp (for ages shown on status pages only).
+    fn now(&self) -> Stamp;
+    /// Readiness.
+    fn health(&self) -> HealthView;
+    /// The node's status document (`GET /status`).
+    fn status(&self) -> impl Future<Output = Result<StatusView, BrokerError>> + Send;
+    /// Prometheus text.
+    fn metrics_text(&self) -> String;
+    /// Record one served request (route label, status, seconds).
+    fn observe_request(&self, route: &'static str, status: u16, seconds: f64);
+}
+
+/// What the node's own S3 sink needs from the broker: fenced KV batches (its leases, intents,
+/// commit pointers and checkpoints) that are not client writes and so pass a closed disk gate,
+/// the read barrier, the applied state it reads records from, and the time. Not the client API;
+/// object safe, so the sink holds it as `Arc<dyn SinkLog>`.
+pub trait SinkLog: Send + Sync + 'static {
+    /// Apply KV operations (the first one usually the fence: a put of the lease row at the
+    /// version this node last wrote) in one entry.
+    fn sink_kv(&self, ops: Vec<KvOp>) -> BoxFuture<'_, Result<KvOutcome, BrokerError>>;
+    /// Wait until this node has applied everything committed when the call began.
+    fn sink_barrier(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
+    /// A consistent view of this node's applied state.
+    fn applied(&self) -> Box<dyn StateRead + Send + '_>;
+    /// The wall clock, as a stamp.
+    fn wall_clock(&self) -> Stamp;
+    /// Whether this node is the cluster's only member, as it sees it.
+    fn alone(&self) -> bool;
+}
