@@ -382,11 +382,26 @@ fn above_the_gate_the_sink_keeps_committing_its_backlog() {
     let lake = dir.path().join("lake");
     let bin = Path::new(env!("CARGO_BIN_EXE_queen"));
     let mut n = Node::start(bin, &data, &[]);
+    // Retention held for the sink: nothing is deleted before the sink committed it.
+    let c = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "local", "options": {"retentionEnabled": true, "retentionSeconds": 1, "retentionSinkHold": "default"}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
     let items: Vec<serde_json::Value> = (0..5)
         .map(|i| json!({"queue": "local", "partition": "p", "payload": {"i": i}}))
         .collect();
     let a = n.post("/api/v1/push", &json!({ "items": items }));
     assert_eq!(a.status, 200, "{}", a.text);
+    // The hold lets retention delete only what lies a minute (of broker time) below the sink's
+    // commit pointer, and the pointer moves only with windows of records: one more record a
+    // minute later puts the first five below that line once the sink commits both.
+    std::thread::sleep(Duration::from_secs(62));
+    let b = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "local", "partition": "p", "payload": {"i": "late"}}]}),
+    );
+    assert_eq!(b.status, 200, "{}", b.text);
     assert!(n.sigterm(Duration::from_secs(30)).success());
     // 1% is past on any disk holding this checkout: the gate is closed from the start.
     let endpoint = format!("file://{}", lake.display());
@@ -412,12 +427,36 @@ fn above_the_gate_the_sink_keeps_committing_its_backlog() {
             .as_array()
             .and_then(|qs| qs.iter().find(|q| q["queue"] == "local").cloned())
             .unwrap_or_default();
-        last["windowsCommitted"].as_u64() >= Some(1) && last["records"] == 5
+        last["windowsCommitted"].as_u64() >= Some(1) && last["records"] == 6
     });
     assert!(
         committed,
         "the sink committed its backlog at a closed gate: {last:#}\n{}",
         n.log_text()
+    );
+    // Then retention deletes what the sink committed a minute below its commit pointer (the
+    // hold's margin): the first five records, not the late one. A node above the gate drains
+    // because the sink's lease refreshes and commit pointer went through the closed gate.
+    let mut seen = serde_json::Value::Null;
+    let drained = eventually(Duration::from_secs(60), || {
+        seen = n.get("/status").json["queues"]["items"].clone();
+        seen.as_array().is_some_and(|qs| {
+            qs.iter()
+                .any(|q| q["name"] == "local" && q["messages"] == 1)
+        })
+    });
+    assert!(
+        drained,
+        "retention with the sink's hold drained the queue: {seen:#}"
+    );
+    let refused = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "local", "partition": "p", "payload": {"i": 6}}]}),
+    );
+    assert_eq!(
+        refused.status, 507,
+        "the gate is still closed: {}",
+        refused.text
     );
     assert!(n.sigterm(Duration::from_secs(60)).success());
     let out = std::process::Command::new(bin)
@@ -430,5 +469,5 @@ fn above_the_gate_the_sink_keeps_committing_its_backlog() {
         "{report:#} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(report["queues"][0]["records"], 5, "{report:#}");
+    assert_eq!(report["queues"][0]["records"], 6, "{report:#}");
 }
