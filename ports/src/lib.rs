@@ -2,7 +2,8 @@
 //! log needs from the state machine, and the use cases as the HTTP adapter and the sink call
 //! them.
 //!
-//! Owns: `ReplicatedLog` (propose, read barrier, progress), `Membership` (the admin routes'
+//! Owns: `ReplicatedLog` (propose, read barrier, progress), `StateReader` (the applied state
+//! as the application reads it), `Membership` (the admin routes'
 //! changes), `StateMachineBackend` (what the raft adapter calls to apply committed entries,
 //! persist its metadata atomically with them, and take or install snapshots), the `Clock`, and
 //! the use-case ports `ClientApi` and `SinkLog` with their typed answers and the typed
@@ -15,6 +16,7 @@ mod clock;
 mod membership;
 mod replicated_log;
 mod state_machine;
+mod state_reader;
 mod use_cases;
 
 pub use clock::{Clock, SystemClock};
@@ -23,6 +25,7 @@ pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, Replica
 pub use state_machine::{
     ApplyEntry, BackendError, LogFiles, LogSpan, SnapshotChunks, StateMachineBackend,
 };
+pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{
     BrokerError, ClientApi, DiskRefusal, HealthView, MembershipOp, NodeStatus, NotReady,
     PopRequest, PopsStatus, QueueStatus, QueuesStatus, SinkLog, StatusView, StorageStatus,

@@ -84,4 +84,9 @@ pub trait ReplicatedLog: Send + Sync + 'static {
 
     /// Current progress figures.
     fn progress(&self) -> LogProgress;
+
+    /// Snapshot what this node applied and drop the log up to it now (not at the next
+    /// scheduled snapshot), so the space of deleted messages goes back to the disk; false when
+    /// it did not finish within `within`. A log that keeps nothing to compact answers true.
+    fn compact(&self, within: std::time::Duration) -> BoxFuture<'_, bool>;
 }

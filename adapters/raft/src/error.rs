@@ -1,5 +1,10 @@
-//! Errors of this crate's own API (start, config, shutdown). Proposal errors use the port's
-//! `ProposeError`.
+//! Errors of this crate's own API (start, config, shutdown), and how openraft's errors map to
+//! the port's `ProposeError` (one place, used by the node and by the raft port's server).
+
+use openraft::errors::{ClientWriteError, Fatal, LinearizableReadError, RaftError};
+use queen_ports::ProposeError;
+
+use crate::type_config::TypeConfig;
 
 /// A configuration value that cannot work.
 #[derive(Debug, thiserror::Error)]
@@ -64,4 +69,44 @@ pub enum RaftShutdownError {
     /// The log store was still held after the core stopped, so the directory stays locked.
     #[error("raft log was not released within {0:?}")]
     LogNotReleased(std::time::Duration),
+}
+
+/// A stopped or failed raft core, as the application sees it.
+fn map_fatal(e: Fatal<TypeConfig>) -> ProposeError {
+    match e {
+        Fatal::Stopped => ProposeError::Unavailable("raft node stopped".into()),
+        Fatal::Panicked => ProposeError::Fatal("raft core panicked".into()),
+        Fatal::StorageError(e) => ProposeError::Fatal(e.to_string()),
+    }
+}
+
+pub(crate) fn map_write_error(
+    e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+) -> ProposeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+            leader: f.leader_id,
+        },
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => ProposeError::OutcomeUnknown,
+        // Neither can happen for a plain command without preconditions.
+        RaftError::APIError(e @ ClientWriteError::ChangeMembershipError(_))
+        | RaftError::APIError(e @ ClientWriteError::PreconditionFailed(_)) => {
+            ProposeError::Unavailable(e.to_string())
+        }
+        RaftError::Fatal(f) => map_fatal(f),
+    }
+}
+
+pub(crate) fn map_read_error(
+    e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>,
+) -> ProposeError {
+    match e {
+        RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => ProposeError::NotLeader {
+            leader: f.leader_id,
+        },
+        RaftError::APIError(e @ LinearizableReadError::QuorumNotEnough(_)) => {
+            ProposeError::Unavailable(e.to_string())
+        }
+        RaftError::Fatal(f) => map_fatal(f),
+    }
 }

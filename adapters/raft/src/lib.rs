@@ -13,6 +13,7 @@
 mod config;
 mod error;
 mod log_store;
+mod membership;
 mod network;
 mod node;
 mod server;

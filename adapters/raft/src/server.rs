@@ -26,10 +26,10 @@ use tokio::sync::Semaphore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::error::map_read_error;
+use crate::error::map_write_error;
+use crate::membership::change_here;
 use crate::network::Transport;
-use crate::node::change_here;
-use crate::node::map_read_error;
-use crate::node::map_write_error;
 use crate::snapshot_spool::SnapshotSpool;
 use crate::state_machine::SnapshotData;
 use crate::type_config::Command;

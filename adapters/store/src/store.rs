@@ -539,6 +539,39 @@ impl FjallStore {
     }
 }
 
+/// The application reads the applied state through this port.
+impl queen_ports::StateReader for FjallStore {
+    fn view(&self) -> Box<dyn queen_domain::StateRead + Send + '_> {
+        Box::new(FjallStore::view(self))
+    }
+
+    fn figures(&self) -> queen_ports::StoreFigures {
+        let (memtable_bytes, flushes_queued, sealed_memtables, level0_tables) = self.engine_stats();
+        let (segment_files, segment_bytes) = self.segment_stats();
+        let (dedup_runs, dedup_run_entries, dedup_memory_entries) = self.dedup_stats();
+        queen_ports::StoreFigures {
+            disk_bytes: self.disk_bytes(),
+            memtable_bytes,
+            flushes_queued,
+            sealed_memtables,
+            level0_tables,
+            segment_files,
+            segment_bytes,
+            dedup_runs,
+            dedup_run_entries,
+            dedup_memory_entries,
+        }
+    }
+
+    fn memtable_bytes(&self) -> u64 {
+        self.db.write_buffer_size()
+    }
+
+    fn reclaim(&self) -> Result<(), queen_ports::BackendError> {
+        FjallStore::reclaim(self).map_err(|e| queen_ports::BackendError::Storage(e.to_string()))
+    }
+}
+
 /// The dedup entries of a record's messages from its `skip`th on: the key of each message's
 /// transactionId and its offset.
 fn dedup_entries(
