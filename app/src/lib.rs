@@ -13,6 +13,7 @@ mod broker;
 mod cluster;
 mod config;
 mod disk_gate;
+mod error;
 mod message_size;
 mod node;
 mod push_lane;
@@ -21,6 +22,7 @@ mod waiters;
 
 pub use broker::Broker;
 pub use config::{Config, ConfigError, Peer, RawConfig};
-pub use node::{AppError, Serving, run};
+pub use error::AppError;
+pub use node::{Serving, run};
 pub use sink::config::{SinkBoot, SinkConfigError, SinkSettings, from_env as sink_from_env};
 pub use sink::{SinkError, SinkHandle, verify_lake};

@@ -14,65 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::broker::Broker;
 use crate::config::Config;
-
-/// Why the node stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
-    /// The data directory could not be created.
-    #[error("QUEEN_RAFT_DIR: cannot create {dir}: {source}")]
-    DataDir {
-        /// Which.
-        dir: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The state store did not open.
-    #[error(transparent)]
-    Store(#[from] queen_store::StoreOpenError),
-    /// The replicated log did not start.
-    #[error("the replicated log did not start: {0}")]
-    Raft(#[from] queen_raft::RaftStartError),
-    /// The client port could not be bound.
-    #[error("PORT: cannot listen on {addr}: {source}")]
-    Bind {
-        /// Where.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The S3 sink could not start.
-    #[error("QUEEN_S3_EMBEDDED=true: {0}")]
-    Sink(#[from] crate::sink::SinkError),
-    /// The data directory holds a cluster format newer than this build reads.
-    #[error(
-        "QUEEN_RAFT_DIR: {dir} holds cluster format version {found}, newer than this build reads ({reads}); run a release that reads it"
-    )]
-    FormatTooNew {
-        /// Which directory.
-        dir: String,
-        /// The version found.
-        found: u32,
-        /// The highest this build reads.
-        reads: u32,
-    },
-    /// The cluster version marker cannot be read.
-    #[error("QUEEN_RAFT_DIR: cannot read the cluster version marker {path}")]
-    FormatMarker {
-        /// The marker file.
-        path: String,
-    },
-}
-
-impl AppError {
-    /// The process exit code: 2 for data this build must not touch, 1 otherwise.
-    #[must_use]
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            AppError::FormatTooNew { .. } | AppError::FormatMarker { .. } => 2,
-            _ => 1,
-        }
-    }
-}
+use crate::error::AppError;
 
 /// How long a stop waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -162,7 +104,7 @@ where
     let broker = Arc::new(
         Broker::new(
             Arc::new(raft.clone()) as Arc<dyn ReplicatedLog>,
-            store.clone(),
+            Arc::new(store.clone()) as Arc<dyn queen_ports::StateReader>,
             Arc::new(SystemClock),
             telemetry.clone(),
             cfg.request_timeout,
@@ -171,7 +113,7 @@ where
         .with_disk_gate(cfg.disk_high_pct, cfg.disk_reserve_bytes)
         .with_max_message_bytes(cfg.max_message_bytes)
         .with_cluster(
-            raft.clone(),
+            Arc::new(raft.clone()) as Arc<dyn queen_ports::Membership>,
             cfg.promote_max_lag,
             cfg.ready_lag_entries,
             cfg.ready_lag_ms,

@@ -1,0 +1,242 @@
+//! Pops that wait: a look at the applied state, a proposal when something is deliverable, and
+//! a park until a commit (or a periodic re-check) when nothing is.
+
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use queen_domain::command::{Command, Outcome, PopOutcome};
+use queen_domain::names::QueueName;
+use queen_domain::reads;
+use queen_domain::time::Stamp;
+use queen_ports::{BrokerError, PopRequest};
+
+use super::Broker;
+
+/// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
+/// signalled by a commit).
+const RECHECK: Duration = Duration::from_millis(250);
+
+impl Broker {
+    pub(super) async fn long_poll(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
+        let deadline = Instant::now()
+            + if req.wait {
+                req.timeout
+            } else {
+                Duration::ZERO
+            };
+        let notify = self.waiters.of(req.command.queue.as_str());
+        let mut cmd = req.command;
+        let mut parked = None;
+        let result = loop {
+            // Register for a wake-up before looking, so a commit between the look and the wait
+            // is not missed.
+            let mut notified = pin!(notify.notified());
+            notified.as_mut().enable();
+            let would = reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
+                .map_err(|e| Self::read_error(&e))?;
+            if !would.is_empty() {
+                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                let r = self.propose(Command::Pop(cmd.clone())).await?;
+                if let Outcome::Pop(p) = r.outcome
+                    && !p.is_empty()
+                {
+                    break Ok(p);
+                }
+                // Another consumer won the race: wait like an empty look.
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break Ok(PopOutcome {
+                    lease_id: String::new(),
+                    lease_expires: Stamp(0),
+                    claims: Vec::new(),
+                });
+            }
+            if parked.is_none() {
+                parked = Some(self.waiters.park());
+            }
+            let _ = tokio::time::timeout(remaining.min(RECHECK), notified).await;
+        };
+        drop(parked);
+        if let Ok(p) = &result {
+            let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
+            self.telemetry.metrics().messages_delivered(n as u64);
+        }
+        result
+    }
+
+    pub(super) async fn long_poll_tagged(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+        req: PopRequest,
+    ) -> Result<(String, PopOutcome), BrokerError> {
+        let deadline = Instant::now()
+            + if req.wait {
+                req.timeout
+            } else {
+                Duration::ZERO
+            };
+        let mut cmd = req.command;
+        loop {
+            let queues =
+                reads::queues(&*self.state.view(), 100_000).map_err(|e| Self::read_error(&e))?;
+            for q in queues.iter().filter(|q| {
+                namespace
+                    .as_ref()
+                    .is_none_or(|n| q.namespace.as_ref() == Some(n))
+                    && task.as_ref().is_none_or(|t| q.task.as_ref() == Some(t))
+            }) {
+                let Ok(name) = QueueName::new(q.name.clone()) else {
+                    continue;
+                };
+                cmd.queue = name;
+                let would =
+                    reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
+                        .map_err(|e| Self::read_error(&e))?;
+                if would.is_empty() {
+                    continue;
+                }
+                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                if let Outcome::Pop(p) = self.propose(Command::Pop(cmd.clone())).await?.outcome
+                    && !p.is_empty()
+                {
+                    let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
+                    self.telemetry.metrics().messages_delivered(n as u64);
+                    return Ok((q.name.clone(), p));
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok((
+                    String::new(),
+                    PopOutcome {
+                        lease_id: String::new(),
+                        lease_expires: Stamp(0),
+                        claims: Vec::new(),
+                    },
+                ));
+            }
+            tokio::time::sleep(remaining.min(RECHECK)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use queen_domain::command::{PopCommand, PushItem, Subscription};
+    use queen_domain::model::QueueOptions;
+    use queen_domain::names::{GroupName, PartitionName, QueueName};
+    use queen_ports::ClientApi;
+
+    use super::*;
+    use crate::broker::twins::{FakeLog, ManualClock, MemState, broker};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn item(queue: &str, id: &str) -> PushItem {
+        PushItem {
+            queue: QueueName::new(queue.to_owned()).unwrap(),
+            partition: PartitionName::new("p".to_owned()).unwrap(),
+            transaction_id: id.to_owned(),
+            message_id: [1; 16],
+            payload: b"{\"n\":1}".to_vec(),
+            trace_id: None,
+        }
+    }
+
+    fn pop(queue: &str, wait: Duration) -> PopRequest {
+        PopRequest {
+            command: PopCommand {
+                queue: QueueName::new(queue.to_owned()).unwrap(),
+                partition: None,
+                group: GroupName::queue_mode(),
+                batch: 10,
+                max_partitions: 1,
+                lease_id: String::new(),
+                auto_ack: false,
+                subscription: Subscription::Default,
+            },
+            wait: !wait.is_zero(),
+            timeout: wait,
+        }
+    }
+
+    fn delivered(p: &PopOutcome) -> Vec<String> {
+        p.claims
+            .iter()
+            .flat_map(|c| c.messages.iter().map(|m| m.transaction_id.clone()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_empty_queue_answers_at_once_without_a_wait() {
+        let log = FakeLog::leader(MemState::default());
+        let b = broker(&log, Arc::new(ManualClock::at(T0)), Duration::from_secs(5));
+        let started = Instant::now();
+        let p = b.pop(pop("q", Duration::ZERO)).await.unwrap();
+        assert!(p.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(log.proposals(), 0, "nothing to deliver: nothing proposed");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_pop_is_woken_by_a_push_and_leases_it() {
+        let log = FakeLog::leader(MemState::default());
+        let b = Arc::new(broker(
+            &log,
+            Arc::new(ManualClock::at(T0)),
+            Duration::from_secs(5),
+        ));
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.pop(pop("q", Duration::from_secs(30))).await })
+        };
+        // Parked before the push: the wake-up, not the re-check, must deliver it.
+        for _ in 0..200 {
+            if b.waiters.parked() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(b.waiters.parked(), 1);
+        b.push(vec![item("q", "t1")]).await.unwrap();
+        let p = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken well before its wait ran out")
+            .unwrap()
+            .unwrap();
+        assert_eq!(delivered(&p), ["t1"]);
+        assert!(!p.lease_id.is_empty(), "a fresh lease id per attempt");
+        assert_eq!(b.waiters.parked(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_tagged_pop_finds_the_queue_by_its_namespace() {
+        let log = FakeLog::leader(MemState::default());
+        let b = broker(&log, Arc::new(ManualClock::at(T0)), Duration::from_secs(5));
+        for (q, ns) in [("a", "billing"), ("b", "mail")] {
+            b.configure(
+                QueueName::new(q.to_owned()).unwrap(),
+                Some(ns.to_owned()),
+                None,
+                QueueOptions::default(),
+            )
+            .await
+            .unwrap();
+            b.push(vec![item(q, &format!("{q}1"))]).await.unwrap();
+        }
+        let (queue, p) = b
+            .pop_tagged(
+                Some("mail".to_owned()),
+                None,
+                pop("ignored", Duration::ZERO),
+            )
+            .await
+            .unwrap();
+        assert_eq!(queue, "b");
+        assert_eq!(delivered(&p), ["b1"]);
+    }
+}

@@ -1,0 +1,152 @@
+//! What the node says about itself: readiness for `/health`, the status document and the
+//! gauges of `/metrics/prometheus`.
+
+use queen_domain::reads;
+use queen_ports::{
+    BrokerError, HealthView, NodeStatus, NotReady, PopsStatus, QueueStatus, QueuesStatus, RaftRole,
+    StatusView, StorageStatus,
+};
+
+use super::Broker;
+
+/// A node is ready within this many entries of the commit index.
+pub(super) const READY_LAG_ENTRIES: u64 = 1000;
+/// A leader unacknowledged by a majority for longer than this reports `no_quorum` (the
+/// election timeout's upper bound).
+const LEADER_QUORUM_MS: u64 = 2000;
+
+impl Broker {
+    pub(super) fn readiness(&self) -> HealthView {
+        let p = self.log.progress();
+        let view = self.state.view();
+        let lag = p.commit.saturating_sub(p.applied);
+        // Time behind: the leader ticks every second, so a node that applied the latest
+        // entries has a recent safeTime (broker time, compared with this node's clock).
+        let age_ms = reads::safe_time(&*view)
+            .map(|s| self.clock.now_micros().saturating_sub(s.0) / 1000)
+            .unwrap_or(u64::MAX);
+        // A leader that no majority acknowledged within an election timeout has lost its quorum.
+        let leader_alone = p.quorum_ack_ms.is_some_and(|ms| ms > LEADER_QUORUM_MS);
+        let not_ready = if !p.storage_ready {
+            Some(NotReady::Settling)
+        } else if p.leader.is_none() || leader_alone {
+            Some(NotReady::NoQuorum)
+        } else if lag > self.ready_lag_entries && age_ms > self.ready_lag_ms {
+            Some(NotReady::Settling)
+        } else {
+            None
+        };
+        HealthView {
+            not_ready,
+            progress: p,
+            kinds: self.kinds,
+            cluster_version: reads::cluster_version(&*view).unwrap_or(0),
+            apply_failure: None,
+        }
+    }
+
+    pub(super) fn status_view(&self) -> Result<StatusView, BrokerError> {
+        let view = self.state.view();
+        let queues = reads::queues(&*view, 1000).map_err(|e| Self::read_error(&e))?;
+        let safe = reads::safe_time(&*view).map_err(|e| Self::read_error(&e))?;
+        let p = self.log.progress();
+        let f = self.state.figures();
+        Ok(StatusView {
+            node: NodeStatus {
+                id: p.node_id,
+                uptime_seconds: self.started.elapsed().as_secs(),
+                version: env!("CARGO_PKG_VERSION"),
+            },
+            raft: p,
+            safe_time: safe.iso_micros(),
+            storage: StorageStatus {
+                disk_bytes: f.disk_bytes,
+                log_fsyncs: (self.fsyncs)(),
+                memtable_bytes: f.memtable_bytes,
+                flushes_queued: f.flushes_queued,
+                sealed_memtables: f.sealed_memtables,
+                level0_tables: f.level0_tables,
+                segment_files: f.segment_files,
+                segment_bytes: f.segment_bytes,
+                dedup_runs: f.dedup_runs,
+                dedup_run_entries: f.dedup_run_entries,
+                dedup_memory_entries: f.dedup_memory_entries,
+            },
+            queues: QueuesStatus {
+                count: queues.len(),
+                messages: queues.iter().map(|q| q.messages).sum(),
+                items: queues
+                    .into_iter()
+                    .map(|q| QueueStatus {
+                        name: q.name,
+                        messages: q.messages,
+                        partitions: q.partitions,
+                        dead_lettered: q.dead_lettered,
+                        namespace: q.namespace,
+                        task: q.task,
+                    })
+                    .collect(),
+            },
+            pops: PopsStatus {
+                waiting: self.waiters.parked(),
+            },
+            s3: self.s3_status.get().map(|f| f()),
+        })
+    }
+
+    pub(super) fn progress_gauges(&self) {
+        let p = self.log.progress();
+        let m = self.telemetry.metrics();
+        m.set_raft(p.term, p.applied, p.commit, p.role == RaftRole::Leader);
+        m.set_log_fsyncs((self.fsyncs)());
+        m.set_store_disk_bytes(self.state.figures().disk_bytes);
+        m.set_waiting_pops(self.waiters.parked());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use queen_domain::command::Command;
+    use queen_ports::ClientApi;
+
+    use super::*;
+    use crate::broker::twins::{FakeLog, ManualClock, MemState, broker};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    #[tokio::test]
+    async fn a_leader_that_applied_a_recent_tick_is_ready() {
+        let log = FakeLog::leader(MemState::default());
+        let clock = Arc::new(ManualClock::at(T0));
+        let b = broker(&log, clock.clone(), Duration::from_secs(5));
+        b.propose(Command::Tick).await.unwrap();
+        let h = b.health();
+        assert_eq!(h.not_ready, None, "{h:?}");
+        assert_eq!(h.kinds, crate::broker::LOG_KINDS);
+    }
+
+    #[tokio::test]
+    async fn a_node_without_a_leader_reports_no_quorum() {
+        let log = FakeLog::follower(MemState::default(), None);
+        let b = broker(&log, Arc::new(ManualClock::at(T0)), Duration::from_secs(5));
+        assert_eq!(b.health().not_ready, Some(NotReady::NoQuorum));
+    }
+
+    #[tokio::test]
+    async fn the_status_counts_the_queues_and_the_parked_pops() {
+        let log = FakeLog::leader(MemState::default());
+        let clock = Arc::new(ManualClock::at(T0));
+        let b = broker(&log, clock.clone(), Duration::from_secs(5));
+        b.propose(Command::Tick).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+        let s = b.status().await.unwrap();
+        assert_eq!((s.queues.count, s.queues.messages), (0, 0));
+        assert_eq!(s.pops.waiting, 0);
+        assert_eq!(s.raft.role, RaftRole::Leader);
+        assert_eq!(s.safe_time, queen_domain::time::Stamp(T0).iso_micros());
+        assert!(s.s3.is_none(), "no sink runs");
+    }
+}
