@@ -12,19 +12,27 @@ use std::time::{Duration, Instant};
 
 /// What one phase moved.
 pub struct Stats {
+    /// Messages moved.
     pub messages: u64,
+    /// Requests answered.
     pub requests: u64,
+    /// Requests that failed.
     pub errors: u64,
+    /// How long the phase ran.
     pub seconds: f64,
+    /// Each request's latency.
     pub lat: Vec<Duration>,
+    /// The first failure, for the report.
     pub first_error: Option<String>,
 }
 
 impl Stats {
+    /// Messages per second.
     pub fn msg_per_s(&self) -> f64 {
         self.messages as f64 / self.seconds.max(1e-9)
     }
 
+    /// Requests per second.
     pub fn req_per_s(&self) -> f64 {
         self.requests as f64 / self.seconds.max(1e-9)
     }
@@ -101,8 +109,11 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
 
 /// One started process and where its output goes.
 pub struct Proc {
+    /// Its name in the report.
     pub name: String,
+    /// The process.
     pub child: Child,
+    /// Where its output goes, if anywhere.
     pub log: Option<PathBuf>,
 }
 
@@ -112,6 +123,7 @@ pub struct Proc {
 pub struct Procs(pub Vec<Proc>);
 
 impl Procs {
+    /// The PIDs of the processes.
     pub fn pids(&self) -> Vec<u32> {
         self.0.iter().map(|p| p.child.id()).collect()
     }
@@ -141,6 +153,7 @@ impl Procs {
         })
     }
 
+    /// Stop every process: SIGTERM, then SIGKILL after the grace period.
     pub fn stop_all(&mut self) {
         for p in &self.0 {
             let _ = std::process::Command::new("kill")
@@ -335,12 +348,14 @@ impl Rng {
         r
     }
 
+    /// The next pseudo-random word.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0xA076_1D64_78BD_642F);
         let t = u128::from(self.0) * u128::from(self.0 ^ 0xE703_7ED1_A0B4_28DB);
         ((t >> 64) as u64) ^ (t as u64)
     }
 
+    /// Fill `out` with pseudo-random bytes.
     pub fn fill(&mut self, out: &mut [u8]) {
         for chunk in out.chunks_mut(8) {
             let v = self.next_u64().to_le_bytes();

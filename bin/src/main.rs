@@ -11,9 +11,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// 50-60 MiB more per node at the peak; one second still held 5-6 MiB more than a fifth:
 /// docs/performance.md), by a background thread rather than by the threads that free.
 /// `_RJEM_MALLOC_CONF` in the environment still overrides any of them.
-#[allow(non_upper_case_globals)]
+#[allow(non_upper_case_globals, unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static malloc_conf: Option<&'static std::ffi::c_char> =
+    // SAFETY: a C string literal is 'static and NUL-terminated; its first byte lives as long
+    // as the program, which is what jemalloc reads at start.
     Some(unsafe { &*c"background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:0".as_ptr() });
 
 use clap::{Parser, Subcommand};

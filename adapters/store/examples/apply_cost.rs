@@ -57,6 +57,7 @@ impl LogFiles for MemLog {
 }
 
 /// User + system CPU of the whole process, in microseconds.
+#[allow(unsafe_code)]
 fn cpu_micros() -> u64 {
     // SAFETY: getrusage fills the struct it is given; zeroed bytes are a valid rusage.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };

@@ -65,6 +65,7 @@ impl DedupFilter {
         );
         // SAFETY: a block is eight `AtomicU64`s, for which all-zero bytes are a valid value
         // (zero).
+        #[allow(unsafe_code)]
         let blocks = unsafe { blocks.assume_init() };
         Self { blocks }
     }
@@ -107,7 +108,10 @@ impl DedupFilter {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
             let p: *const Block = &raw const self.blocks[b];
             // SAFETY: a prefetch only hints the cache; `p` points into our own allocation.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+            #[allow(unsafe_code)]
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = b;
@@ -136,7 +140,10 @@ fn ask_for_huge_pages(start: *mut u8, len: usize) {
     if to > from {
         // SAFETY: madvise only gives the kernel a hint about pages of our own allocation,
         // `[from, to)` lies inside it, and MADV_HUGEPAGE never changes their contents.
-        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE);
+        }
     }
 }
 

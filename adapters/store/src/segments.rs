@@ -318,6 +318,7 @@ fn start_writeback(file: &File, from: u64, len: u64) {
     };
     // SAFETY: sync_file_range takes a file descriptor and numbers, reads and writes no memory
     // of this process; `file` keeps the descriptor open for the whole call.
+    #[allow(unsafe_code)]
     let rc =
         unsafe { libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE) };
     if rc != 0 {
