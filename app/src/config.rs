@@ -129,6 +129,32 @@ impl std::fmt::Debug for Config {
     }
 }
 
+impl Config {
+    /// The settings the node runs with, on one line for its start-up log: every value but the
+    /// raft token, which shows only whether it is set.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!(
+            "peers={} token={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} join={}",
+            self.peers.len(),
+            if self.token.is_some() { "set" } else { "unset" },
+            self.request_timeout.as_millis(),
+            self.max_body_bytes,
+            self.max_message_bytes,
+            self.body_timeout.as_millis(),
+            self.body_budget_bytes,
+            self.disk_high_pct,
+            self.disk_reserve_bytes,
+            self.client_offload,
+            self.promote_max_lag,
+            self.ready_lag_entries,
+            self.ready_lag_ms,
+            self.max_clock_skew_ms,
+            self.join,
+        )
+    }
+}
+
 /// A value that stops the boot.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{variable}: {problem}")]
@@ -610,5 +636,9 @@ mod tests {
             !format!("{c:?}").contains("s3cret"),
             "the token never reaches a log line"
         );
+        let line = c.describe();
+        assert!(!line.contains("s3cret"), "{line}");
+        assert!(line.contains("token=set"), "{line}");
+        assert!(line.contains("request_timeout_ms="), "{line}");
     }
 }

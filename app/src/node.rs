@@ -137,7 +137,7 @@ where
         }
         None => None,
     };
-    tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), "listening");
+    tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), settings = %cfg.describe(), "listening");
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let applied_watch = {
