@@ -475,6 +475,82 @@ pub enum Outcome {
     },
 }
 
+/// Each command's own outcome, taken out of an [`Outcome`]: `None` when the outcome is of
+/// another kind (which would be a bug: the log answered another command).
+impl Outcome {
+    /// A push's answers.
+    #[must_use]
+    pub fn into_push(self) -> Option<Vec<PushOutcome>> {
+        match self {
+            Outcome::Push(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// An ack's answers.
+    #[must_use]
+    pub fn into_ack(self) -> Option<Vec<AckOutcome>> {
+        match self {
+            Outcome::Ack(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// A KV call's answer.
+    #[must_use]
+    pub fn into_kv(self) -> Option<crate::kv::KvOutcome> {
+        match self {
+            Outcome::Kv(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Lock answers.
+    #[must_use]
+    pub fn into_locks(self) -> Option<Vec<crate::kv::LockResult>> {
+        match self {
+            Outcome::Locks(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// A transaction's answer.
+    #[must_use]
+    pub fn into_transaction(self) -> Option<TxnOutcome> {
+        match self {
+            Outcome::Transaction(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// The effective options of a configured queue.
+    #[must_use]
+    pub fn into_configured(self) -> Option<QueueOptions> {
+        match self {
+            Outcome::Configured(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Whether a deleted queue existed.
+    #[must_use]
+    pub fn into_deleted(self) -> Option<bool> {
+        match self {
+            Outcome::Deleted { existed } => Some(existed),
+            _ => None,
+        }
+    }
+
+    /// Timer answers.
+    #[must_use]
+    pub fn into_timers(self) -> Option<Vec<crate::timers::TimerResult>> {
+        match self {
+            Outcome::Timers(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
 /// A response with the stamp its entry was given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {

@@ -121,12 +121,9 @@ impl Broker {
             tokio::spawn(async move {
                 let items = std::mem::take(&mut batch.items);
                 let result = me
-                    .propose(Command::Push(items))
-                    .await
-                    .and_then(|r| match r.outcome {
-                        Outcome::Push(out) => Ok(out),
-                        _ => Err(BrokerError::unexpected_outcome()),
-                    });
+                    .proposer
+                    .propose_for(Command::Push(items), Outcome::into_push)
+                    .await;
                 batch.answer(result);
                 drop(slot);
             });
@@ -255,11 +252,9 @@ impl ClientApi for Broker {
                 }
             }
             None => {
-                let r = self.propose(Command::Push(items)).await?;
-                let Outcome::Push(out) = r.outcome else {
-                    return Err(BrokerError::unexpected_outcome());
-                };
-                out
+                self.proposer
+                    .propose_for(Command::Push(items), Outcome::into_push)
+                    .await?
             }
         };
         let queued = out
@@ -301,10 +296,10 @@ impl ClientApi for Broker {
         items: Vec<AckItem>,
     ) -> Result<Vec<AckOutcome>, BrokerError> {
         let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
-        let r = self.propose(Command::Ack { group, items }).await?;
-        let Outcome::Ack(out) = r.outcome else {
-            return Err(BrokerError::unexpected_outcome());
-        };
+        let out = self
+            .proposer
+            .propose_for(Command::Ack { group, items }, Outcome::into_ack)
+            .await?;
         let m = self.telemetry.metrics();
         for (o, s) in out.iter().zip(&statuses) {
             m.acks(if o.verdict.success { s } else { "refused" }, 1);
@@ -317,17 +312,15 @@ impl ClientApi for Broker {
 
     async fn kv(&self, ops: Vec<KvOp>) -> Result<KvOutcome, BrokerError> {
         message_size::check_kv(&ops, self.max_message_bytes, "operations")?;
-        match self.propose(Command::Kv(ops)).await?.outcome {
-            Outcome::Kv(o) => Ok(o),
-            _ => Err(BrokerError::unexpected_outcome()),
-        }
+        self.proposer
+            .propose_for(Command::Kv(ops), Outcome::into_kv)
+            .await
     }
 
     async fn locks(&self, ops: Vec<LockOp>) -> Result<Vec<LockResult>, BrokerError> {
-        match self.propose(Command::Locks(ops)).await?.outcome {
-            Outcome::Locks(o) => Ok(o),
-            _ => Err(BrokerError::unexpected_outcome()),
-        }
+        self.proposer
+            .propose_for(Command::Locks(ops), Outcome::into_locks)
+            .await
     }
 
     async fn transaction(
@@ -338,17 +331,18 @@ impl ClientApi for Broker {
         timers: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<TxnOutcome, BrokerError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
-        let r = self
-            .propose(Command::Transaction {
-                ops,
-                required_leases,
-                kv,
-                timers,
-            })
+        let t = self
+            .proposer
+            .propose_for(
+                Command::Transaction {
+                    ops,
+                    required_leases,
+                    kv,
+                    timers,
+                },
+                Outcome::into_transaction,
+            )
             .await?;
-        let Outcome::Transaction(t) = r.outcome else {
-            return Err(BrokerError::unexpected_outcome());
-        };
         if t.success {
             for res in &t.results {
                 if let TxnResult::Push(p) = res
@@ -377,30 +371,31 @@ impl ClientApi for Broker {
         options: QueueOptions,
     ) -> Result<QueueOptions, BrokerError> {
         let name = queue.as_str().to_owned();
-        let r = self
-            .propose(Command::Configure {
-                queue,
-                namespace,
-                task,
-                options,
-            })
+        let options = self
+            .proposer
+            .propose_for(
+                Command::Configure {
+                    queue,
+                    namespace,
+                    task,
+                    options,
+                },
+                Outcome::into_configured,
+            )
             .await?;
         self.waiters.wake(&name);
-        match r.outcome {
-            Outcome::Configured(o) => Ok(o),
-            _ => Err(BrokerError::unexpected_outcome()),
-        }
+        Ok(options)
     }
 
     async fn delete_queue(&self, queue: QueueName) -> Result<bool, BrokerError> {
         let name = queue.as_str().to_owned();
-        let r = self.propose(Command::DeleteQueue { queue }).await?;
+        let existed = self
+            .proposer
+            .propose_for(Command::DeleteQueue { queue }, Outcome::into_deleted)
+            .await?;
         self.waiters.forget(&name);
         self.reclaim_near_gate();
-        match r.outcome {
-            Outcome::Deleted { existed } => Ok(existed),
-            _ => Err(BrokerError::unexpected_outcome()),
-        }
+        Ok(existed)
     }
 
     async fn timers(
@@ -408,10 +403,9 @@ impl ClientApi for Broker {
         ops: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<Vec<queen_domain::timers::TimerResult>, BrokerError> {
         message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
-        match self.propose(Command::Timers(ops)).await?.outcome {
-            Outcome::Timers(r) => Ok(r),
-            _ => Err(BrokerError::unexpected_outcome()),
-        }
+        self.proposer
+            .propose_for(Command::Timers(ops), Outcome::into_timers)
+            .await
     }
 
     async fn command(&self, command: Command) -> Result<Outcome, BrokerError> {

@@ -188,6 +188,37 @@ impl Proposer {
         Ok(response)
     }
 
+    /// `propose`, answering the command's own outcome (`take`, one of `Outcome::into_*`).
+    pub(crate) async fn propose_for<T>(
+        &self,
+        command: Command,
+        take: fn(Outcome) -> Option<T>,
+    ) -> Result<T, BrokerError> {
+        let kind = kind(&command);
+        Self::taken(kind, self.propose(command).await?, take)
+    }
+
+    /// `propose_for`, for the node's own writes (the S3 sink's), which pass a closed disk gate.
+    pub(crate) async fn propose_internal_for<T>(
+        &self,
+        command: Command,
+        take: fn(Outcome) -> Option<T>,
+    ) -> Result<T, BrokerError> {
+        let kind = kind(&command);
+        Self::taken(kind, self.propose_internal(command).await?, take)
+    }
+
+    fn taken<T>(
+        kind: &'static str,
+        response: Response,
+        take: fn(Outcome) -> Option<T>,
+    ) -> Result<T, BrokerError> {
+        take(response.outcome).ok_or_else(|| {
+            tracing::error!(target: "queen-app", kind, "the log answered another command's outcome");
+            BrokerError::unexpected_outcome()
+        })
+    }
+
     /// Wait until this node has applied everything committed when the read began, within the
     /// request deadline.
     pub(crate) async fn read_barrier(&self) -> Result<(), BrokerError> {

@@ -12,17 +12,10 @@ use super::Broker;
 /// lake; only the reserve stops them.
 impl SinkLog for Broker {
     fn sink_kv(&self, ops: Vec<KvOp>) -> BoxFuture<'_, Result<KvOutcome, BrokerError>> {
-        Box::pin(async move {
-            match self
-                .proposer
-                .propose_internal(Command::Kv(ops))
-                .await?
-                .outcome
-            {
-                Outcome::Kv(o) => Ok(o),
-                _ => Err(BrokerError::unexpected_outcome()),
-            }
-        })
+        Box::pin(
+            self.proposer
+                .propose_internal_for(Command::Kv(ops), Outcome::into_kv),
+        )
     }
 
     fn sink_barrier(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
