@@ -22,6 +22,7 @@ use queen_domain::sink::commit::{
     Intent, LostRange, Manifest, ManifestObject, Pointer, Recovery, recover,
 };
 use queen_domain::sink::documents::{self, LeaseDoc, NS};
+use queen_domain::sink::engine::{Action, Event, Put, Stage, Stop, WindowCommit};
 use queen_domain::sink::jsonl::SinkRecord;
 use queen_domain::sink::keys::WindowKeys;
 use queen_domain::sink::window::{CloseReason, WindowRules};
@@ -109,25 +110,10 @@ struct Checkpoint {
 
 /// A window on its way through the commit sequence.
 struct Pending {
-    intent: Intent,
+    /// Where the window's commit stands, and its intent and objects.
+    engine: WindowCommit,
     closed: Option<Closed>,
     lost: Vec<LostRange>,
-    stage: Stage,
-    objects: Vec<ManifestObject>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// The intent is not written yet.
-    Intent,
-    /// Waiting for the log to hold the whole window (a redo).
-    Rebuild,
-    /// Uploading the objects.
-    Upload,
-    /// Uploading the manifest.
-    Manifest,
-    /// Moving the pointer.
-    Commit,
 }
 
 /// Why a fenced batch did not land.
@@ -546,11 +532,9 @@ impl QueueTask {
                 tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "redoing a window from its intent");
                 self.builder = Builder::at(r, Stamp(i.t_start));
                 self.pending = Some(Pending {
-                    intent: i,
+                    engine: WindowCommit::redo(i),
                     closed: None,
                     lost: Vec::new(),
-                    stage: Stage::Rebuild,
-                    objects: Vec::new(),
                 });
             }
             Recovery::CommitUploaded {
@@ -560,11 +544,9 @@ impl QueueTask {
                 tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "committing a window another run uploaded");
                 self.builder = Builder::new(r, Stamp(i.t_end));
                 self.pending = Some(Pending {
-                    intent: i,
+                    engine: WindowCommit::commit_uploaded(i, m.objects),
                     closed: None,
                     lost: m.lost,
-                    stage: Stage::Commit,
-                    objects: m.objects,
                 });
             }
         }
@@ -658,11 +640,9 @@ impl QueueTask {
             };
             tracing::debug!(target: "queen-s3", queue = %self.queue, k = intent.k, records = closed.records.len(), ?reason, "window closed");
             self.pending = Some(Pending {
-                intent,
+                engine: WindowCommit::new(intent),
                 closed: Some(closed),
                 lost: std::mem::take(&mut self.lost),
-                stage: Stage::Intent,
-                objects: Vec::new(),
             });
             return self.advance().await.map(|()| None);
         }
@@ -685,8 +665,8 @@ impl QueueTask {
         let redo_end = self
             .pending
             .as_ref()
-            .filter(|p| p.stage == Stage::Rebuild)
-            .map(|p| Stamp(p.intent.t_end));
+            .filter(|p| p.engine.stage() == Stage::Rebuild)
+            .map(|p| Stamp(p.engine.intent().t_end));
         let pending_bytes = self.buffered() - self.filling_memory();
         let budget_full = |b: &Builder| {
             redo_end.is_none()
@@ -777,30 +757,41 @@ impl QueueTask {
             return Ok(());
         };
         let r = self.advance_pending(&mut p).await;
-        if p.stage != Stage::Commit || r.is_err() || self.pointer.k < p.intent.k {
+        if p.engine.stage() != Stage::Done {
             self.pending = Some(p);
         }
         r
     }
 
+    /// Run the window's commit engine (`queen_domain::sink::engine`) until the window is
+    /// committed or an action has to wait: this is the interpreter of its actions.
     async fn advance_pending(&mut self, p: &mut Pending) -> Result<(), BatchError> {
+        let r = self.run_engine(p).await;
+        if r.is_err() {
+            p.engine.interrupted();
+        }
+        r
+    }
+
+    async fn run_engine(&mut self, p: &mut Pending) -> Result<(), BatchError> {
         let s = self.shared.settings.clone();
-        let k = p.intent.k;
+        let intent = p.engine.intent().clone();
+        let k = intent.k;
         loop {
-            match p.stage {
-                Stage::Intent => {
+            let event = match p.engine.next() {
+                Action::WriteIntent(i) => {
                     self.set(|q| q.state = "intent");
                     self.put_doc(
                         documents::intent_key(&s.name, &self.queue),
-                        serde_json::to_vec(&p.intent).unwrap_or_default(),
+                        serde_json::to_vec(&i).unwrap_or_default(),
                     )
                     .await?;
                     crash_point("intent");
-                    p.stage = Stage::Upload;
+                    Event::IntentWritten
                 }
-                Stage::Rebuild => {
+                Action::CloseAt(end) => {
                     self.set(|q| q.state = "restoring");
-                    let end = Stamp(p.intent.t_end);
+                    let end = Stamp(end);
                     // Every record below the end must be applied and read before it closes.
                     if self.safe < end || self.builder.read_through().is_some_and(|t| t < end) {
                         return Ok(());
@@ -810,68 +801,65 @@ impl QueueTask {
                     };
                     p.lost.append(&mut self.lost);
                     p.closed = Some(closed);
-                    p.stage = Stage::Upload;
+                    Event::Closed
                 }
-                Stage::Upload => {
+                Action::CheckPointer => {
                     self.set(|q| q.state = "upload");
-                    self.check_not_committed(k).await?;
+                    Event::Pointer(self.committed_k().await?)
+                }
+                Action::Upload => {
                     let closed = p
                         .closed
                         .as_ref()
                         .ok_or_else(|| BatchError::Retry("window records missing".into()))?;
-                    p.objects = self.upload(&p.intent, closed).await?;
+                    let objects = self.upload(&intent, closed).await?;
                     // The records are in the bucket now: keep only what the manifest needs.
                     if let Some(c) = p.closed.as_mut() {
                         c.records = summary_records(&c.records);
                     }
                     crash_point("objects");
-                    p.stage = Stage::Manifest;
+                    Event::Uploaded(objects)
                 }
-                Stage::Manifest => {
+                Action::PutManifest => {
                     let closed = p
                         .closed
                         .as_ref()
                         .ok_or_else(|| BatchError::Retry("window records missing".into()))?;
-                    let m = self.manifest(&p.intent, closed, &p.objects, &p.lost);
-                    let key = self
-                        .keys(k, p.intent.t_start, p.intent.t_end)
-                        .get()
-                        .manifest();
+                    let m = self.manifest(&intent, closed, p.engine.objects(), &p.lost);
                     let body = serde_json::to_vec_pretty(&m).unwrap_or_default();
-                    match self
+                    let put = match self
                         .shared
                         .lake
-                        .put_create(&key, Bytes::from(body))
+                        .put_create(&self.manifest_key(&intent), Bytes::from(body))
                         .await
                         .map_err(|e| BatchError::Retry(e.to_string()))?
                     {
-                        PutOutcome::Created | PutOutcome::Identical => {}
-                        PutOutcome::Different { .. } => {
-                            let found = self
-                                .shared
-                                .lake
-                                .get(&key)
-                                .await
-                                .map_err(|e| BatchError::Retry(e.to_string()))?;
-                            let same = found
-                                .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
-                                .is_some_and(|f| f.names(&p.intent) && f.objects == p.objects);
-                            if !same {
-                                return Err(BatchError::Retry(format!(
-                                    "{key} holds another window's manifest; refusing to overwrite it"
-                                )));
-                            }
-                        }
-                    }
-                    crash_point("manifest");
-                    p.stage = Stage::Commit;
-                }
-                Stage::Commit => {
-                    self.set(|q| q.state = "commit");
-                    let ptr = Pointer {
-                        k,
-                        t_end: p.intent.t_end,
+                        PutOutcome::Created => Put::Created,
+                        PutOutcome::Identical => Put::Identical,
+                        PutOutcome::Different { .. } => Put::Different,
                     };
+                    if put != Put::Different {
+                        crash_point("manifest");
+                    }
+                    Event::ManifestPut(put)
+                }
+                Action::ReadManifest => {
+                    let found = self
+                        .shared
+                        .lake
+                        .get(&self.manifest_key(&intent))
+                        .await
+                        .map_err(|e| BatchError::Retry(e.to_string()))?;
+                    let same = found
+                        .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+                        .is_some_and(|f| f.names(&intent) && f.objects == p.engine.objects());
+                    if same {
+                        crash_point("manifest");
+                    }
+                    Event::ManifestFound(same)
+                }
+                Action::MovePointer(ptr) => {
+                    self.set(|q| q.state = "commit");
                     self.put_doc(
                         documents::pointer_key(&s.name, &self.queue),
                         serde_json::to_vec(&ptr).unwrap_or_default(),
@@ -879,53 +867,81 @@ impl QueueTask {
                     .await?;
                     self.pointer = ptr;
                     crash_point("pointer");
-                    let records: u64 = p.objects.iter().map(|o| o.records).sum();
-                    let bytes: u64 = p.objects.iter().map(|o| o.bytes).sum();
-                    let lost: u64 = p.lost.iter().map(|l| l.to - l.from + 1).sum();
-                    let metrics = self.shared.telemetry.metrics();
-                    metrics.s3().window_committed(&self.queue, records, bytes);
-                    if lost > 0 {
-                        metrics.s3().records_lost(&self.queue, lost);
-                        tracing::warn!(target: "queen-s3", queue = %self.queue, k, lost, ranges = ?p.lost, "window committed with lost records");
-                    }
-                    tracing::info!(target: "queen-s3", queue = %self.queue, k, records, bytes, t_start = p.intent.t_start, t_end = p.intent.t_end, "window committed");
-                    let t_end = p.intent.t_end;
-                    self.set(|q| {
-                        q.k = k;
-                        q.t_end = t_end;
-                        q.windows_committed += 1;
-                        q.records += records;
-                        q.bytes += bytes;
-                    });
-                    self.since_checkpoint += 1;
-                    self.succeeded(Failure::Window);
-                    if k.is_multiple_of(s.checkpoint_every) {
-                        self.checkpoint(k, t_end).await;
-                    }
+                    Event::PointerMoved
+                }
+                Action::Nothing => {
+                    self.committed(p, k).await;
                     return Ok(());
                 }
+            };
+            if let Err(stop) = p.engine.on(event) {
+                return Err(self.stopped(stop).await);
             }
         }
     }
 
-    /// Stop when the pointer already passed window `k`: another node committed it, so this
-    /// node's lease was taken over while it was away. The lease row is rewritten at our
-    /// version to make sure, which fails, rolls back and counts the lost precondition like any
-    /// other fenced batch; the queue stops here either way and uploads nothing.
-    async fn check_not_committed(&mut self, k: u64) -> Result<(), BatchError> {
-        let passed = {
-            let state = self.shared.log.applied();
-            let now = self.shared.log.wall_clock();
-            let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now)
-                .map_err(|e| BatchError::Retry(e.to_string()))?;
-            p.is_some_and(|p| p.k >= k)
-        };
-        if passed {
-            self.fenced(Vec::new()).await?;
-            tracing::warn!(target: "queen-s3", queue = %self.queue, k, "the commit pointer passed this window under our own lease row; stopping");
-            return Err(BatchError::Fenced);
+    /// The manifest key of `intent`'s window.
+    fn manifest_key(&self, intent: &Intent) -> String {
+        self.keys(intent.k, intent.t_start, intent.t_end)
+            .get()
+            .manifest()
+    }
+
+    /// Count, log and checkpoint a committed window.
+    async fn committed(&mut self, p: &Pending, k: u64) {
+        let s = self.shared.settings.clone();
+        let intent = p.engine.intent();
+        let objects = p.engine.objects();
+        let records: u64 = objects.iter().map(|o| o.records).sum();
+        let bytes: u64 = objects.iter().map(|o| o.bytes).sum();
+        let lost: u64 = p.lost.iter().map(|l| l.to - l.from + 1).sum();
+        let metrics = self.shared.telemetry.metrics();
+        metrics.s3().window_committed(&self.queue, records, bytes);
+        if lost > 0 {
+            metrics.s3().records_lost(&self.queue, lost);
+            tracing::warn!(target: "queen-s3", queue = %self.queue, k, lost, ranges = ?p.lost, "window committed with lost records");
         }
-        Ok(())
+        tracing::info!(target: "queen-s3", queue = %self.queue, k, records, bytes, t_start = intent.t_start, t_end = intent.t_end, "window committed");
+        let t_end = intent.t_end;
+        self.set(|q| {
+            q.k = k;
+            q.t_end = t_end;
+            q.windows_committed += 1;
+            q.records += records;
+            q.bytes += bytes;
+        });
+        self.since_checkpoint += 1;
+        self.succeeded(Failure::Window);
+        if k.is_multiple_of(s.checkpoint_every) {
+            self.checkpoint(k, t_end).await;
+        }
+    }
+
+    /// The engine stopped the queue: say why, in the log and as the batch's error.
+    async fn stopped(&mut self, stop: Stop) -> BatchError {
+        match stop {
+            // Another node committed this window under our own lease row: rewrite the lease at
+            // our version to make sure, which fails, rolls back and counts the lost
+            // precondition like any other fenced batch; the queue stops here either way and
+            // uploads nothing.
+            Stop::Passed { k, .. } => {
+                if let Err(e) = self.fenced(Vec::new()).await {
+                    return e;
+                }
+                tracing::warn!(target: "queen-s3", queue = %self.queue, k, "the commit pointer passed this window under our own lease row; stopping");
+                BatchError::Fenced
+            }
+            other => BatchError::Retry(other.to_string()),
+        }
+    }
+
+    /// The commit pointer's window number as the applied state holds it (0: none).
+    async fn committed_k(&mut self) -> Result<u64, BatchError> {
+        let state = self.shared.log.applied();
+        let now = self.shared.log.wall_clock();
+        let p = documents::pointer(&*state, &self.shared.settings.name, &self.queue, now)
+            .map_err(|e| BatchError::Retry(e.to_string()))?;
+        Ok(p.map_or(0, |p| p.k))
     }
 
     /// Encode and upload a window's objects, create-only.

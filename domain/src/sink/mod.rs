@@ -5,6 +5,7 @@
 pub mod builder;
 pub mod commit;
 pub mod documents;
+pub mod engine;
 pub mod jsonl;
 pub mod keys;
 pub mod window;
