@@ -190,12 +190,74 @@ pub struct AckItem {
     pub transaction_id: String,
     /// The message's partition id as sent (decimal text).
     pub partition_id: String,
-    /// `completed`, `failed`, `dlq` or `retry`.
-    pub status: String,
+    /// How the consumer settled the message.
+    pub status: AckStatus,
     /// The consumer's error text.
     pub error: Option<String>,
     /// The lease the ack is fenced by.
     pub lease_id: Option<String>,
+}
+
+/// How a consumer settles a message. Stored in the log as its word, so entries read the same
+/// as when it was a text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum AckStatus {
+    /// Done: the cursor moves past it (`completed`, or its alias `success`).
+    Completed,
+    /// Failed: retried until the queue's retry limit, then dead-lettered if configured.
+    Failed,
+    /// Straight to the dead letters.
+    Dlq,
+    /// Released for redelivery, without counting a retry.
+    Retry,
+    /// A word this build does not know. The HTTP edge refuses it; it can only come from an
+    /// entry written before the edge checked, and apply refuses it per item as it did then.
+    Unknown(String),
+}
+
+impl AckStatus {
+    /// The status a word names (`None` for a word this build does not know).
+    #[must_use]
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "completed" | "success" => Some(AckStatus::Completed),
+            "failed" => Some(AckStatus::Failed),
+            "dlq" => Some(AckStatus::Dlq),
+            "retry" => Some(AckStatus::Retry),
+            _ => None,
+        }
+    }
+
+    /// The word, as the metrics and the cursor's last ack record it.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        match self {
+            AckStatus::Completed => "completed",
+            AckStatus::Failed => "failed",
+            AckStatus::Dlq => "dlq",
+            AckStatus::Retry => "retry",
+            AckStatus::Unknown(w) => w,
+        }
+    }
+}
+
+impl From<String> for AckStatus {
+    fn from(word: String) -> Self {
+        AckStatus::parse(&word).unwrap_or(AckStatus::Unknown(word))
+    }
+}
+
+impl From<&str> for AckStatus {
+    fn from(word: &str) -> Self {
+        AckStatus::parse(word).unwrap_or_else(|| AckStatus::Unknown(word.to_owned()))
+    }
+}
+
+impl From<AckStatus> for String {
+    fn from(s: AckStatus) -> Self {
+        s.as_str().to_owned()
+    }
 }
 
 /// One operation of a transaction.
@@ -593,6 +655,43 @@ pub struct DecodeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log holds an ack's status as its word, as when it was a text: entries written
+    /// before the type read the same (`success` as `completed`, an unknown word kept and
+    /// refused at apply), and new entries are the bytes the old text gave.
+    #[test]
+    fn ack_status_keeps_the_log_encoding_of_its_word() {
+        #[derive(Serialize)]
+        struct Before {
+            transaction_id: String,
+            partition_id: String,
+            status: String,
+            error: Option<String>,
+            lease_id: Option<String>,
+        }
+        let before = |status: &str| Before {
+            transaction_id: "t".into(),
+            partition_id: "1".into(),
+            status: status.into(),
+            error: None,
+            lease_id: None,
+        };
+        for (word, read) in [
+            ("completed", AckStatus::Completed),
+            ("success", AckStatus::Completed),
+            ("failed", AckStatus::Failed),
+            ("dlq", AckStatus::Dlq),
+            ("retry", AckStatus::Retry),
+            ("weird", AckStatus::Unknown("weird".into())),
+        ] {
+            let bytes = postcard::to_allocvec(&before(word)).unwrap();
+            let item: AckItem = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(item.status, read, "{word}");
+            if word != "success" {
+                assert_eq!(postcard::to_allocvec(&item).unwrap(), bytes, "{word}");
+            }
+        }
+    }
 
     /// A push entry read in place gives the items the owned decode gives; any other entry,
     /// and a push naming a queue or partition the owned decode refuses, gives nothing.

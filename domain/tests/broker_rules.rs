@@ -118,7 +118,7 @@ impl Sim {
             items: vec![AckItem {
                 transaction_id: m.transaction_id.clone(),
                 partition_id: claim.pid.to_string(),
-                status: status.to_owned(),
+                status: status.into(),
                 error: Some("boom".to_owned()),
                 lease_id: Some(pop.lease_id.clone()),
             }],

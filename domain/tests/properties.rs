@@ -87,8 +87,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                     items: vec![AckItem {
                         transaction_id: m.transaction_id.clone(),
                         partition_id: pid.to_string(),
-                        status: ["completed", "failed", "dlq", "retry"][*status as usize]
-                            .to_owned(),
+                        status: ["completed", "failed", "dlq", "retry"][*status as usize].into(),
                         error: None,
                         lease_id: Some(pop.lease_id.clone()),
                     }],

@@ -1,6 +1,6 @@
 //! Request bodies to domain commands. Every refusal names the field (`items[2].queue`).
 
-use queen_domain::command::{AckItem, PushItem, TxnOp};
+use queen_domain::command::{AckItem, AckStatus, PushItem, TxnOp};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use serde_json::value::RawValue;
@@ -315,7 +315,12 @@ fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckIt
             ));
         }
     };
-    let status = opt_str(it, "status", &f("status"))?;
+    let status = ack_status(opt_str(it, "status", &f("status"))?).ok_or_else(|| {
+        ApiError::bad_request(
+            &f("status"),
+            "must be completed, success, failed, dlq or retry",
+        )
+    })?;
     let error = opt_str(it, "error", &f("error"))?;
     let lease_id = opt_str(it, "leaseId", &f("leaseId"))?;
     Ok(ack_of(
@@ -327,15 +332,22 @@ fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckIt
     ))
 }
 
-/// An ack item from its fields as read: no status is `completed`, an empty lease id is none.
+/// The status an ack names: none is `completed`; `None` for a word this build does not know.
+fn ack_status(word: Option<String>) -> Option<AckStatus> {
+    match word {
+        None => Some(AckStatus::Completed),
+        Some(w) => AckStatus::parse(&w),
+    }
+}
+
+/// An ack item from its fields as read: an empty lease id is none.
 fn ack_of(
     transaction_id: String,
     partition_id: String,
-    status: Option<String>,
+    status: AckStatus,
     error: Option<String>,
     lease_id: Option<String>,
 ) -> AckItem {
-    let status = status.unwrap_or_else(|| "completed".to_owned());
     AckItem {
         transaction_id,
         partition_id,
@@ -407,7 +419,8 @@ fn ack_item_plain(f: &crate::raw::Picked<'_, 5>) -> Option<AckItem> {
     Some(ack_of(
         transaction_id,
         partition_id,
-        plain_text(f[2])?,
+        // A word this build does not know: the slow path names it.
+        ack_status(plain_text(f[2])?)?,
         plain_text(f[3])?,
         plain_text(f[4])?,
     ))
@@ -506,7 +519,7 @@ mod tests {
         .unwrap();
         assert!(g.is_queue_mode());
         assert_eq!(a.partition_id, "7");
-        assert_eq!(a.status, "completed");
+        assert_eq!(a.status, AckStatus::Completed);
         assert!(
             ack_single(br#"{"transactionId":"t"}"#)
                 .unwrap_err()
@@ -722,6 +735,28 @@ mod tests {
         }
     }
 
+    /// A status is checked once, here: an unknown word is a 400 naming the item's field, by
+    /// either reading; `success` is `completed`.
+    #[test]
+    fn an_ack_status_is_checked_at_the_edge() {
+        let e = ack_batch(
+            br#"{"acknowledgments":[{"transactionId":"t","partitionId":"1"},{"transactionId":"t","partitionId":"1","status":"weird"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!((e.status, e.code), (400, "bad_request"));
+        assert!(
+            e.message.starts_with("acknowledgments[1].status must be"),
+            "{}",
+            e.message
+        );
+        let (_, items) = ack_batch(
+            br#"{"acknowledgments":[{"transactionId":"t","partitionId":"1","status":"success"},{"transactionId":"t","partitionId":"1","status":"dlq"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(items[0].status, AckStatus::Completed);
+        assert_eq!(items[1].status, AckStatus::Dlq);
+    }
+
     /// The one-pass reading of an ack batch gives what the map-of-values reading gives, for the
     /// bodies it takes, and every other body (refused or not) is answered by the latter alone.
     #[test]
@@ -742,6 +777,8 @@ mod tests {
             r#"{"acknowledgments":[{"transactionId":null,"partitionId":"p"}]}"#,
             r#"{"acknowledgments":[{"transactionId":"t","partitionId":""}]}"#,
             r#"{"acknowledgments":[{"transactionId":"t","partitionId":"p","status":5}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":"p","status":"weird"}]}"#,
+            r#"{"acknowledgments":[{"transactionId":"t","partitionId":"p","status":"success"}]}"#,
             r#"{"consumerGroup":5,"acknowledgments":[]}"#,
             r#"{"consumerGroup":"a/b","acknowledgments":[]}"#,
             r#"{"acknowledgments":[7]}"#,

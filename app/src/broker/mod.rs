@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{
-    AckItem, AckOutcome, Command, Outcome, PopOutcome, PushItem, PushOutcome, PushStatus, Response,
-    TxnOp, TxnOutcome, TxnResult,
+    AckItem, AckOutcome, AckStatus, Command, Outcome, PopOutcome, PushItem, PushOutcome,
+    PushStatus, Response, TxnOp, TxnOutcome, TxnResult,
 };
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
@@ -295,14 +295,21 @@ impl ClientApi for Broker {
         group: GroupName,
         items: Vec<AckItem>,
     ) -> Result<Vec<AckOutcome>, BrokerError> {
-        let statuses: Vec<String> = items.iter().map(|i| i.status.clone()).collect();
+        let statuses: Vec<AckStatus> = items.iter().map(|i| i.status.clone()).collect();
         let out = self
             .proposer
             .propose_for(Command::Ack { group, items }, Outcome::into_ack)
             .await?;
         let m = self.telemetry.metrics();
         for (o, s) in out.iter().zip(&statuses) {
-            m.acks(if o.verdict.success { s } else { "refused" }, 1);
+            m.acks(
+                if o.verdict.success {
+                    s.as_str()
+                } else {
+                    "refused"
+                },
+                1,
+            );
         }
         if out.iter().any(|o| o.verdict.lease_released) {
             self.waiters.wake_all();

@@ -1,6 +1,6 @@
 //! Ack, nack, dead letters and lease extension.
 
-use crate::command::{AckItem, AckOutcome, Outcome};
+use crate::command::{AckItem, AckOutcome, AckStatus, Outcome};
 use crate::keys;
 use crate::model::{
     AckVerdict, CursorRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec,
@@ -254,9 +254,8 @@ pub(crate) fn ack_one(
     item: &AckItem,
     leased: &mut LeasedOffsets,
 ) -> Result<AckVerdict, StoreError> {
-    let status = item.status.as_str();
-    if !matches!(status, "completed" | "success" | "failed" | "dlq" | "retry") {
-        return Ok(refused(format!("unknown status '{status}'")));
+    if let AckStatus::Unknown(word) = &item.status {
+        return Ok(refused(format!("unknown status '{word}'")));
     }
     let Ok(pid) = item.partition_id.trim().parse::<u64>() else {
         return Ok(refused(format!(
@@ -292,7 +291,7 @@ fn judge(
     c: &mut CursorRec,
     leased: &mut LeasedOffsets,
 ) -> Result<(AckVerdict, bool), StoreError> {
-    let status = item.status.as_str();
+    let status = &item.status;
     // Under the named live lease the leased messages say where the transactionId is; else
     // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
     let under_lease = match (&item.lease_id, &c.lease) {
@@ -324,7 +323,7 @@ fn judge(
     // A repeat of the last ack is answered as the first one was.
     if let Some(last) = &c.last_ack
         && last.offset == offset
-        && last.status == status
+        && last.status == status.as_str()
         && last.lease_id == item.lease_id
     {
         let mut v = last.outcome.clone();
@@ -332,7 +331,7 @@ fn judge(
         return Ok((v, false));
     }
     let live = c.live_lease(leased.lease_now(txn, stamp)?).cloned();
-    let completes = matches!(status, "completed" | "success");
+    let completes = *status == AckStatus::Completed;
     if offset < c.next {
         // Already behind the cursor: acknowledged before (or redelivered past).
         if completes {
@@ -365,16 +364,16 @@ fn judge(
     };
     let release;
     match status {
-        "completed" | "success" => {
+        AckStatus::Completed => {
             c.next = offset + 1;
             c.last_consumed = stamp;
             release = live.as_ref().is_some_and(|l| c.next >= l.end);
         }
-        "retry" => {
+        AckStatus::Retry => {
             release = true;
         }
-        _ => {
-            let dead = if status == "dlq" {
+        AckStatus::Failed | AckStatus::Dlq | AckStatus::Unknown(_) => {
+            let dead = if *status == AckStatus::Dlq {
                 true
             } else {
                 c.retries = if c.retry_offset == offset {
@@ -386,14 +385,15 @@ fn judge(
                 c.retries > opts.retry_limit
             };
             if dead {
-                if opts.dlq_after_max_retries || status == "dlq" {
+                if opts.dlq_after_max_retries || *status == AckStatus::Dlq {
                     dead_letter(txn, stamp, opts.qid, pid, group, offset, item, c.retries)?;
                     v.dlq = true;
                 }
                 c.next = offset + 1;
                 c.retries = 0;
                 c.last_consumed = stamp;
-                release = live.as_ref().is_some_and(|l| c.next >= l.end) || status != "dlq";
+                release =
+                    live.as_ref().is_some_and(|l| c.next >= l.end) || *status != AckStatus::Dlq;
             } else {
                 release = true;
             }
@@ -411,7 +411,7 @@ fn judge(
     }
     c.last_ack = Some(LastAck {
         offset,
-        status: status.to_owned(),
+        status: status.as_str().to_owned(),
         lease_id: item.lease_id.clone(),
         outcome: v.clone(),
     });
