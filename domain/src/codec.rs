@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::store::StoreError;
+use crate::error::StoreError;
 
 /// Encode a record. Encoding our own types into a vector cannot fail.
 #[must_use]

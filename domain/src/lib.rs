@@ -12,12 +12,14 @@
 
 pub mod codec;
 pub mod command;
+mod error;
 pub mod invariants;
 pub mod keys;
 pub mod kv;
 pub mod machine;
 pub mod model;
 pub mod names;
+pub mod pushed;
 pub mod reads;
 pub mod sink;
 pub mod store;

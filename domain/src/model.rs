@@ -385,62 +385,6 @@ pub fn message_stamp(bytes: &[u8]) -> Option<Stamp> {
         .map(|(s, _)| s.stamp)
 }
 
-/// Why [`pushed_messages`] could not read an entry's messages.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PushedMessagesError {
-    /// The bytes are not a push entry of this build.
-    #[error("the entry is not a push of this build")]
-    NotAPush,
-    /// The push has fewer items than asked for.
-    #[error("the push has {has} items, not {first} + {count}")]
-    TooFewItems {
-        /// Items in the push.
-        has: usize,
-        /// The first asked for.
-        first: usize,
-        /// How many were asked for.
-        count: usize,
-    },
-}
-
-/// The stored messages of items `first .. first + count` of an encoded `Command::Push` entry
-/// applied at `stamp`: byte for byte what the push appended for them, for a store that keeps
-/// the entry instead of the messages.
-///
-/// # Errors
-/// The bytes are not a push entry of this build, or it has fewer items.
-pub fn pushed_messages(
-    entry: &[u8],
-    stamp: u64,
-    first: usize,
-    count: usize,
-) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
-    // Read in place: the items' text and payloads borrowed from `entry`, so that each message
-    // is copied once, into its stored form.
-    let (_, items) = crate::command::decode_push(entry).ok_or(PushedMessagesError::NotAPush)?;
-    let items = first
-        .checked_add(count)
-        .and_then(|end| items.get(first..end))
-        .ok_or(PushedMessagesError::TooFewItems {
-            has: items.len(),
-            first,
-            count,
-        })?;
-    Ok(items
-        .iter()
-        .map(|item| {
-            MessageRecRef {
-                transaction_id: item.transaction_id,
-                id: item.message_id,
-                trace_id: item.trace_id,
-                stamp: Stamp(stamp),
-                payload: item.payload,
-            }
-            .encode()
-        })
-        .collect())
-}
-
 /// A dedup row of the first store format (by transactionId text), read by the migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRec {
@@ -657,54 +601,5 @@ mod tests {
         );
         let e = parse(serde_json::json!({"k".repeat(300): 1})).unwrap_err();
         assert_eq!(e.field.len(), 64);
-    }
-
-    /// A push entry read in place gives, for any run of its items, the bytes the push stores
-    /// for them; another entry, or a run past its items, is an error.
-    #[test]
-    fn pushed_messages_are_the_stored_bytes_of_the_items() {
-        use crate::command::{Command, Entry, PushItem};
-        use crate::names::{PartitionName, QueueName};
-        let items: Vec<PushItem> = (0..7u8)
-            .map(|i| PushItem {
-                queue: QueueName::new(format!("q{i}")).unwrap(),
-                partition: PartitionName::new("Default").unwrap(),
-                transaction_id: format!("txn-{}", "x".repeat(usize::from(i) * 40)),
-                message_id: [i; 16],
-                payload: vec![i; usize::from(i) * 100],
-                trace_id: (i % 2 == 0).then(|| format!("trace-{i}")),
-            })
-            .collect();
-        let entry = Entry {
-            proposed_at: 1_700_000_000_000_000,
-            command: Command::Push(items.clone()),
-        }
-        .encode();
-        let stamp = 1_700_000_000_000_123;
-        for first in 0..items.len() {
-            for count in 0..=items.len() - first {
-                let want: Vec<Vec<u8>> = items[first..first + count]
-                    .iter()
-                    .map(|item| {
-                        MessageRecRef {
-                            transaction_id: &item.transaction_id,
-                            id: item.message_id,
-                            trace_id: item.trace_id.as_deref(),
-                            stamp: Stamp(stamp),
-                            payload: &item.payload,
-                        }
-                        .encode()
-                    })
-                    .collect();
-                assert_eq!(pushed_messages(&entry, stamp, first, count).unwrap(), want);
-            }
-        }
-        assert!(pushed_messages(&entry, stamp, 6, 2).is_err());
-        let tick = Entry {
-            proposed_at: 1,
-            command: Command::Tick,
-        }
-        .encode();
-        assert!(pushed_messages(&tick, stamp, 0, 0).is_err());
     }
 }

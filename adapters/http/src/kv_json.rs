@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::api::ApiError;
-use crate::json::{object, opt_str};
+use crate::fields::{object, opt_str};
 use crate::raw::{RawNumber, RawObject, StoredJson, number, path};
 
 /// Most operations one KV or lock call may carry.

@@ -15,6 +15,7 @@
 mod api;
 mod body;
 mod error;
+mod fields;
 mod frame;
 mod json;
 mod kv_json;

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::ApiError;
 use crate::error::{json_answer, json_response};
-use crate::json::{object, opt_str};
+use crate::fields::{object, opt_str};
 use crate::pop_query::parse_query;
 use crate::raw::StoredJson;
 use queen_ports::ClientApi;

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::ApiError;
 use crate::error::json_response;
-use crate::json::{object, opt_str, uuid_v7};
+use crate::fields::{object, opt_str, uuid_v7};
 use crate::pop_query::parse_query;
 use queen_ports::ClientApi;
 

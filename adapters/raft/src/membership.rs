@@ -10,7 +10,8 @@ use openraft::async_runtime::WatchReceiver;
 use queen_ports::{Member, MembershipChange, MembershipError};
 
 use crate::network::{Transport, full};
-use crate::type_config::{NodeInfo, Raft};
+use crate::state_machine::Raft;
+use crate::type_config::NodeInfo;
 use crate::wire;
 
 /// A member that acknowledged the leader within this long counts as live (membership checks);

@@ -36,9 +36,9 @@ use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 
 use crate::config::MAX_APPEND_BYTES;
+use crate::state_machine::Snapshot;
 use crate::state_machine::SnapshotData;
 use crate::type_config::NodeInfo;
-use crate::type_config::Snapshot;
 use crate::type_config::TypeConfig;
 use crate::type_config::Vote;
 use crate::wire;

@@ -33,7 +33,6 @@ use serde::Serialize;
 
 use crate::snapshot_spool::SpooledSnapshot;
 use crate::type_config::LogId;
-use crate::type_config::Snapshot;
 use crate::type_config::SnapshotMeta;
 use crate::type_config::StoredMembership;
 use crate::type_config::TypeConfig;
@@ -213,6 +212,12 @@ pub(crate) enum SnapshotData {
     /// file goes when this is dropped).
     Received(SpooledSnapshot),
 }
+
+/// A snapshot with our snapshot data.
+pub(crate) type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
+
+/// The raft handle, generic over our state machine.
+pub(crate) type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
 
 /// The current snapshot, kept in memory only.
 #[derive(Clone)]
@@ -547,7 +552,7 @@ mod tests {
     }
 
     /// A snapshot built now.
-    async fn built(store: &mut StateMachineStore) -> crate::type_config::Snapshot {
+    async fn built(store: &mut StateMachineStore) -> super::Snapshot {
         let mut builder = store.get_snapshot_builder().await;
         builder.build_snapshot().await.expect("build")
     }

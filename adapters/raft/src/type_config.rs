@@ -45,8 +45,6 @@ openraft::declare_raft_types!(
         Node = NodeInfo,
 );
 
-/// The raft handle, generic over our state machine.
-pub(crate) type Raft = openraft::Raft<TypeConfig, crate::state_machine::StateMachineStore>;
 /// A log id (leader id + index).
 pub(crate) type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 /// A log entry.
@@ -57,9 +55,6 @@ pub(crate) type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
 pub(crate) type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
 /// Snapshot metadata.
 pub(crate) type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-/// A snapshot with our snapshot data.
-pub(crate) type Snapshot =
-    openraft::type_config::alias::SnapshotOf<TypeConfig, crate::state_machine::SnapshotData>;
 /// The completion callback of a log append.
 pub(crate) type IOFlushed = openraft::storage::IOFlushed<TypeConfig>;
 /// A log store's state (last purged, last log id).

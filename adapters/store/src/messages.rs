@@ -19,7 +19,11 @@ use queen_domain::keys::{self, table};
 use queen_domain::{Appended, Appends, StoreError, WriteSet};
 
 use crate::segments::{Loc, NewRecord, RAFT_BIT, Raft, Record, SegmentError, Segments};
-use crate::store::read_err;
+
+/// A read error of the engine, as the domain sees it.
+pub(crate) fn read_err(e: fjall::Error) -> StoreError {
+    StoreError::Read(e.to_string())
+}
 
 /// An index row's value: 28 bytes for a record of the segment log, 44 for one kept in the
 /// raft log (its location is the entry's command, `loc.file` has `RAFT_BIT`, and `raft` says

@@ -12,7 +12,8 @@ use queen_domain::keys::table;
 use queen_domain::{Appended, Appends, StoreError, WriteSet};
 
 use crate::messages;
-use crate::store::{FjallStore, Slot, read_err};
+use crate::messages::read_err;
+use crate::store::{FjallStore, Slot};
 
 /// A key and its value.
 type Pair = (Vec<u8>, Vec<u8>);

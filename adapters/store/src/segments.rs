@@ -709,7 +709,7 @@ impl Segments {
             if crc32fast::hash(&bytes) != raft.crc {
                 return Err(damaged("entry checksum mismatch".to_owned()));
             }
-            let values = queen_domain::model::pushed_messages(
+            let values = queen_domain::pushed::pushed_messages(
                 &bytes,
                 raft.stamp,
                 raft.first_item as usize,

@@ -11,7 +11,7 @@ use queen_domain::{StateRead, StoreError};
 
 use crate::dedup::{DedupIndex, FirstLive, Key};
 use crate::filter::DedupFilter;
-use crate::messages::{self, EngineRead, View};
+use crate::messages::{self, EngineRead, View, read_err};
 use crate::segments::{LogLink, RAFT_BIT, SegmentError, Segments};
 use queen_domain::keys::{as_dedup_key, dedup_key};
 
@@ -205,10 +205,6 @@ pub struct FjallStore {
     pub(crate) rows_written: Arc<AtomicU64>,
     /// The raft log's files, where records of push entries stay (every slot's segments share it).
     pub(crate) log: Arc<LogLink>,
-}
-
-pub(crate) fn read_err(e: fjall::Error) -> StoreError {
-    StoreError::Read(e.to_string())
 }
 
 impl FjallStore {

@@ -42,10 +42,10 @@ use crate::network::full;
 use crate::server::BodyLimits;
 use crate::server::RaftServer;
 use crate::snapshot_spool::SnapshotSpool;
+use crate::state_machine::Raft;
 use crate::state_machine::StateMachineStore;
 use crate::type_config::Command;
 use crate::type_config::NodeInfo;
-use crate::type_config::Raft;
 use crate::wire;
 
 /// How long `shutdown` waits for the log store to be dropped (and its directory lock released).
