@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use queen_domain::command::Command;
 use queen_domain::reads;
-use queen_ports::{RaftRole, ReplicatedLog};
+use queen_ports::{ClientApi, RaftRole, ReplicatedLog};
 use queen_raft::RaftNode;
 
 use crate::broker::Broker;
@@ -152,7 +152,7 @@ impl Gate {
     /// Record the applied cluster version in the marker; on the leader, raise the version when
     /// every member reads more, and write the clock-skew setting when it differs.
     pub(crate) async fn step(&mut self, broker: &Broker) {
-        let version = reads::cluster_version(&*broker.view()).unwrap_or(0);
+        let version = reads::cluster_version(&*broker.state()).unwrap_or(0);
         if version > self.marker {
             match write_marker(&self.dir, version) {
                 Ok(()) => {
@@ -177,7 +177,7 @@ impl Gate {
                 }
             }
         }
-        let skew = reads::max_clock_skew_ms(&*broker.view()).ok().flatten();
+        let skew = reads::max_clock_skew_ms(&*broker.state()).ok().flatten();
         if next == version && skew == Some(self.max_clock_skew_ms) {
             return;
         }

@@ -7,7 +7,8 @@ use queen_domain::StateRead;
 use crate::BackendError;
 
 /// What the state store holds and is doing, for the status page.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct StoreFigures {
     /// Bytes of the store on disk.
     pub disk_bytes: u64,

@@ -16,9 +16,9 @@ use queen_domain::names::{GroupName, QueueName};
 use queen_domain::time::Stamp;
 use queen_domain::timers::{TimerOp, TimerResult};
 
-use crate::LogProgress;
 use crate::membership::{Member, MembershipError};
 use crate::replicated_log::BoxFuture;
+use crate::{LogProgress, StoreFigures};
 
 /// Why the disk gate refused a command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -207,32 +207,16 @@ pub struct NodeStatus {
     pub version: &'static str,
 }
 
-/// The storage figures of the status page.
+/// The storage figures of the status page: the store's own figures (written beside, not
+/// under, `logFsyncs`) and the raft log's fsyncs.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageStatus {
-    /// Bytes of the state store on disk.
-    pub disk_bytes: u64,
+    /// The state store's figures.
+    #[serde(flatten)]
+    pub store: StoreFigures,
     /// fsyncs of the raft log since start.
     pub log_fsyncs: u64,
-    /// Bytes in the store's memtables.
-    pub memtable_bytes: u64,
-    /// Memtable flushes waiting.
-    pub flushes_queued: usize,
-    /// Sealed memtables.
-    pub sealed_memtables: usize,
-    /// Tables in level 0.
-    pub level0_tables: usize,
-    /// Message segment files.
-    pub segment_files: usize,
-    /// Bytes in message segment files.
-    pub segment_bytes: u64,
-    /// Runs of the dedup index on disk.
-    pub dedup_runs: usize,
-    /// Entries in those runs.
-    pub dedup_run_entries: u64,
-    /// Entries of the dedup index in memory.
-    pub dedup_memory_entries: usize,
 }
 
 /// One queue on the status page.

@@ -149,11 +149,6 @@ impl Broker {
         self
     }
 
-    /// A consistent view of the locally applied state.
-    pub(crate) fn view(&self) -> Box<dyn queen_domain::StateRead + Send + '_> {
-        self.state.view()
-    }
-
     /// Whether followers forward their clients' writes (QUEEN_RAFT_CLIENT_OFFLOAD).
     #[must_use]
     pub fn with_client_offload(mut self, on: bool) -> Self {
