@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(
             Admission::of(
                 &Command::ExtendLease {
-                    lease_id: "l".into()
+                    lease_id: queen_domain::ids::LeaseId::new("l").unwrap()
                 },
                 false
             ),

@@ -90,7 +90,7 @@ mod tests {
         PushItem {
             queue: QueueName::new("q").unwrap(),
             partition: PartitionName::default_partition(),
-            transaction_id: "t".into(),
+            transaction_id: queen_domain::ids::TransactionId::new("t").unwrap(),
             message_id: [0; 16],
             payload: vec![b'1'; len],
             trace_id: None,

@@ -66,7 +66,7 @@ impl PushLane {
         let (reply, rx) = oneshot::channel();
         let bytes = items
             .iter()
-            .map(|i| i.payload.len() + i.transaction_id.len() + 64)
+            .map(|i| i.payload.len() + i.transaction_id.as_str().len() + 64)
             .sum();
         self.waiting
             .lock()
@@ -161,7 +161,7 @@ mod tests {
         PushItem {
             queue: QueueName::new("q").unwrap(),
             partition: PartitionName::new("Default").unwrap(),
-            transaction_id: t.to_owned(),
+            transaction_id: queen_domain::ids::TransactionId::new(t).unwrap(),
             message_id: [0; 16],
             trace_id: None,
             payload: vec![b'x'; bytes],
@@ -194,7 +194,7 @@ mod tests {
         let out = batch
             .items
             .iter()
-            .map(|i| outcome(&i.transaction_id))
+            .map(|i| outcome(i.transaction_id.as_str()))
             .collect();
         batch.answer(Ok(out));
         let a: Vec<String> = a
@@ -232,7 +232,7 @@ mod tests {
             "a request at the byte limit goes alone"
         );
         let (_s2, second) = lane.next().await;
-        assert_eq!(second.items[0].transaction_id, "small");
+        assert_eq!(second.items[0].transaction_id.as_str(), "small");
         first.answer(Err(BrokerError::Timeout));
         second.answer(Err(BrokerError::Timeout));
         assert!(matches!(

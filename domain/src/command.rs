@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{LeaseId, PartitionRef, TransactionId};
 use crate::model::QueueOptions;
 use crate::names::{GroupName, PartitionName, QueueName};
 use crate::time::Stamp;
@@ -60,7 +61,7 @@ impl PushItem {
         PushItemRef {
             queue: self.queue.as_str(),
             partition: self.partition.as_str(),
-            transaction_id: &self.transaction_id,
+            transaction_id: self.transaction_id.as_str(),
             message_id: self.message_id,
             payload: &self.payload,
             trace_id: self.trace_id.as_deref(),
@@ -120,7 +121,7 @@ impl Command {
                     .map(|i| {
                         ITEM + i.queue.as_str().len()
                             + i.partition.as_str().len()
-                            + i.transaction_id.len()
+                            + i.transaction_id.as_str().len()
                             + i.payload.len()
                             + i.trace_id.as_ref().map_or(0, String::len)
                     })
@@ -152,7 +153,7 @@ pub struct PushItem {
     /// Target partition (created on first push).
     pub partition: PartitionName,
     /// Idempotency key (minted by the receiving node when the client sent none).
-    pub transaction_id: String,
+    pub transaction_id: TransactionId,
     /// Message id minted by the receiving node (UUIDv7 bytes).
     pub message_id: [u8; 16],
     /// Payload as JSON text.
@@ -176,7 +177,7 @@ pub struct PopCommand {
     /// Most partitions to claim (at least 1).
     pub max_partitions: u32,
     /// The lease id to use, minted by the proposer.
-    pub lease_id: String,
+    pub lease_id: LeaseId,
     /// Commit at delivery: move the cursor at once, take no lease.
     pub auto_ack: bool,
     /// The subscription start for a group's first pop.
@@ -187,15 +188,15 @@ pub struct PopCommand {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AckItem {
     /// The message's transactionId.
-    pub transaction_id: String,
-    /// The message's partition id as sent (decimal text).
-    pub partition_id: String,
+    pub transaction_id: TransactionId,
+    /// The message's partition, as the consumer named it.
+    pub partition_id: PartitionRef,
     /// How the consumer settled the message.
     pub status: AckStatus,
     /// The consumer's error text.
     pub error: Option<String>,
     /// The lease the ack is fenced by.
-    pub lease_id: Option<String>,
+    pub lease_id: Option<LeaseId>,
 }
 
 /// How a consumer settles a message. Stored in the log as its word, so entries read the same
@@ -318,7 +319,7 @@ pub enum Command {
     /// Prolong a lease by the queue's lease time.
     ExtendLease {
         /// Which lease.
-        lease_id: String,
+        lease_id: LeaseId,
     },
     /// Create or replace a queue's configuration.
     Configure {
@@ -336,7 +337,7 @@ pub enum Command {
         /// The operations, in the caller's order.
         ops: Vec<TxnOp>,
         /// Leases that must all be live when the entry applies.
-        required_leases: Vec<String>,
+        required_leases: Vec<LeaseId>,
         /// KV operations riding with the bundle.
         kv: Vec<crate::kv::KvOp>,
         /// Timer operations riding with the bundle.
@@ -700,7 +701,7 @@ mod tests {
         let item = |q: &str, p: &str, i: u8| PushItem {
             queue: QueueName::new(q).expect("name"),
             partition: PartitionName::new(p).expect("name"),
-            transaction_id: format!("t{i}"),
+            transaction_id: TransactionId::new(format!("t{i}")).expect("id"),
             message_id: [i; 16],
             payload: vec![i; usize::from(i) * 7],
             trace_id: i.is_multiple_of(2).then(|| format!("trace{i}")),
@@ -759,7 +760,7 @@ mod tests {
                 .map(|i| PushItem {
                     queue: QueueName::new(format!("queue-{i}")).expect("name"),
                     partition: PartitionName::new("p".repeat(i % 200 + 1)).expect("name"),
-                    transaction_id: "t".repeat(txn),
+                    transaction_id: TransactionId::new("t".repeat(txn)).expect("id"),
                     message_id: [7; 16],
                     payload: vec![b'x'; payload],
                     trace_id: (i % 2 == 0).then(|| "trace".repeat(20)),

@@ -13,6 +13,7 @@
 pub mod codec;
 pub mod command;
 mod error;
+pub mod ids;
 pub mod invariants;
 pub mod keys;
 pub mod kv;

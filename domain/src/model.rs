@@ -398,7 +398,7 @@ pub struct DedupRec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CursorLease {
     /// The lease id.
-    pub id: String,
+    pub id: crate::ids::LeaseId,
     /// It is dead at and after this stamp.
     pub expires: Stamp,
     /// First offset after the claimed range (the range starts at the cursor).
@@ -413,7 +413,7 @@ pub struct LastAck {
     /// With which status.
     pub status: String,
     /// Under which lease.
-    pub lease_id: Option<String>,
+    pub lease_id: Option<crate::ids::LeaseId>,
     /// What was answered.
     pub outcome: AckVerdict,
 }

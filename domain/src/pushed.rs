@@ -74,7 +74,11 @@ mod tests {
             .map(|i| PushItem {
                 queue: QueueName::new(format!("q{i}")).unwrap(),
                 partition: PartitionName::new("Default").unwrap(),
-                transaction_id: format!("txn-{}", "x".repeat(usize::from(i) * 40)),
+                transaction_id: crate::ids::TransactionId::new(format!(
+                    "txn-{}",
+                    "x".repeat(usize::from(i) * 40)
+                ))
+                .unwrap(),
                 message_id: [i; 16],
                 payload: vec![i; usize::from(i) * 100],
                 trace_id: (i % 2 == 0).then(|| format!("trace-{i}")),
@@ -92,7 +96,7 @@ mod tests {
                     .iter()
                     .map(|item| {
                         MessageRecRef {
-                            transaction_id: &item.transaction_id,
+                            transaction_id: item.transaction_id.as_str(),
                             id: item.message_id,
                             trace_id: item.trace_id.as_deref(),
                             stamp: Stamp(stamp),

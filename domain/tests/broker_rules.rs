@@ -4,6 +4,7 @@ use queen_domain::command::{
     AckItem, Command, Entry, Outcome, PopCommand, PopOutcome, PushItem, PushOutcome, PushStatus,
     Subscription,
 };
+use queen_domain::ids::{LeaseId, PartitionRef, TransactionId};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants, reads};
@@ -65,7 +66,7 @@ impl Sim {
         match self.apply(Command::Push(vec![PushItem {
             queue: QueueName::new(queue).unwrap(),
             partition: PartitionName::new(partition).unwrap(),
-            transaction_id: txn.to_owned(),
+            transaction_id: tid(txn),
             message_id: id,
             payload: format!("{{\"n\":\"{txn}\"}}").into_bytes(),
             trace_id: None,
@@ -95,7 +96,7 @@ impl Sim {
             group: GroupName::or_queue_mode(group).unwrap(),
             batch,
             max_partitions: parts,
-            lease_id: format!("lease-{}", self.seq),
+            lease_id: lease(&format!("lease-{}", self.seq)),
             auto_ack: false,
             subscription: sub,
         })) {
@@ -116,11 +117,11 @@ impl Sim {
         match self.apply(Command::Ack {
             group: GroupName::or_queue_mode(group).unwrap(),
             items: vec![AckItem {
-                transaction_id: m.transaction_id.clone(),
-                partition_id: claim.pid.to_string(),
+                transaction_id: tid(&m.transaction_id),
+                partition_id: PartitionRef::Id(claim.pid),
                 status: status.into(),
                 error: Some("boom".to_owned()),
-                lease_id: Some(pop.lease_id.clone()),
+                lease_id: Some(lease(&pop.lease_id)),
             }],
         }) {
             Outcome::Ack(mut v) => v.remove(0).verdict,
@@ -136,6 +137,16 @@ impl Sim {
             options: o,
         });
     }
+}
+
+/// A transactionId as the edge admits it.
+fn tid(t: &str) -> TransactionId {
+    TransactionId::new(t).expect("a valid transactionId")
+}
+
+/// A lease id as the edge admits it.
+fn lease(l: &str) -> LeaseId {
+    LeaseId::new(l).expect("a valid lease id")
 }
 
 fn txns(p: &PopOutcome) -> Vec<String> {
@@ -163,7 +174,7 @@ fn repeats_inside_one_push_keep_the_first() {
     let item = |t: &str, n: u8| PushItem {
         queue: QueueName::new("q").unwrap(),
         partition: PartitionName::default_partition(),
-        transaction_id: t.to_owned(),
+        transaction_id: tid(t),
         message_id: [n; 16],
         payload: b"1".to_vec(),
         trace_id: None,
@@ -323,7 +334,7 @@ fn one_pop_claims_several_partitions_under_one_lease() {
     let Outcome::Extend {
         success, renewed, ..
     } = s.apply(Command::ExtendLease {
-        lease_id: pop.lease_id.clone(),
+        lease_id: lease(&pop.lease_id),
     })
     else {
         panic!()
@@ -350,7 +361,7 @@ fn extending_an_expired_lease_fails() {
     let p = s.pop("q", None, 1);
     s.advance_secs(2);
     let Outcome::Extend { success, .. } = s.apply(Command::ExtendLease {
-        lease_id: p.lease_id,
+        lease_id: lease(&p.lease_id),
     }) else {
         panic!()
     };
@@ -473,22 +484,22 @@ fn unknown_ack_targets_are_refused_not_errors() {
         group: GroupName::queue_mode(),
         items: vec![
             AckItem {
-                transaction_id: "t".into(),
-                partition_id: "999".into(),
+                transaction_id: tid("t"),
+                partition_id: PartitionRef::parse("999"),
                 status: "completed".into(),
                 error: None,
                 lease_id: None,
             },
             AckItem {
-                transaction_id: "t".into(),
-                partition_id: "nope".into(),
+                transaction_id: tid("t"),
+                partition_id: PartitionRef::parse("nope"),
                 status: "completed".into(),
                 error: None,
                 lease_id: None,
             },
             AckItem {
-                transaction_id: "t".into(),
-                partition_id: "1".into(),
+                transaction_id: tid("t"),
+                partition_id: PartitionRef::parse("1"),
                 status: "weird".into(),
                 error: None,
                 lease_id: None,
@@ -514,7 +525,7 @@ fn would_pop_writes_nothing() {
         group: GroupName::new("g").unwrap(),
         batch: 1,
         max_partitions: 1,
-        lease_id: "x".into(),
+        lease_id: lease("x"),
         auto_ack: false,
         subscription: Subscription::Default,
     };
@@ -534,7 +545,7 @@ mod transactions {
         PushItem {
             queue: QueueName::new(queue).unwrap(),
             partition: PartitionName::default_partition(),
-            transaction_id: txn.to_owned(),
+            transaction_id: tid(txn),
             message_id: [9; 16],
             payload: b"{}".to_vec(),
             trace_id: None,
@@ -546,11 +557,11 @@ mod transactions {
         TxnOp::Ack {
             group: GroupName::queue_mode(),
             item: AckItem {
-                transaction_id: c.messages[0].transaction_id.clone(),
-                partition_id: c.pid.to_string(),
+                transaction_id: tid(&c.messages[0].transaction_id),
+                partition_id: PartitionRef::Id(c.pid),
                 status: "completed".into(),
                 error: None,
-                lease_id: with_lease.then(|| pop.lease_id.clone()),
+                lease_id: with_lease.then(|| lease(&pop.lease_id)),
             },
         }
     }
@@ -562,7 +573,7 @@ mod transactions {
         let p = s.pop("in", None, 1);
         let cmd = Command::Transaction {
             ops: vec![ack_op(&p, false), TxnOp::Push(item("out", "derived-1"))],
-            required_leases: vec![p.lease_id.clone()],
+            required_leases: vec![lease(&p.lease_id)],
             kv: vec![],
             timers: vec![],
         };
@@ -602,7 +613,7 @@ mod transactions {
         let p = s.pop("in", None, 1);
         let mut bad = ack_op(&p, true);
         if let TxnOp::Ack { item, .. } = &mut bad {
-            item.transaction_id = "no-such-message".into();
+            item.transaction_id = tid("no-such-message");
         }
         let Outcome::Transaction(t) = s.apply(Command::Transaction {
             ops: vec![TxnOp::Push(item("out", "x")), bad],
@@ -636,7 +647,7 @@ mod transactions {
         s.advance_secs(2);
         let Outcome::Transaction(t) = s.apply(Command::Transaction {
             ops: vec![TxnOp::Push(item("out", "x"))],
-            required_leases: vec![p.lease_id],
+            required_leases: vec![lease(&p.lease_id)],
             kv: vec![],
             timers: vec![],
         }) else {

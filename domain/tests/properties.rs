@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
+use queen_domain::ids::{LeaseId, PartitionRef, TransactionId};
 use queen_domain::machine::{apply_encoded, apply_entry_as};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
@@ -47,7 +48,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
             Op::Push { part, txn } => Command::Push(vec![PushItem {
                 queue: q.clone(),
                 partition: PartitionName::new(format!("p{part}")).unwrap(),
-                transaction_id: format!("t{txn}"),
+                transaction_id: TransactionId::new(format!("t{txn}")).unwrap(),
                 message_id: [i as u8; 16],
                 payload: b"{}".to_vec(),
                 trace_id: None,
@@ -66,7 +67,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 },
                 batch: u32::from(*batch),
                 max_partitions: u32::from(*parts),
-                lease_id: format!("L{i}"),
+                lease_id: LeaseId::new(format!("L{i}")).unwrap(),
                 auto_ack: false,
                 subscription: Subscription::Default,
             }),
@@ -85,18 +86,18 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 Command::Ack {
                     group: GroupName::or_queue_mode(Some(group)).unwrap(),
                     items: vec![AckItem {
-                        transaction_id: m.transaction_id.clone(),
-                        partition_id: pid.to_string(),
+                        transaction_id: TransactionId::new(m.transaction_id.clone()).unwrap(),
+                        partition_id: PartitionRef::Id(*pid),
                         status: ["completed", "failed", "dlq", "retry"][*status as usize].into(),
                         error: None,
-                        lease_id: Some(pop.lease_id.clone()),
+                        lease_id: Some(LeaseId::new(pop.lease_id.clone()).unwrap()),
                     }],
                 }
             }
             Op::Extend => {
                 let Some((_, pop)) = &last_pop else { continue };
                 Command::ExtendLease {
-                    lease_id: pop.lease_id.clone(),
+                    lease_id: LeaseId::new(pop.lease_id.clone()).unwrap(),
                 }
             }
             Op::Tick => Command::Tick,

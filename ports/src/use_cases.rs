@@ -302,7 +302,7 @@ pub trait ClientApi: Send + Sync + 'static {
     fn transaction(
         &self,
         ops: Vec<TxnOp>,
-        required_leases: Vec<String>,
+        required_leases: Vec<queen_domain::ids::LeaseId>,
         kv: Vec<KvOp>,
         timers: Vec<TimerOp>,
     ) -> impl Future<Output = Result<TxnOutcome, BrokerError>> + Send;
@@ -314,8 +314,10 @@ pub trait ClientApi: Send + Sync + 'static {
         ops: Vec<LockOp>,
     ) -> impl Future<Output = Result<Vec<LockResult>, BrokerError>> + Send;
     /// Extend a lease; answers `Outcome::Extend`.
-    fn extend(&self, lease_id: String)
-    -> impl Future<Output = Result<Outcome, BrokerError>> + Send;
+    fn extend(
+        &self,
+        lease_id: queen_domain::ids::LeaseId,
+    ) -> impl Future<Output = Result<Outcome, BrokerError>> + Send;
     /// Configure a queue.
     fn configure(
         &self,

@@ -13,6 +13,7 @@ fn malformed_and_invalid_requests_are_refused_with_named_fields() {
         &dir.path().join("n1"),
         &[("QUEEN_MAX_BODY_BYTES", "4096")],
     );
+    let long_lease = format!("/api/v1/lease/{}/extend", "x".repeat(300));
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
         ("POST", "/api/v1/push", "{not json".into(), 400, "bad_json"),
         ("POST", "/api/v1/push", "[]".into(), 400, "body"),
@@ -86,6 +87,36 @@ fn malformed_and_invalid_requests_are_refused_with_named_fields() {
             json!({"acknowledgments": [{"transactionId": "t"}]}).to_string(),
             400,
             "acknowledgments[0].partitionId",
+        ),
+        // Ids are checked once, at the edge (issue 16): not empty, not too long, no control
+        // characters in a lease id.
+        (
+            "POST",
+            "/api/v1/ack",
+            json!({"transactionId": "", "partitionId": "1"}).to_string(),
+            400,
+            "transactionId",
+        ),
+        (
+            "POST",
+            "/api/v1/ack/batch",
+            json!({"acknowledgments": [{"transactionId": "t", "partitionId": "1", "leaseId": "a\u{1}b"}]}).to_string(),
+            400,
+            "acknowledgments[0].leaseId",
+        ),
+        (
+            "POST",
+            "/api/v1/transaction",
+            json!({"operations": [{"type": "push", "items": [{"queue": "q"}]}], "requiredLeases": ["x".repeat(300)]}).to_string(),
+            400,
+            "requiredLeases[0]",
+        ),
+        (
+            "POST",
+            &long_lease,
+            String::new(),
+            400,
+            "leaseId",
         ),
         (
             "POST",

@@ -1,6 +1,7 @@
 //! Request bodies to domain commands. Every refusal names the field (`items[2].queue`).
 
 use queen_domain::command::{AckItem, AckStatus, PushItem, TxnOp};
+use queen_domain::ids::{IdError, LeaseId, PartitionRef, TransactionId};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use serde_json::value::RawValue;
@@ -23,7 +24,7 @@ pub(crate) const MAX_TXN_OPS: usize = 10_000;
 /// A parsed transaction: operations, required leases, KV rider.
 pub(crate) type TxnRequest = (
     Vec<TxnOp>,
-    Vec<String>,
+    Vec<LeaseId>,
     Vec<queen_domain::kv::KvOp>,
     Vec<queen_domain::timers::TimerOp>,
 );
@@ -101,12 +102,13 @@ fn transaction_parts(body: &[u8], head: bool) -> Result<TxnRequest, ApiError> {
         Some(Value::Array(a)) => a
             .iter()
             .enumerate()
-            .map(|(i, v)| match v {
-                Value::String(s) if !s.is_empty() => Ok(s.clone()),
-                _ => Err(ApiError::bad_request(
-                    &format!("requiredLeases[{i}]"),
-                    "must be a non-empty string",
-                )),
+            .map(|(i, v)| {
+                let field = || format!("requiredLeases[{i}]");
+                match v {
+                    Value::String(s) => LeaseId::new(s.clone())
+                        .map_err(|e| ApiError::bad_request(&field(), &e.to_string())),
+                    _ => Err(ApiError::bad_request(&field(), "must be a string")),
+                }
             })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::bad_request("requiredLeases", "must be a list")),
@@ -210,15 +212,10 @@ fn push_item_fields(
     };
     let id = uuid_v7();
     let transaction_id = match text(2)? {
-        None => id.to_string(),
-        Some(t) if t.is_empty() => return Err(ApiError::bad_request(&f(2), "must not be empty")),
-        Some(t) if t.len() > MAX_TXN_BYTES => {
-            return Err(ApiError::bad_request(
-                &f(2),
-                &format!("must be at most {MAX_TXN_BYTES} bytes"),
-            ));
+        None => TransactionId::minted(id.to_string()),
+        Some(t) => {
+            TransactionId::new(t).map_err(|e| ApiError::bad_request(&f(2), &e.to_string()))?
         }
-        Some(t) => t,
     };
     let payload = match fields[4].or(fields[5]) {
         Some(text) => text.get().as_bytes().to_vec(),
@@ -258,13 +255,8 @@ fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckIt
     })?;
     let error = opt_str(it, "error", &f("error"))?;
     let lease_id = opt_str(it, "leaseId", &f("leaseId"))?;
-    Ok(ack_of(
-        transaction_id,
-        partition_id,
-        status,
-        error,
-        lease_id,
-    ))
+    ack_of(transaction_id, partition_id, status, error, lease_id)
+        .map_err(|(key, e)| ApiError::bad_request(&f(key), &e.to_string()))
 }
 
 /// The status an ack names: none is `completed`; `None` for a word this build does not know.
@@ -275,21 +267,25 @@ fn ack_status(word: Option<String>) -> Option<AckStatus> {
     }
 }
 
-/// An ack item from its fields as read: an empty lease id is none.
+/// An ack item from its fields as read, its ids checked: an empty lease id is none. A refusal
+/// names the field's key.
 fn ack_of(
     transaction_id: String,
     partition_id: String,
     status: AckStatus,
     error: Option<String>,
     lease_id: Option<String>,
-) -> AckItem {
-    AckItem {
-        transaction_id,
-        partition_id,
+) -> Result<AckItem, (&'static str, IdError)> {
+    Ok(AckItem {
+        transaction_id: TransactionId::new(transaction_id).map_err(|e| ("transactionId", e))?,
+        partition_id: PartitionRef::parse(&partition_id),
         status,
         error,
-        lease_id: lease_id.filter(|l| !l.is_empty()),
-    }
+        lease_id: match lease_id.filter(|l| !l.is_empty()) {
+            Some(l) => Some(LeaseId::new(l).map_err(|e| ("leaseId", e))?),
+            None => None,
+        },
+    })
 }
 
 fn group_of(m: &Map<String, Value>) -> Result<GroupName, ApiError> {
@@ -351,14 +347,15 @@ fn ack_item_plain(f: &crate::raw::Picked<'_, 5>) -> Option<AckItem> {
     if partition_id.is_empty() {
         return None;
     }
-    Some(ack_of(
+    // A word this build does not know, or an id the edge refuses: the slow path names it.
+    ack_of(
         transaction_id,
         partition_id,
-        // A word this build does not know: the slow path names it.
         ack_status(plain_text(f[2])?)?,
         plain_text(f[3])?,
         plain_text(f[4])?,
-    ))
+    )
+    .ok()
 }
 
 /// `ack_batch` through a map of values, naming what is wrong.
@@ -432,7 +429,7 @@ mod tests {
     #[test]
     fn push_mints_missing_ids_and_keeps_payload_verbatim() {
         let v = push_items(br#"{"items":[{"queue":"q","payload":{"a":[1,2]}}]}"#).unwrap();
-        assert_eq!(v[0].transaction_id.len(), 36);
+        assert_eq!(v[0].transaction_id.as_str().len(), 36);
         assert_eq!(v[0].payload, br#"{"a":[1,2]}"#);
         let v = push_items(
             br#"{"items":[{"queue":"q","payload":{"total": 42.00}},{"queue":"q","data":1.50}]}"#,
@@ -453,7 +450,7 @@ mod tests {
         )
         .unwrap();
         assert!(g.is_queue_mode());
-        assert_eq!(a.partition_id, "7");
+        assert_eq!(a.partition_id, PartitionRef::Id(7));
         assert_eq!(a.status, AckStatus::Completed);
         assert!(
             ack_single(br#"{"transactionId":"t"}"#)
@@ -601,12 +598,12 @@ mod tests {
         let strip = |v: Vec<PushItem>| -> Vec<Seen> {
             v.into_iter()
                 .map(|i| {
-                    let minted =
-                        uuid::Uuid::from_bytes(i.message_id).to_string() == i.transaction_id;
+                    let minted = i.transaction_id
+                        == uuid::Uuid::from_bytes(i.message_id).to_string().as_str();
                     let txn = if minted {
                         "<minted>".to_owned()
                     } else {
-                        i.transaction_id
+                        i.transaction_id.into_string()
                     };
                     (
                         i.queue.as_str().to_owned(),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use queen_domain::command::{PopCommand, Subscription};
+use queen_domain::ids::LeaseId;
 use queen_domain::model::MAX_DURATION_MS;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::time::Stamp;
@@ -133,7 +134,8 @@ pub(crate) fn pop_request(
         group,
         batch,
         max_partitions,
-        lease_id: String::new(),
+        // Minted again by the broker for every attempt.
+        lease_id: LeaseId::minted(crate::json::uuid_v7().to_string()),
         auto_ack,
         subscription,
     };

@@ -13,6 +13,7 @@
 //! from a JWT, which this broker does not check yet, and it holds no encryption key.
 
 use queen_domain::command::{PushItem, TxnOp};
+use queen_domain::ids::TransactionId;
 use queen_domain::names::{PartitionName, QueueName};
 
 use crate::api::ApiError;
@@ -315,9 +316,10 @@ fn item(
         queue: queue.clone(),
         partition: partition.clone(),
         transaction_id: if transaction_id.is_empty() {
-            uuid::Uuid::from_bytes(id).to_string()
+            TransactionId::minted(uuid::Uuid::from_bytes(id).to_string())
         } else {
-            transaction_id.to_owned()
+            TransactionId::new(transaction_id)
+                .map_err(|e| bad(format!("{}: the transactionId {e}", at())))?
         },
         message_id: id,
         payload,
@@ -419,7 +421,9 @@ mod tests {
         assert_eq!(p.items[0].transaction_id, "t1");
         assert_eq!(
             p.items[1].transaction_id,
-            uuid::Uuid::from_bytes(p.items[1].message_id).to_string(),
+            uuid::Uuid::from_bytes(p.items[1].message_id)
+                .to_string()
+                .as_str(),
             "an empty transactionId is the minted id's text"
         );
         assert!(p.items.iter().all(|i| i.trace_id.is_none()));
@@ -674,7 +678,7 @@ mod tests {
         .unwrap();
         let (ops, leases, kv, timers) = t.request;
         assert!(!t.counts && kv.is_empty() && timers.is_empty());
-        assert_eq!(leases, ["l1"]);
+        assert_eq!(leases, [queen_domain::ids::LeaseId::new("l1").unwrap()]);
         assert!(matches!(&ops[0], TxnOp::Ack { item, .. } if item.transaction_id == "a1"));
         assert!(
             matches!(&ops[1], TxnOp::Push(p) if p.transaction_id == "p1" && p.message_id == [3; 16])

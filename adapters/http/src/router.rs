@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Response};
 use queen_domain::command::Outcome;
+use queen_domain::ids::LeaseId;
 use queen_domain::names::QueueName;
 use serde_json::{Value, json};
 
@@ -176,7 +177,9 @@ pub(crate) async fn handle<A: ClientApi>(
             kv_path(api, method, ns, &key.join("/"), body).await
         }
         ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
-            let out = api.extend((*lease_id).to_owned()).await?;
+            let id = LeaseId::new(*lease_id)
+                .map_err(|e| ApiError::bad_request("leaseId", &e.to_string()))?;
+            let out = api.extend(id).await?;
             let Outcome::Extend {
                 success,
                 renewed,

@@ -96,7 +96,11 @@ fn main() {
                     PushItem {
                         queue: queue.clone(),
                         partition: parts[(e % 8) as usize].clone(),
-                        transaction_id: format!("run-{e}-{i}-{:x}", rnd()),
+                        transaction_id: queen_domain::ids::TransactionId::new(format!(
+                            "run-{e}-{i}-{:x}",
+                            rnd()
+                        ))
+                        .expect("id"),
                         message_id: rnd().to_be_bytes().repeat(2).try_into().unwrap_or([0; 16]),
                         payload: format!("\"{}\"", &hex[..254]).into_bytes(),
                         trace_id: None,

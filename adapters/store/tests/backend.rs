@@ -15,7 +15,7 @@ fn push_entry(i: u64) -> Vec<u8> {
         command: Command::Push(vec![PushItem {
             queue: QueueName::new("q").unwrap(),
             partition: PartitionName::new(format!("p{}", i % 4)).unwrap(),
-            transaction_id: format!("t{i}"),
+            transaction_id: queen_domain::ids::TransactionId::new(format!("t{i}")).unwrap(),
             message_id: [1; 16],
             payload: vec![b'x'; 300],
             trace_id: None,
@@ -324,7 +324,7 @@ fn entries_nobody_waits_for_change_the_same_state_and_answer_nothing() {
                 group: GroupName::or_queue_mode(None).unwrap(),
                 batch: 7,
                 max_partitions: 2,
-                lease_id: format!("lease-{i}"),
+                lease_id: queen_domain::ids::LeaseId::new(format!("lease-{i}")).unwrap(),
                 auto_ack: i.is_multiple_of(2),
                 subscription: Subscription::Default,
             }),

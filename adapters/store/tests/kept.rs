@@ -150,7 +150,11 @@ fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
                             if spread { rnd(3) } else { fixed }
                         ))
                         .unwrap(),
-                        transaction_id: format!("t{i}-{}", j % distinct),
+                        transaction_id: queen_domain::ids::TransactionId::new(format!(
+                            "t{i}-{}",
+                            j % distinct
+                        ))
+                        .unwrap(),
                         message_id: [(i % 251) as u8; 16],
                         payload: vec![b'a' + (rnd(26) as u8); 10 + rnd(700) as usize],
                         trace_id: (rnd(5) == 0).then(|| format!("trace-{i}")),

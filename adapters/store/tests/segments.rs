@@ -36,7 +36,11 @@ fn entries(seed: u64, n: u64) -> Vec<Vec<u8>> {
                         .map(|j| PushItem {
                             queue: q(queue),
                             partition: PartitionName::new(format!("p{}", rnd(6))).unwrap(),
-                            transaction_id: format!("t{i}-{j}-{}", rnd(3)),
+                            transaction_id: queen_domain::ids::TransactionId::new(format!(
+                                "t{i}-{j}-{}",
+                                rnd(3)
+                            ))
+                            .unwrap(),
                             message_id: [(i % 251) as u8; 16],
                             payload: vec![b'a' + (rnd(26) as u8); 10 + rnd(1500) as usize],
                             trace_id: None,
@@ -251,7 +255,8 @@ fn pushes(ids: &[String], index: u64) -> Vec<ApplyEntry> {
                             .map(|t| PushItem {
                                 queue: QueueName::new("d").unwrap(),
                                 partition: PartitionName::new(format!("p{}", t.len() % 3)).unwrap(),
-                                transaction_id: t.clone(),
+                                transaction_id: queen_domain::ids::TransactionId::new(t.clone())
+                                    .unwrap(),
                                 message_id: [1; 16],
                                 payload: b"{}".to_vec(),
                                 trace_id: None,

@@ -5,6 +5,7 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{Command, Outcome, PopOutcome};
+use queen_domain::ids::LeaseId;
 use queen_domain::names::QueueName;
 use queen_domain::reads;
 use queen_domain::time::Stamp;
@@ -35,7 +36,7 @@ impl Broker {
             let would = reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
                 .map_err(|e| Self::read_error(&e))?;
             if !would.is_empty() {
-                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
                 let r = self.propose(Command::Pop(cmd.clone())).await?;
                 if let Outcome::Pop(p) = r.outcome
                     && !p.is_empty()
@@ -97,7 +98,7 @@ impl Broker {
                 if would.is_empty() {
                     continue;
                 }
-                cmd.lease_id = uuid::Uuid::now_v7().to_string();
+                cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
                 if let Outcome::Pop(p) = self.propose(Command::Pop(cmd.clone())).await?.outcome
                     && !p.is_empty()
                 {
@@ -140,7 +141,7 @@ mod tests {
         PushItem {
             queue: QueueName::new(queue.to_owned()).unwrap(),
             partition: PartitionName::new("p".to_owned()).unwrap(),
-            transaction_id: id.to_owned(),
+            transaction_id: queen_domain::ids::TransactionId::new(id).unwrap(),
             message_id: [1; 16],
             payload: b"{\"n\":1}".to_vec(),
             trace_id: None,
@@ -155,7 +156,7 @@ mod tests {
                 group: GroupName::queue_mode(),
                 batch: 10,
                 max_partitions: 1,
-                lease_id: String::new(),
+                lease_id: LeaseId::new("placeholder").unwrap(),
                 auto_ack: false,
                 subscription: Subscription::Default,
             },

@@ -19,6 +19,7 @@ use queen_domain::command::{
     AckItem, AckOutcome, AckStatus, Command, Outcome, PopOutcome, PushItem, PushOutcome,
     PushStatus, Response, TxnOp, TxnOutcome, TxnResult,
 };
+use queen_domain::ids::LeaseId;
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, QueueName};
@@ -328,7 +329,7 @@ impl ClientApi for Broker {
     async fn transaction(
         &self,
         ops: Vec<TxnOp>,
-        required_leases: Vec<String>,
+        required_leases: Vec<LeaseId>,
         kv: Vec<KvOp>,
         timers: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<TxnOutcome, BrokerError> {
@@ -358,7 +359,7 @@ impl ClientApi for Broker {
         Ok(t)
     }
 
-    async fn extend(&self, lease_id: String) -> Result<Outcome, BrokerError> {
+    async fn extend(&self, lease_id: LeaseId) -> Result<Outcome, BrokerError> {
         Ok(self
             .propose(Command::ExtendLease { lease_id })
             .await?

@@ -252,7 +252,7 @@ mod tests {
         Command::Push(vec![PushItem {
             queue: QueueName::new("q".to_owned()).unwrap(),
             partition: PartitionName::new("p".to_owned()).unwrap(),
-            transaction_id: id.to_owned(),
+            transaction_id: queen_domain::ids::TransactionId::new(id).unwrap(),
             message_id: [7; 16],
             payload: b"{}".to_vec(),
             trace_id: None,

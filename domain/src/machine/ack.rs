@@ -1,6 +1,7 @@
 //! Ack, nack, dead letters and lease extension.
 
 use crate::command::{AckItem, AckOutcome, AckStatus, Outcome};
+use crate::ids::{LeaseId, PartitionRef};
 use crate::keys;
 use crate::model::{
     AckVerdict, CursorRec, DlqRec, LastAck, LeaseRec, MessageRec, PartitionRec, QueueRec,
@@ -33,7 +34,7 @@ pub(crate) fn ack(
     for item in items {
         let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
         out.push(AckOutcome {
-            transaction_id: text_for_answer(answered, &item.transaction_id),
+            transaction_id: text_for_answer(answered, item.transaction_id.as_str()),
             verdict,
         });
     }
@@ -53,7 +54,7 @@ pub(crate) fn ack(
 #[derive(Default)]
 pub(crate) struct LeasedOffsets {
     /// (partition, lease id) -> transactionId -> offset.
-    by_lease: Vec<((u64, String), LeaseIndex)>,
+    by_lease: Vec<((u64, LeaseId), LeaseIndex)>,
     /// `lease_now` of the entry's stamp, once read.
     lease_now: Option<Stamp>,
     /// Partitions read so far (a few per entry), with their queue's options when it exists.
@@ -145,7 +146,7 @@ impl LeasedOffsets {
         &mut self,
         s: &dyn crate::store::StateRead,
         pid: u64,
-        lease: &str,
+        lease: &LeaseId,
         from: u64,
         end: u64,
         transaction_id: &str,
@@ -176,7 +177,7 @@ impl LeasedOffsets {
         )?;
         m.seal();
         let found = m.get(transaction_id);
-        self.by_lease.push(((pid, lease.to_owned()), m));
+        self.by_lease.push(((pid, lease.clone()), m));
         Ok(found)
     }
 }
@@ -257,11 +258,11 @@ pub(crate) fn ack_one(
     if let AckStatus::Unknown(word) = &item.status {
         return Ok(refused(format!("unknown status '{word}'")));
     }
-    let Ok(pid) = item.partition_id.trim().parse::<u64>() else {
-        return Ok(refused(format!(
-            "unknown partitionId '{}'",
-            item.partition_id
-        )));
+    let pid = match &item.partition_id {
+        PartitionRef::Id(pid) => *pid,
+        PartitionRef::Unknown(text) => {
+            return Ok(refused(format!("unknown partitionId '{text}'")));
+        }
     };
     let Some(opts) = leased.partition(txn, pid)? else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));
@@ -296,16 +297,16 @@ fn judge(
     // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
     let under_lease = match (&item.lease_id, &c.lease) {
         (Some(id), Some(l)) if *id == l.id && l.expires > stamp => {
-            leased.find(txn, pid, id, c.next, l.end, &item.transaction_id)?
+            leased.find(txn, pid, id, c.next, l.end, item.transaction_id.as_str())?
         }
         _ => None,
     };
     let offset = match under_lease {
         Some(o) => o,
-        None => match super::dedup::lookup(txn, pid, &item.transaction_id)?.offset(
+        None => match super::dedup::lookup(txn, pid, item.transaction_id.as_str())?.offset(
             txn,
             pid,
-            &item.transaction_id,
+            item.transaction_id.as_str(),
         )? {
             Some(o) => o,
             None => {
@@ -401,7 +402,7 @@ fn judge(
     }
     if release {
         if let Some(l) = &live {
-            release_partition(txn, &l.id, pid)?;
+            release_partition(txn, l.id.as_str(), pid)?;
             v.lease_released = true;
         }
         c.lease = None;
@@ -485,14 +486,14 @@ fn release_partition(txn: &mut Txn<'_>, lease_id: &str, pid: u64) -> Result<(), 
 pub(crate) fn extend(
     txn: &mut Txn<'_>,
     stamp: Stamp,
-    lease_id: &str,
+    lease_id: &LeaseId,
 ) -> Result<Outcome, StoreError> {
     let fail = Outcome::Extend {
         success: false,
         renewed: 0,
         expires: None,
     };
-    let key = keys::lease(lease_id);
+    let key = keys::lease(lease_id.as_str());
     let Some(mut l) = get_rec::<LeaseRec>(txn, &key)? else {
         return Ok(fail);
     };
@@ -518,16 +519,16 @@ pub(crate) fn extend(
     for pid in &l.parts {
         let ck = keys::cursor(*pid, &l.group);
         if let Some(mut c) = get_rec::<CursorRec>(txn, &ck)?
-            && let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == lease_id)
+            && let Some(cl) = c.lease.as_mut().filter(|cl| cl.id == *lease_id)
         {
             cl.expires = expires;
             renewed += 1;
             put_rec(txn, ck, &c);
         }
     }
-    txn.delete(keys::lease_expiry(l.expires.0, lease_id));
+    txn.delete(keys::lease_expiry(l.expires.0, lease_id.as_str()));
     l.expires = expires;
-    put_rec(txn, keys::lease_expiry(expires.0, lease_id), &());
+    put_rec(txn, keys::lease_expiry(expires.0, lease_id.as_str()), &());
     super::cluster::note_lease_expiry(txn, expires)?;
     put_rec(txn, key, &l);
     Ok(Outcome::Extend {

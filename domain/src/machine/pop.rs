@@ -127,11 +127,11 @@ pub(crate) fn pop(
     }
     put_rec(txn, group_key, &g);
     if !out.claims.is_empty() && !cmd.auto_ack {
-        out.lease_id = cmd.lease_id.clone();
+        out.lease_id = cmd.lease_id.as_str().to_owned();
         out.lease_expires = lease_expires;
         put_rec(
             txn,
-            keys::lease(&cmd.lease_id),
+            keys::lease(cmd.lease_id.as_str()),
             &LeaseRec {
                 qid: q.qid,
                 group: group.to_owned(),
@@ -139,7 +139,11 @@ pub(crate) fn pop(
                 expires: lease_expires,
             },
         );
-        put_rec(txn, keys::lease_expiry(lease_expires.0, &cmd.lease_id), &());
+        put_rec(
+            txn,
+            keys::lease_expiry(lease_expires.0, cmd.lease_id.as_str()),
+            &(),
+        );
         super::cluster::note_lease_expiry(txn, lease_expires)?;
     }
     Ok(out)

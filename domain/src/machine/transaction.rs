@@ -31,14 +31,14 @@ pub(crate) fn apply(
     stamp: Stamp,
     index: u64,
     ops: &[TxnOp],
-    required_leases: &[String],
+    required_leases: &[crate::ids::LeaseId],
     kv_ops: &[crate::kv::KvOp],
     timer_ops: &[crate::timers::TimerOp],
 ) -> Result<TxnOutcome, StoreError> {
     let lease_now = super::cluster::lease_now(txn, stamp)?;
     for lease in required_leases {
-        let live =
-            get_rec::<LeaseRec>(txn, &keys::lease(lease))?.is_some_and(|l| l.expires > lease_now);
+        let live = get_rec::<LeaseRec>(txn, &keys::lease(lease.as_str()))?
+            .is_some_and(|l| l.expires > lease_now);
         if !live {
             return Ok(failed(format!(
                 "lease {lease} is expired, released or unknown"
@@ -70,7 +70,7 @@ pub(crate) fn apply(
                         )));
                     }
                     results.push(TxnResult::Ack(AckOutcome {
-                        transaction_id: item.transaction_id.clone(),
+                        transaction_id: item.transaction_id.as_str().to_owned(),
                         verdict,
                     }));
                 }

@@ -81,7 +81,7 @@ pub fn push_ids<'a>(partition: &str, ids: impl IntoIterator<Item = &'a String>) 
             .map(|t| PushItem {
                 queue: QueueName::new("d").unwrap(),
                 partition: PartitionName::new(partition).unwrap(),
-                transaction_id: t.clone(),
+                transaction_id: queen_domain::ids::TransactionId::new(t.clone()).unwrap(),
                 message_id: [1; 16],
                 payload: b"{}".to_vec(),
                 trace_id: None,
