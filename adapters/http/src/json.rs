@@ -15,8 +15,8 @@ use crate::raw::{RawObject, path};
 pub(crate) const MAX_PUSH_ITEMS: usize = 10_000;
 /// Most acknowledgements one batch may carry.
 pub(crate) const MAX_ACK_ITEMS: usize = 10_000;
-/// Longest transactionId, in bytes.
-pub(crate) const MAX_TXN_BYTES: usize = 512;
+/// Longest transactionId, in bytes (the domain's rule, checked before the text is copied).
+pub(crate) const MAX_TXN_BYTES: usize = queen_domain::ids::MAX_TRANSACTION_ID_BYTES;
 
 /// Most operations one transaction may carry.
 pub(crate) const MAX_TXN_OPS: usize = 10_000;
