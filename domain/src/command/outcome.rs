@@ -1,0 +1,266 @@
+//! What apply answers: each command's outcome, and the response envelope a proposer decodes.
+
+use super::*;
+
+/// The outcome of one push item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PushStatus {
+    /// Stored at `offset`.
+    Queued,
+    /// Already stored; the original's id and offset are given.
+    Duplicate,
+    /// Refused, with the reason.
+    Failed(String),
+}
+
+/// One push item's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushOutcome {
+    /// What happened.
+    pub status: PushStatus,
+    /// The message id (the original's on a duplicate).
+    pub message_id: [u8; 16],
+    /// The offset (the original's on a duplicate).
+    pub offset: u64,
+    /// The partition id.
+    pub partition_id: u64,
+    /// The transactionId.
+    pub transaction_id: String,
+    /// The queue.
+    pub queue: String,
+}
+
+/// A delivered message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivered {
+    /// Offset in its partition.
+    pub offset: u64,
+    /// The stored message.
+    pub transaction_id: String,
+    /// Its id.
+    pub id: [u8; 16],
+    /// Its trace id.
+    pub trace_id: Option<String>,
+    /// Payload JSON text.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    /// Push stamp.
+    pub created: Stamp,
+    /// 1 for a first delivery; failed deliveries raise it (expired leases do not).
+    pub attempt: u32,
+}
+
+/// The messages claimed from one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// Partition id.
+    pub pid: u64,
+    /// Partition name.
+    pub partition: String,
+    /// The messages, in offset order.
+    pub messages: Vec<Delivered>,
+}
+
+/// A pop's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PopOutcome {
+    /// The lease covering every claim ("" when none was taken).
+    pub lease_id: String,
+    /// When the lease expires.
+    pub lease_expires: Stamp,
+    /// The claims, in claim order.
+    pub claims: Vec<Claim>,
+}
+
+impl PopOutcome {
+    /// Whether anything was delivered.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+}
+
+/// One ack item's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckOutcome {
+    /// Echo of the item's transactionId.
+    pub transaction_id: String,
+    /// The verdict.
+    pub verdict: crate::model::AckVerdict,
+}
+
+/// What apply answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Tick applied.
+    Tick,
+    /// Push answers, in item order.
+    Push(Vec<PushOutcome>),
+    /// Pop answer.
+    Pop(PopOutcome),
+    /// Ack answers, in item order.
+    Ack(Vec<AckOutcome>),
+    /// Lease extension.
+    Extend {
+        /// Whether the lease was live and is prolonged.
+        success: bool,
+        /// Partitions renewed.
+        renewed: u32,
+        /// New expiry.
+        expires: Option<Stamp>,
+    },
+    /// Configure answer: the effective options.
+    Configured(QueueOptions),
+    /// A transaction's answer.
+    Transaction(TxnOutcome),
+    /// A KV call's answer.
+    Kv(crate::kv::KvOutcome),
+    /// Timer answers, in order.
+    Timers(Vec<crate::timers::TimerResult>),
+    /// Group positions dropped.
+    GroupDeleted {
+        /// Cursors dropped.
+        partitions: u64,
+        /// Subscription records dropped.
+        metadata: u64,
+    },
+    /// Cursors moved.
+    Seeked {
+        /// Partitions updated.
+        partitions: u64,
+    },
+    /// Subscription starts rewritten.
+    Resubscribed {
+        /// Records updated.
+        rows: u64,
+    },
+    /// Lock answers, in order.
+    Locks(Vec<crate::kv::LockResult>),
+    /// Queue deletion.
+    Deleted {
+        /// Whether it existed.
+        existed: bool,
+    },
+    /// The entry could not be decoded by this build (nothing applied).
+    Rejected(String),
+    /// Cluster settings applied: the cluster version in force.
+    ClusterSettings {
+        /// The cluster's log format version.
+        version: u32,
+    },
+}
+
+/// Each command's own outcome, taken out of an [`Outcome`]: `None` when the outcome is of
+/// another kind (which would be a bug: the log answered another command).
+impl Outcome {
+    /// A push's answers.
+    #[must_use]
+    pub fn into_push(self) -> Option<Vec<PushOutcome>> {
+        match self {
+            Outcome::Push(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// An ack's answers.
+    #[must_use]
+    pub fn into_ack(self) -> Option<Vec<AckOutcome>> {
+        match self {
+            Outcome::Ack(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// A KV call's answer.
+    #[must_use]
+    pub fn into_kv(self) -> Option<crate::kv::KvOutcome> {
+        match self {
+            Outcome::Kv(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Lock answers.
+    #[must_use]
+    pub fn into_locks(self) -> Option<Vec<crate::kv::LockResult>> {
+        match self {
+            Outcome::Locks(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// A transaction's answer.
+    #[must_use]
+    pub fn into_transaction(self) -> Option<TxnOutcome> {
+        match self {
+            Outcome::Transaction(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// The effective options of a configured queue.
+    #[must_use]
+    pub fn into_configured(self) -> Option<QueueOptions> {
+        match self {
+            Outcome::Configured(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Whether a deleted queue existed.
+    #[must_use]
+    pub fn into_deleted(self) -> Option<bool> {
+        match self {
+            Outcome::Deleted { existed } => Some(existed),
+            _ => None,
+        }
+    }
+
+    /// Timer answers.
+    #[must_use]
+    pub fn into_timers(self) -> Option<Vec<crate::timers::TimerResult>> {
+        match self {
+            Outcome::Timers(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// A response with the stamp its entry was given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// The entry's stamp.
+    pub stamp: Stamp,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Response {
+    /// Encode for the raft port.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode(self)
+    }
+
+    /// Decode from the raft port.
+    ///
+    /// # Errors
+    /// When the bytes are not a response.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        postcard::from_bytes(bytes).map_err(|source| DecodeError {
+            what: "state machine response",
+            source,
+        })
+    }
+}
+
+/// Bytes that are not an entry or a response this build reads.
+#[derive(Debug, thiserror::Error)]
+#[error("the bytes are not a {what} this build reads: {source}")]
+pub struct DecodeError {
+    /// What the bytes should have been.
+    pub what: &'static str,
+    /// The decoder's complaint.
+    #[source]
+    pub source: postcard::Error,
+}
