@@ -1,5 +1,6 @@
 use std::sync::Mutex;
 
+use super::s3::{retryable, virtual_hosted_endpoint};
 use super::*;
 
 const SECRET: &str = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY";

@@ -1,0 +1,178 @@
+//! A run file on disk: writing one from sorted entries, opening it, looking a key up through
+//! its pages, scanning it, and the cursor a merge reads it with.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use super::{DedupError, ENTRY, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, io_err};
+
+impl Run {
+    pub(super) fn name(id: u64) -> String {
+        format!("{id:020}.qddx")
+    }
+
+    pub(super) fn open(dir: &Path, id: u64) -> Result<Self, DedupError> {
+        let path = dir.join(Self::name(id));
+        let file = File::open(&path).map_err(io_err(&path))?;
+        let damaged = |detail: &str| DedupError::Damaged {
+            path: path.display().to_string(),
+            detail: detail.to_owned(),
+        };
+        let mut h = [0u8; RUN_HEADER as usize];
+        file.read_exact_at(&mut h, 0)
+            .map_err(|_| damaged("no header"))?;
+        if &h[..8] != RUN_MAGIC {
+            return Err(damaged("not a dedup run of this format"));
+        }
+        let entries = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+        let len = file.metadata().map_err(io_err(&path))?.len();
+        if len != RUN_HEADER + entries * ENTRY as u64 {
+            return Err(damaged("length does not match its entry count"));
+        }
+        let mut fences = Vec::with_capacity(entries.div_ceil(PAGE_ENTRIES as u64) as usize);
+        let mut k = [0u8; 24];
+        let mut i = 0;
+        while i < entries {
+            file.read_exact_at(&mut k, RUN_HEADER + i * ENTRY as u64)
+                .map_err(io_err(&path))?;
+            fences.push(k);
+            i += PAGE_ENTRIES as u64;
+        }
+        Ok(Self {
+            id,
+            path,
+            file,
+            entries,
+            fences,
+        })
+    }
+
+    /// Write `entries` (sorted) as run `id`, fsynced.
+    pub(super) fn write(
+        dir: &Path,
+        id: u64,
+        entries: &mut dyn Iterator<Item = (Key, u64)>,
+    ) -> Result<Self, DedupError> {
+        let path = dir.join(Self::name(id));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        w.write_all(&[0u8; RUN_HEADER as usize])
+            .map_err(io_err(&path))?;
+        let mut n = 0u64;
+        let mut fences = Vec::new();
+        for (k, o) in entries {
+            if n.is_multiple_of(PAGE_ENTRIES as u64) {
+                fences.push(k);
+            }
+            w.write_all(&k).map_err(io_err(&path))?;
+            w.write_all(&o.to_be_bytes()).map_err(io_err(&path))?;
+            n += 1;
+        }
+        w.flush().map_err(io_err(&path))?;
+        drop(w);
+        let mut h = [0u8; RUN_HEADER as usize];
+        h[..8].copy_from_slice(RUN_MAGIC);
+        h[8..].copy_from_slice(&n.to_le_bytes());
+        file.write_all_at(&h, 0).map_err(io_err(&path))?;
+        file.sync_data().map_err(io_err(&path))?;
+        Ok(Self {
+            id,
+            path,
+            file,
+            entries: n,
+            fences,
+        })
+    }
+
+    /// The offsets stored under `key`.
+    pub(super) fn lookup(&self, key: &Key, out: &mut Vec<u64>) -> Result<(), DedupError> {
+        // The last page whose first key is below `key`: equal keys may begin on the page before
+        // the one whose fence equals `key`.
+        let mut page = self.fences.partition_point(|f| f < key).saturating_sub(1);
+        let mut buf = vec![0u8; PAGE_ENTRIES * ENTRY];
+        while page < self.fences.len() && self.fences[page] <= *key {
+            let first = (page * PAGE_ENTRIES) as u64;
+            let n = (self.entries - first).min(PAGE_ENTRIES as u64) as usize;
+            let bytes = &mut buf[..n * ENTRY];
+            self.file
+                .read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64)
+                .map_err(io_err(&self.path))?;
+            for e in bytes.chunks_exact(ENTRY) {
+                let (k, offset) = decode_entry(e);
+                match k.cmp(key) {
+                    std::cmp::Ordering::Less => {}
+                    std::cmp::Ordering::Equal => out.push(offset),
+                    std::cmp::Ordering::Greater => return Ok(()),
+                }
+            }
+            page += 1;
+        }
+        Ok(())
+    }
+
+    /// Every entry, in order.
+    pub(super) fn scan(&self, visit: &mut dyn FnMut(Key, u64)) -> Result<(), DedupError> {
+        let mut c = RunCursor::new(self);
+        while let Some((k, o)) = c.peek()? {
+            visit(k, o);
+            c.advance();
+        }
+        Ok(())
+    }
+}
+
+/// One entry's bytes read back: its key and offset.
+pub(super) fn decode_entry(e: &[u8]) -> (Key, u64) {
+    let mut k = [0u8; 24];
+    k.copy_from_slice(&e[..24]);
+    (
+        k,
+        u64::from_be_bytes(e[24..ENTRY].try_into().unwrap_or_default()),
+    )
+}
+
+impl<'a> RunCursor<'a> {
+    /// Entries read at once (128 KiB).
+    const CHUNK: u64 = 4096;
+
+    pub(super) fn new(run: &'a Run) -> Self {
+        Self {
+            run,
+            at: 0,
+            buf: Vec::new(),
+            buf_at: 0,
+            buf_n: 0,
+        }
+    }
+
+    /// The entry at the cursor, if any is left.
+    pub(super) fn peek(&mut self) -> Result<Option<(Key, u64)>, DedupError> {
+        if self.at >= self.run.entries {
+            return Ok(None);
+        }
+        if self.at >= self.buf_at + self.buf_n {
+            let n = (self.run.entries - self.at).min(Self::CHUNK);
+            self.buf.resize(n as usize * ENTRY, 0);
+            self.run
+                .file
+                .read_exact_at(&mut self.buf, RUN_HEADER + self.at * ENTRY as u64)
+                .map_err(io_err(&self.run.path))?;
+            self.buf_at = self.at;
+            self.buf_n = n;
+        }
+        let i = (self.at - self.buf_at) as usize * ENTRY;
+        Ok(Some(decode_entry(&self.buf[i..i + ENTRY])))
+    }
+
+    pub(super) fn advance(&mut self) {
+        self.at += 1;
+    }
+}

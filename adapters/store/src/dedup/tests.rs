@@ -1,0 +1,186 @@
+use super::*;
+
+fn key(pid: u64, i: u64) -> Key {
+    let mut k = [0u8; 24];
+    k[..8].copy_from_slice(&pid.to_be_bytes());
+    let h = crc32fast::hash(&i.to_le_bytes());
+    k[8..12].copy_from_slice(&h.to_le_bytes());
+    k[12..20].copy_from_slice(&i.to_le_bytes());
+    k
+}
+
+fn all_live() -> FirstLive {
+    Arc::new(|_| Some(0))
+}
+
+/// A run holds exactly the header and the entries, whatever its size against a page, and
+/// reads back in order through a merge's cursor and through lookups after a reopen.
+#[test]
+fn runs_of_any_size_are_written_and_read_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (id, n) in [0u64, 1, 127, 128, 129, 32_767, 70_001]
+        .into_iter()
+        .enumerate()
+    {
+        let mut entries: Vec<(Key, u64)> = (0..n).map(|i| (key(i % 3, i), i)).collect();
+        entries.sort_unstable();
+        let run = Run::write(dir.path(), id as u64, &mut entries.iter().copied()).unwrap();
+        let bytes = std::fs::read(&run.path).unwrap();
+        let mut want = RUN_MAGIC.to_vec();
+        want.extend_from_slice(&n.to_le_bytes());
+        for (k, o) in &entries {
+            want.extend_from_slice(k);
+            want.extend_from_slice(&o.to_be_bytes());
+        }
+        assert!(
+            bytes == want,
+            "run of {n} entries: {} bytes, want {}",
+            bytes.len(),
+            want.len()
+        );
+        let mut back = Vec::new();
+        run.scan(&mut |k, o| back.push((k, o))).unwrap();
+        assert_eq!(back, entries, "run of {n} entries scanned");
+        let again = Run::open(dir.path(), id as u64).unwrap();
+        for (k, o) in entries.iter().step_by(997) {
+            let mut out = Vec::new();
+            again.lookup(k, &mut out).unwrap();
+            assert_eq!(out, vec![*o]);
+        }
+    }
+}
+
+/// The table in memory finds every offset of a key, in its sorted chunks and in its
+/// unsorted tail, and hands everything back sorted without repeats.
+#[test]
+fn the_table_in_memory_finds_keys_in_chunks_and_tail() {
+    let mut m = MemTable::default();
+    let n = MemTable::CHUNK as u64 * 3 + 100;
+    for i in 0..n {
+        m.insert(&key(i % 5, i / 3), i);
+        // A row's offsets are inserted again with each new one.
+        if i % 7 == 0 {
+            m.insert(&key(i % 5, i / 3), i);
+        }
+    }
+    assert_eq!(m.chunks.len(), 3, "{} chunks", m.chunks.len());
+    for i in [0, 1, 2047, 2048, 4100, n - 1] {
+        let mut out = Vec::new();
+        m.lookup(&key(i % 5, i / 3), &mut out);
+        out.sort_unstable();
+        out.dedup();
+        let want: Vec<u64> = (0..n)
+            .filter(|j| key(j % 5, j / 3) == key(i % 5, i / 3))
+            .collect();
+        assert_eq!(out, want, "offsets of entry {i}");
+    }
+    let mut none = Vec::new();
+    m.lookup(&key(9, 9), &mut none);
+    assert!(none.is_empty());
+    let all = m.take_sorted();
+    assert_eq!(all.len() as u64, n, "every entry once");
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
+    assert_eq!(m.len, 0);
+    assert!(m.keys().next().is_none());
+}
+
+#[test]
+fn entries_are_found_in_memory_in_runs_and_after_merges_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let idx = Arc::new(DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).unwrap());
+    let n = (MEM_ENTRIES * (FANOUT + 1) + 77) as u64;
+    for i in 0..n {
+        idx.insert(key(i % 3, i), i);
+        if idx.full() {
+            idx.flush((1, i)).unwrap();
+        }
+    }
+    idx.insert(key(1, 1), 999_999);
+    idx.settle();
+    for i in (0..n).step_by(997) {
+        let want: Vec<u64> = if i == 1 { vec![1, 999_999] } else { vec![i] };
+        assert_eq!(idx.lookup(&key(i % 3, i)).unwrap(), want, "entry {i}");
+    }
+    assert!(idx.lookup(&key(0, n + 5)).unwrap().is_empty());
+    let (runs, _, _) = idx.stats();
+    assert!(runs < FANOUT, "{runs} runs after merges");
+    let covered = idx.covered();
+    drop(idx);
+    let again = DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).unwrap();
+    assert_eq!(again.covered(), covered);
+    assert_eq!(again.lookup(&key(2, 5)).unwrap(), vec![5]);
+    // What was only in memory is gone: the store replays it from the segment log.
+    assert!(again.lookup(&key((n - 1) % 3, n - 1)).unwrap().is_empty());
+}
+
+#[test]
+fn merges_drop_entries_of_deleted_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    // Partition 7 keeps offsets from 1000 on; partition 8 is gone.
+    let first: FirstLive = Arc::new(|pid| match pid {
+        7 => Some(1000),
+        8 => None,
+        _ => Some(0),
+    });
+    let idx = Arc::new(DedupIndex::open(dir.path(), MEM_ENTRIES, first).unwrap());
+    let mut i = 0u64;
+    for _ in 0..FANOUT {
+        for _ in 0..MEM_ENTRIES {
+            idx.insert(key(7 + i % 3, i), i);
+            i += 1;
+        }
+        idx.flush((1, i)).unwrap();
+    }
+    idx.settle();
+    assert_eq!(idx.stats().0, 1);
+    assert!(idx.lookup(&key(7, 999)).unwrap().is_empty());
+    assert_eq!(idx.lookup(&key(7, 1002)).unwrap(), vec![1002]);
+    assert!(idx.lookup(&key(8, 1000)).unwrap().is_empty());
+    assert_eq!(idx.lookup(&key(9, 2)).unwrap(), vec![2]);
+}
+
+/// A merge yields every live entry of its runs once, in key order: the same key under two
+/// offsets stays twice, an entry written to two runs (a replay after a restart) once.
+#[test]
+fn a_merge_keeps_each_live_entry_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let first: FirstLive = Arc::new(|pid| (pid != 5).then_some(0));
+    let cap = 64;
+    let idx = Arc::new(DedupIndex::open(dir.path(), cap, first).unwrap());
+    let mut want = std::collections::BTreeSet::new();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for run in 0..FANOUT as u64 {
+        for j in 0..cap as u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Partitions 1 to 6 (5 is deleted), keys that repeat across runs, and some
+            // entries written again under the same offset.
+            let pid = 1 + x % 6;
+            let k = key(pid, x % 97);
+            let offset = if j % 5 == 0 { x % 97 } else { run * 1000 + j };
+            idx.insert(k, offset);
+            if pid != 5 {
+                want.insert((k, offset));
+            }
+        }
+        idx.flush((1, run)).unwrap();
+    }
+    idx.settle();
+    assert_eq!(idx.stats().0, 1, "the eight runs merged into one");
+    let mut got = Vec::new();
+    let runs = read(&idx.inner).runs.clone();
+    runs[0].scan(&mut |k, o| got.push((k, o))).unwrap();
+    assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn a_damaged_manifest_or_run_is_an_error_not_a_silent_empty_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let idx = Arc::new(DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).unwrap());
+    idx.insert(key(1, 1), 1);
+    idx.flush((1, 100)).unwrap();
+    drop(idx);
+    std::fs::write(dir.path().join(MANIFEST), b"garbage").unwrap();
+    assert!(DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).is_err());
+}

@@ -1,0 +1,343 @@
+//! The supervisor: finding the queues to sink, placing each on a node, announcing this node's
+//! presence, and running one queue's task until it ends or moves.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use queen_domain::kv::{Expiry, KvOp, KvResult};
+use queen_domain::reads;
+use queen_domain::sink::documents::{self, NS, PresenceDoc};
+
+use super::config::Queues;
+use super::queue::{Ended, Look, QueueTask};
+use super::{DISCOVER_EVERY, PRESENCE_FRESH, Shared};
+
+/// Probe the bucket until it answers, then discover queues and run them.
+pub(super) async fn supervise(shared: Arc<Shared>) {
+    let mut stop = shared.stop.clone();
+    let mut wait = Duration::from_millis(500);
+    loop {
+        match shared.lake.probe(&shared.settings.prefix).await {
+            Ok(()) => {
+                shared.set_sink(|s| {
+                    s.bucket_reachable = true;
+                    s.bucket_error = None;
+                    s.phase = "running";
+                });
+                break;
+            }
+            Err(e) => {
+                let msg = format!(
+                    "the bucket did not answer the probe: {e}; check the endpoint, the bucket name and the credentials"
+                );
+                tracing::warn!(target: "queen-s3", error = %msg, "bucket probe failed");
+                shared.set_sink(|s| {
+                    s.bucket_reachable = false;
+                    s.bucket_error = Some(msg);
+                    s.phase = "backoff";
+                });
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => { shared.set_sink(|s| s.phase = "stopped"); return; }
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+    let mut tasks: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut over_since: Option<std::time::Instant> = None;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let found = discover(&shared);
+        over_since = place(&shared, found.present.len() as u64, over_since);
+        for q in &found.present {
+            if tasks
+                .get(q)
+                .is_none_or(tokio::task::JoinHandle::is_finished)
+            {
+                tasks.insert(
+                    q.clone(),
+                    tokio::spawn(run_queue(shared.clone(), q.clone())),
+                );
+            }
+        }
+        for q in &found.missing {
+            if !tasks.contains_key(q) {
+                shared.update_queue(q, |s| {
+                    s.state = "missing";
+                    s.running = false;
+                });
+            }
+        }
+        presence(&shared).await;
+        tokio::select! {
+            () = tokio::time::sleep(DISCOVER_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    for (_, t) in tasks {
+        let _ = t.await;
+    }
+    let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
+    let _ = shared
+        .log
+        .sink_kv(vec![KvOp::Delete {
+            ns: NS.into(),
+            key,
+            expect: None,
+            required: false,
+        }])
+        .await;
+    shared.set_sink(|s| s.phase = "stopped");
+}
+
+/// Fair placement: a node over its share (queues / nodes, rounded up) for a whole lease TTL gives
+/// back one queue at a time, the one with the least buffered. Answers when it went over; a node
+/// still over its share once a queue is given back gives the next one at the next round
+/// without waiting another TTL, since it has been over all along.
+pub(super) fn place(
+    shared: &Shared,
+    queues: u64,
+    over_since: Option<std::time::Instant>,
+) -> Option<std::time::Instant> {
+    shared.set_sink(|s| s.queues = queues);
+    let nodes = shared
+        .sink
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .nodes
+        .max(1);
+    let share = shared.share();
+    let held = shared.held();
+    let mut giving = shared
+        .give_back
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(q) = giving.as_deref() {
+        let still_running = shared
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(q)
+            .is_some_and(|s| s.running);
+        if still_running {
+            return over_since;
+        }
+        *giving = None;
+    }
+    if held <= share {
+        return None;
+    }
+    let since = over_since.unwrap_or_else(std::time::Instant::now);
+    if since.elapsed() < Duration::from_millis(shared.settings.lease_ttl_ms) {
+        return Some(since);
+    }
+    let all = shared.queues.lock().unwrap_or_else(PoisonError::into_inner);
+    let pick = all
+        .iter()
+        .filter(|(_, q)| q.running)
+        .min_by_key(|(_, q)| q.buffered)
+        .map(|(n, _)| n.clone());
+    drop(all);
+    if let Some(q) = pick {
+        tracing::info!(target: "queen-s3", queue = %q, held, share, nodes, "over the fair share for a whole lease TTL: giving one queue back");
+        shared.telemetry.metrics().s3().queue_given_back();
+        *giving = Some(q);
+    }
+    Some(since)
+}
+
+pub(super) struct Found {
+    present: Vec<String>,
+    missing: Vec<String>,
+}
+
+pub(super) fn discover(shared: &Shared) -> Found {
+    let state = shared.log.applied();
+    let existing: Vec<String> = reads::queues(&*state, usize::MAX)
+        .map(|v| v.into_iter().map(|q| q.name).collect())
+        .unwrap_or_default();
+    match &shared.settings.queues {
+        Queues::All => Found {
+            present: existing,
+            missing: Vec::new(),
+        },
+        Queues::Named(names) => {
+            let (present, missing) = names.iter().cloned().partition(|n| existing.contains(n));
+            Found { present, missing }
+        }
+    }
+}
+
+/// Refresh this node's presence row and count the nodes running the sink.
+pub(super) async fn presence(shared: &Shared) {
+    let s = &shared.settings;
+    let doc = PresenceDoc {
+        instance: s.instance.clone(),
+        held: shared.held(),
+    };
+    let ttl = s.lease_ttl_ms.div_ceil(1000).max(1) * 2;
+    let ops = vec![
+        KvOp::Put {
+            ns: NS.into(),
+            key: documents::presence_key(&s.name, &s.instance),
+            value: serde_json::to_vec(&doc).unwrap_or_default(),
+            expiry: Expiry::Ttl(ttl),
+            expect: None,
+            required: false,
+        },
+        KvOp::GetPrefix {
+            ns: NS.into(),
+            prefix: documents::presence_prefix(&s.name),
+            after: None,
+            limit: 1000,
+            keys_only: false,
+        },
+    ];
+    if let Ok(out) = shared.log.sink_kv(ops).await
+        && let Some(KvResult::Prefix { rows, .. }) = out.results.get(1)
+    {
+        // A running node rewrites its row every discovery period (and at each claim); a row
+        // older than two of them is a node that died and whose row has not expired yet: it
+        // runs nothing and claims nothing, so it counts for neither the share nor the wait.
+        let fresh_from = shared
+            .log
+            .wall_clock()
+            .0
+            .saturating_sub(u64::try_from(PRESENCE_FRESH.as_micros()).unwrap_or(u64::MAX));
+        let present: Vec<PresenceDoc> = rows
+            .iter()
+            .filter(|r| r.updated.0 >= fresh_from)
+            .filter_map(|r| serde_json::from_slice(&r.value).ok())
+            .collect();
+        let n = present.len().max(1) as u64;
+        shared.set_sink(|st| {
+            st.nodes = n;
+            st.someone_under = documents::someone_under_share(&present, &s.instance, st.queues);
+        });
+    }
+}
+
+/// One queue: claim, run while held, look again later.
+pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
+    let ttl = Duration::from_millis(shared.settings.lease_ttl_ms);
+    let mut stop = shared.stop.clone();
+    // A run that ended fenced stops the queue here: the row keeps saying `fenced` (and names
+    // the new holder) until this node runs the queue again, which it does only once the lease
+    // is free, like any other node.
+    let mut fenced = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut task = QueueTask::new(shared.clone(), queue.clone());
+        if !fenced {
+            shared.update_queue(&queue, |q| q.state = "claiming");
+        }
+        let mut turn = None;
+        let claimed = match task.look().await {
+            Err(e) => Err(e),
+            Ok(Look::Held(holder)) => Ok(Some(holder)),
+            // Rows under this node's own name (a restart within the TTL) are taken back at once.
+            Ok(Look::Mine(version)) => task.take(version).await,
+            Ok(Look::Free) => {
+                // One claim at a time, each after a second for every queue this node already
+                // runs, so the least loaded node claims first. A node already at its fair share
+                // also leaves the queue to the nodes under theirs for a lease TTL (when there is
+                // one): the look cadence alone (a third of the TTL) would blur a second's
+                // difference.
+                let guard = tokio::select! {
+                    g = shared.claim_turn.lock() => g,
+                    _ = stop.changed() => return,
+                };
+                // Fresh counts first: presence rows otherwise trail by a discovery period, and a
+                // node that just claimed would still look under its share.
+                let alone = shared.log.alone();
+                if !alone {
+                    presence(&shared).await;
+                }
+                let held = shared.held();
+                let mut wait = Duration::from_secs(held);
+                if held >= shared.share()
+                    && shared
+                        .sink
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .someone_under
+                {
+                    wait += ttl;
+                }
+                // A node that is the cluster's only member has nobody to leave a queue to.
+                if alone {
+                    wait = Duration::ZERO;
+                }
+                if !wait.is_zero() {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                turn = Some(guard);
+                task.take(0).await
+            }
+        };
+        let look_again = match claimed {
+            Ok(None) => {
+                fenced = false;
+                shared.update_queue(&queue, |q| {
+                    q.state = "held";
+                    q.held_by = Some(shared.settings.instance.clone());
+                    q.running = true;
+                    q.failing = false;
+                });
+                // Counted in `held` now: tell the other nodes, then the next claim on this node
+                // may go.
+                if turn.is_some() && !shared.log.alone() {
+                    presence(&shared).await;
+                }
+                drop(turn.take());
+                let ended = task.run().await;
+                // The queue is no longer this node's to write: its health is the next owner's.
+                shared.update_queue(&queue, |q| {
+                    q.state = ended.state();
+                    q.running = false;
+                    q.failing = false;
+                });
+                shared.set_buffered(&queue, 0);
+                match ended {
+                    Ended::Drained => return,
+                    Ended::Missing => return,
+                    // Stay away long enough for a less loaded node to take it.
+                    Ended::Released => ttl * 2,
+                    Ended::Fenced => {
+                        tracing::warn!(target: "queen-s3", queue = %queue, "lease lost to another node; the queue stops here");
+                        fenced = true;
+                        ttl / 3
+                    }
+                }
+            }
+            Ok(Some(holder)) => {
+                shared.update_queue(&queue, |q| {
+                    q.state = if fenced { "fenced" } else { "held" };
+                    q.held_by = Some(holder);
+                    q.running = false;
+                    q.failing = false;
+                });
+                ttl / 3
+            }
+            Err(e) => {
+                tracing::warn!(target: "queen-s3", queue = %queue, error = %e, "sink queue claim failed");
+                shared.update_queue(&queue, |q| q.fail(e));
+                Duration::from_secs(1)
+            }
+        };
+        drop(turn);
+        tokio::select! {
+            () = tokio::time::sleep(look_again) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

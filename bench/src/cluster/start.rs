@@ -1,0 +1,126 @@
+//! Starting the queen cluster and the `--floor` server: processes, ports, and waiting until a
+//! leader answers.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use queen_bench::load::{Proc, Procs};
+
+use super::{Floor, Queen, TOKEN};
+use crate::{Target, free_port, http_client};
+
+/// Three queen nodes with their own ports and directories, the same peer list and token;
+/// waits until every node's /health answers 200 and finds the leader.
+pub(super) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
+    let http: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let peers = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut procs = Procs::default();
+    for (i, port) in http.iter().enumerate() {
+        let data = dir.join(format!("queen-{}", i + 1));
+        let log = dir.join(format!("queen-{}.log", i + 1));
+        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(bin)
+            .env("PORT", port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("QUEEN_RAFT_DIR", &data)
+            .env("QUEEN_RAFT_NODE_ID", (i + 1).to_string())
+            .env("QUEEN_RAFT_PEERS", &peers)
+            .env("QUEEN_RAFT_TOKEN", TOKEN)
+            // The disk gate counts the whole file system, which other work on a shared machine
+            // fills too; the bench's stores need a few GB (`backlog` checks the free space).
+            .env("QUEEN_RAFT_DISK_HIGH_PCT", "97")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {e} (build it with cargo build --release -p queen)",
+                    bin.display()
+                )
+            })?;
+        procs.0.push(Proc {
+            name: format!("queen node {}", i + 1),
+            child,
+            log: Some(log),
+        });
+    }
+    let t = Target::new(http_client(), &http);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(e) = procs.exited() {
+            return Err(e);
+        }
+        let mut healthy = 0;
+        let mut leader = None;
+        for i in 0..3 {
+            if let Ok((200, body)) = t.call_at(i, "GET", "/health", None).await {
+                healthy += 1;
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                if v["raft"]["role"] == "leader" {
+                    leader = Some(i as usize);
+                }
+            }
+        }
+        if let (3, Some(leader)) = (healthy, leader) {
+            return Ok(Queen {
+                procs,
+                ports: http,
+                leader,
+            });
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the queen cluster was not healthy within 60 s ({healthy} of 3 nodes healthy)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The no-op push server (this binary's hidden `noop-server` command) on a free port; waits
+/// until it answers an empty push.
+pub(super) async fn start_floor(dir: &Path) -> Result<Floor, String> {
+    let port = free_port()?;
+    let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    let log = dir.join("floor.log");
+    let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(&exe)
+        .args(["noop-server", "--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start {} noop-server: {e}", exe.display()))?;
+    let mut procs = Procs(vec![Proc {
+        name: "floor (noop-server)".into(),
+        child,
+        log: Some(log),
+    }]);
+    let target = Arc::new(Target::new(http_client(), &[port]));
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(
+        target
+            .call("POST", "/api/v1/push", Some(r#"{"items":[]}"#.into()))
+            .await,
+        Ok((200, _))
+    ) {
+        if let Some(e) = procs.exited() {
+            return Err(e);
+        }
+        if Instant::now() > until {
+            return Err("the floor server did not answer within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Floor { procs, target })
+}
