@@ -143,19 +143,18 @@ impl PartitionRef {
     /// Read a consumer's partition reference.
     #[must_use]
     pub fn parse(text: &str) -> Self {
-        match text.trim().parse::<u64>() {
-            Ok(id) => Self::Id(id),
-            Err(_) => Self::Unknown(text.to_owned()),
-        }
+        Self::id_in(text).map_or_else(|| Self::Unknown(text.to_owned()), Self::Id)
+    }
+
+    /// The partition id `text` spells (surrounding blanks allowed), if it spells one.
+    fn id_in(text: &str) -> Option<u64> {
+        text.trim().parse().ok()
     }
 }
 
 impl From<String> for PartitionRef {
     fn from(text: String) -> Self {
-        match text.trim().parse::<u64>() {
-            Ok(id) => Self::Id(id),
-            Err(_) => Self::Unknown(text),
-        }
+        Self::id_in(&text).map_or(Self::Unknown(text), Self::Id)
     }
 }
 

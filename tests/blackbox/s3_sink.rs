@@ -58,7 +58,7 @@ fn the_walkthrough_three_records_land_in_window_one_exactly_as_pushed() {
     assert_eq!(sink["bucket"]["reachable"], true);
     assert_eq!(sink["placement"]["held"], 1);
 
-    let report = verify(&server.endpoint);
+    let report = verify(&server);
     assert_eq!(report["queues"][0]["records"], 3, "{report:#}");
     let manifest_key = format!("queen/_queen/tenant={TENANT}/queue=orders/windows/0000000001.json");
     let lake = s3::read_lake(&[server.lake_args("lake"), vec!["--prefix", "queen"]].concat());
@@ -161,7 +161,7 @@ fn parquet_reads_back_with_hive_partitioning() {
     );
     assert_eq!(a.status, 200, "{}", a.text);
     wait_committed(&n, "parquet windows", |q| q["records"] == 40);
-    verify(&server.endpoint);
+    verify(&server);
     for reader in ["duckdb", "pyarrow"] {
         let recs = lake_records(&server, reader);
         assert_eq!(recs.len(), 40, "{reader}");
@@ -272,7 +272,7 @@ fn a_bucket_that_fails_then_recovers_loses_and_doubles_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     proxy.set_mode(Mode::Pass);
     wait_committed(&n, "after recovery", |q| q["records"] == 3);
-    let report = verify(&server.endpoint);
+    let report = verify(&server);
     assert_eq!(report["queues"][0]["records"], 3, "{report:#}");
 }
 
@@ -433,7 +433,7 @@ fn size_closed_windows_over_many_partitions_keep_flowing() {
         s["windowsCommitted"].as_u64() >= Some(2),
         "several 1 MB windows: {s:#}"
     );
-    let report = verify(&server.endpoint);
+    let report = verify(&server);
     assert!(
         report["queues"][0]["records"].as_u64() >= Some(2000),
         "{report:#}"

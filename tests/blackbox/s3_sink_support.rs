@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each test binary uses its own part of it
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use queen_tests::s3::{self, S3Server};
@@ -62,31 +61,10 @@ pub(crate) fn wait_committed(n: &Node, what: &str, cond: impl Fn(&Value) -> bool
 }
 
 /// `queen lake verify` on the bucket: the report; panics unless it is clean.
-pub(crate) fn verify(endpoint: &str) -> Value {
-    let out = Command::new(bin())
-        .args([
-            "lake",
-            "verify",
-            "--bucket",
-            "lake",
-            "--endpoint",
-            endpoint,
-            "--path-style",
-            "true",
-            "--region",
-            s3::REGION,
-        ])
-        .env("QUEEN_S3_ACCESS_KEY", s3::ACCESS_KEY)
-        .env("QUEEN_S3_SECRET_KEY", s3::SECRET_KEY)
-        .output()
-        .expect("run queen lake verify");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lake verify failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&text).expect("verify prints JSON")
+pub(crate) fn verify(server: &S3Server) -> Value {
+    let (clean, report) = queen_tests::sink::verify(bin(), server);
+    assert!(clean, "lake verify failed:\n{report:#}");
+    report
 }
 
 /// Every record the readers see, as (partition, offset, transactionId, payload text).
