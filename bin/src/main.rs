@@ -224,6 +224,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Broker JWT on the client port (after the log is up: a short secret is warned about).
+    let auth = match queen_http::Auth::from_env(&|k| std::env::var(k).ok()) {
+        Ok(a) => a.map(std::sync::Arc::new),
+        Err(e) => {
+            tracing::error!(target: "queen", error = %e, "broker JWT settings refused");
+            eprintln!("ERROR boot: FATAL: {e}");
+            telemetry.shutdown();
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -245,6 +255,7 @@ fn main() -> ExitCode {
         body_budget_bytes: config.body_budget_bytes,
         admin_token: config.token.clone(),
         drain: std::time::Duration::ZERO,
+        auth,
     };
     let result = runtime.block_on(queen_app::run(
         config,

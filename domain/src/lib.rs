@@ -10,6 +10,7 @@
 //! Must never depend on: tokio, hyper, openraft, fjall, object_store, a clock, randomness or the
 //! file system. Time arrives only inside entries (`Entry::proposed_at`).
 
+pub mod access;
 pub mod codec;
 pub mod command;
 mod error;

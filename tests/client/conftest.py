@@ -17,12 +17,32 @@ import tempfile
 import time
 from pathlib import Path
 
+import base64
+import hashlib
+import hmac
+import json
+
 import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_LIMIT_S = 30.0
 STOP_LIMIT_S = 30.0
+# With QUEEN_SUITE_JWT_SECRET set, the node runs with broker JWT on (HS256 with that secret)
+# and every client of the suite carries a read-write token as its `bearer_token`.
+JWT_SECRET = os.environ.get("QUEEN_SUITE_JWT_SECRET") or None
+
+
+def _b64url(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def hs256_token(secret: str, claims: dict) -> str:
+    """An HS256 JWT (RFC 7519), built with the standard library."""
+    head = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = _b64url(json.dumps(claims).encode())
+    sig = hmac.new(secret.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{_b64url(sig)}"
 
 
 def _free_port() -> int:
@@ -43,6 +63,15 @@ class Node:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self.token: str | None = None
+        if JWT_SECRET:
+            self.token = hs256_token(
+                JWT_SECRET,
+                {"sub": "client-suite", "role": "read-write", "exp": int(time.time()) + 3600},
+            )
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def start(self) -> None:
         env = {
@@ -55,6 +84,8 @@ class Node:
             # answer 507 for reasons that have nothing to do with the client suite.
             "QUEEN_RAFT_DISK_HIGH_PCT": "100",
         }
+        if JWT_SECRET:
+            env.update({"JWT_ENABLED": "true", "JWT_ALGORITHM": "HS256", "JWT_SECRET": JWT_SECRET})
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(self.binary)],
@@ -112,7 +143,9 @@ class Node:
     def raw(self, method: str, path: str, json: object = None) -> httpx.Response:
         """One plain HTTP request, for diagnostics in failure messages (not used to drive
         the broker: every test drives it through the official client)."""
-        return httpx.request(method, f"{self.url}{path}", json=json, timeout=10.0)
+        return httpx.request(
+            method, f"{self.url}{path}", json=json, headers=self.headers(), timeout=10.0
+        )
 
     def describe(self, method: str, path: str, json: object = None) -> str:
         try:

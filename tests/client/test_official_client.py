@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 from urllib.parse import urlencode
 
+import httpx
 import pytest
 
 from queen import Queen
@@ -48,6 +49,8 @@ def run(node, body: Callable[[Queen], Awaitable[Any]], limit: float = TEST_LIMIT
     to the client's constructor (the defaults when none: JSON bodies)."""
 
     async def main() -> Any:
+        if node.token:
+            options.setdefault("bearer_token", node.token)
         client = Queen(node.url, **options)
         try:
             return await asyncio.wait_for(body(client), limit)
@@ -577,3 +580,25 @@ def test_binary_transaction_push_then_ack(node):
     run(node, body, **BINARY)
     assert_nothing_to_pop(node, src)
     assert_nothing_to_pop(node, dst)
+
+
+# ----------------------------------------------------------------------------- broker JWT
+
+
+def test_broker_jwt_refuses_a_request_without_the_bearer_token(node):
+    """Runs only with QUEEN_SUITE_JWT_SECRET (the suite's JWT run): the node really checks
+    tokens, so every other test of the run passed with the client's `bearer_token`."""
+    if not node.token:
+        pytest.skip("the node runs without broker JWT in this run")
+    queue = unique("jwt")
+    body = {"items": [{"queue": queue, "partition": "p", "payload": {"n": 1}}]}
+    r = httpx.post(f"{node.url}/api/v1/push", json=body, timeout=10.0)
+    assert r.status_code == 401, r.text
+    assert r.json().get("code") == "unauthorized", r.text
+
+    async def body_with_token(client: Queen) -> None:
+        await client.queue(queue).push([{"data": {"n": 2}}])
+        got = await pop(client, queue, batch=5, timeout_ms=2000)
+        assert [m["data"] for m in got] == [{"n": 2}], got
+
+    run(node, body_with_token)

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for a `retry-after` header.
     pub retry_after: Option<u32>,
+    /// A finer code under `code` (`"reason"` in the envelope), when there is one.
+    pub reason: Option<&'static str>,
 }
 
 impl ApiError {
@@ -26,6 +28,7 @@ impl ApiError {
             code: "bad_request",
             message: format!("{field} {problem}"),
             retry_after: None,
+            reason: None,
         }
     }
 
@@ -37,7 +40,15 @@ impl ApiError {
             code: "timeout",
             message: "the request deadline elapsed".to_owned(),
             retry_after: Some(1),
+            reason: None,
         }
+    }
+
+    /// The same error with a finer code under `code`.
+    #[must_use]
+    pub fn with_reason(mut self, reason: &'static str) -> Self {
+        self.reason = Some(reason);
+        self
     }
 
     /// Any other status.
@@ -48,6 +59,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            reason: None,
         }
     }
 }
@@ -82,6 +94,7 @@ impl From<BrokerError> for ApiError {
             code,
             message,
             retry_after,
+            reason: None,
         }
     }
 }

@@ -8,7 +8,10 @@ use crate::api::ApiError;
 
 /// `{"error": "...", "code": "..."}` with the error's status and `retry-after` when set.
 pub(crate) fn error_response(e: &ApiError) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({"error": e.message, "code": e.code});
+    let mut body = serde_json::json!({"error": e.message, "code": e.code});
+    if let Some(r) = e.reason {
+        body["reason"] = serde_json::Value::from(r);
+    }
     let mut b = Response::builder()
         .status(e.status)
         .header("content-type", "application/json");

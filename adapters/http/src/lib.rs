@@ -3,7 +3,8 @@
 //! Owns: routing (every path segment percent-decoded, `+` read as a space in queries), the JSON
 //! wire shapes of the contract (`shared/spec/API.md`), input validation that names the bad
 //! field, body bounds (413 too large, 408 too slow, 503 over the node's body budget), the
-//! admin credential of `/api/v1/system/*` changes, the error envelope `{"error", "code"}`, and minting of ids a
+//! admin credential of `/api/v1/system/*` changes, broker JWT (`auth`: the `JWT_*` settings,
+//! token checks and the level each route needs), the error envelope `{"error", "code"}`, and minting of ids a
 //! request left out (transactionId, message id) before anything is proposed. Also the binary
 //! bodies of `shared/spec/API.md` 4.6: QPB1 and QTB1 requests (`application/x-queen-push`), read
 //! into the same push items and transactions as JSON, and the framed pop answer QPF1.
@@ -13,6 +14,7 @@
 //! `BrokerError` to status, code and `retry-after` in one place (`api.rs`).
 
 mod api;
+mod auth;
 mod body;
 mod error;
 mod fields;
@@ -30,5 +32,6 @@ mod server;
 mod timers_json;
 
 pub use api::ApiError;
+pub use auth::{Auth, AuthConfigError, Principal};
 pub use body::BodyBudget;
 pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};

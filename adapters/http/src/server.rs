@@ -18,6 +18,7 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
 use crate::api::ApiError;
+use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
 use crate::router::{BodyKind, finish, handle, route_label, segments};
@@ -37,6 +38,8 @@ pub struct ServeConfig {
     pub admin_token: Option<String>,
     /// How long a stop waits for requests in flight.
     pub drain: Duration,
+    /// Broker JWT (`JWT_ENABLED`): every route but the skipped ones needs a token of its level.
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -47,6 +50,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("body_budget_bytes", &self.body_budget_bytes)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain", &self.drain)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -60,6 +64,7 @@ struct Shared<A> {
     limits: BodyLimits,
     budget: BodyBudget,
     admin_token: Option<String>,
+    auth: Option<Arc<Auth>>,
 }
 
 /// Whether a route changes the cluster's administration (membership): those need the admin
@@ -134,6 +139,27 @@ async fn answer<A: ClientApi>(
     query: &str,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    // Broker JWT, before anything else reads the request. A membership request that carries
+    // the cluster's raft token is an operator's or a peer's: the token is its credential (and
+    // a membership change needs it whatever the JWT says).
+    if let Some(auth) = &shared.auth
+        && !auth.skips(segs)
+    {
+        let need = routes::need(method, segs);
+        let by_raft_token = matches!(segs, ["api", "v1", "system", ..])
+            && check_admin(
+                shared.admin_token.as_deref(),
+                req.headers().get(ADMIN_TOKEN_HEADER),
+            )
+            .is_ok();
+        if !by_raft_token
+            && let Err(e) = auth
+                .check(req.headers().get(hyper::header::AUTHORIZATION), need)
+                .await
+        {
+            return error_response(&e);
+        }
+    }
     if is_admin_change(method, segs)
         && let Err(e) = check_admin(
             shared.admin_token.as_deref(),
@@ -181,7 +207,11 @@ pub async fn serve<A: ClientApi>(
         },
         budget: BodyBudget::new(cfg.body_budget_bytes),
         admin_token: cfg.admin_token.clone(),
+        auth: cfg.auth.clone(),
     });
+    if let Some(a) = &shared.auth {
+        a.warm().await;
+    }
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
