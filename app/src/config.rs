@@ -50,6 +50,18 @@ pub struct RawConfig {
     pub max_clock_skew_ms: Option<String>,
     /// The machine's hostname, for `QUEEN_RAFT_NODE_ID=ordinal`.
     pub hostname: Option<String>,
+    /// `QUEEN_ENCRYPTION_KEY`
+    pub encryption_key: Option<SecretText>,
+}
+
+/// A secret setting as given: cloned and passed on, never printed.
+#[derive(Clone, Default)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
 }
 
 /// A peer of the raft group.
@@ -106,6 +118,8 @@ pub struct Config {
     /// After a leader change, leases timed under the previous leader are held this long past
     /// their expiry.
     pub max_clock_skew_ms: u64,
+    /// The payload cipher of encrypted queues, from `QUEEN_ENCRYPTION_KEY` (none: unset).
+    pub encryption: Option<std::sync::Arc<queen_crypto::Aes256Gcm>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -125,6 +139,7 @@ impl std::fmt::Debug for Config {
             .field("disk_high_pct", &self.disk_high_pct)
             .field("disk_reserve_bytes", &self.disk_reserve_bytes)
             .field("join", &self.join)
+            .field("encryption", &self.encryption.as_ref().map(|_| "<key set>"))
             .finish()
     }
 }
@@ -135,9 +150,14 @@ impl Config {
     #[must_use]
     pub fn describe(&self) -> String {
         format!(
-            "peers={} token={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} join={}",
+            "peers={} token={} encryption_key={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} join={}",
             self.peers.len(),
             if self.token.is_some() { "set" } else { "unset" },
+            if self.encryption.is_some() {
+                "set"
+            } else {
+                "unset"
+            },
             self.request_timeout.as_millis(),
             self.max_body_bytes,
             self.max_message_bytes,
@@ -439,7 +459,19 @@ impl RawConfig {
                 format!("{max_clock_skew_ms} is outside 0..=60000"),
             ));
         }
+        let encryption = match self
+            .encryption_key
+            .as_ref()
+            .filter(|k| !k.0.trim().is_empty())
+        {
+            None => None,
+            Some(k) => Some(std::sync::Arc::new(
+                queen_crypto::Aes256Gcm::from_hex(&k.0)
+                    .map_err(|e| bad("QUEEN_ENCRYPTION_KEY", e.to_string()))?,
+            )),
+        };
         Ok(Config {
+            encryption,
             join,
             client_offload,
             promote_max_lag,

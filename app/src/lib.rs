@@ -21,7 +21,7 @@ mod sink;
 mod waiters;
 
 pub use broker::Broker;
-pub use config::{Config, ConfigError, Peer, RawConfig};
+pub use config::{Config, ConfigError, Peer, RawConfig, SecretText};
 pub use error::AppError;
 pub use node::{Serving, run};
 pub use sink::config::{SinkBoot, SinkConfigError, SinkSettings, from_env as sink_from_env};

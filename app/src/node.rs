@@ -120,8 +120,16 @@ where
         )
         .with_client_offload(cfg.client_offload)
         .with_log_kinds(kinds)
+        .with_cipher(
+            match &cfg.encryption {
+                Some(c) => c.clone() as Arc<dyn queen_ports::PayloadCipher>,
+                None => Arc::new(queen_crypto::NoKey),
+            },
+            cfg.encryption.is_some(),
+        )
         .with_push_lane(),
     );
+    broker.warn_flagged_without_key();
     sample_disk(&broker, &cfg.raft_dir);
     // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
     tokio::spawn(broker.clone().run_push_lane());

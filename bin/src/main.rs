@@ -175,6 +175,10 @@ fn main() -> ExitCode {
         ready_lag_ms: args.ready_lag_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         hostname: std::env::var("HOSTNAME").ok(),
+        // A secret: read from the environment only (a flag would show in `ps`).
+        encryption_key: std::env::var("QUEEN_ENCRYPTION_KEY")
+            .ok()
+            .map(queen_app::SecretText),
     };
     let log_format = match args
         .log_format

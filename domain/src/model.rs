@@ -26,7 +26,8 @@ pub struct QueueOptions {
     pub retention_seconds: u64,
     /// Delete messages every group has consumed once they are older than this. 0 = keep.
     pub completed_retention_seconds: u64,
-    /// Stored and echoed: payload encryption arrives with the key management issue.
+    /// Payloads are sealed (AES-256-GCM under `QUEEN_ENCRYPTION_KEY`) by the node that takes
+    /// the push, before it is proposed; readers open them (the application's `sealing.rs`).
     pub encryption_enabled: bool,
     /// Whether a message past `retry_limit` goes to the dead letters (else it is dropped).
     pub dlq_after_max_retries: bool,

@@ -12,6 +12,7 @@
 //! Payloads that cross the log and state-machine traits are opaque bytes, so no adapter type
 //! leaks through; the use cases speak the domain's commands and outcomes.
 
+mod cipher;
 mod clock;
 mod membership;
 mod replicated_log;
@@ -19,6 +20,7 @@ mod state_machine;
 mod state_reader;
 mod use_cases;
 
+pub use cipher::{Opened, PayloadCipher};
 pub use clock::{Clock, SystemClock};
 pub use membership::{Member, Membership, MembershipChange, MembershipError};
 pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
@@ -27,6 +29,7 @@ pub use state_machine::{
 };
 pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{
-    BrokerError, ClientApi, DiskRefusal, HealthView, MembershipOp, NodeStatus, NotReady,
-    PopRequest, PopsStatus, QueueStatus, QueuesStatus, SinkLog, StatusView, StorageStatus,
+    BrokerError, ClientApi, DiskRefusal, EncryptionStatus, HealthView, MembershipOp, NodeStatus,
+    NotReady, PopRequest, PopsStatus, QueueStatus, QueuesStatus, SinkLog, StatusView,
+    StorageStatus,
 };

@@ -93,6 +93,15 @@ pub enum BrokerError {
         /// The limit.
         max: usize,
     },
+    /// The queue has `encryptionEnabled` and this node holds no `QUEEN_ENCRYPTION_KEY`, so it
+    /// cannot store the payload as the queue asks (it is never stored in the clear).
+    #[error(
+        "queue '{queue}' has encryptionEnabled, and this node has no QUEEN_ENCRYPTION_KEY to encrypt its payloads; nothing was stored"
+    )]
+    EncryptionRequired {
+        /// The queue.
+        queue: String,
+    },
     /// A membership change was refused.
     #[error(transparent)]
     Membership(#[from] MembershipError),
@@ -273,6 +282,18 @@ pub struct StatusView {
     pub pops: PopsStatus,
     /// The S3 sink's block, when the sink runs.
     pub s3: Option<serde_json::Value>,
+    /// Payload encryption on this node.
+    pub encryption: EncryptionStatus,
+}
+
+/// Payload encryption on the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptionStatus {
+    /// Whether this node holds a valid `QUEEN_ENCRYPTION_KEY`.
+    pub key_loaded: bool,
+    /// The listed queues with `encryptionEnabled` (without a key, their pushes are refused).
+    pub encrypted_queues: Vec<String>,
 }
 
 /// The application's use cases, as a client reaches them. Every call either commits (and
@@ -360,6 +381,11 @@ pub trait ClientApi: Send + Sync + 'static {
     fn metrics_text(&self) -> String;
     /// Record one served request (route label, status, seconds).
     fn observe_request(&self, route: &'static str, status: u16, seconds: f64);
+    /// A stored payload as clients see it: the plaintext of a sealed payload (encrypted
+    /// queues) this node can open, otherwise the stored bytes.
+    fn open_payload<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        std::borrow::Cow::Borrowed(stored)
+    }
 }
 
 /// What the node's own S3 sink needs from the broker: fenced KV batches (its leases, intents,
@@ -378,4 +404,9 @@ pub trait SinkLog: Send + Sync + 'static {
     fn wall_clock(&self) -> Stamp;
     /// Whether this node is the cluster's only member, as it sees it.
     fn alone(&self) -> bool;
+    /// Open a stored payload for the lake (encrypted queues).
+    fn open_stored(&self, stored: &[u8]) -> crate::Opened {
+        let _ = stored;
+        crate::Opened::NotSealed
+    }
 }

@@ -14,19 +14,10 @@ use support::*;
 
 /// Every file under `dir` (the lake folder), as paths relative to it.
 fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap_or(&p).to_path_buf());
-            }
-        }
-    }
-    out
+    queen_tests::files_under(dir)
+        .into_iter()
+        .map(|p| p.strip_prefix(dir).unwrap_or(&p).to_path_buf())
+        .collect()
 }
 
 /// The sink's report on `/status`.

@@ -13,6 +13,24 @@ use serde_json::Value;
 pub mod s3;
 pub mod sink;
 
+/// Every file under `dir`, recursively (absolute paths; unreadable directories are skipped).
+#[must_use]
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// A free loopback port (bound, then released).
 #[must_use]
 pub fn free_port() -> u16 {

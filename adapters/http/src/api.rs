@@ -76,6 +76,7 @@ impl From<BrokerError> for ApiError {
             BrokerError::Invalid { .. } => (400, "bad_request"),
             BrokerError::TooLarge { .. } => (413, "payload_too_large"),
             BrokerError::Internal(_) => (500, "internal"),
+            BrokerError::EncryptionRequired { .. } => (409, "encryption_required"),
             BrokerError::Membership(m) => match m {
                 MembershipError::NotLeader { .. } => (503, "not_leader"),
                 MembershipError::NoQuorum(_) => (409, "no_quorum"),

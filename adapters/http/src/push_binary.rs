@@ -9,8 +9,9 @@
 //! body limit (413 `payload_too_large`), so a small body cannot grow into a large allocation.
 //!
 //! A frame's message id (the client's UUIDv7) becomes the stored message's id. Frames with the
-//! producer flag (2) or the encrypted flag (4) are refused: the producer is stamped by a broker
-//! from a JWT, which this broker does not check yet, and it holds no encryption key.
+//! producer flag (2) or the encrypted flag (4) are refused: the producer is the broker's to stamp
+//! (from a JWT), and encryption is the broker's to do (queues with `encryptionEnabled`), so a
+//! client cannot claim either.
 
 use queen_domain::command::{PushItem, TxnOp};
 use queen_domain::ids::TransactionId;
@@ -245,7 +246,7 @@ fn groups(
                     }
                     if fr.flags & FLAG_ENCRYPTED != 0 {
                         return Err(bad(format!(
-                            "{}: flag 4 (encrypted) is set; this broker holds no encryption key",
+                            "{}: flag 4 (encrypted) is set; the broker encrypts queues with encryptionEnabled itself and takes no client-encrypted frames",
                             at_frame()
                         )));
                     }

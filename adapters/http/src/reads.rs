@@ -189,8 +189,11 @@ pub(crate) async fn fetch<A: ClientApi>(
             continue;
         }
         let limit = (max as usize).min(budget.max(1));
-        let msgs =
+        let mut msgs =
             reads::messages(&*state, &p, offset, limit, 100_000).map_err(|e| store_err(&e))?;
+        for (_, m) in &mut msgs {
+            open(api, &mut m.payload);
+        }
         let used: usize = msgs.iter().map(|(_, m)| m.payload.len() + 64).sum();
         budget = budget.saturating_sub(used);
         read.push((p.next_offset, p.log_start, msgs, None));
@@ -213,6 +216,13 @@ pub(crate) async fn fetch<A: ClientApi>(
         })
         .collect();
     Ok(json_answer(200, &FetchOut { entries }))
+}
+
+/// Replace a sealed payload (an encrypted queue's) by its plaintext when this node can open it.
+fn open<A: ClientApi>(api: &Arc<A>, payload: &mut Vec<u8>) {
+    if let std::borrow::Cow::Owned(plain) = api.open_payload(payload) {
+        *payload = plain;
+    }
 }
 
 /// `POST /api/v1/partitions/changed`.
@@ -341,8 +351,11 @@ pub(crate) async fn dlq<A: ClientApi>(
             && from.is_none_or(|f| d.failed >= f)
             && to.is_none_or(|t| d.failed <= t)
     };
-    let (rows, total) =
+    let (mut rows, total) =
         reads::dead_letters(&*state, qr.qid, &filter, offset, limit).map_err(|e| store_err(&e))?;
+    for d in &mut rows {
+        open(api, &mut d.payload);
+    }
     let messages = rows
         .iter()
         .map(|d| DlqMessage {

@@ -8,6 +8,7 @@ mod admin;
 mod long_poll;
 mod propose;
 mod readiness;
+mod sealing;
 mod sink_log;
 #[cfg(test)]
 pub(crate) mod twins;
@@ -65,6 +66,10 @@ pub struct Broker {
     s3_status: std::sync::OnceLock<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
     /// A store reclaim (after a deletion near the disk gate) is running.
     reclaiming: Arc<std::sync::atomic::AtomicBool>,
+    /// Seals and opens payloads of encrypted queues (`sealing.rs`).
+    cipher: Arc<dyn queen_ports::PayloadCipher>,
+    /// Whether `cipher` holds a key (`QUEEN_ENCRYPTION_KEY`).
+    has_key: bool,
 }
 
 impl Broker {
@@ -101,6 +106,8 @@ impl Broker {
             max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
             reclaiming: Arc::default(),
+            cipher: Arc::new(queen_crypto::NoKey),
+            has_key: false,
         }
     }
 
@@ -230,8 +237,9 @@ impl Broker {
 }
 
 impl ClientApi for Broker {
-    async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushOutcome>, BrokerError> {
+    async fn push(&self, mut items: Vec<PushItem>) -> Result<Vec<PushOutcome>, BrokerError> {
         message_size::check_push(&items, self.max_message_bytes)?;
+        self.seal_pushes(&mut items)?;
         let out = match &self.push_lane {
             // The request's deadline covers its wait in the lane too; past it the outcome is
             // unknown, as for any proposal that timed out (a retry with the same
@@ -274,7 +282,9 @@ impl ClientApi for Broker {
     }
 
     async fn pop(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
-        self.long_poll(req).await
+        let mut out = self.long_poll(req).await?;
+        self.open_pop(&mut out);
+        Ok(out)
     }
 
     async fn pop_tagged(
@@ -283,7 +293,9 @@ impl ClientApi for Broker {
         task: Option<String>,
         req: PopRequest,
     ) -> Result<(String, PopOutcome), BrokerError> {
-        self.long_poll_tagged(namespace, task, req).await
+        let (queue, mut out) = self.long_poll_tagged(namespace, task, req).await?;
+        self.open_pop(&mut out);
+        Ok((queue, out))
     }
 
     async fn ack(
@@ -328,12 +340,13 @@ impl ClientApi for Broker {
 
     async fn transaction(
         &self,
-        ops: Vec<TxnOp>,
+        mut ops: Vec<TxnOp>,
         required_leases: Vec<LeaseId>,
         kv: Vec<KvOp>,
-        timers: Vec<queen_domain::timers::TimerOp>,
+        mut timers: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<TxnOutcome, BrokerError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
+        self.seal_transaction(&mut ops, &mut timers)?;
         let t = self
             .proposer
             .propose_for(
@@ -374,6 +387,7 @@ impl ClientApi for Broker {
         options: QueueOptions,
     ) -> Result<QueueOptions, BrokerError> {
         let name = queue.as_str().to_owned();
+        self.check_flag(&name, options.encryption_enabled)?;
         let options = self
             .proposer
             .propose_for(
@@ -403,9 +417,10 @@ impl ClientApi for Broker {
 
     async fn timers(
         &self,
-        ops: Vec<queen_domain::timers::TimerOp>,
+        mut ops: Vec<queen_domain::timers::TimerOp>,
     ) -> Result<Vec<queen_domain::timers::TimerResult>, BrokerError> {
         message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
+        self.seal_timers(&mut ops)?;
         self.proposer
             .propose_for(Command::Timers(ops), Outcome::into_timers)
             .await
@@ -457,5 +472,12 @@ impl ClientApi for Broker {
         self.telemetry
             .metrics()
             .http_request(route, status, seconds);
+    }
+
+    fn open_payload<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        match self.cipher.open(stored) {
+            queen_ports::Opened::Plain(p) => std::borrow::Cow::Owned(p),
+            _ => std::borrow::Cow::Borrowed(stored),
+        }
     }
 }

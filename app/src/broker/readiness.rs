@@ -50,7 +50,16 @@ impl Broker {
         let queues = reads::queues(&*view, 1000).map_err(|e| Self::read_error(&e))?;
         let safe = reads::safe_time(&*view).map_err(|e| Self::read_error(&e))?;
         let p = self.log.progress();
+        let flagged: Vec<String> = queues
+            .iter()
+            .filter(|q| q.options.encryption_enabled)
+            .map(|q| q.name.clone())
+            .collect();
         Ok(StatusView {
+            encryption: queen_ports::EncryptionStatus {
+                key_loaded: self.has_key,
+                encrypted_queues: flagged,
+            },
             node: NodeStatus {
                 id: p.node_id,
                 uptime_seconds: self.started.elapsed().as_secs(),

@@ -35,6 +35,10 @@ impl SinkLog for Broker {
             .as_ref()
             .is_none_or(|m| m.members().len() <= 1)
     }
+
+    fn open_stored(&self, stored: &[u8]) -> queen_ports::Opened {
+        self.cipher.open(stored)
+    }
 }
 
 #[cfg(test)]

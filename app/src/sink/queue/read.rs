@@ -82,12 +82,13 @@ impl QueueTask {
             h.1 = last + 1;
             for (offset, m) in msgs {
                 newest = newest.max(Some(m.stamp));
+                let payload = lake_payload(&*shared.log, m.payload);
                 self.builder.push(SinkRecord {
                     partition: p.name.clone(),
                     offset,
                     transaction_id: m.transaction_id,
                     ts: m.stamp,
-                    payload: m.payload,
+                    payload,
                 });
             }
             h.2 = peek(&*state, p, h.1).map_err(err)?;
@@ -103,6 +104,19 @@ impl QueueTask {
         let partitions = view.partitions.len() as u64;
         self.set(|q| q.partitions = partitions);
         Ok(true)
+    }
+}
+
+/// What the lake gets for a stored payload: the plaintext of a sealed one (encrypted queues),
+/// a JSON string of the stored bytes when this node cannot open it (no key, another key), and
+/// otherwise the stored text itself.
+fn lake_payload(log: &dyn queen_ports::SinkLog, stored: Vec<u8>) -> Vec<u8> {
+    match log.open_stored(&stored) {
+        queen_ports::Opened::NotSealed => stored,
+        queen_ports::Opened::Plain(p) => p,
+        queen_ports::Opened::Undecryptable => {
+            serde_json::to_vec(&String::from_utf8_lossy(&stored)).unwrap_or(stored)
+        }
     }
 }
 
