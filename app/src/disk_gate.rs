@@ -196,6 +196,11 @@ impl DiskGate {
         }
     }
 
+    /// The threshold, in percent of the file system.
+    pub(crate) fn high_pct(&self) -> u8 {
+        self.limits.high_pct
+    }
+
     /// Record a sample: proposals answered before it are now in `used`.
     pub(crate) fn sample(&self, total: u64, used: u64) {
         self.used.store(used, Ordering::Relaxed);

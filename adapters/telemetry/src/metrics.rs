@@ -54,6 +54,10 @@ pub struct Metrics {
     store_disk_bytes: Gauge<u64>,
     /// `queen_pop_waiting`.
     pop_waiting: Gauge<u64>,
+    /// `queen_disk_used_ratio`: the data directory's file system, used over total.
+    disk_used_ratio: Gauge<f64>,
+    /// `queen_disk_gate_ratio`: where the disk gate closes (`QUEEN_RAFT_DISK_HIGH_PCT` / 100).
+    disk_gate_ratio: Gauge<f64>,
     /// The S3 sink's instruments.
     s3: crate::s3::S3Metrics,
 }
@@ -134,11 +138,24 @@ impl Metrics {
                 "Bytes the state store occupies on disk.",
             ),
             pop_waiting: gauge("queen_pop_waiting", "Pop requests waiting for messages."),
+            disk_used_ratio: meter
+                .f64_gauge("queen_disk_used_ratio")
+                .with_description("Used over total bytes of the data directory's file system.")
+                .build(),
+            disk_gate_ratio: meter
+                .f64_gauge("queen_disk_gate_ratio")
+                .with_description(
+                    "The used ratio at which the disk gate refuses writes that add data (QUEEN_RAFT_DISK_HIGH_PCT / 100).",
+                )
+                .build(),
             s3: crate::s3::S3Metrics::new(meter),
         };
         metrics.messages_pushed.add(0, &[]);
         metrics.messages_duplicate.add(0, &[]);
         metrics.messages_delivered.add(0, &[]);
+        for status in ACK_STATUSES {
+            metrics.acks.add(0, &[KeyValue::new("status", status)]);
+        }
         metrics.set_raft(0, 0, 0, false);
         metrics.set_store_disk_bytes(0);
         metrics.set_waiting_pops(0);
@@ -222,6 +239,17 @@ impl Metrics {
     /// The S3 sink's instruments.
     pub fn s3(&self) -> &crate::s3::S3Metrics {
         &self.s3
+    }
+
+    /// Sets `queen_disk_used_ratio` and `queen_disk_gate_ratio` from a sample of the data
+    /// directory's file system.
+    pub fn set_disk(&self, total_bytes: u64, used_bytes: u64, gate_pct: u8) {
+        if total_bytes > 0 {
+            let ratio = used_bytes as f64 / total_bytes as f64;
+            self.disk_used_ratio.record(ratio, &[]);
+        }
+        self.disk_gate_ratio
+            .record(f64::from(gate_pct) / 100.0, &[]);
     }
 
     /// Sets `queen_pop_waiting`, the number of pops parked waiting for messages.

@@ -22,6 +22,8 @@ pub struct S3QueueGauges {
     pub discovery_partitions: u64,
     /// `queen_s3_checkpoint_age_windows`: windows committed since the last checkpoint.
     pub checkpoint_age_windows: u64,
+    /// `queen_s3_window_seconds`: the longest a window stays open (`QUEEN_S3_MAX_WINDOW_MS`).
+    pub window_seconds: f64,
 }
 
 type Table = Arc<Mutex<BTreeMap<String, S3QueueGauges>>>;
@@ -157,6 +159,13 @@ impl S3Metrics {
                     "The lag plus how far this node's applied log trails its clock, by queue.",
                     |g| g.safe_lag_seconds,
                 ),
+                observed_f64(
+                    meter,
+                    &table,
+                    "queen_s3_window_seconds",
+                    "The longest a window of the queue stays open (QUEEN_S3_MAX_WINDOW_MS), by queue.",
+                    |g| g.window_seconds,
+                ),
             ],
             _int_gauges: vec![
                 observed_u64(
@@ -235,7 +244,20 @@ impl S3Metrics {
         let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         match gauges {
             Some(g) => {
-                t.insert(queue.to_owned(), g);
+                if t.insert(queue.to_owned(), g).is_none() {
+                    // A queue's counters exist from the moment its sink runs, at zero, so that
+                    // rates and `increase()` in alert rules see them before the first event.
+                    let l = [KeyValue::new("queue", queue.to_owned())];
+                    for c in [
+                        &self.windows_committed,
+                        &self.records_written,
+                        &self.bytes_written,
+                        &self.records_lost,
+                        &self.commit_precondition_lost,
+                    ] {
+                        c.add(0, &l);
+                    }
+                }
             }
             None => {
                 t.remove(queue);

@@ -191,6 +191,9 @@ impl Broker {
     /// Record a sample of the data directory's file system: its size and the bytes in use.
     pub fn set_disk_use(&self, total_bytes: u64, used_bytes: u64) {
         self.proposer.disk.sample(total_bytes, used_bytes);
+        self.telemetry
+            .metrics()
+            .set_disk(total_bytes, used_bytes, self.proposer.disk.high_pct());
     }
 
     /// Propose a command and wait for its outcome, up to the request deadline, past the disk

@@ -110,6 +110,7 @@ impl Shared {
             buffer_bytes: q.buffered,
             discovery_partitions: q.partitions,
             checkpoint_age_windows: q.checkpoint_age,
+            window_seconds: self.settings.max_window_ms as f64 / 1000.0,
         });
         drop(all);
         self.telemetry.metrics().s3().set_queue(queue, gauges);
