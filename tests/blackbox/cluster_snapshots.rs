@@ -396,3 +396,87 @@ fn the_leader_killed_while_sending_a_snapshot_the_cluster_converges_with_every_w
     acked.extend(load(&nodes, &[0, 1, 2], "lsnap", "end", 20, 2));
     assert_all_once(&nodes, "lsnap", &acked);
 }
+
+/// An encrypted queue on three nodes with one key: what a follower receives in a snapshot is
+/// ciphertext too, no node's data directory holds the payloads' bytes, and every node's pops
+/// give them back in clear.
+#[test]
+fn an_encrypted_queue_stays_ciphertext_on_every_node_and_through_a_snapshot() {
+    const KEY: (&str, &str) = (
+        "QUEEN_ENCRYPTION_KEY",
+        "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster_with(dir.path(), |_| {
+        let mut env = SNAPSHOT_ENV.to_vec();
+        env.push(KEY);
+        env
+    });
+    let leader = leader_index(&nodes, None).expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let live: Vec<usize> = (0..3).filter(|i| *i != follower).collect();
+    let c = nodes[leader].post(
+        "/api/v1/configure",
+        &json!({"queue": "vault", "options": {"encryptionEnabled": true}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
+    wait_caught_up(&nodes, follower, Duration::from_secs(30));
+    let stopped_at = applied(&nodes[follower]);
+    assert!(nodes[follower].sigterm(Duration::from_secs(40)).success());
+    // While it is away: marked payloads through the other nodes, then enough entries that the
+    // log it would need is purged, so the marks reach it in a snapshot.
+    for (i, via) in live.iter().enumerate() {
+        for (queue, mark) in [("vault", "VAULT-PLAINTEXT"), ("open", "OPEN-PLAINTEXT")] {
+            let a = nodes[*via].post(
+                "/api/v1/push",
+                &json!({"items": [{"queue": queue, "transactionId": format!("{mark}-{i}"), "payload": {"m": format!("{mark}-{i}!")}}]}),
+            );
+            assert_eq!(a.status, 200, "{}", a.text);
+        }
+    }
+    load(&nodes, &live, "vault", "away", 1600, 1);
+    let now_leader = leader_index(&nodes, Some(follower)).expect("a leader");
+    wait_purged_past(&nodes[now_leader], stopped_at);
+    let from = nodes[follower].log_text().len();
+    nodes[follower].launch();
+    wait_caught_up(&nodes, follower, Duration::from_secs(120));
+    assert!(
+        logged_since(&nodes[follower], from, "snapshot installed"),
+        "the follower caught up without a snapshot"
+    );
+    nodes[follower].wait_healthy(Duration::from_secs(30));
+    // Every node gives the payloads back in clear.
+    for (i, n) in nodes.iter().enumerate() {
+        let got = n.get(&format!(
+            "/api/v1/pop/queue/vault?batch=2&wait=false&consumerGroup=reader-{i}"
+        ));
+        assert!(
+            got.text.contains(r#"{"m":"VAULT-PLAINTEXT-0!"}"#),
+            "{}",
+            got.text
+        );
+    }
+    // No node's files hold them; the unflagged queue's are there (the scan can see).
+    let holds = |n: &Node, needle: &str| {
+        queen_tests::files_under(&n.dir).into_iter().any(|p| {
+            std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+    };
+    for n in &mut nodes {
+        assert!(n.sigterm(Duration::from_secs(40)).success());
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        assert!(
+            !holds(n, "VAULT-PLAINTEXT-0!"),
+            "node {i} stores the payload in clear"
+        );
+        assert!(
+            !holds(n, "VAULT-PLAINTEXT-1!"),
+            "node {i} stores the payload in clear"
+        );
+        assert!(
+            holds(n, "OPEN-PLAINTEXT-0!"),
+            "node {i}: the scan finds unflagged payloads"
+        );
+    }
+}
