@@ -5,6 +5,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use queen_raft::{DEFAULT_ELECTION_MAX_MS, DEFAULT_ELECTION_MIN_MS, DEFAULT_HEARTBEAT_MS};
+
 /// Values as given, before validation (blank counts as unset).
 #[derive(Debug, Clone, Default)]
 pub struct RawConfig {
@@ -52,6 +54,12 @@ pub struct RawConfig {
     pub hostname: Option<String>,
     /// `QUEEN_ENCRYPTION_KEY`
     pub encryption_key: Option<SecretText>,
+    /// `QUEEN_RAFT_HEARTBEAT_MS`
+    pub heartbeat_ms: Option<String>,
+    /// `QUEEN_RAFT_ELECTION_MIN_MS`
+    pub election_min_ms: Option<String>,
+    /// `QUEEN_RAFT_ELECTION_MAX_MS`
+    pub election_max_ms: Option<String>,
 }
 
 /// A secret setting as given: cloned and passed on, never printed.
@@ -118,6 +126,14 @@ pub struct Config {
     /// After a leader change, leases timed under the previous leader are held this long past
     /// their expiry.
     pub max_clock_skew_ms: u64,
+    /// The leader's heartbeat period, in ms.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in `election_min_ms..election_max_ms`
+    /// stands for election; a voter refuses other candidates for `election_max_ms` after it last
+    /// heard the leader (openraft's leader lease).
+    pub election_min_ms: u64,
+    /// See `election_min_ms`.
+    pub election_max_ms: u64,
     /// The payload cipher of encrypted queues, from `QUEEN_ENCRYPTION_KEY` (none: unset).
     pub encryption: Option<std::sync::Arc<queen_crypto::Aes256Gcm>>,
 }
@@ -150,7 +166,7 @@ impl Config {
     #[must_use]
     pub fn describe(&self) -> String {
         format!(
-            "peers={} token={} encryption_key={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} join={}",
+            "peers={} token={} encryption_key={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} heartbeat_ms={} election_ms={}..{} join={}",
             self.peers.len(),
             if self.token.is_some() { "set" } else { "unset" },
             if self.encryption.is_some() {
@@ -170,6 +186,9 @@ impl Config {
             self.ready_lag_entries,
             self.ready_lag_ms,
             self.max_clock_skew_ms,
+            self.heartbeat_ms,
+            self.election_min_ms,
+            self.election_max_ms,
             self.join,
         )
     }
@@ -459,6 +478,46 @@ impl RawConfig {
                 format!("{max_clock_skew_ms} is outside 0..=60000"),
             ));
         }
+        let heartbeat_ms: u64 = number(
+            &self.heartbeat_ms,
+            "QUEEN_RAFT_HEARTBEAT_MS",
+            DEFAULT_HEARTBEAT_MS,
+            "a duration in ms",
+        )?;
+        if !(10..=5_000).contains(&heartbeat_ms) {
+            return Err(bad(
+                "QUEEN_RAFT_HEARTBEAT_MS",
+                format!("{heartbeat_ms} is outside 10..=5000"),
+            ));
+        }
+        let election_min_ms: u64 = number(
+            &self.election_min_ms,
+            "QUEEN_RAFT_ELECTION_MIN_MS",
+            DEFAULT_ELECTION_MIN_MS,
+            "a duration in ms",
+        )?;
+        let election_max_ms: u64 = number(
+            &self.election_max_ms,
+            "QUEEN_RAFT_ELECTION_MAX_MS",
+            DEFAULT_ELECTION_MAX_MS.max(election_min_ms + 1),
+            "a duration in ms",
+        )?;
+        if election_min_ms < heartbeat_ms * 3 || election_min_ms > 60_000 {
+            return Err(bad(
+                "QUEEN_RAFT_ELECTION_MIN_MS",
+                format!(
+                    "{election_min_ms} must be at least three heartbeats (QUEEN_RAFT_HEARTBEAT_MS={heartbeat_ms}) and at most 60000"
+                ),
+            ));
+        }
+        if election_max_ms <= election_min_ms || election_max_ms > 120_000 {
+            return Err(bad(
+                "QUEEN_RAFT_ELECTION_MAX_MS",
+                format!(
+                    "{election_max_ms} must be above QUEEN_RAFT_ELECTION_MIN_MS ({election_min_ms}) and at most 120000"
+                ),
+            ));
+        }
         let encryption = match self
             .encryption_key
             .as_ref()
@@ -471,6 +530,9 @@ impl RawConfig {
             )),
         };
         Ok(Config {
+            heartbeat_ms,
+            election_min_ms,
+            election_max_ms,
             encryption,
             join,
             client_offload,

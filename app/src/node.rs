@@ -72,6 +72,9 @@ where
     )?;
     let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
     raft_cfg.token = cfg.token.clone();
+    raft_cfg.heartbeat_ms = cfg.heartbeat_ms;
+    raft_cfg.election_min_ms = cfg.election_min_ms;
+    raft_cfg.election_max_ms = cfg.election_max_ms;
     raft_cfg.join = cfg.join;
     raft_cfg.log_kinds = kinds;
     raft_cfg.faults_file = knobs.faults_file;

@@ -279,6 +279,19 @@ impl QueenSide {
         self.queen.procs.pids()[self.queen.leader]
     }
 
+    /// The highest raft term any node reports (each election raises it).
+    async fn term(&self) -> u64 {
+        let mut term = 0;
+        for i in 0..3u64 {
+            term = term.max(
+                self.all.json_at(i, "/health").await["raft"]["term"]
+                    .as_u64()
+                    .unwrap_or(0),
+            );
+        }
+        term
+    }
+
     async fn stored(&self) -> u64 {
         self.all.json_at(self.queen.leader as u64, "/status").await["queues"]["messages"]
             .as_u64()

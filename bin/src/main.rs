@@ -127,6 +127,15 @@ struct ServeArgs {
     /// After a leader change, hold leases timed by another node this long past expiry, in ms [default: 500].
     #[arg(long, env = "QUEEN_RAFT_MAX_CLOCK_SKEW_MS")]
     max_clock_skew_ms: Option<String>,
+    /// The leader's heartbeat period in ms, 10-5000 [default: 100].
+    #[arg(long, env = "QUEEN_RAFT_HEARTBEAT_MS")]
+    heartbeat_ms: Option<String>,
+    /// Shortest election timeout in ms, at least three heartbeats [default: 500].
+    #[arg(long, env = "QUEEN_RAFT_ELECTION_MIN_MS")]
+    election_min_ms: Option<String>,
+    /// Longest election timeout in ms, also how long a voter refuses other candidates after it last heard the leader [default: 1000].
+    #[arg(long, env = "QUEEN_RAFT_ELECTION_MAX_MS")]
+    election_max_ms: Option<String>,
     /// Log format: human or json [default: human].
     #[arg(long, env = "QUEEN_LOG_FORMAT")]
     log_format: Option<String>,
@@ -174,6 +183,9 @@ fn main() -> ExitCode {
         ready_lag_entries: args.ready_lag_entries,
         ready_lag_ms: args.ready_lag_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
+        heartbeat_ms: args.heartbeat_ms,
+        election_min_ms: args.election_min_ms,
+        election_max_ms: args.election_max_ms,
         hostname: std::env::var("HOSTNAME").ok(),
         // A secret: read from the environment only (a flag would show in `ps`).
         encryption_key: std::env::var("QUEEN_ENCRYPTION_KEY")

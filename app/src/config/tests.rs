@@ -174,3 +174,50 @@ fn peers_and_token_rules() {
     assert!(line.contains("token=set"), "{line}");
     assert!(line.contains("request_timeout_ms="), "{line}");
 }
+
+#[test]
+fn raft_timings_have_defaults_and_ranges() {
+    let c = RawConfig::default().validate().unwrap();
+    assert_eq!(
+        (c.heartbeat_ms, c.election_min_ms, c.election_max_ms),
+        (100, 400, 700)
+    );
+    let with = |hb: &str, min: &str, max: &str| {
+        RawConfig {
+            heartbeat_ms: Some(hb.into()),
+            election_min_ms: Some(min.into()),
+            election_max_ms: Some(max.into()),
+            ..RawConfig::default()
+        }
+        .validate()
+    };
+    let c = with("50", "300", "600").unwrap();
+    assert_eq!(
+        (c.heartbeat_ms, c.election_min_ms, c.election_max_ms),
+        (50, 300, 600)
+    );
+    assert_eq!(
+        with("5", "300", "600").unwrap_err().variable,
+        "QUEEN_RAFT_HEARTBEAT_MS"
+    );
+    assert_eq!(
+        with("100", "250", "600").unwrap_err().variable,
+        "QUEEN_RAFT_ELECTION_MIN_MS"
+    );
+    assert_eq!(
+        with("100", "400", "400").unwrap_err().variable,
+        "QUEEN_RAFT_ELECTION_MAX_MS"
+    );
+    assert_eq!(
+        with("100", "x", "700").unwrap_err().variable,
+        "QUEEN_RAFT_ELECTION_MIN_MS"
+    );
+    // A minimum above the default maximum moves the default maximum with it.
+    let c = RawConfig {
+        election_min_ms: Some("2000".into()),
+        ..RawConfig::default()
+    }
+    .validate()
+    .unwrap();
+    assert_eq!(c.election_max_ms, 2001);
+}

@@ -22,6 +22,7 @@ pub(super) async fn rounds(
     prefix: &str,
 ) -> Result<(Vec<Row>, Result<(), String>, (Vec<u64>, Vec<u64>)), String> {
     let mut q = QueenSide::start(bin, &dir.join("queen"), c.to).await?;
+    let term_at_start = q.term().await;
     let mut nats = match nats_bin {
         Some(b) => Some(start_nats(b, &dir.join("nats")).await?),
         None => None,
@@ -152,6 +153,11 @@ pub(super) async fn rounds(
     }
 
     let stored = q.stored().await;
+    let term_at_end = q.term().await;
+    println!(
+        "\nqueen: {} elections during the rounds (raft term {term_at_start} -> {term_at_end})",
+        term_at_end.saturating_sub(term_at_start)
+    );
     let rss = (
         rss_mib(&q.queen.procs),
         nats.as_ref().map(|n| rss_mib(&n.procs)).unwrap_or_default(),
