@@ -5,8 +5,6 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use queen_raft::{DEFAULT_ELECTION_MAX_MS, DEFAULT_ELECTION_MIN_MS, DEFAULT_HEARTBEAT_MS};
-
 /// Values as given, before validation (blank counts as unset).
 #[derive(Debug, Clone, Default)]
 pub struct RawConfig {
@@ -478,46 +476,7 @@ impl RawConfig {
                 format!("{max_clock_skew_ms} is outside 0..=60000"),
             ));
         }
-        let heartbeat_ms: u64 = number(
-            &self.heartbeat_ms,
-            "QUEEN_RAFT_HEARTBEAT_MS",
-            DEFAULT_HEARTBEAT_MS,
-            "a duration in ms",
-        )?;
-        if !(10..=5_000).contains(&heartbeat_ms) {
-            return Err(bad(
-                "QUEEN_RAFT_HEARTBEAT_MS",
-                format!("{heartbeat_ms} is outside 10..=5000"),
-            ));
-        }
-        let election_min_ms: u64 = number(
-            &self.election_min_ms,
-            "QUEEN_RAFT_ELECTION_MIN_MS",
-            DEFAULT_ELECTION_MIN_MS,
-            "a duration in ms",
-        )?;
-        let election_max_ms: u64 = number(
-            &self.election_max_ms,
-            "QUEEN_RAFT_ELECTION_MAX_MS",
-            DEFAULT_ELECTION_MAX_MS.max(election_min_ms + 1),
-            "a duration in ms",
-        )?;
-        if election_min_ms < heartbeat_ms * 3 || election_min_ms > 60_000 {
-            return Err(bad(
-                "QUEEN_RAFT_ELECTION_MIN_MS",
-                format!(
-                    "{election_min_ms} must be at least three heartbeats (QUEEN_RAFT_HEARTBEAT_MS={heartbeat_ms}) and at most 60000"
-                ),
-            ));
-        }
-        if election_max_ms <= election_min_ms || election_max_ms > 120_000 {
-            return Err(bad(
-                "QUEEN_RAFT_ELECTION_MAX_MS",
-                format!(
-                    "{election_max_ms} must be above QUEEN_RAFT_ELECTION_MIN_MS ({election_min_ms}) and at most 120000"
-                ),
-            ));
-        }
+        let (heartbeat_ms, election_min_ms, election_max_ms) = timings::validate(self)?;
         let encryption = match self
             .encryption_key
             .as_ref()
@@ -556,6 +515,8 @@ impl RawConfig {
         })
     }
 }
+
+mod timings;
 
 #[cfg(test)]
 mod tests;
