@@ -198,7 +198,14 @@ where
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = every.tick() => broker.tick().await,
+                    _ = every.tick() => {}
+                    _ = stop_rx.changed() => break,
+                }
+                // A tick is a proposal: without a quorum it would wait out the whole request
+                // deadline (30 s) and hold the stop that long. Dropping it is harmless: ticks
+                // are housekeeping, and one that still commits applies like any other.
+                tokio::select! {
+                    () = broker.tick() => {}
                     _ = stop_rx.changed() => break,
                 }
             }

@@ -375,3 +375,26 @@ fn a_partitioned_leader_loses_its_quorum_and_rejoins_without_losing_anything() {
         acked.len()
     );
 }
+
+/// A leader left alone (both followers killed) stops promptly on SIGTERM: its hand-off attempt
+/// is bounded, and nothing waits out a request deadline for a quorum that is gone (its tick
+/// proposal used to hold the stop for 30 s).
+#[test]
+fn a_leader_without_a_quorum_stops_promptly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let leader = leader_index(&nodes, None).expect("a leader");
+    for i in (0..3).filter(|i| *i != leader) {
+        nodes[i].kill9();
+    }
+    // Past a tick, so that one is in flight without a quorum.
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = Instant::now();
+    let status = nodes[leader].sigterm(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
