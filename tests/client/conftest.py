@@ -9,6 +9,7 @@ free loopback port with its own Raft directory, polled on GET /health until it a
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,9 +47,18 @@ def hs256_token(secret: str, claims: dict) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768-60999), which an outgoing
+    connection can never take between our check and the node's bind."""
+    start = random.randrange(20000)
+    for n in range(20000):
+        port = 12000 + (start + n) % 20000
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 12000 and 32000")
 
 
 class Node:

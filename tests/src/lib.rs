@@ -31,9 +31,30 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), taken below the kernel's ephemeral range
+/// (32768-60999 on Linux). A port the kernel hands out for `:0` can be given again to any
+/// outgoing connection between the moment we release it and the moment a node binds it (a CI
+/// run lost a raft port that way); ports below the range are only ever taken by an explicit
+/// bind. Each test process walks the range from its own starting point, and checks every port
+/// by binding it.
 #[must_use]
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 12_000;
+    const SPAN: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let seed = std::process::id().wrapping_mul(7_919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let _ = NEXT.compare_exchange(u32::MAX, seed % SPAN, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        let port = u16::try_from(LOW + n).expect("the range fits a port");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
