@@ -132,6 +132,36 @@ fn six_queues_settle_two_per_node_and_only_a_leaving_nodes_queues_move() {
             "node {i} should have given back exactly one queue"
         );
     }
+
+    // kill -9 of a node: its two queues come free when their lease rows expire (at most a TTL
+    // after the kill, the holder rewrites them every third of it) and the survivors claim them
+    // within a fraction of a second (issue 23: the TTL plus 2 s), one each.
+    let victim = 2;
+    let theirs: Vec<&str> = held_by(&third, victim)
+        .iter()
+        .map(|q| SIX.iter().copied().find(|s| s == q).unwrap())
+        .collect();
+    let t = Instant::now();
+    nodes[victim].kill9();
+    live[victim] = false;
+    let taken = eventually(Duration::from_secs(60), || {
+        owners(&nodes, &live, &theirs).is_some()
+    });
+    let took = t.elapsed();
+    assert!(
+        taken,
+        "the dead node's queues {theirs:?} were not taken over"
+    );
+    eprintln!(
+        "placement: kill -9 of node {victim}, its queues {theirs:?} held again after {took:?}"
+    );
+    // Generous for a loaded 2-core machine; on a quiet one it is about the TTL plus 0.5 s.
+    assert!(
+        took <= TTL + Duration::from_secs(5),
+        "the takeover took {took:?}, over the lease TTL ({TTL:?}) plus 5 s"
+    );
+    let fourth = settle(&nodes, &live, &SIX, 3, Duration::from_secs(60));
+    eprintln!("placement: after the kill, 3/3: {fourth:?}");
     eprintln!("placement test took {:?}", started.elapsed());
 }
 

@@ -97,6 +97,8 @@ struct SinkStatus {
     queues: u64,
     /// Whether another node present holds fewer than its share (see `someone_under_share`).
     someone_under: bool,
+    /// How many nodes present claim a free queue before this one (see `claim_rank`).
+    claim_rank: u64,
 }
 
 impl Shared {
@@ -380,6 +382,7 @@ fn status_json(shared: &Shared) -> Value {
                 "queue": name,
                 "state": q.state,
                 "heldBy": q.held_by,
+                "running": q.running,
                 "k": q.k,
                 "tEnd": q.t_end,
                 "completeThrough": q.complete_through,

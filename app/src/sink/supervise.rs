@@ -13,6 +13,13 @@ use super::config::Queues;
 use super::queue::{Ended, Look, QueueTask};
 use super::{DISCOVER_EVERY, PRESENCE_FRESH, Shared};
 
+/// How long a node waits, per node present that holds fewer queues, before it claims a free
+/// queue: long enough for that node's presence write and claim to go through the log first.
+const CLAIM_STAGGER: Duration = Duration::from_millis(300);
+
+/// How long after a held lease row's expiry a node looks at it again.
+const EXPIRY_SLACK: Duration = Duration::from_millis(200);
+
 /// Probe the bucket until it answers, then discover queues and run them.
 pub(super) async fn supervise(shared: Arc<Shared>) {
     let mut stop = shared.stop.clone();
@@ -214,10 +221,31 @@ pub(super) async fn presence(shared: &Shared) {
             .filter_map(|r| serde_json::from_slice(&r.value).ok())
             .collect();
         let n = present.len().max(1) as u64;
+        let rank = documents::claim_rank(&present, &s.instance, doc.held);
         shared.set_sink(|st| {
             st.nodes = n;
             st.someone_under = documents::someone_under_share(&present, &s.instance, st.queues);
+            st.claim_rank = rank;
         });
+    }
+}
+
+/// What a look at the lease row settles unless the queue is free (`None`): held by another
+/// instance (and until when, into `expires`), or a row under this node's own name (a restart
+/// within the TTL), taken back at once.
+async fn unless_free(
+    task: &mut QueueTask,
+    look: Result<Look, String>,
+    expires: &mut Option<queen_domain::time::Stamp>,
+) -> Option<Result<Option<String>, String>> {
+    match look {
+        Err(e) => Some(Err(e)),
+        Ok(Look::Held { holder, expires: e }) => {
+            *expires = e;
+            Some(Ok(Some(holder)))
+        }
+        Ok(Look::Mine(version)) => Some(task.take(version).await),
+        Ok(Look::Free) => None,
     }
 }
 
@@ -238,50 +266,58 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
             shared.update_queue(&queue, |q| q.state = "claiming");
         }
         let mut turn = None;
-        let claimed = match task.look().await {
-            Err(e) => Err(e),
-            Ok(Look::Held(holder)) => Ok(Some(holder)),
-            // Rows under this node's own name (a restart within the TTL) are taken back at once.
-            Ok(Look::Mine(version)) => task.take(version).await,
-            Ok(Look::Free) => {
-                // One claim at a time, each after a second for every queue this node already
-                // runs, so the least loaded node claims first. A node already at its fair share
-                // also leaves the queue to the nodes under theirs for a lease TTL (when there is
-                // one): the look cadence alone (a third of the TTL) would blur a second's
-                // difference.
+        let mut expires = None;
+        let look = task.look().await;
+        let claimed = match unless_free(&mut task, look, &mut expires).await {
+            Some(done) => done,
+            None => {
+                // One claim at a time on this node, each after a short stagger for every node
+                // present that holds fewer queues (`claim_rank`), so the least loaded node claims
+                // first and no claim costs more than a fraction of a second per node, however
+                // many queues this one runs (a dead node's queues all come free at once). A node
+                // already at its fair share also leaves the queue to the nodes under theirs for
+                // a lease TTL (when there is one).
                 let guard = tokio::select! {
                     g = shared.claim_turn.lock() => g,
                     _ = stop.changed() => return,
                 };
-                // Fresh counts first: presence rows otherwise trail by a discovery period, and a
-                // node that just claimed would still look under its share.
-                let alone = shared.log.alone();
-                if !alone {
-                    presence(&shared).await;
-                }
-                let held = shared.held();
-                let mut wait = Duration::from_secs(held);
-                if held >= shared.share()
-                    && shared
-                        .sink
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .someone_under
-                {
-                    wait += ttl;
-                }
-                // A node that is the cluster's only member has nobody to leave a queue to.
-                if alone {
-                    wait = Duration::ZERO;
-                }
-                if !wait.is_zero() {
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => return,
+                // Another node may have claimed it while this task waited for its turn (a queue
+                // that came free on every node at once): look again before waiting, so that a
+                // queue of such tasks drains at one read each.
+                let look = task.look().await;
+                match unless_free(&mut task, look, &mut expires).await {
+                    Some(done) => done,
+                    None => {
+                        // Fresh counts first: presence rows otherwise trail by a discovery
+                        // period, and a node that just claimed would still look under its share.
+                        let alone = shared.log.alone();
+                        if !alone {
+                            presence(&shared).await;
+                        }
+                        let held = shared.held();
+                        let (rank, someone_under) = {
+                            let s = shared.sink.lock().unwrap_or_else(PoisonError::into_inner);
+                            (s.claim_rank, s.someone_under)
+                        };
+                        let mut wait = CLAIM_STAGGER * u32::try_from(rank).unwrap_or(u32::MAX);
+                        if held >= shared.share() && someone_under {
+                            wait += ttl;
+                        }
+                        // A node that is the cluster's only member has nobody to leave a
+                        // queue to.
+                        if alone {
+                            wait = Duration::ZERO;
+                        }
+                        if !wait.is_zero() {
+                            tokio::select! {
+                                () = tokio::time::sleep(wait) => {}
+                                _ = stop.changed() => return,
+                            }
+                        }
+                        turn = Some(guard);
+                        task.take(0).await
                     }
                 }
-                turn = Some(guard);
-                task.take(0).await
             }
         };
         let look_again = match claimed {
@@ -326,7 +362,15 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                     q.running = false;
                     q.failing = false;
                 });
-                ttl / 3
+                // Every third of the TTL, or just after the row expires when that comes first
+                // (its holder died): a dead node's queues move within the TTL and a fraction of
+                // a second, not up to a third of the TTL later.
+                Duration::from_micros(documents::next_look_micros(
+                    expires,
+                    shared.log.wall_clock(),
+                    u64::try_from((ttl / 3).as_micros()).unwrap_or(u64::MAX),
+                    u64::try_from(EXPIRY_SLACK.as_micros()).unwrap_or(u64::MAX),
+                ))
             }
             Err(e) => {
                 tracing::warn!(target: "queen-s3", queue = %queue, error = %e, "sink queue claim failed");

@@ -76,6 +76,32 @@ pub fn someone_under_share(present: &[PresenceDoc], me: &str, queues: u64) -> bo
     present.iter().any(|p| p.instance != me && p.held < share)
 }
 
+/// How many other nodes present claim a free queue before `me`: those holding fewer queues,
+/// and among those holding as many, those whose instance name sorts first. A node waits its
+/// rank times a short stagger before it claims, so the least loaded node claims first and every
+/// claim costs a fraction of a second however many queues the node already holds. `held` is
+/// this node's own count, fresher than its presence row.
+#[must_use]
+pub fn claim_rank(present: &[PresenceDoc], me: &str, held: u64) -> u64 {
+    present
+        .iter()
+        .filter(|p| p.instance != me)
+        .filter(|p| p.held < held || (p.held == held && p.instance.as_str() < me))
+        .count() as u64
+}
+
+/// When to look at a held lease row again, in microseconds from `now`: at the regular cadence,
+/// or just after the row expires when that comes first. A live holder rewrites its row every
+/// third of the lease TTL, so its row always expires later than the next regular look; a dead
+/// holder's row expires, and the next look lands `slack` after that instead of up to a whole
+/// cadence later.
+#[must_use]
+pub fn next_look_micros(expires: Option<Stamp>, now: Stamp, cadence: u64, slack: u64) -> u64 {
+    expires.map_or(cadence, |e| {
+        e.0.saturating_sub(now.0).saturating_add(slack).min(cadence)
+    })
+}
+
 /// The live commit pointer of a queue, read from the applied state.
 ///
 /// # Errors
@@ -111,6 +137,48 @@ pub fn intent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn doc(instance: &str, held: u64) -> PresenceDoc {
+        PresenceDoc {
+            instance: instance.into(),
+            held,
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_node_claims_first_and_ties_go_by_name() {
+        let present = [doc("node-1", 3), doc("node-2", 3), doc("node-3", 9)];
+        assert_eq!(claim_rank(&present, "node-1", 3), 0);
+        assert_eq!(claim_rank(&present, "node-2", 3), 1);
+        // A node's own count is fresher than its row: after a claim it falls behind the other.
+        assert_eq!(claim_rank(&present, "node-1", 4), 1);
+        assert_eq!(claim_rank(&present, "node-2", 3), 1);
+        assert_eq!(claim_rank(&present, "node-3", 9), 2);
+        // Alone, or absent from the rows: nobody goes first.
+        assert_eq!(claim_rank(&[], "node-1", 100), 0);
+        assert_eq!(claim_rank(&[doc("node-1", 0)], "node-1", 100), 0);
+    }
+
+    #[test]
+    fn a_dead_holders_row_is_looked_at_just_after_it_expires() {
+        let now = Stamp(10_000_000);
+        // A live holder's row expires after the next regular look.
+        assert_eq!(
+            next_look_micros(Some(Stamp(35_000_000)), now, 10_000_000, 250_000),
+            10_000_000
+        );
+        // A dead holder's row expires before it: look just after.
+        assert_eq!(
+            next_look_micros(Some(Stamp(12_000_000)), now, 10_000_000, 250_000),
+            2_250_000
+        );
+        // Already expired (clocks apart): look after the slack only.
+        assert_eq!(
+            next_look_micros(Some(Stamp(9_000_000)), now, 10_000_000, 250_000),
+            250_000
+        );
+        assert_eq!(next_look_micros(None, now, 10_000_000, 250_000), 10_000_000);
+    }
 
     #[test]
     fn keys_follow_the_documented_shape_and_encode_the_queue() {

@@ -44,7 +44,10 @@ impl QueueTask {
                 if holder == self.shared.settings.instance {
                     Look::Mine(row.version)
                 } else {
-                    Look::Held(holder)
+                    Look::Held {
+                        holder,
+                        expires: row.expires,
+                    }
                 }
             }
         })

@@ -84,8 +84,11 @@ pub(super) enum Look {
     Free,
     /// A row under this instance's name, at this version.
     Mine(u64),
-    /// Another instance holds it.
-    Held(String),
+    /// Another instance holds it, until `expires` unless it rewrites the row.
+    Held {
+        holder: String,
+        expires: Option<queen_domain::time::Stamp>,
+    },
 }
 
 /// The checkpoint document: the next offset of every partition after window `k`.
