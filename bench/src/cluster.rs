@@ -35,6 +35,7 @@
 //! store's, with the disk bytes per message and peak RSS over that whole run.
 
 mod backlog;
+mod failover;
 mod nats;
 mod profile;
 mod report;
@@ -95,6 +96,16 @@ pub struct ClusterArgs {
     /// `perf` is on PATH); 0 skips it.
     #[arg(long, default_value_t = 5)]
     profile_seconds: u64,
+    /// Instead of the rounds: kill the serving leader with SIGKILL this many times (restarting
+    /// it each time) and time the first acknowledged write and the sink's takeover of its queues.
+    #[arg(long, default_value_t = 0)]
+    failover: usize,
+    /// The sink's lease TTL in the failover run, milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    sink_ttl_ms: u64,
+    /// The sink's queues in the failover run (rounded down to a multiple of 3).
+    #[arg(long, default_value_t = 6)]
+    sink_queues: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,6 +362,9 @@ pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
         dir.path().display()
     );
 
+    if c.failover > 0 {
+        return failover::failover(&bin, &dir.path().join("failover"), c).await;
+    }
     let main = dir.path().join("rounds");
     let (rows, qpb1, rss) = rounds(args, c, &bin, nats_bin.as_deref(), &main, &prefix).await?;
     // The rounds' stores are not needed any more: free the disk for the backlog run.

@@ -14,29 +14,45 @@ use crate::{Target, free_port, http_client};
 /// Three queen nodes with their own ports and directories, the same peer list and token;
 /// waits until every node's /health answers 200 and finds the leader.
 pub(super) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
-    let http: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let peers = (0..3)
-        .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut procs = Procs::default();
-    for (i, port) in http.iter().enumerate() {
-        let data = dir.join(format!("queen-{}", i + 1));
-        let log = dir.join(format!("queen-{}.log", i + 1));
-        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    Ok(start_cluster(bin, dir, &[]).await?.0)
+}
+
+/// How to start each node of a cluster again (after a kill): its binary, ports, peers, data
+/// directory and settings.
+pub(super) struct Spawner {
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    http: Vec<u16>,
+    peers: String,
+    extra: Vec<(String, String)>,
+}
+
+impl Spawner {
+    /// Start node `i` (0-based), its log appended to `queen-<i+1>.log` in the run's directory.
+    pub(super) fn spawn(&self, i: usize) -> Result<Proc, String> {
+        let data = self.dir.join(format!("queen-{}", i + 1));
+        let log = self.dir.join(format!("queen-{}.log", i + 1));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(bin)
-            .env("PORT", port.to_string())
+        let mut cmd = Command::new(&self.bin);
+        cmd.env("PORT", self.http[i].to_string())
             .env("HOST", "127.0.0.1")
             .env("QUEEN_RAFT_DIR", &data)
             .env("QUEEN_RAFT_NODE_ID", (i + 1).to_string())
-            .env("QUEEN_RAFT_PEERS", &peers)
+            .env("QUEEN_RAFT_PEERS", &self.peers)
             .env("QUEEN_RAFT_TOKEN", TOKEN)
             // The disk gate counts the whole file system, which other work on a shared machine
             // fills too; the bench's stores need a few GB (`backlog` checks the free space).
             .env("QUEEN_RAFT_DISK_HIGH_PCT", "97")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn");
+        for (k, v) in &self.extra {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -44,16 +60,55 @@ pub(super) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String>
             .map_err(|e| {
                 format!(
                     "cannot start {}: {e} (build it with cargo build --release -p queen)",
-                    bin.display()
+                    self.bin.display()
                 )
             })?;
-        procs.0.push(Proc {
+        Ok(Proc {
             name: format!("queen node {}", i + 1),
             child,
             log: Some(log),
-        });
+        })
     }
-    let t = Target::new(http_client(), &http);
+}
+
+/// Start the three nodes and wait for them (see [`start_queen`]).
+pub(super) async fn start_cluster(
+    bin: &Path,
+    dir: &Path,
+    extra: &[(String, String)],
+) -> Result<(Queen, Spawner), String> {
+    let http: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let peers = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let spawner = Spawner {
+        bin: bin.to_path_buf(),
+        dir: dir.to_path_buf(),
+        http: http.clone(),
+        peers,
+        extra: extra.to_vec(),
+    };
+    let mut procs = Procs::default();
+    for i in 0..3 {
+        procs.0.push(spawner.spawn(i)?);
+    }
+    let leader = wait_healthy(&mut procs, &http).await?;
+    Ok((
+        Queen {
+            procs,
+            ports: http,
+            leader,
+        },
+        spawner,
+    ))
+}
+
+/// Wait (60 s at most) until all three nodes answer /health with 200 and one is the leader;
+/// answers the leader's index.
+pub(super) async fn wait_healthy(procs: &mut Procs, http: &[u16]) -> Result<usize, String> {
+    let t = Target::new(http_client(), http);
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(e) = procs.exited() {
@@ -71,11 +126,7 @@ pub(super) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String>
             }
         }
         if let (3, Some(leader)) = (healthy, leader) {
-            return Ok(Queen {
-                procs,
-                ports: http,
-                leader,
-            });
+            return Ok(leader);
         }
         if Instant::now() > until {
             return Err(format!(
