@@ -98,23 +98,77 @@ fn a_follower_killed_with_9_catches_up_and_nothing_is_lost() {
         );
     }
     nodes[victim].restart();
-    let target = applied(&nodes[leader]);
+    let ids = caught_up_ids(&nodes, victim, leader, "k9");
+    assert_eq!(ids.len(), 40, "every acknowledged write, once: {ids:?}");
+}
+
+/// Wait (30 s at most) until node `i` has applied what node `from` has, then answer the
+/// transactionIds of `queue`'s Default partition as node `i` reads them (a fetch from offset 0;
+/// each once, or the count shows the double).
+fn caught_up_ids(nodes: &[Node], i: usize, from: usize, queue: &str) -> Vec<String> {
+    let target = applied(&nodes[from]);
     assert!(
-        eventually(Duration::from_secs(30), || applied(&nodes[victim])
-            >= target),
-        "no catch-up"
+        eventually(Duration::from_secs(30), || applied(&nodes[i]) >= target),
+        "node {i} did not catch up"
     );
-    let f = nodes[victim].post(
+    let f = nodes[i].post(
         "/api/v1/fetch",
-        &json!({"entries": [{"queue": "k9", "partition": "Default", "offset": 0}]}),
+        &json!({"entries": [{"queue": queue, "partition": "Default", "offset": 0}]}),
     );
-    let ids: std::collections::BTreeSet<String> = f.json["entries"][0]["records"]
+    f.json["entries"][0]["records"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{}", f.text))
         .iter()
-        .map(|r| r["transactionId"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(ids.len(), 40, "every acknowledged write, once: {}", f.text);
+        .map(|r| r["transactionId"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_leader_killed_with_9_is_replaced_and_writes_resume_within_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let leader = leader_index(&nodes, None).expect("a leader");
+    for i in 0..10 {
+        push(&nodes[leader], "k9l", &format!("before-{i}"));
+    }
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let started = Instant::now();
+    nodes[leader].kill9();
+    // Alternate between the survivors, as a client holding every node's URL does, until one
+    // acknowledges the write (the same transactionId on every try).
+    let body = json!({"items": [{"queue": "k9l", "transactionId": "after-kill", "payload": 1}]})
+        .to_string();
+    let mut tries = 0usize;
+    let mut last = String::new();
+    let acknowledged = loop {
+        if started.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        let n = &nodes[survivors[tries % 2]];
+        tries += 1;
+        match n.try_request("POST", "/api/v1/push", Some(&body)) {
+            Ok(a) if a.status == 200 || a.status == 201 => break Some(started.elapsed()),
+            Ok(a) => last = format!("{}: {}", a.status, a.text),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = acknowledged.unwrap_or_else(|| panic!("no write acknowledged within 30 s: {last}"));
+    eprintln!("kill -9 of the leader: first acknowledged write after {took:?} ({tries} tries)");
+    // Issue 23's goal is 1.5 s (`queen-bench cluster --failover` measures 1.1-1.4 s on a quiet
+    // machine); the bound is generous for a loaded 2-core machine and still catches a regression
+    // to the old election timeouts' several seconds.
+    assert!(
+        took <= Duration::from_secs(6),
+        "the first write after the kill took {took:?}"
+    );
+    nodes[leader].restart();
+    let ids = caught_up_ids(&nodes, leader, survivors[0], "k9l");
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert!(
+        ids.len() == 11 && unique.len() == 11 && unique.contains(&"after-kill".to_owned()),
+        "every acknowledged write, once: {ids:?}"
+    );
 }
 
 /// A writer that pushes `<prefix>-<i>` round-robin over the nodes until told to stop (or 120 s),
