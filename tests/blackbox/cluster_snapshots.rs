@@ -457,11 +457,8 @@ fn an_encrypted_queue_stays_ciphertext_on_every_node_and_through_a_snapshot() {
         );
     }
     // No node's files hold them; the unflagged queue's are there (the scan can see).
-    let holds = |n: &Node, needle: &str| {
-        queen_tests::files_under(&n.dir).into_iter().any(|p| {
-            std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        })
-    };
+    let holds =
+        |n: &Node, needle: &str| !queen_tests::files_holding(&n.dir, needle.as_bytes()).is_empty();
     // Stopped by kill -9: what they wrote is in their files either way, and a graceful stop of
     // the last node, alone without a quorum, is not what this test is about.
     for n in &mut nodes {

@@ -26,11 +26,7 @@ fn files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 }
 
 fn holds(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
-    files(dir)
-        .into_iter()
-        .filter(|(_, b)| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        .map(|(p, _)| p)
-        .collect()
+    queen_tests::files_holding(dir, needle.as_bytes())
 }
 
 /// The payloads of the lake's records of `queue` (uncompressed JSONL).

@@ -31,6 +31,16 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The files under `dir` (recursively) whose bytes contain `needle` anywhere: how the
+/// encryption tests show that no data file holds a payload in clear.
+#[must_use]
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| std::fs::read(p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)))
+        .collect()
+}
+
 /// A free loopback port (bound, then released), taken below the kernel's ephemeral range
 /// (32768-60999 on Linux). A port the kernel hands out for `:0` can be given again to any
 /// outgoing connection between the moment we release it and the moment a node binds it (a CI
