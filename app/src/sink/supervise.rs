@@ -15,7 +15,7 @@ use super::{DISCOVER_EVERY, PRESENCE_FRESH, Shared};
 
 /// How long a node waits, per node present that holds fewer queues, before it claims a free
 /// queue: long enough for that node's presence write and claim to go through the log first.
-const CLAIM_STAGGER: Duration = Duration::from_millis(300);
+const CLAIM_STAGGER: Duration = Duration::from_millis(100);
 
 /// How long after a held lease row's expiry a node looks at it again.
 const EXPIRY_SLACK: Duration = Duration::from_millis(200);
