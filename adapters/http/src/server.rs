@@ -139,35 +139,33 @@ async fn answer<A: ClientApi>(
     query: &str,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
-    // Broker JWT, before anything else reads the request. A membership request that carries
-    // the cluster's raft token is an operator's or a peer's: the token is its credential (and
-    // a membership change needs it whatever the JWT says).
-    if let Some(auth) = &shared.auth
-        && !auth.skips(segs)
-    {
-        let need = routes::need(method, segs);
-        let by_raft_token = matches!(segs, ["api", "v1", "system", ..])
-            && check_admin(
-                shared.admin_token.as_deref(),
-                req.headers().get(ADMIN_TOKEN_HEADER),
-            )
-            .is_ok();
-        if !by_raft_token
-            && let Err(e) = auth
-                .check(req.headers().get(hyper::header::AUTHORIZATION), need)
-                .await
-        {
-            return error_response(&e);
-        }
-    }
-    if is_admin_change(method, segs)
-        && let Err(e) = check_admin(
+    // The cluster's raft token, checked once: the credential of a membership change, and of
+    // any `/api/v1/system/*` request when broker JWT is on (an operator's or a peer's).
+    let raft_token = matches!(segs, ["api", "v1", "system", ..]).then(|| {
+        check_admin(
             shared.admin_token.as_deref(),
             req.headers().get(ADMIN_TOKEN_HEADER),
         )
+    });
+    // Broker JWT, before anything else reads the request; a membership change needs the raft
+    // token whatever the JWT says.
+    if let Some(auth) = &shared.auth
+        && !auth.skips(segs)
+        && !matches!(raft_token, Some(Ok(())))
+        && let Err(e) = auth
+            .check(
+                req.headers().get(hyper::header::AUTHORIZATION),
+                routes::need(method, segs),
+            )
+            .await
+    {
+        return error_response(&e);
+    }
+    if is_admin_change(method, segs)
+        && let Some(Err(e)) = &raft_token
     {
         tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
-        return error_response(&e);
+        return error_response(e);
     }
     let declared = req
         .headers()
