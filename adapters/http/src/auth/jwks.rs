@@ -37,9 +37,12 @@ pub(super) struct Jwks {
     client: reqwest::Client,
     refresh: Duration,
     keys: RwLock<Arc<Vec<Key>>>,
-    /// When the last fetch was tried (successful or not); held while a fetch runs, so
-    /// concurrent requests wait for one fetch instead of starting their own.
-    last: Mutex<Option<Instant>>,
+    /// When the last fetch was tried (successful or not): read without waiting by every
+    /// request whose key the set holds.
+    last: std::sync::Mutex<Option<Instant>>,
+    /// Held while a fetch runs, so concurrent requests wait for one fetch instead of starting
+    /// their own.
+    fetching: Mutex<()>,
 }
 
 impl Jwks {
@@ -55,14 +58,23 @@ impl Jwks {
             client,
             refresh,
             keys: RwLock::new(Arc::new(Vec::new())),
-            last: Mutex::new(None),
+            last: std::sync::Mutex::new(None),
+            fetching: Mutex::new(()),
         })
     }
 
     /// Fetch now, whatever the time since the last fetch.
     pub(super) async fn refresh_now(&self) {
-        let mut last = self.last.lock().await;
-        self.fetch(&mut last).await;
+        let _one = self.fetching.lock().await;
+        self.fetch().await;
+    }
+
+    /// The time since the last fetch was tried, if one was.
+    fn since_last(&self) -> Option<Duration> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map(|t| t.elapsed())
     }
 
     /// The key that verifies a token of `alg` naming `kid`: fetched again first when the set
@@ -74,24 +86,18 @@ impl Jwks {
         } else {
             Kind::Rsa
         };
-        {
-            let last = *self.last.lock().await;
-            let stale = last.is_none_or(|t| t.elapsed() >= self.refresh);
-            if !stale && let Some(k) = self.find(kid, kind).await {
-                return Some(k);
-            }
-        }
-        let mut last = self.last.lock().await;
-        // Another request may have fetched while this one waited for the lock.
-        if let Some(k) = self.find(kid, kind).await
-            && last.is_some_and(|t| t.elapsed() < self.refresh)
+        if self.since_last().is_some_and(|d| d < self.refresh)
+            && let Some(k) = self.find(kid, kind).await
         {
             return Some(k);
         }
-        if last.is_none_or(|t| t.elapsed() >= REFETCH_GAP) {
-            self.fetch(&mut last).await;
+        let one = self.fetching.lock().await;
+        // Another request may have fetched while this one waited for the lock: then the gap
+        // has not passed, and the set it fetched answers.
+        if self.since_last().is_none_or(|d| d >= REFETCH_GAP) {
+            self.fetch().await;
         }
-        drop(last);
+        drop(one);
         self.find(kid, kind).await
     }
 
@@ -112,8 +118,12 @@ impl Jwks {
         }
     }
 
-    async fn fetch(&self, last: &mut Option<Instant>) {
-        *last = Some(Instant::now());
+    /// Fetch the set (the caller holds `fetching`).
+    async fn fetch(&self) {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         match self.download().await {
             Ok(keys) => {
                 tracing::info!(target: "queen-http", keys = keys.len(), "JWK set fetched");
