@@ -17,6 +17,10 @@ use super::{DISCOVER_EVERY, PRESENCE_FRESH, Shared};
 /// queue: long enough for that node's presence write and claim to go through the log first.
 const CLAIM_STAGGER: Duration = Duration::from_millis(100);
 
+/// How often a node waiting on a queue held elsewhere reads its own applied state for the
+/// lease row's release.
+const RELEASE_POLL: Duration = Duration::from_millis(250);
+
 /// How long after a held lease row's expiry a node looks at it again.
 const EXPIRY_SLACK: Duration = Duration::from_millis(200);
 
@@ -320,6 +324,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                 }
             }
         };
+        let held_elsewhere = matches!(claimed, Ok(Some(_)));
         let look_again = match claimed {
             Ok(None) => {
                 fenced = false;
@@ -379,9 +384,46 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
             }
         };
         drop(turn);
+        let woke = if held_elsewhere {
+            until_released(&shared, &queue, look_again)
+        } else {
+            Box::pin(tokio::time::sleep(look_again))
+        };
         tokio::select! {
-            () = tokio::time::sleep(look_again) => {}
+            () = woke => {}
             _ = stop.changed() => return,
         }
     }
+}
+
+/// Sleep up to `d`, waking early once this node's applied state shows no live lease row for
+/// `queue`: its holder gave it back (a SIGTERM drains and deletes the row) or the row expired.
+/// A hint read every [`RELEASE_POLL`] from the local state (no log round trip); the look and
+/// the claim that follow go through the log.
+fn until_released<'a>(
+    shared: &'a Shared,
+    queue: &'a str,
+    d: Duration,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        let until = tokio::time::Instant::now() + d;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return;
+            }
+            tokio::time::sleep(RELEASE_POLL.min(until - now)).await;
+            let state = shared.log.applied();
+            let free = documents::lease_holder(
+                &*state,
+                &shared.settings.name,
+                queue,
+                shared.log.wall_clock(),
+            )
+            .is_ok_and(|h| h.is_none());
+            if free {
+                return;
+            }
+        }
+    })
 }

@@ -437,6 +437,23 @@ impl QueueTask {
                 required: true,
             };
             match self.shared.log.sink_kv(vec![op]).await {
+                // Not applied: the row is at a version this node did not see (a refresh whose
+                // answer was lost while leadership moved, say). While it still names this
+                // instance it is ours to delete, at the version it has now; otherwise it is
+                // gone or another node's.
+                Ok(out)
+                    if matches!(
+                        out.results.first(),
+                        Some(KvResult::Write { applied: false, .. })
+                    ) =>
+                {
+                    match self.look().await {
+                        Ok(Look::Mine(version)) if version != self.lease_version => {
+                            self.lease_version = version;
+                        }
+                        _ => break,
+                    }
+                }
                 Ok(_) => break,
                 Err(e) => {
                     tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.to_string(), "lease release failed; retrying");
