@@ -53,13 +53,7 @@ pub(super) async fn failover(bin: &Path, dir: &Path, c: &ClusterArgs) -> Result<
     let mut writes = Vec::new();
     let mut takeovers = Vec::new();
     for kill in 1..=c.failover {
-        let placed = settle(&all, &queues, Duration::from_secs(300)).await?;
-        let leader = leader(&all).await.ok_or("no leader before the kill")?;
-        let theirs: Vec<String> = placed
-            .iter()
-            .filter(|(_, h)| **h == leader)
-            .map(|(q, _)| q.clone())
-            .collect();
+        let (leader, theirs) = placed_leader(&all, &queues).await?;
         let t0 = Instant::now();
         let p = &mut queen.procs.0[leader];
         let _ = p.child.kill();
@@ -78,35 +72,7 @@ pub(super) async fn failover(bin: &Path, dir: &Path, c: &ClusterArgs) -> Result<
             }
         }
         let write = write.ok_or("no write was acknowledged within 15 s of the kill")?;
-        let mut take = None;
-        while t0.elapsed() < ttl + Duration::from_secs(60) {
-            let o = owners(&all, &queues, &live).await;
-            if theirs.iter().all(|q| o.contains_key(q)) {
-                take = Some(t0.elapsed());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let Some(take) = take else {
-            let mut why = String::new();
-            for i in survivors {
-                let s = all.json_at(i, "/status").await;
-                let sink = &s["s3"]["sinks"][0];
-                why.push_str(&format!(
-                    "\nnode {}: placement {}",
-                    i + 1,
-                    sink["placement"]
-                ));
-                for row in sink["queues"].as_array().into_iter().flatten() {
-                    if theirs.iter().any(|q| row["queue"] == q.as_str()) {
-                        why.push_str(&format!("\n  {row}"));
-                    }
-                }
-            }
-            return Err(format!(
-                "the dead node's queues were not taken over within a minute:{why}"
-            ));
-        };
+        let take = taken_over(&all, &queues, &live, &theirs, t0, ttl).await?;
         println!(
             "kill {kill}: node {} (leader, ran {} queues) -> first write {:.2} s, its queues held again {:.2} s (TTL + {:.2} s)",
             leader + 1,
@@ -120,9 +86,36 @@ pub(super) async fn failover(bin: &Path, dir: &Path, c: &ClusterArgs) -> Result<
         queen.procs.0[leader] = spawner.spawn(leader)?;
         wait_healthy(&mut queen.procs, &queen.ports).await?;
     }
+    // SIGTERM hand-overs: the owner drains its queues and deletes their lease rows as it stops.
+    let mut handovers = Vec::new();
+    for term in 1..=c.failover {
+        let (victim, theirs) = placed_leader(&all, &queues).await?;
+        let t0 = Instant::now();
+        let pid = queen.procs.0[victim].child.id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let mut live = [true; 3];
+        live[victim] = false;
+        let took = taken_over(&all, &queues, &live, &theirs, t0, ttl).await?;
+        println!(
+            "SIGTERM {term}: node {} (leader, ran {} queues) -> its queues held again {:.2} s",
+            victim + 1,
+            theirs.len(),
+            took.as_secs_f64()
+        );
+        handovers.push(took);
+        let _ = queen.procs.0[victim].child.wait();
+        queen.procs.0[victim] = spawner.spawn(victim)?;
+        wait_healthy(&mut queen.procs, &queen.ports).await?;
+    }
     println!(
         "\nkill -9 of the leader to the first acknowledged write: {}",
         spread(&mut writes, Duration::ZERO)
+    );
+    println!(
+        "SIGTERM of a sink owner to its queues held again:   {}",
+        spread(&mut handovers, Duration::ZERO)
     );
     println!(
         "kill -9 of a sink owner to its queues held again:   {} (minus the TTL: {})",
@@ -131,6 +124,55 @@ pub(super) async fn failover(bin: &Path, dir: &Path, c: &ClusterArgs) -> Result<
     );
     queen.procs.stop_all();
     Ok(())
+}
+
+/// Once the queues are placed evenly: the leader, and the queues it runs.
+async fn placed_leader(all: &Target, queues: &[String]) -> Result<(usize, Vec<String>), String> {
+    let placed = settle(all, queues, Duration::from_secs(300)).await?;
+    let leader = leader(all).await.ok_or("no leader")?;
+    let theirs = placed
+        .into_iter()
+        .filter(|(_, h)| *h == leader)
+        .map(|(q, _)| q)
+        .collect();
+    Ok((leader, theirs))
+}
+
+/// Wait until every queue of `theirs` is run by exactly one live node: the time since `t0`, or
+/// an error naming the survivors' view after the TTL and a minute.
+async fn taken_over(
+    all: &Target,
+    queues: &[String],
+    live: &[bool; 3],
+    theirs: &[String],
+    t0: Instant,
+    ttl: Duration,
+) -> Result<Duration, String> {
+    while t0.elapsed() < ttl + Duration::from_secs(60) {
+        let o = owners(all, queues, live).await;
+        if theirs.iter().all(|q| o.contains_key(q)) {
+            return Ok(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut why = String::new();
+    for i in (0..3u64).filter(|i| live[*i as usize]) {
+        let s = all.json_at(i, "/status").await;
+        let sink = &s["s3"]["sinks"][0];
+        why.push_str(&format!(
+            "\nnode {}: placement {}",
+            i + 1,
+            sink["placement"]
+        ));
+        for row in sink["queues"].as_array().into_iter().flatten() {
+            if theirs.iter().any(|q| row["queue"] == q.as_str()) {
+                why.push_str(&format!("\n  {row}"));
+            }
+        }
+    }
+    Err(format!(
+        "the queues {theirs:?} were not taken over within the TTL and a minute:{why}"
+    ))
 }
 
 /// "min / median / max" in seconds, less `minus`.
