@@ -261,6 +261,9 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
     // the new holder) until this node runs the queue again, which it does only once the lease
     // is free, like any other node.
     let mut fenced = false;
+    // Whether this node left the free queue to a less loaded node for a TTL already (it claims
+    // it at the next look if nobody did).
+    let mut left = false;
     loop {
         if *stop.borrow() {
             return;
@@ -279,8 +282,8 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                 // present that holds fewer queues (`claim_rank`), so the least loaded node claims
                 // first and no claim costs more than a fraction of a second per node, however
                 // many queues this one runs (a dead node's queues all come free at once). A node
-                // already at its fair share also leaves the queue to the nodes under theirs for
-                // a lease TTL (when there is one).
+                // already at its fair share first leaves the queue to the nodes under theirs for
+                // a lease TTL (when there is one), without holding its turn.
                 let guard = tokio::select! {
                     g = shared.claim_turn.lock() => g,
                     _ = stop.changed() => return,
@@ -303,12 +306,23 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                             let s = shared.sink.lock().unwrap_or_else(PoisonError::into_inner);
                             (s.claim_rank, s.someone_under)
                         };
-                        let mut wait = CLAIM_STAGGER * u32::try_from(rank).unwrap_or(u32::MAX);
-                        if held >= shared.share() && someone_under {
-                            wait += ttl;
-                        }
                         // A node that is the cluster's only member has nobody to leave a
                         // queue to.
+                        let leave = !alone && held >= shared.share() && someone_under;
+                        tracing::debug!(target: "queen-s3", queue = %queue, held, share = shared.share(), rank, someone_under, leave, left, "claim");
+                        if leave && !left {
+                            // Leave it for a TTL without holding this node's turn, so its
+                            // claims of other queues (a stopping node's, say) go on meanwhile;
+                            // then look again and, if it is still free, claim it.
+                            left = true;
+                            drop(guard);
+                            tokio::select! {
+                                () = tokio::time::sleep(ttl) => {}
+                                _ = stop.changed() => return,
+                            }
+                            continue;
+                        }
+                        let mut wait = CLAIM_STAGGER * u32::try_from(rank).unwrap_or(u32::MAX);
                         if alone {
                             wait = Duration::ZERO;
                         }
@@ -324,6 +338,8 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                 }
             }
         };
+        left = false;
+        tracing::debug!(target: "queen-s3", queue = %queue, claimed = ?claimed, "lease look");
         let held_elsewhere = matches!(claimed, Ok(Some(_)));
         let look_again = match claimed {
             Ok(None) => {
@@ -384,6 +400,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
             }
         };
         drop(turn);
+        tracing::debug!(target: "queen-s3", queue = %queue, ?look_again, held_elsewhere, "next lease look");
         let woke = if held_elsewhere {
             until_released(&shared, &queue, look_again)
         } else {
