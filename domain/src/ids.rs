@@ -137,7 +137,13 @@ pub enum PartitionRef {
     Id(u64),
     /// Text that is not a partition id, kept to name it in the refusal.
     Unknown(String),
+    /// A partition of another tenant than the request's: refused exactly as an unknown id
+    /// is (the edge marks it; in the log it is `foreign:<id>`).
+    Foreign(u64),
 }
+
+/// How a [`PartitionRef::Foreign`] is written in the log.
+const FOREIGN: &str = "foreign:";
 
 impl PartitionRef {
     /// Read a consumer's partition reference.
@@ -154,6 +160,9 @@ impl PartitionRef {
 
 impl From<String> for PartitionRef {
     fn from(text: String) -> Self {
+        if let Some(id) = text.strip_prefix(FOREIGN).and_then(|t| t.parse().ok()) {
+            return Self::Foreign(id);
+        }
         Self::id_in(&text).map_or(Self::Unknown(text), Self::Id)
     }
 }
@@ -169,6 +178,7 @@ impl fmt::Display for PartitionRef {
         match self {
             Self::Id(id) => write!(f, "{id}"),
             Self::Unknown(text) => f.write_str(text),
+            Self::Foreign(id) => write!(f, "{FOREIGN}{id}"),
         }
     }
 }
@@ -235,5 +245,14 @@ mod tests {
             PartitionRef::Unknown("eu".into())
         );
         assert_eq!(PartitionRef::parse("eu").to_string(), "eu");
+    }
+
+    #[test]
+    fn a_foreign_partition_survives_the_log_and_is_never_an_id() {
+        let f = PartitionRef::Foreign(7);
+        let back: PartitionRef =
+            crate::codec::decode(b"k", &crate::codec::encode(&f)).expect("decodes");
+        assert_eq!(back, f);
+        assert_eq!(PartitionRef::from("7".to_owned()), PartitionRef::Id(7));
     }
 }

@@ -328,6 +328,33 @@ pub enum LockResult {
     Held(Vec<Holder>),
 }
 
+impl KvOp {
+    /// The namespace the operation works in (a tenant's scope is put in front of it).
+    pub fn ns_mut(&mut self) -> &mut String {
+        match self {
+            KvOp::Get { ns, .. }
+            | KvOp::GetMany { ns, .. }
+            | KvOp::GetPrefix { ns, .. }
+            | KvOp::Put { ns, .. }
+            | KvOp::Delete { ns, .. }
+            | KvOp::Check { ns, .. }
+            | KvOp::Incr { ns, .. } => ns,
+        }
+    }
+}
+
+impl LockOp {
+    /// The lock the operation works on (a tenant's scope is put in front of it).
+    pub fn name_mut(&mut self) -> &mut String {
+        match self {
+            LockOp::Acquire { name, .. }
+            | LockOp::Renew { name, .. }
+            | LockOp::Release { name, .. }
+            | LockOp::Get { name } => name,
+        }
+    }
+}
+
 /// The key of a permit row.
 #[must_use]
 pub fn permit_key(name: &str, slot: u32) -> String {

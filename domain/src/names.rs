@@ -44,12 +44,30 @@ fn check(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// A stored name: a client's, or one under a tenant's scope (`crate::tenant`).
+fn check_stored(name: &str) -> Result<(), NameError> {
+    match crate::tenant::scoped_parts(name) {
+        Some((_, local)) => check(local),
+        None => check(name),
+    }
+}
+
 macro_rules! name_type {
     ($(#[$doc:meta])* $ty:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $ty(String);
+
+        impl TryFrom<String> for $ty {
+            type Error = NameError;
+            /// Read from the log or the store: a client's name, or one a tenant's scope
+            /// holds (`tenant`), which no client can write.
+            fn try_from(s: String) -> Result<Self, NameError> {
+                check_stored(&s)?;
+                Ok(Self(s))
+            }
+        }
 
         impl $ty {
             /// Validate and wrap a name.
@@ -62,23 +80,17 @@ macro_rules! name_type {
                 Ok(Self(name))
             }
 
-            /// Whether `name` is a valid name (what [`Self::new`] checks), without a copy.
+            /// Whether `name` is a valid stored name (a client's, or one under a tenant's
+            /// scope), without a copy.
             #[must_use]
             pub fn is_valid(name: &str) -> bool {
-                check(name).is_ok()
+                check_stored(name).is_ok()
             }
 
             /// The name as text.
             #[must_use]
             pub fn as_str(&self) -> &str {
                 &self.0
-            }
-        }
-
-        impl TryFrom<String> for $ty {
-            type Error = NameError;
-            fn try_from(s: String) -> Result<Self, NameError> {
-                Self::new(s)
             }
         }
 
@@ -109,6 +121,13 @@ name_type!(
     GroupName
 );
 
+impl QueueName {
+    /// A name already validated and put under its tenant's scope (`tenant::Tenant`).
+    pub(crate) fn stored(name: String) -> Self {
+        Self(name)
+    }
+}
+
 impl PartitionName {
     /// The `Default` partition.
     #[must_use]
@@ -118,6 +137,11 @@ impl PartitionName {
 }
 
 impl GroupName {
+    /// A name already validated and put under its tenant's scope (`tenant::Tenant`).
+    pub(crate) fn stored(name: String) -> Self {
+        Self(name)
+    }
+
     /// The queue-mode group.
     #[must_use]
     pub fn queue_mode() -> Self {

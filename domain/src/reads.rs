@@ -44,6 +44,56 @@ pub fn queues(s: &dyn StateRead, limit: usize) -> Result<Vec<QueueRec>, StoreErr
     .collect())
 }
 
+/// One tenant's queues, in name order, at most `limit`: a range of the queue table, so a
+/// listing reads no other tenant's rows.
+///
+/// # Errors
+/// Store failures.
+pub fn tenant_queues(
+    s: &dyn StateRead,
+    tenant: &crate::tenant::Tenant,
+    limit: usize,
+) -> Result<Vec<QueueRec>, StoreError> {
+    let (start, end) = if tenant.is_default() {
+        // Every client name starts at or above ' '; scoped names start with the mark.
+        (keys::queue("\u{2}"), keys::table_end(keys::table::QUEUE))
+    } else {
+        let scope = tenant.scope();
+        let mut end = keys::queue(scope);
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        (keys::queue(scope), end)
+    };
+    Ok(scan_recs::<QueueRec>(s, &start, &end, limit)?
+        .into_iter()
+        .map(|(_, q)| q)
+        .collect())
+}
+
+/// The queue a partition belongs to (its stored name), if the partition exists.
+///
+/// # Errors
+/// Store failures.
+pub fn partition_queue(s: &dyn StateRead, pid: u64) -> Result<Option<String>, StoreError> {
+    Ok(get_rec::<PartitionRec>(s, &keys::partition(pid))?.map(|p| p.queue))
+}
+
+/// The queue a live lease was granted on (its stored name), if the lease exists and still
+/// holds a partition.
+///
+/// # Errors
+/// Store failures.
+pub fn lease_queue(s: &dyn StateRead, lease_id: &str) -> Result<Option<String>, StoreError> {
+    let Some(l) = get_rec::<crate::model::LeaseRec>(s, &keys::lease(lease_id))? else {
+        return Ok(None);
+    };
+    match l.parts.first() {
+        Some(pid) => partition_queue(s, *pid),
+        None => Ok(None),
+    }
+}
+
 /// A queue and its partitions.
 ///
 /// # Errors

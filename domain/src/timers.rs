@@ -38,6 +38,15 @@ pub enum TimerOp {
     },
 }
 
+impl TimerOp {
+    /// The queue the operation works on (a tenant's scope is put in front of it).
+    pub fn queue_mut(&mut self) -> &mut QueueName {
+        match self {
+            TimerOp::Schedule { queue, .. } | TimerOp::Cancel { queue, .. } => queue,
+        }
+    }
+}
+
 /// A stored timer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimerRec {

@@ -263,6 +263,9 @@ pub(crate) fn ack_one(
         PartitionRef::Unknown(text) => {
             return Ok(refused(format!("unknown partitionId '{text}'")));
         }
+        PartitionRef::Foreign(pid) => {
+            return Ok(refused(format!("unknown partitionId '{pid}'")));
+        }
     };
     let Some(opts) = leased.partition(txn, pid)? else {
         return Ok(refused(format!("unknown partitionId '{pid}'")));

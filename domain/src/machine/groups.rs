@@ -11,15 +11,19 @@ use super::queue::partition_ids;
 use super::{get_rec, put_rec, scan_recs};
 
 /// The queues (id, name) a group has a record on, or just `queue` when named.
-fn queues_of(
+/// The queues a group command reaches, with the group's own name: one queue when named;
+/// otherwise every queue of the group's tenant that has the group. A group under a tenant's
+/// scope (`tenant::Tenant::name`) stands for that tenant's group and reaches only its queues;
+/// an unscoped group reaches only the default tenant's.
+fn queues_of<'g>(
     txn: &Txn<'_>,
-    group: &str,
+    group: &'g str,
     queue: Option<&QueueName>,
-) -> Result<Vec<QueueRec>, StoreError> {
+) -> Result<(Vec<QueueRec>, &'g str), StoreError> {
+    let (tenant, local) = crate::tenant::split(group);
     if let Some(q) = queue {
-        return Ok(get_rec::<QueueRec>(txn, &keys::queue(q.as_str()))?
-            .into_iter()
-            .collect());
+        let found = get_rec::<QueueRec>(txn, &keys::queue(q.as_str()))?;
+        return Ok((found.into_iter().collect(), local));
     }
     let all: Vec<(Vec<u8>, QueueRec)> = scan_recs(
         txn,
@@ -29,11 +33,13 @@ fn queues_of(
     )?;
     let mut out = Vec::new();
     for (_, q) in all {
-        if get_rec::<GroupRec>(txn, &keys::group(q.qid, group))?.is_some() {
+        if crate::tenant::split(&q.name).0 == tenant
+            && get_rec::<GroupRec>(txn, &keys::group(q.qid, local))?.is_some()
+        {
             out.push(q);
         }
     }
-    Ok(out)
+    Ok((out, local))
 }
 
 /// Drop a group's cursors (and leases with them) on one queue or all; with `metadata`, also its
@@ -45,16 +51,17 @@ pub(crate) fn delete(
     metadata: bool,
 ) -> Result<(u64, u64), StoreError> {
     let (mut parts, mut meta) = (0, 0);
-    for q in queues_of(txn, group.as_str(), queue)? {
+    let (queues, group) = queues_of(txn, group.as_str(), queue)?;
+    for q in queues {
         for pid in partition_ids(txn, q.qid)? {
-            let ck = keys::cursor(pid, group.as_str());
+            let ck = keys::cursor(pid, group);
             if get_rec::<CursorRec>(txn, &ck)?.is_some() {
                 txn.delete(ck);
                 parts += 1;
             }
         }
-        if metadata && get_rec::<GroupRec>(txn, &keys::group(q.qid, group.as_str()))?.is_some() {
-            txn.delete(keys::group(q.qid, group.as_str()));
+        if metadata && get_rec::<GroupRec>(txn, &keys::group(q.qid, group))?.is_some() {
+            txn.delete(keys::group(q.qid, group));
             meta += 1;
         }
     }
@@ -116,8 +123,9 @@ pub(crate) fn resubscribe(
     from: Stamp,
 ) -> Result<u64, StoreError> {
     let mut n = 0;
-    for q in queues_of(txn, group.as_str(), None)? {
-        let gk = keys::group(q.qid, group.as_str());
+    let (queues, group) = queues_of(txn, group.as_str(), None)?;
+    for q in queues {
+        let gk = keys::group(q.qid, group);
         if let Some(mut g) = get_rec::<GroupRec>(txn, &gk)? {
             g.start = SubscriptionStart::From(from);
             put_rec(txn, gk, &g);

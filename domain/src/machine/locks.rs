@@ -1,5 +1,7 @@
 //! Locks and semaphores as KV rows in `queen-locks`: a permit is the row `<name>#<slot>`, its
 //! token is the row's version (so tokens only rise), and every renewal writes a new version.
+//! A lock name under a tenant's scope lives in that tenant's `queen-locks` namespace, so a
+//! tenant's guards (`check` rows in its own namespaces) name its own permits.
 
 use crate::keys;
 use crate::kv::{Expiry, Holder, LOCKS_NS, LockOp, LockResult, permit_key};
@@ -15,9 +17,21 @@ fn owner_of(row: &KvRow) -> String {
         .unwrap_or_default()
 }
 
-fn holders(s: &dyn StateRead, name: &str, now: Stamp) -> Result<Vec<Holder>, StoreError> {
-    let prefix = keys::kv(LOCKS_NS, &format!("{name}#"));
-    let base = keys::kv_ns(LOCKS_NS).len() + name.len() + 1;
+/// The namespace and the name a lock's rows use: `queen-locks` and the name, or for a scoped
+/// name the tenant's own `queen-locks` and the client's name.
+fn place(name: &str) -> (std::borrow::Cow<'_, str>, &str) {
+    match crate::tenant::split(name) {
+        (Some(_), local) => {
+            let scope = &name[..name.len() - local.len()];
+            (format!("{scope}{LOCKS_NS}").into(), local)
+        }
+        (None, _) => (LOCKS_NS.into(), name),
+    }
+}
+
+fn holders(s: &dyn StateRead, ns: &str, name: &str, now: Stamp) -> Result<Vec<Holder>, StoreError> {
+    let prefix = keys::kv(ns, &format!("{name}#"));
+    let base = keys::kv_ns(ns).len() + name.len() + 1;
     let mut raw = Vec::new();
     s.scan(&prefix, &keys::prefix_end(&prefix), &mut |k, v| {
         raw.push((k.to_vec(), v.to_vec()));
@@ -79,7 +93,8 @@ pub(crate) fn apply(
                 owner,
                 limit,
             } => {
-                let current = holders(&*txn, name, now)?;
+                let (ns, name) = place(name);
+                let current = holders(&*txn, &ns, name, now)?;
                 if let Some(h) = current.iter().find(|h| h.owner == *owner) {
                     LockResult::Acquired {
                         slot: h.slot,
@@ -91,12 +106,7 @@ pub(crate) fn apply(
                     (0..(*limit).max(1)).find(|s| current.iter().all(|h| h.slot != *s))
                 {
                     let key = permit_key(name, slot);
-                    write_row(
-                        txn,
-                        LOCKS_NS,
-                        &key,
-                        &permit_row(owner, *ttl, now, index, now),
-                    )?;
+                    write_row(txn, &ns, &key, &permit_row(owner, *ttl, now, index, now))?;
                     LockResult::Acquired {
                         slot,
                         token: index,
@@ -117,13 +127,14 @@ pub(crate) fn apply(
                 ttl,
                 slot,
             } => {
+                let (ns, name) = place(name);
                 let key = permit_key(name, *slot);
-                match live_row(&*txn, LOCKS_NS, &key, now)? {
+                match live_row(&*txn, &ns, &key, now)? {
                     Some(row) if row.version == *token => {
                         let owner = owner_of(&row);
                         write_row(
                             txn,
-                            LOCKS_NS,
+                            &ns,
                             &key,
                             &permit_row(&owner, *ttl, now, index, row.created),
                         )?;
@@ -133,21 +144,25 @@ pub(crate) fn apply(
                         }
                     }
                     _ => LockResult::Lost {
-                        holders: holders(&*txn, name, now)?,
+                        holders: holders(&*txn, &ns, name, now)?,
                     },
                 }
             }
             LockOp::Release { name, token, slot } => {
+                let (ns, name) = place(name);
                 let key = permit_key(name, *slot);
-                match live_row(&*txn, LOCKS_NS, &key, now)? {
+                match live_row(&*txn, &ns, &key, now)? {
                     Some(row) if row.version == *token => {
-                        delete_row(txn, LOCKS_NS, &key)?;
+                        delete_row(txn, &ns, &key)?;
                         LockResult::Released(true)
                     }
                     _ => LockResult::Released(false),
                 }
             }
-            LockOp::Get { name } => LockResult::Held(holders(&*txn, name, now)?),
+            LockOp::Get { name } => {
+                let (ns, name) = place(name);
+                LockResult::Held(holders(&*txn, &ns, name, now)?)
+            }
         });
     }
     Ok(out)

@@ -109,7 +109,7 @@ pub(crate) fn deliver_due(
             continue;
         };
         let (Ok(q), Ok(p)) = (
-            QueueName::new(queue),
+            QueueName::try_from(queue),
             PartitionName::new(t.partition.clone()),
         ) else {
             continue;

@@ -43,8 +43,8 @@ pub const MAX_QUEUE_BYTES: usize = MAX_COMPONENT_BYTES - "queue=".len();
 pub const MAX_PARTITION_BYTES: usize =
     MAX_COMPONENT_BYTES - ("w----p---.".len() + 5 * U64_DIGITS + MAX_EXT_BYTES);
 
-/// The tenant written by a broker without tenancy.
-pub const DEFAULT_TENANT: &str = "00000000-0000-0000-0000-000000000001";
+/// The tenant written for the default tenant's queues.
+pub use crate::tenant::DEFAULT_TENANT;
 
 /// How windows align (and so which Hive partitions a key carries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

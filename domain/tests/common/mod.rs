@@ -67,7 +67,7 @@ impl Sim {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(&self.seq.to_be_bytes());
         match self.apply(Command::Push(vec![PushItem {
-            queue: QueueName::new(queue).unwrap(),
+            queue: QueueName::try_from(queue.to_owned()).unwrap(),
             partition: PartitionName::new(partition).unwrap(),
             transaction_id: tid(txn),
             message_id: id,
@@ -94,7 +94,7 @@ impl Sim {
     ) -> PopOutcome {
         self.seq += 1;
         match self.apply(Command::Pop(PopCommand {
-            queue: QueueName::new(queue).unwrap(),
+            queue: QueueName::try_from(queue.to_owned()).unwrap(),
             partition: partition.map(|p| PartitionName::new(p).unwrap()),
             group: GroupName::or_queue_mode(group).unwrap(),
             batch,
@@ -134,7 +134,7 @@ impl Sim {
 
     pub fn configure(&mut self, queue: &str, o: QueueOptions) {
         self.apply(Command::Configure {
-            queue: QueueName::new(queue).unwrap(),
+            queue: QueueName::try_from(queue.to_owned()).unwrap(),
             namespace: None,
             task: None,
             options: o,
