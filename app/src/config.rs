@@ -40,6 +40,10 @@ pub struct RawConfig {
     pub join: Option<String>,
     /// `QUEEN_RAFT_CLIENT_OFFLOAD`
     pub client_offload: Option<String>,
+    /// `QUEEN_TENANCY_HEADER`
+    pub tenancy_header: Option<String>,
+    /// `QUEEN_KV_TRUSTED_PROXY`
+    pub kv_trusted_proxy: Option<String>,
     /// `QUEEN_RAFT_PROMOTE_MAX_LAG`
     pub promote_max_lag: Option<String>,
     /// `QUEEN_RAFT_READY_LAG_ENTRIES`
@@ -115,6 +119,8 @@ pub struct Config {
     pub join: bool,
     /// Followers forward their clients' commands to the leader (else they answer 503).
     pub client_offload: bool,
+    /// `x-queen-tenant` names a request's tenant (only behind a trusted proxy).
+    pub tenancy_header: bool,
     /// A learner further behind is not promoted without `force`.
     pub promote_max_lag: u64,
     /// Ready within this many entries of the commit index...
@@ -440,6 +446,13 @@ impl RawConfig {
         }
         let join = flag(&self.join, "QUEEN_RAFT_JOIN", false)?;
         let client_offload = flag(&self.client_offload, "QUEEN_RAFT_CLIENT_OFFLOAD", true)?;
+        let tenancy_header = flag(&self.tenancy_header, "QUEEN_TENANCY_HEADER", false)?;
+        if tenancy_header && !flag(&self.kv_trusted_proxy, "QUEEN_KV_TRUSTED_PROXY", false)? {
+            return Err(bad(
+                "QUEEN_TENANCY_HEADER",
+                "lets any client that reaches this port name any tenant in x-queen-tenant; it needs QUEEN_KV_TRUSTED_PROXY=1, which says a proxy in front of the node sets that header and drops the clients' own",
+            ));
+        }
         if join && !peers.iter().any(|p| p.id == node_id) {
             return Err(bad(
                 "QUEEN_RAFT_JOIN",
@@ -495,6 +508,7 @@ impl RawConfig {
             encryption,
             join,
             client_offload,
+            tenancy_header,
             promote_max_lag,
             ready_lag_entries,
             ready_lag_ms,

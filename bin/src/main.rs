@@ -115,6 +115,12 @@ struct ServeArgs {
     /// Followers forward their clients' writes to the leader [default: true].
     #[arg(long, env = "QUEEN_RAFT_CLIENT_OFFLOAD")]
     client_offload: Option<String>,
+    /// Take each request's tenant from the x-queen-tenant header; needs QUEEN_KV_TRUSTED_PROXY=1 [default: false].
+    #[arg(long, env = "QUEEN_TENANCY_HEADER")]
+    tenancy_header: Option<String>,
+    /// A trusted proxy in front of this node sets x-queen-tenant and drops the clients' own [default: false].
+    #[arg(long, env = "QUEEN_KV_TRUSTED_PROXY")]
+    kv_trusted_proxy: Option<String>,
     /// Most entries a learner may lag and still be promoted without force [default: 1000].
     #[arg(long, env = "QUEEN_RAFT_PROMOTE_MAX_LAG")]
     promote_max_lag: Option<String>,
@@ -179,6 +185,8 @@ fn main() -> ExitCode {
         disk_reserve_bytes: args.disk_reserve_bytes,
         join: args.join,
         client_offload: args.client_offload,
+        tenancy_header: args.tenancy_header,
+        kv_trusted_proxy: args.kv_trusted_proxy,
         promote_max_lag: args.promote_max_lag,
         ready_lag_entries: args.ready_lag_entries,
         ready_lag_ms: args.ready_lag_ms,
@@ -271,6 +279,10 @@ fn main() -> ExitCode {
         body_budget_bytes: config.body_budget_bytes,
         admin_token: config.token.clone(),
         drain: std::time::Duration::ZERO,
+        tenancy: queen_http::Tenancy {
+            header: config.tenancy_header,
+            claims: auth.is_some(),
+        },
         auth,
     };
     let result = runtime.block_on(queen_app::run(

@@ -30,6 +30,6 @@ pub use state_machine::{
 pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{
     BrokerError, ClientApi, DiskRefusal, EncryptionStatus, HealthView, MembershipOp, NodeStatus,
-    NotReady, PopRequest, PopsStatus, QueueStatus, QueuesStatus, SinkLog, StatusView,
+    NotReady, PopRequest, PopsStatus, PurgeReport, QueueStatus, QueuesStatus, SinkLog, StatusView,
     StorageStatus,
 };

@@ -140,6 +140,15 @@ pub struct PopRequest {
     pub timeout: Duration,
 }
 
+/// One pass of a tenant purge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Partitions of the queues this pass deleted.
+    pub partitions_deleted: u64,
+    /// Nothing of the tenant was left when the pass ended.
+    pub done: bool,
+}
+
 /// A membership change or listing (admin routes on the client port).
 #[derive(Debug, Clone)]
 pub enum MembershipOp {
@@ -352,6 +361,12 @@ pub trait ClientApi: Send + Sync + 'static {
         &self,
         queue: QueueName,
     ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+    /// One bounded pass of deleting a tenant's queues, timers, KV rows and sink documents
+    /// (never the lake).
+    fn purge_tenant(
+        &self,
+        tenant: queen_domain::tenant::Tenant,
+    ) -> impl Future<Output = Result<PurgeReport, BrokerError>> + Send;
     /// Apply timer operations in one entry.
     fn timers(
         &self,

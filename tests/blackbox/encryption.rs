@@ -47,15 +47,7 @@ fn lake_payloads(lake: &Path, queue: &str) -> Vec<Value> {
 }
 
 fn env<'a>(lake: &'a str, key: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
-    let mut e = vec![
-        ("QUEEN_S3_EMBEDDED", "true"),
-        ("QUEEN_S3_QUEUES", "*"),
-        ("QUEEN_S3_ENDPOINT", lake),
-        ("QUEEN_S3_START", "earliest"),
-        ("QUEEN_S3_COMPRESSION", "none"),
-        ("QUEEN_S3_MAX_WINDOW_MS", "1000"),
-        ("QUEEN_S3_SAFE_GUARD_MS", "500"),
-    ];
+    let mut e = queen_tests::folder_sink_env(lake);
     if let Some(k) = key {
         e.push(("QUEEN_ENCRYPTION_KEY", k));
     }

@@ -528,3 +528,96 @@ fn jwt_without_key_material_stops_the_boot_with_one_line() {
         assert!(!n.log_text().contains(SECRET), "{}", n.log_text());
     }
 }
+
+#[test]
+fn a_tokens_tenant_claim_names_its_tenant_and_cannot_purge() {
+    const A: &str = "a1a1a1a1-0000-4000-8000-00000000000a";
+    const B: &str = "b2b2b2b2-0000-4000-8000-00000000000b";
+    let dir = tempfile::tempdir().unwrap();
+    let n = Node::start(
+        bin(),
+        &dir.path().join("n"),
+        &[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)],
+    );
+    let token = |tenant: Option<&str>, role: &str| {
+        let mut c = json!({"sub": "svc", "role": role, "exp": now() + 600});
+        if let Some(t) = tenant {
+            c["tenant"] = json!(t);
+        }
+        hs(&c)
+    };
+    let (a, b, plain) = (
+        token(Some(A), "read-write"),
+        token(Some(B), "read-write"),
+        token(None, "read-write"),
+    );
+    for (t, who) in [(&a, "a"), (&b, "b"), (&plain, "default")] {
+        let p = call(
+            &n,
+            "POST",
+            "/api/v1/push",
+            Some(
+                &json!({"items": [{"queue": "orders", "transactionId": "same", "payload": {"who": who}}]}),
+            ),
+            Some(t),
+        );
+        assert_eq!(p.json[0]["status"], "queued", "{}", p.text);
+    }
+    for (t, who) in [(&a, "a"), (&b, "b"), (&plain, "default")] {
+        let got = call(
+            &n,
+            "GET",
+            "/api/v1/pop/queue/orders?batch=10&wait=false",
+            None,
+            Some(t),
+        );
+        let msgs = got.json["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 1, "{}", got.text);
+        assert_eq!(msgs[0]["data"]["who"], who);
+    }
+    // A tenant claim that is not a UUID is a bad token; this node does not read the header.
+    let bad = call(
+        &n,
+        "GET",
+        "/api/v1/resources/queues",
+        None,
+        Some(&token(Some("acme"), "read-write")),
+    );
+    assert_eq!(bad.status, 401, "{}", bad.text);
+    let headed = n
+        .try_request_with(
+            "GET",
+            "/api/v1/resources/queues",
+            None,
+            &[
+                ("authorization", &format!("Bearer {plain}")),
+                ("x-queen-tenant", B),
+            ],
+        )
+        .unwrap();
+    assert_eq!(headed.status, 400, "{}", headed.text);
+    // A tenant's own admin token cannot purge; an operator's token (no tenant) can.
+    let purge_a = |t: &str| {
+        let path = format!("/api/v1/resources/tenant?tenant={A}");
+        call(&n, "DELETE", &path, None, Some(t))
+    };
+    let own = purge_a(&token(Some(A), "admin"));
+    assert_eq!(own.status, 403, "{}", own.text);
+    let op = purge_a(&token(None, "admin"));
+    assert_eq!(op.status, 200, "{}", op.text);
+    assert_eq!(op.json["done"], true);
+    let gone = call(&n, "GET", "/api/v1/resources/queues", None, Some(&a));
+    assert_eq!(
+        gone.json["queues"].as_array().unwrap().len(),
+        0,
+        "{}",
+        gone.text
+    );
+    let kept = call(&n, "GET", "/api/v1/resources/queues", None, Some(&b));
+    assert_eq!(
+        kept.json["queues"].as_array().unwrap().len(),
+        1,
+        "{}",
+        kept.text
+    );
+}

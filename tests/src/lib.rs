@@ -453,6 +453,21 @@ impl Drop for Node {
     }
 }
 
+/// The settings of an embedded S3 sink that mirrors every queue into the folder `lake_url`
+/// (`file://...`) from the start, uncompressed, in windows of about a second.
+#[must_use]
+pub fn folder_sink_env(lake_url: &str) -> Vec<(&'static str, &str)> {
+    vec![
+        ("QUEEN_S3_EMBEDDED", "true"),
+        ("QUEEN_S3_QUEUES", "*"),
+        ("QUEEN_S3_ENDPOINT", lake_url),
+        ("QUEEN_S3_START", "earliest"),
+        ("QUEEN_S3_COMPRESSION", "none"),
+        ("QUEEN_S3_MAX_WINDOW_MS", "1000"),
+        ("QUEEN_S3_SAFE_GUARD_MS", "500"),
+    ]
+}
+
 /// Three nodes of one cluster on loopback (ids 1-3, `token`), node `i` (0-based) started with
 /// `extra(i)` on top of the cluster settings in `dir/n<id>`, healthy together.
 ///

@@ -100,6 +100,16 @@ impl From<BrokerError> for ApiError {
     }
 }
 
+/// A failed read of the node's state: logged here, answered without its detail.
+pub(crate) fn store_error(e: &queen_domain::StoreError) -> ApiError {
+    tracing::error!(target: "queen-http", error = %e, "state read failed");
+    ApiError::new(
+        500,
+        "internal",
+        "reading the node's state failed; see its log",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

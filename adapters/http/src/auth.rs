@@ -69,6 +69,8 @@ pub struct Auth {
     skip_paths: Vec<SkipPath>,
     roles_claim: String,
     roles_array_claim: String,
+    /// The claim that names the tenant a token acts for (`JWT_TENANT_CLAIM`).
+    tenant_claim: String,
     role_names: [(String, Role); 4],
 }
 
@@ -92,6 +94,8 @@ pub struct Principal {
     pub sub: Option<String>,
     /// The roles it carries.
     pub grants: Grants,
+    /// The tenant its tenant claim names (`JWT_TENANT_CLAIM`), as written.
+    pub tenant: Option<String>,
 }
 
 fn set(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<String> {
@@ -259,6 +263,7 @@ impl Auth {
             skip_paths,
             roles_claim: name("JWT_ROLES_CLAIM", "role"),
             roles_array_claim: name("JWT_ROLES_ARRAY_CLAIM", "roles"),
+            tenant_claim: name("JWT_TENANT_CLAIM", "tenant"),
             role_names: [
                 (name("JWT_ROLE_ADMIN", "admin"), Role::Admin),
                 (name("JWT_ROLE_READ_WRITE", "read-write"), Role::ReadWrite),
@@ -431,6 +436,10 @@ impl Auth {
         Principal {
             sub: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
             grants,
+            tenant: at(&self.tenant_claim).map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }),
         }
     }
 }

@@ -29,9 +29,11 @@ mod reads;
 mod render;
 mod router;
 mod server;
+mod tenancy;
 mod timers_json;
 
 pub use api::ApiError;
 pub use auth::{Auth, AuthConfigError, Principal};
 pub use body::BodyBudget;
 pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};
+pub use tenancy::{TENANT_HEADER, Tenancy};

@@ -10,7 +10,7 @@ use http_body_util::Full;
 use hyper::Response;
 use queen_domain::command::{Command, Outcome};
 use queen_domain::model::{PartitionRec, QueueRec, SubscriptionStart};
-use queen_domain::names::{GroupName, QueueName};
+use queen_domain::names::GroupName;
 use queen_domain::reads;
 use queen_domain::time::Stamp;
 use queen_domain::{StateRead, StoreError};
@@ -22,6 +22,7 @@ use crate::error::{json_answer, json_response};
 use crate::fields::{object, opt_str};
 use crate::pop_query::parse_query;
 use crate::raw::StoredJson;
+use crate::tenancy::Scope;
 use queen_ports::ClientApi;
 
 mod groups;
@@ -35,14 +36,7 @@ const MAX_FETCH_ENTRIES: usize = 1024;
 /// The default and largest byte budget of a fetch.
 const MAX_FETCH_BYTES: u64 = 8 << 20;
 
-fn store_err(e: &StoreError) -> ApiError {
-    tracing::error!(target: "queen-http", error = %e, "state read failed");
-    ApiError::new(
-        500,
-        "internal",
-        "reading the node's state failed; see its log",
-    )
-}
+use crate::api::store_error as store_err;
 
 fn q_get<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
     q.iter()
@@ -118,6 +112,7 @@ struct DlqOut<'a> {
 /// `POST /api/v1/fetch`.
 pub(crate) async fn fetch<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let m = object(body, false)?;
@@ -150,6 +145,7 @@ pub(crate) async fn fetch<A: ClientApi>(
         };
         let queue = opt_str(o, "queue", &f("queue"))?
             .ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
+        let queue = String::from(scope.queue(&queue, &f("queue"))?);
         let partition =
             opt_str(o, "partition", &f("partition"))?.unwrap_or_else(|| "Default".to_owned());
         let offset = o
@@ -228,6 +224,7 @@ fn open<A: ClientApi>(api: &Arc<A>, payload: &mut Vec<u8>) {
 /// `POST /api/v1/partitions/changed`.
 pub(crate) async fn changed<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let m = object(body, false)?;
@@ -251,6 +248,7 @@ pub(crate) async fn changed<A: ClientApi>(
         };
         let queue = opt_str(o, "queue", &f("queue"))?
             .ok_or_else(|| ApiError::bad_request(&f("queue"), "is required"))?;
+        let queue = String::from(scope.queue(&queue, &f("queue"))?);
         let limit = match o.get("limit") {
             None | Some(Value::Null) => 1000,
             Some(v) => v
@@ -324,6 +322,7 @@ pub(crate) async fn changed<A: ClientApi>(
 /// `GET /api/v1/dlq`.
 pub(crate) async fn dlq<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
@@ -342,7 +341,8 @@ pub(crate) async fn dlq<A: ClientApi>(
     let (from, to) = (parse("from")?, parse("to")?);
     api.read_barrier().await?;
     let state = api.state();
-    let Some(qr) = reads::queue(&*state, &queue).map_err(|e| store_err(&e))? else {
+    let stored = scope.queue(&queue, "queue")?;
+    let Some(qr) = reads::queue(&*state, stored.as_str()).map_err(|e| store_err(&e))? else {
         return Ok(json_response(200, &json!({"messages": [], "total": 0})));
     };
     let filter = |d: &queen_domain::model::DlqRec| {
@@ -375,6 +375,52 @@ pub(crate) async fn dlq<A: ClientApi>(
         })
         .collect();
     Ok(json_answer(200, &DlqOut { messages, total }))
+}
+
+/// `DELETE /api/v1/resources/tenant?tenant=<uuid>`: one bounded pass of deleting a tenant's
+/// queues, timers, KV rows and sink documents (never the lake). An operator's route: never
+/// through the tenant's own token, and a trusted proxy may only name the tenant it purges.
+pub(crate) async fn purge_tenant<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let q = parse_query(query);
+    let text = q_get(&q, "tenant").ok_or_else(|| ApiError::bad_request("tenant", "is required"))?;
+    let tenant = queen_domain::tenant::Tenant::parse(text)
+        .map_err(|e| ApiError::bad_request("tenant", &e.to_string()))?;
+    match scope.via {
+        crate::tenancy::Via::Token => {
+            return Err(ApiError::new(
+                403,
+                "forbidden",
+                "a tenant's own token cannot purge a tenant; this is an operator's route",
+            ));
+        }
+        crate::tenancy::Via::Header if scope.tenant != tenant => {
+            return Err(ApiError::new(
+                403,
+                "forbidden",
+                format!(
+                    "{} names another tenant than the one purged",
+                    crate::tenancy::TENANT_HEADER
+                ),
+            ));
+        }
+        _ => {}
+    }
+    if tenant.is_default() {
+        return Err(ApiError::new(
+            409,
+            "default_tenant",
+            "the default tenant holds the data of every client without tenancy and is not purged; delete its queues one by one",
+        ));
+    }
+    let r = api.purge_tenant(tenant.clone()).await?;
+    Ok(json_response(
+        200,
+        &json!({"success": true, "tenant": tenant.id(), "partitionsDeleted": r.partitions_deleted, "done": r.done}),
+    ))
 }
 
 #[cfg(test)]

@@ -5,15 +5,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Response};
-use queen_domain::command::Outcome;
+use queen_domain::command::{Outcome, TxnOp, TxnOutcome};
 use queen_domain::ids::LeaseId;
-use queen_domain::names::QueueName;
+use queen_domain::kv::KvOp;
+use queen_domain::timers::TimerOp;
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
 use crate::error::{
     error_response, json_answer, json_answer_sized, json_response, no_content, text_response,
 };
+use crate::tenancy::Scope;
 use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
 use queen_ports::{ClientApi, Member, NotReady};
 
@@ -85,6 +87,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
 /// Whether the route takes a body (others refuse nothing; their body is ignored).
 pub(crate) async fn handle<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     method: &Method,
     segs: &[&str],
     query: &str,
@@ -92,22 +95,24 @@ pub(crate) async fn handle<A: ClientApi>(
     kind: BodyKind,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     if let BodyKind::Binary { max_decoded } = kind {
-        return binary(api, method, segs, body, max_decoded).await;
+        return binary(api, scope, method, segs, body, max_decoded).await;
     }
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
-            let items = json::push_items(body)?;
+            let mut items = json::push_items(body)?;
             if items.is_empty() {
                 return Ok(json_response(200, &json!([])));
             }
-            let out = api.push(items).await?;
+            scope.push(&mut items);
+            let mut out = api.push(items).await?;
+            scope.push_answers(&mut out);
             Ok(json_answer_sized(
                 200,
                 &render::push(&out),
                 render::push_len_hint(&out),
             ))
         }
-        ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, queue, None, query).await,
+        ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, scope, queue, None, query).await,
         ("GET", ["api", "v1", "pop"]) => {
             let q = pop_query::parse_query(query);
             let tag = |k: &str| {
@@ -116,7 +121,11 @@ pub(crate) async fn handle<A: ClientApi>(
                     .map(|(_, v)| v.clone())
                     .filter(|v| !v.is_empty())
             };
-            let (namespace, task) = (tag("namespace"), tag("task"));
+            // Tags are stored under the tenant's scope, so only its queues match.
+            let (namespace, task) = (
+                tag("namespace").map(|n| scope.name(&n)),
+                tag("task").map(|t| scope.name(&t)),
+            );
             if namespace.is_none() && task.is_none() {
                 return Err(ApiError::bad_request("namespace", "or task is required"));
             }
@@ -126,13 +135,16 @@ pub(crate) async fn handle<A: ClientApi>(
             let group = req.command.group.as_str().to_owned();
             let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
             let (queue, out) = api.pop_tagged(namespace, task, req).await?;
-            Ok(pop_answer(&queue, &group, &out, echo, frames))
+            Ok(pop_answer(scope.local(&queue), &group, &out, echo, frames))
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
-            pop(api, queue, Some(partition), query).await
+            pop(api, scope, queue, Some(partition), query).await
         }
         ("POST", ["api", "v1", "ack"]) => {
-            let (group, item) = json::ack_single(body)?;
+            let (group, mut item) = json::ack_single(body)?;
+            if scope.guarded() {
+                scope.acks(&*api.state(), std::iter::once(&mut item))?;
+            }
             let out = api.ack(group, vec![item]).await?;
             Ok(json_answer_sized(
                 200,
@@ -141,9 +153,12 @@ pub(crate) async fn handle<A: ClientApi>(
             ))
         }
         ("POST", ["api", "v1", "ack", "batch"]) => {
-            let (group, items) = json::ack_batch(body)?;
+            let (group, mut items) = json::ack_batch(body)?;
             if items.is_empty() {
                 return Ok(json_response(200, &json!([])));
+            }
+            if scope.guarded() {
+                scope.acks(&*api.state(), items.iter_mut())?;
             }
             let out = api.ack(group, items).await?;
             Ok(json_answer_sized(
@@ -155,12 +170,14 @@ pub(crate) async fn handle<A: ClientApi>(
         ("POST", ["api", "v1", "transaction"]) => {
             let (ops, leases, kv, timers) = json::transaction(body)?;
             let id = json::uuid_v7().to_string();
-            let out = api.transaction(ops, leases, kv.clone(), timers).await?;
+            let out = transaction(api, scope, ops, leases, &kv, timers).await?;
             Ok(json_answer(200, &render::transaction(&out, &kv, &id)))
         }
         ("POST", ["api", "v1", "kv"]) => {
             let ops = kv_json::kv_ops(body, false)?;
-            let out = api.kv(ops.clone()).await?;
+            let mut scoped = ops.clone();
+            scope.kv(&mut scoped);
+            let out = api.kv(scoped).await?;
             if let Some(e) = overflow_refusal(&ops, &out) {
                 return Err(e);
             }
@@ -168,18 +185,29 @@ pub(crate) async fn handle<A: ClientApi>(
         }
         ("POST", ["api", "v1", "locks"]) => {
             let ops = kv_json::lock_ops(body, &|| format!("anon:{}", json::uuid_v7()))?;
-            let out = api.locks(ops.clone()).await?;
+            let mut scoped = ops.clone();
+            scope.locks(&mut scoped);
+            let out = api.locks(scoped).await?;
             Ok(json_response(200, &kv_json::lock_results(&ops, &out)))
         }
         (method @ ("GET" | "PUT" | "DELETE"), ["api", "v1", "kv", ns, key @ ..])
             if !key.is_empty() =>
         {
-            kv_path(api, method, ns, &key.join("/"), body).await
+            kv_path(api, scope, method, ns, &key.join("/"), body).await
         }
         ("POST", ["api", "v1", "lease", lease_id, "extend"]) => {
             let id = LeaseId::new(*lease_id)
                 .map_err(|e| ApiError::bad_request("leaseId", &e.to_string()))?;
-            let out = api.extend(id).await?;
+            // Another tenant's lease is answered as an unknown one.
+            let out = if scope.lease_ours(&*api.state(), id.as_str())? {
+                api.extend(id).await?
+            } else {
+                Outcome::Extend {
+                    success: false,
+                    renewed: 0,
+                    expires: None,
+                }
+            };
             let Outcome::Extend {
                 success,
                 renewed,
@@ -203,7 +231,12 @@ pub(crate) async fn handle<A: ClientApi>(
             let (queue, namespace, task, options) = json::configure(body)?;
             let name = queue.as_str().to_owned();
             let eff = api
-                .configure(queue, namespace.clone(), task.clone(), options)
+                .configure(
+                    scope.tenant.scope_queue(queue),
+                    namespace.as_deref().map(|n| scope.name(n)),
+                    task.as_deref().map(|t| scope.name(t)),
+                    options,
+                )
                 .await?;
             Ok(json_response(
                 200,
@@ -211,22 +244,24 @@ pub(crate) async fn handle<A: ClientApi>(
             ))
         }
         ("DELETE", ["api", "v1", "resources", "queues", queue]) => {
-            let q = QueueName::new(*queue)
-                .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let q = scope.queue(queue, "queue")?;
             let existed = api.delete_queue(q).await?;
             Ok(json_response(
                 200,
                 &json!({"deleted": true, "queue": queue, "existed": existed}),
             ))
         }
-        ("POST", ["api", "v1", "fetch"]) => reads::fetch(api, body).await,
-        ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, body).await,
-        ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, query).await,
+        ("POST", ["api", "v1", "fetch"]) => reads::fetch(api, scope, body).await,
+        ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, scope, body).await,
+        ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, scope, query).await,
         (m, ["api", "v1", "consumer-groups", rest @ ..]) => {
-            reads::groups(api, m, rest, query, body).await
+            reads::groups(api, scope, m, rest, query, body).await
         }
         (m, ["api", "v1", "timers", rest @ ..]) => {
-            crate::timers_json::route(api, m, rest, query, body).await
+            crate::timers_json::route(api, scope, m, rest, query, body).await
+        }
+        ("DELETE", ["api", "v1", "resources", "tenant"]) => {
+            reads::purge_tenant(api, scope, query).await
         }
         ("POST", ["api", "v1", "stats", "refresh"]) => {
             Ok(json_response(200, &json!({"success": true})))
@@ -234,7 +269,7 @@ pub(crate) async fn handle<A: ClientApi>(
         ("GET", ["api", "v1", rest @ ("status" | "resources"), tail @ ..]) => {
             let mut segs = vec![*rest];
             segs.extend_from_slice(tail);
-            reads::resources(api, &segs, query).await
+            reads::resources(api, scope, &segs, query).await
         }
         ("GET", ["metrics"]) => {
             let h = api.health();
@@ -398,6 +433,7 @@ fn overflow_refusal(
 /// The path form of KV: `PUT|GET|DELETE /api/v1/kv/<ns>/<key>`.
 async fn kv_path<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     method: &str,
     ns: &str,
     key: &str,
@@ -418,7 +454,9 @@ async fn kv_path<A: ClientApi>(
         // The value is stored as the client wrote it.
         _ => kv_json::path_put(body, ns, key)?,
     };
-    let out = api.kv(vec![op.clone()]).await?;
+    let mut scoped = [op.clone()];
+    scope.kv(&mut scoped);
+    let out = api.kv(scoped.into()).await?;
     let Some(r) = out.results.first() else {
         return Err(ApiError::new(500, "internal", "no result"));
     };
@@ -430,11 +468,13 @@ async fn kv_path<A: ClientApi>(
 
 async fn pop<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     queue: &str,
     partition: Option<&str>,
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let (req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    let (mut req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    req.command.queue = scope.tenant.scope_queue(req.command.queue);
     // Read before the pop: a bad value must be refused before anything is leased.
     let frames = pop_query::wants_frames(query)?;
     let group = req.command.group.as_str().to_owned();
@@ -473,6 +513,7 @@ fn pop_answer(
 /// is read and checked before the use case is called, so a bad body stores nothing.
 async fn binary<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     method: &Method,
     segs: &[&str],
     body: &[u8],
@@ -480,11 +521,14 @@ async fn binary<A: ClientApi>(
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
-            let push = push_binary::push(body, max_decoded)?;
+            let mut push = push_binary::push(body, max_decoded)?;
             let out = if push.items.is_empty() {
                 Vec::new()
             } else {
-                api.push(push.items).await?
+                scope.push(&mut push.items);
+                let mut out = api.push(push.items).await?;
+                scope.push_answers(&mut out);
+                out
             };
             Ok(if push.counts {
                 json_response(200, &render::push_counts(&out))
@@ -496,7 +540,7 @@ async fn binary<A: ClientApi>(
             let txn = push_binary::transaction(body, max_decoded)?;
             let (ops, leases, kv, timers) = txn.request;
             let id = json::uuid_v7().to_string();
-            let out = api.transaction(ops, leases, kv.clone(), timers).await?;
+            let out = transaction(api, scope, ops, leases, &kv, timers).await?;
             if txn.counts {
                 return Ok(json_answer(
                     200,
@@ -514,6 +558,35 @@ async fn binary<A: ClientApi>(
             ),
         )),
     }
+}
+
+/// A transaction under the request's tenant; its answer names things as the client did.
+async fn transaction<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    mut ops: Vec<TxnOp>,
+    leases: Vec<LeaseId>,
+    kv: &[KvOp],
+    mut timers: Vec<TimerOp>,
+) -> Result<TxnOutcome, ApiError> {
+    let mut kv = kv.to_vec();
+    if scope.guarded() {
+        let state = api.state();
+        for (i, l) in leases.iter().enumerate() {
+            if !scope.lease_ours(&*state, l.as_str())? {
+                return Err(ApiError::bad_request(
+                    &format!("requiredLeases[{i}]"),
+                    "is not a lease of this tenant",
+                ));
+            }
+        }
+        scope.transaction(Some(&*state), &mut ops, &mut kv, &mut timers)?;
+    } else {
+        scope.transaction(None, &mut ops, &mut kv, &mut timers)?;
+    }
+    let mut out = api.transaction(ops, leases, kv, timers).await?;
+    scope.transaction_answer(&mut out);
+    Ok(out)
 }
 
 /// Turn a handler result into a response.

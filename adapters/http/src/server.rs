@@ -22,6 +22,7 @@ use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
 use crate::router::{BodyKind, finish, handle, route_label, segments};
+use crate::tenancy::{self, TENANT_HEADER, Tenancy};
 use queen_ports::ClientApi;
 
 /// Listener settings.
@@ -40,6 +41,9 @@ pub struct ServeConfig {
     pub drain: Duration,
     /// Broker JWT (`JWT_ENABLED`): every route but the skipped ones needs a token of its level.
     pub auth: Option<Arc<Auth>>,
+    /// How a request names its tenant (`QUEEN_TENANCY_HEADER`; a token's tenant claim when
+    /// JWT is on).
+    pub tenancy: Tenancy,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -51,6 +55,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("drain", &self.drain)
             .field("auth", &self.auth)
+            .field("tenancy", &self.tenancy)
             .finish()
     }
 }
@@ -65,6 +70,7 @@ struct Shared<A> {
     budget: BodyBudget,
     admin_token: Option<String>,
     auth: Option<Arc<Auth>>,
+    tenancy: Tenancy,
 }
 
 /// Whether a route changes the cluster's administration (membership): those need the admin
@@ -149,18 +155,30 @@ async fn answer<A: ClientApi>(
     });
     // Broker JWT, before anything else reads the request; a membership change needs the raft
     // token whatever the JWT says.
+    let mut principal = None;
     if let Some(auth) = &shared.auth
         && !auth.skips(segs)
         && !matches!(raft_token, Some(Ok(())))
-        && let Err(e) = auth
+    {
+        match auth
             .check(
                 req.headers().get(hyper::header::AUTHORIZATION),
                 routes::need(method, segs),
             )
             .await
-    {
-        return error_response(&e);
+        {
+            Ok(p) => principal = Some(p),
+            Err(e) => return error_response(&e),
+        }
     }
+    let scope = match tenancy::resolve(
+        shared.tenancy,
+        req.headers().get(TENANT_HEADER),
+        principal.as_ref(),
+    ) {
+        Ok(s) => s,
+        Err(e) => return error_response(&e),
+    };
     if is_admin_change(method, segs)
         && let Some(Err(e)) = &raft_token
     {
@@ -184,7 +202,9 @@ async fn answer<A: ClientApi>(
     };
     match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
         // The body's budget is held until the answer is built.
-        Ok(body) => finish(handle(&shared.api, method, segs, query, &body.bytes, kind).await),
+        Ok(body) => {
+            finish(handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await)
+        }
         Err(e) => error_response(&e),
     }
 }
@@ -206,6 +226,7 @@ pub async fn serve<A: ClientApi>(
         budget: BodyBudget::new(cfg.body_budget_bytes),
         admin_token: cfg.admin_token.clone(),
         auth: cfg.auth.clone(),
+        tenancy: cfg.tenancy,
     });
     if let Some(a) = &shared.auth {
         a.warm().await;

@@ -174,6 +174,7 @@ fn row(queue: &str, key: &str, t: &TimerRec) -> Value {
 /// `/api/v1/timers...`.
 pub(crate) async fn route<A: ClientApi>(
     api: &Arc<A>,
+    scope: &crate::tenancy::Scope,
     method: &str,
     rest: &[&str],
     query: &str,
@@ -188,18 +189,20 @@ pub(crate) async fn route<A: ClientApi>(
     };
     match (method, rest) {
         ("POST", []) => {
-            let ops = parse_ops(body)?;
-            let out = api.timers(ops).await?;
+            let mut ops = parse_ops(body)?;
+            scope.timers(&mut ops);
+            let mut out = api.timers(ops).await?;
+            scope.timer_answers(&mut out);
             Ok(json_response(
                 200,
                 &json!({ "results": out.iter().map(result).collect::<Vec<_>>() }),
             ))
         }
         ("DELETE", [queue, key @ ..]) if !key.is_empty() => {
-            let qn = QueueName::new(*queue)
-                .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let qn = scope.queue(queue, "queue")?;
             let key = key.join("/");
-            let out = api.timers(vec![TimerOp::Cancel { queue: qn, key }]).await?;
+            let mut out = api.timers(vec![TimerOp::Cancel { queue: qn, key }]).await?;
+            scope.timer_answers(&mut out);
             let mut v = out.first().map(result).unwrap_or(Value::Null);
             if v["status"] == "absent"
                 && let Some(t) = get("txn")
@@ -212,7 +215,8 @@ pub(crate) async fn route<A: ClientApi>(
             api.read_barrier().await?;
             let state = api.state();
             let key = key.join("/");
-            match reads::timer(&*state, queue, &key)
+            let stored = scope.queue(queue, "queue")?;
+            match reads::timer(&*state, stored.as_str(), &key)
                 .map_err(|e| ApiError::new(500, "internal", e.to_string()))?
             {
                 Some(t) => {
@@ -231,7 +235,8 @@ pub(crate) async fn route<A: ClientApi>(
             api.read_barrier().await?;
             let state = api.state();
             let after = get("after");
-            let (rows, more) = reads::timers(&*state, queue, after.as_deref(), limit)
+            let stored = scope.queue(queue, "queue")?;
+            let (rows, more) = reads::timers(&*state, stored.as_str(), after.as_deref(), limit)
                 .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
             let next = if more {
                 rows.last().map(|(k, _)| k.clone())

@@ -88,7 +88,7 @@ impl Broker {
                     .is_none_or(|n| q.namespace.as_ref() == Some(n))
                     && task.as_ref().is_none_or(|t| q.task.as_ref() == Some(t))
             }) {
-                let Ok(name) = QueueName::new(q.name.clone()) else {
+                let Ok(name) = QueueName::try_from(q.name.clone()) else {
                     continue;
                 };
                 cmd.queue = name;

@@ -7,6 +7,7 @@
 mod admin;
 mod long_poll;
 mod propose;
+mod purge;
 mod readiness;
 mod sealing;
 mod sink_log;
@@ -416,6 +417,13 @@ impl ClientApi for Broker {
         self.waiters.forget(&name);
         self.reclaim_near_gate();
         Ok(existed)
+    }
+
+    async fn purge_tenant(
+        &self,
+        tenant: queen_domain::tenant::Tenant,
+    ) -> Result<queen_ports::PurgeReport, BrokerError> {
+        self.purge_pass(&tenant).await
     }
 
     async fn timers(

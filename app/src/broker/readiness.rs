@@ -77,7 +77,7 @@ impl Broker {
                 items: queues
                     .into_iter()
                     .map(|q| QueueStatus {
-                        name: q.name,
+                        name: queen_domain::tenant::display(&q.name).into_owned(),
                         messages: q.messages,
                         partitions: q.partitions,
                         dead_lettered: q.dead_lettered,

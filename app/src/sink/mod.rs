@@ -115,7 +115,10 @@ impl Shared {
             window_seconds: self.settings.max_window_ms as f64 / 1000.0,
         });
         drop(all);
-        self.telemetry.metrics().s3().set_queue(queue, gauges);
+        self.telemetry
+            .metrics()
+            .s3()
+            .set_queue(&queen_domain::tenant::display(queue), gauges);
     }
 
     fn set_buffered(&self, queue: &str, bytes: u64) {
@@ -379,7 +382,7 @@ fn status_json(shared: &Shared) -> Value {
         .iter()
         .map(|(name, q)| {
             json!({
-                "queue": name,
+                "queue": queen_domain::tenant::display(name),
                 "state": q.state,
                 "heldBy": q.held_by,
                 "running": q.running,

@@ -154,7 +154,7 @@ pub(super) fn place(
         .map(|(n, _)| n.clone());
     drop(all);
     if let Some(q) = pick {
-        tracing::info!(target: "queen-s3", queue = %q, held, share, nodes, "over the fair share for a whole lease TTL: giving one queue back");
+        tracing::info!(target: "queen-s3", queue = %queen_domain::tenant::display(&q), held, share, nodes, "over the fair share for a whole lease TTL: giving one queue back");
         shared.telemetry.metrics().s3().queue_given_back();
         *giving = Some(q);
     }
@@ -309,7 +309,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                         // A node that is the cluster's only member has nobody to leave a
                         // queue to.
                         let leave = !alone && held >= shared.share() && someone_under;
-                        tracing::debug!(target: "queen-s3", queue = %queue, held, share = shared.share(), rank, someone_under, leave, left, "claim");
+                        tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), held, share = shared.share(), rank, someone_under, leave, left, "claim");
                         if leave && !left {
                             // Leave it for a TTL without holding this node's turn, so its
                             // claims of other queues (a stopping node's, say) go on meanwhile;
@@ -339,7 +339,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
             }
         };
         left = false;
-        tracing::debug!(target: "queen-s3", queue = %queue, claimed = ?claimed, "lease look");
+        tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), claimed = ?claimed, "lease look");
         let held_elsewhere = matches!(claimed, Ok(Some(_)));
         let look_again = match claimed {
             Ok(None) => {
@@ -370,7 +370,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                     // Stay away long enough for a less loaded node to take it.
                     Ended::Released => ttl * 2,
                     Ended::Fenced => {
-                        tracing::warn!(target: "queen-s3", queue = %queue, "lease lost to another node; the queue stops here");
+                        tracing::warn!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), "lease lost to another node; the queue stops here");
                         fenced = true;
                         ttl / 3
                     }
@@ -394,13 +394,13 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                 ))
             }
             Err(e) => {
-                tracing::warn!(target: "queen-s3", queue = %queue, error = %e, "sink queue claim failed");
+                tracing::warn!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), error = %e, "sink queue claim failed");
                 shared.update_queue(&queue, |q| q.fail(e));
                 Duration::from_secs(1)
             }
         };
         drop(turn);
-        tracing::debug!(target: "queen-s3", queue = %queue, ?look_again, held_elsewhere, "next lease look");
+        tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), ?look_again, held_elsewhere, "next lease look");
         let woke = if held_elsewhere {
             until_released(&shared, &queue, look_again)
         } else {

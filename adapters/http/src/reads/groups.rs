@@ -10,14 +10,16 @@ struct GroupRow {
     parts: Vec<(PartitionRec, u64, Option<Stamp>, bool, Stamp)>,
 }
 
+/// The groups of the tenant's queues (their names as the tenant knows them).
 fn group_rows(
     state: &dyn StateRead,
+    scope: &Scope,
     now: Stamp,
     only: Option<&str>,
 ) -> Result<Vec<GroupRow>, StoreError> {
     let mut out = Vec::new();
-    for (q, g, rec) in reads::groups(state)? {
-        if only.is_some_and(|o| o != g) {
+    for (mut q, g, rec) in reads::groups(state)? {
+        if only.is_some_and(|o| o != g) || !scope.owns(&q.name) {
             continue;
         }
         let view = reads::queue_view(state, &q.name)?;
@@ -26,6 +28,7 @@ fn group_rows(
             let (lag, oldest, leased, last) = reads::lag(state, &p, &g, rec.start, now)?;
             parts.push((p, lag, oldest, leased, last));
         }
+        q.name = scope.local(&q.name).to_owned();
         out.push(GroupRow {
             queue: q,
             group: g,
@@ -44,6 +47,7 @@ fn secs_since(now: Stamp, t: Option<Stamp>) -> u64 {
 /// The consumer-group routes.
 pub(crate) async fn groups<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     method: &str,
     rest: &[&str],
     query: &str,
@@ -67,7 +71,7 @@ pub(crate) async fn groups<A: ClientApi>(
         ("GET", []) => {
             api.read_barrier().await?;
             let state = api.state();
-            let rows = group_rows(&*state, now, None).map_err(|e| store_err(&e))?;
+            let rows = group_rows(&*state, scope, now, None).map_err(|e| store_err(&e))?;
             let list: Vec<Value> = rows
                 .iter()
                 .map(|r| {
@@ -99,7 +103,7 @@ pub(crate) async fn groups<A: ClientApi>(
             }
             api.read_barrier().await?;
             let state = api.state();
-            let rows = group_rows(&*state, now, None).map_err(|e| store_err(&e))?;
+            let rows = group_rows(&*state, scope, now, None).map_err(|e| store_err(&e))?;
             let mut list = Vec::new();
             for r in &rows {
                 for (p, lag, oldest, _, last) in &r.parts {
@@ -119,7 +123,7 @@ pub(crate) async fn groups<A: ClientApi>(
         ("GET", [group]) => {
             api.read_barrier().await?;
             let state = api.state();
-            let rows = group_rows(&*state, now, Some(group)).map_err(|e| store_err(&e))?;
+            let rows = group_rows(&*state, scope, now, Some(group)).map_err(|e| store_err(&e))?;
             let mut out = Map::new();
             for r in rows {
                 let parts: Vec<Value> = r
@@ -136,14 +140,16 @@ pub(crate) async fn groups<A: ClientApi>(
         }
         ("DELETE", [group]) | ("DELETE", [group, "queues", _]) => {
             let queue = match rest {
-                [_, "queues", queue] => Some(
-                    QueueName::new(*queue)
-                        .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?,
-                ),
+                [_, "queues", queue] => Some(scope.queue(queue, "queue")?),
                 _ => None,
             };
             let cmd = Command::DeleteGroup {
-                group: group_name(group)?,
+                // Without a queue the command reaches every queue of the group's tenant.
+                group: if queue.is_some() {
+                    group_name(group)?
+                } else {
+                    scope.group_everywhere(group_name(group)?)
+                },
                 queue: queue.clone(),
                 delete_metadata,
             };
@@ -156,7 +162,7 @@ pub(crate) async fn groups<A: ClientApi>(
             };
             let mut v = json!({"success": true, "consumerGroup": group, "deletedPartitions": partitions, "metadataDeleted": delete_metadata && metadata > 0});
             if let Some(q) = queue {
-                v["queueName"] = json!(q.as_str());
+                v["queueName"] = json!(scope.local(q.as_str()));
             }
             Ok(json_response(200, &v))
         }
@@ -174,8 +180,7 @@ pub(crate) async fn groups<A: ClientApi>(
                     return Err(ApiError::bad_request("toEnd", "or timestamp is required"));
                 }
             };
-            let qn = QueueName::new(*queue)
-                .map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
+            let qn = scope.queue(queue, "queue")?;
             let Outcome::Seeked { partitions } = api
                 .command(Command::Seek {
                     group: group_name(group)?,
@@ -200,7 +205,7 @@ pub(crate) async fn groups<A: ClientApi>(
                 .map_err(|e| ApiError::bad_request("subscriptionTimestamp", &e.to_string()))?;
             let Outcome::Resubscribed { rows } = api
                 .command(Command::Resubscribe {
-                    group: group_name(group)?,
+                    group: scope.group_everywhere(group_name(group)?),
                     from,
                 })
                 .await?

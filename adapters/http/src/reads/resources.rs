@@ -2,7 +2,17 @@
 
 use super::*;
 
-fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, StoreError> {
+/// A queue's tag as its tenant wrote it.
+fn tag(scope: &Scope, t: Option<&String>) -> Option<String> {
+    t.map(|t| scope.local(t).to_owned())
+}
+
+fn queue_json(
+    state: &dyn StateRead,
+    scope: &Scope,
+    q: &QueueRec,
+    now: Stamp,
+) -> Result<Value, StoreError> {
     let view = reads::queue_view(state, &q.name)?;
     let parts = view.map(|v| v.partitions).unwrap_or_default();
     let mut pending_total = 0;
@@ -21,7 +31,7 @@ fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, 
             "oldestPendingAt": oldest.map(|o| o.iso_millis()), "lastWriteAt": if p.next_offset == 0 { Value::Null } else { json!(p.last_write.iso_millis()) }}));
     }
     Ok(json!({
-        "name": q.name, "namespace": q.namespace, "task": q.task, "createdAt": q.created.iso_millis(),
+        "name": scope.local(&q.name), "namespace": tag(scope, q.namespace.as_ref()), "task": tag(scope, q.task.as_ref()), "createdAt": q.created.iso_millis(),
         "partitions": plist, "partitionCount": parts.len(),
         "messages": {"total": q.messages, "pending": pending_total, "deadLetter": q.dead_lettered},
         "options": q.options.to_json(),
@@ -31,6 +41,7 @@ fn queue_json(state: &dyn StateRead, q: &QueueRec, now: Stamp) -> Result<Value, 
 /// Status and resources routes.
 pub(crate) async fn resources<A: ClientApi>(
     api: &Arc<A>,
+    scope: &Scope,
     segs: &[&str],
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -38,7 +49,10 @@ pub(crate) async fn resources<A: ClientApi>(
     api.read_barrier().await?;
     let state = api.state();
     let now = api.now();
-    let queues = reads::queues(&*state, 100_000).map_err(|e| store_err(&e))?;
+    // Only the request's tenant's queues, in its own range of the table.
+    let queues =
+        reads::tenant_queues(&*state, &scope.tenant, 100_000).map_err(|e| store_err(&e))?;
+    let local = |qr: &QueueRec| scope.local(&qr.name).to_owned();
     let err = |e: StoreError| store_err(&e);
     match segs {
         ["status"] | ["resources", "overview"] => {
@@ -47,14 +61,14 @@ pub(crate) async fn resources<A: ClientApi>(
             let mut pending = 0;
             let mut partitions = 0;
             for qr in &queues {
-                let v = queue_json(&*state, qr, now).map_err(err)?;
+                let v = queue_json(&*state, scope, qr, now).map_err(err)?;
                 pending += v["messages"]["pending"].as_u64().unwrap_or(0);
                 partitions += v["partitionCount"].as_u64().unwrap_or(0);
             }
             let namespaces: std::collections::BTreeSet<_> =
-                queues.iter().filter_map(|q| q.namespace.clone()).collect();
+                queues.iter().filter_map(|q| q.namespace.as_ref()).collect();
             let tasks: std::collections::BTreeSet<_> =
-                queues.iter().filter_map(|q| q.task.clone()).collect();
+                queues.iter().filter_map(|q| q.task.as_ref()).collect();
             Ok(json_response(
                 200,
                 &json!({
@@ -67,11 +81,14 @@ pub(crate) async fn resources<A: ClientApi>(
         ["resources", kind @ ("namespaces" | "tasks")] => {
             let mut groups: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
             for qr in &queues {
-                let tag = if *kind == "namespaces" {
-                    qr.namespace.clone()
-                } else {
-                    qr.task.clone()
-                };
+                let tag = tag(
+                    scope,
+                    if *kind == "namespaces" {
+                        qr.namespace.as_ref()
+                    } else {
+                        qr.task.as_ref()
+                    },
+                );
                 if let Some(t) = tag {
                     let e = groups.entry(t).or_default();
                     e.0 += 1;
@@ -95,14 +112,18 @@ pub(crate) async fn resources<A: ClientApi>(
             let search = q_get(&q, "search");
             let filtered: Vec<&QueueRec> = queues
                 .iter()
-                .filter(|qr| ns.is_none_or(|n| qr.namespace.as_deref() == Some(n)))
-                .filter(|qr| task.is_none_or(|t| qr.task.as_deref() == Some(t)))
-                .filter(|qr| search.is_none_or(|s| qr.name.contains(s)))
+                .filter(|qr| {
+                    ns.is_none_or(|n| tag(scope, qr.namespace.as_ref()).as_deref() == Some(n))
+                })
+                .filter(|qr| {
+                    task.is_none_or(|t| tag(scope, qr.task.as_ref()).as_deref() == Some(t))
+                })
+                .filter(|qr| search.is_none_or(|s| local(qr).contains(s)))
                 .collect();
             let total = filtered.len();
             let mut list = Vec::new();
             for qr in filtered.into_iter().skip(offset).take(limit) {
-                list.push(queue_json(&*state, qr, now).map_err(err)?);
+                list.push(queue_json(&*state, scope, qr, now).map_err(err)?);
             }
             Ok(json_response(
                 200,
@@ -110,16 +131,16 @@ pub(crate) async fn resources<A: ClientApi>(
             ))
         }
         ["resources", "queues", name] | ["status", "queues", name] => {
-            match queues.iter().find(|qr| qr.name == *name) {
+            match queues.iter().find(|qr| local(qr) == *name) {
                 Some(qr) => Ok(json_response(
                     200,
-                    &queue_json(&*state, qr, now).map_err(err)?,
+                    &queue_json(&*state, scope, qr, now).map_err(err)?,
                 )),
                 None => Err(ApiError::new(404, "queue_not_found", "Queue not found")),
             }
         }
         ["resources", "queues", name, "depth"] => {
-            let Some(qr) = queues.iter().find(|qr| qr.name == *name) else {
+            let Some(qr) = queues.iter().find(|qr| local(qr) == *name) else {
                 return Err(ApiError::new(404, "queue_not_found", "Queue not found"));
             };
             let group = q_get(&q, "group").map(str::to_owned);
@@ -165,7 +186,7 @@ pub(crate) async fn resources<A: ClientApi>(
                 .count();
             Ok(json_response(
                 200,
-                &json!({"queue": qr.name, "group": group, "pending": pending, "partitionsPending": partitions_pending,
+                &json!({"queue": local(qr), "group": group, "pending": pending, "partitionsPending": partitions_pending,
                 "conflation": false, "effectivePending": pending, "partitions": parts}),
             ))
         }
@@ -173,11 +194,14 @@ pub(crate) async fn resources<A: ClientApi>(
             let only = q_get(&q, "queue");
             let limit = q_num(&q, "limit", 1000)? as usize;
             let mut list = Vec::new();
-            for qr in queues.iter().filter(|qr| only.is_none_or(|o| qr.name == o)) {
-                let v = queue_json(&*state, qr, now).map_err(err)?;
+            for qr in queues
+                .iter()
+                .filter(|qr| only.is_none_or(|o| local(qr) == o))
+            {
+                let v = queue_json(&*state, scope, qr, now).map_err(err)?;
                 for p in v["partitions"].as_array().cloned().unwrap_or_default() {
                     let mut p = p;
-                    p["queue"] = json!(qr.name);
+                    p["queue"] = json!(local(qr));
                     list.push(p);
                 }
             }

@@ -149,12 +149,12 @@ impl QueueTask {
         let bytes: u64 = objects.iter().map(|o| o.bytes).sum();
         let lost: u64 = p.lost.iter().map(|l| l.to - l.from + 1).sum();
         let metrics = self.shared.telemetry.metrics();
-        metrics.s3().window_committed(&self.queue, records, bytes);
+        metrics.s3().window_committed(&self.shown, records, bytes);
         if lost > 0 {
-            metrics.s3().records_lost(&self.queue, lost);
-            tracing::warn!(target: "queen-s3", queue = %self.queue, k, lost, ranges = ?p.lost, "window committed with lost records");
+            metrics.s3().records_lost(&self.shown, lost);
+            tracing::warn!(target: "queen-s3", queue = %self.shown, k, lost, ranges = ?p.lost, "window committed with lost records");
         }
-        tracing::info!(target: "queen-s3", queue = %self.queue, k, records, bytes, t_start = intent.t_start, t_end = intent.t_end, "window committed");
+        tracing::info!(target: "queen-s3", queue = %self.shown, k, records, bytes, t_start = intent.t_start, t_end = intent.t_end, "window committed");
         let t_end = intent.t_end;
         self.set(|q| {
             q.k = k;
@@ -181,7 +181,7 @@ impl QueueTask {
                 if let Err(e) = self.fenced(Vec::new()).await {
                     return e;
                 }
-                tracing::warn!(target: "queen-s3", queue = %self.queue, k, "the commit pointer passed this window under our own lease row; stopping");
+                tracing::warn!(target: "queen-s3", queue = %self.shown, k, "the commit pointer passed this window under our own lease row; stopping");
                 BatchError::Fenced
             }
             other => BatchError::Retry(other.to_string()),
@@ -234,7 +234,8 @@ impl QueueTask {
             let body = tokio::task::block_in_place(|| match s.format {
                 Format::Jsonl => queen_lake::encode::jsonl(records, s.compression),
                 Format::Parquet => {
-                    queen_lake::encode::parquet(records, s.parquet_codec, &self.queue, &s.tenant)
+                    let (tenant, queue) = self.lake_names();
+                    queen_lake::encode::parquet(records, s.parquet_codec, queue, tenant)
                 }
             })
             .map_err(|e| BatchError::Retry(e.to_string()))?;
@@ -278,10 +279,11 @@ impl QueueTask {
             .iter()
             .map(|r| r.partition.as_str())
             .collect();
+        let (tenant, queue) = self.lake_names();
         Manifest {
             sink: s.name.clone(),
-            tenant: s.tenant.clone(),
-            queue: self.queue.clone(),
+            tenant: tenant.to_owned(),
+            queue: queue.to_owned(),
             k: intent.k,
             t_start: intent.t_start,
             t_end: intent.t_end,
@@ -342,12 +344,23 @@ impl QueueTask {
         }
     }
 
+    /// The tenant and the queue name the lake writes for this queue: a tenant's queue under
+    /// its own `tenant=` with the name its clients use, the default tenant's under the sink's
+    /// tenant.
+    fn lake_names(&self) -> (&str, &str) {
+        match queen_domain::tenant::split(&self.queue) {
+            (Some(tenant), queue) => (tenant, queue),
+            (None, queue) => (&self.shared.settings.tenant, queue),
+        }
+    }
+
     pub(super) fn keys(&self, k: u64, start: u64, end: u64) -> WindowKeysOwned {
         let s = &self.shared.settings;
+        let (tenant, queue) = self.lake_names();
         WindowKeysOwned {
             prefix: s.prefix.clone(),
-            tenant: s.tenant.clone(),
-            queue: self.queue.clone(),
+            tenant: tenant.to_owned(),
+            queue: queue.to_owned(),
             k,
             start,
             end,

@@ -118,7 +118,10 @@ enum BatchError {
 
 pub(super) struct QueueTask {
     shared: Arc<Shared>,
+    /// The queue's stored name (its tenant's scope in front of a tenant's queue).
     queue: String,
+    /// The name logs and metrics show (`<tenant id>/<queue>` for a tenant's queue).
+    shown: String,
     lease_version: u64,
     lease_refreshed: Instant,
     /// Last committed window and its end.
@@ -166,6 +169,7 @@ impl QueueTask {
         let r = rules(&shared.settings);
         Self {
             shared,
+            shown: queen_domain::tenant::display(&queue).into_owned(),
             queue,
             lease_version: 0,
             lease_refreshed: Instant::now(),
@@ -187,7 +191,7 @@ impl QueueTask {
     /// A failed attempt (restore, read, a commit step, the lease refresh): logged once, and the
     /// queue's row turns red at once (`failing`, `lastError`) until an attempt succeeds.
     fn error(&mut self, e: &str) {
-        tracing::warn!(target: "queen-s3", queue = %self.queue, error = %e, "sink queue error");
+        tracing::warn!(target: "queen-s3", queue = %self.shown, error = %e, "sink queue error");
         self.failure = Some(Failure::Step);
         let e = e.to_owned();
         self.set(|q| q.fail(e));
@@ -242,7 +246,7 @@ impl QueueTask {
                 return self.drain().await;
             }
             if self.shared.giving_back(&self.queue) {
-                tracing::info!(target: "queen-s3", queue = %self.queue, "giving the queue back to even out placement");
+                tracing::info!(target: "queen-s3", queue = %self.shown, "giving the queue back to even out placement");
                 return match self.drain().await {
                     Ended::Drained => Ended::Released,
                     other => other,
@@ -338,7 +342,7 @@ impl QueueTask {
                 t_end: closed.end.0,
                 writer: self.writer(),
             };
-            tracing::debug!(target: "queen-s3", queue = %self.queue, k = intent.k, records = closed.records.len(), ?reason, "window closed");
+            tracing::debug!(target: "queen-s3", queue = %self.shown, k = intent.k, records = closed.records.len(), ?reason, "window closed");
             self.pending = Some(Pending {
                 engine: WindowCommit::new(intent),
                 closed: Some(closed),
@@ -456,7 +460,7 @@ impl QueueTask {
                 }
                 Ok(_) => break,
                 Err(e) => {
-                    tracing::info!(target: "queen-s3", queue = %self.queue, error = %e.to_string(), "lease release failed; retrying");
+                    tracing::info!(target: "queen-s3", queue = %self.shown, error = %e.to_string(), "lease release failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }

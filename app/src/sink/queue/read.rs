@@ -13,7 +13,7 @@ impl QueueTask {
         let Some(view) = reads::queue_view(&*state, &self.queue).map_err(err)? else {
             return Ok(false);
         };
-        shared.telemetry.metrics().s3().fetch_call(&self.queue);
+        shared.telemetry.metrics().s3().fetch_call(&self.shown);
         // A window being redone must be read whole, whatever the budget says now (it closed
         // within the budget of its first run), and nothing past its end is needed yet.
         let redo_end = self
@@ -38,7 +38,7 @@ impl QueueTask {
                         from: cursor,
                         to: p.log_start - 1,
                     };
-                    tracing::warn!(target: "queen-s3", queue = %self.queue, partition = %p.name, from = range.from, to = range.to, "records deleted by retention before the sink read them");
+                    tracing::warn!(target: "queen-s3", queue = %self.shown, partition = %p.name, from = range.from, to = range.to, "records deleted by retention before the sink read them");
                     self.lost.push(range);
                 }
                 cursor = p.log_start;

@@ -73,7 +73,7 @@ impl QueueTask {
                 self.builder = Builder::new(r, Stamp(base.t_end));
             }
             Recovery::Redo(i) => {
-                tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "redoing a window from its intent");
+                tracing::info!(target: "queen-s3", queue = %self.shown, k = i.k, "redoing a window from its intent");
                 self.builder = Builder::at(r, Stamp(i.t_start));
                 self.pending = Some(Pending {
                     engine: WindowCommit::redo(i),
@@ -85,7 +85,7 @@ impl QueueTask {
                 intent: i,
                 manifest: m,
             } => {
-                tracing::info!(target: "queen-s3", queue = %self.queue, k = i.k, "committing a window another run uploaded");
+                tracing::info!(target: "queen-s3", queue = %self.shown, k = i.k, "committing a window another run uploaded");
                 self.builder = Builder::new(r, Stamp(i.t_end));
                 self.pending = Some(Pending {
                     engine: WindowCommit::commit_uploaded(i, m.objects),
@@ -117,7 +117,7 @@ impl QueueTask {
                 .unwrap_or_default(),
             Ok(None) => BTreeMap::new(),
             Err(e) => {
-                tracing::info!(target: "queen-s3", queue = %self.queue, error = %e, "no checkpoint; reading the queue from its start");
+                tracing::info!(target: "queen-s3", queue = %self.shown, error = %e, "no checkpoint; reading the queue from its start");
                 BTreeMap::new()
             }
         }
