@@ -116,14 +116,7 @@ fn spool_files(n: &Node) -> usize {
 
 /// Peak resident memory of a process so far (VmHWM), in KiB.
 fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    Some(queen_tests::memory_kib(pid, "VmHWM")).filter(|k| *k > 0)
 }
 
 /// Wait until node `n` has been purged past `index` (its snapshots run in the background).

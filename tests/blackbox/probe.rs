@@ -18,12 +18,7 @@ fn bin() -> &'static Path {
 
 /// Resident memory of a process, in bytes (from `/proc`).
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    queen_tests::memory_kib(pid, "VmRSS") * 1024
 }
 
 /// A connection that declares `declared` body bytes, sends `sent` of them, and stops.

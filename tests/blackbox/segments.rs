@@ -39,13 +39,7 @@ fn drain(n: &Node, queue: &str) -> Vec<(String, String)> {
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    queen_tests::memory_kib(pid, "VmHWM")
 }
 
 #[test]

@@ -514,3 +514,83 @@ fn three_nodes_keep_tenants_apart_through_any_node() {
         );
     }
 }
+
+/// The size of every file under `dir`, in bytes.
+fn disk_bytes(dir: &Path) -> u64 {
+    queen_tests::files_under(dir)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Push one message into each of three queues for tenants `from..to`, over four connections.
+fn fill_tenants(n: &Node, from: u32, to: u32) {
+    std::thread::scope(|s| {
+        for lane in 0..4 {
+            s.spawn(move || {
+                for i in (from..to).filter(|i| i % 4 == lane) {
+                    let t = format!("{i:08x}-0000-4000-8000-000000000000");
+                    let body = json!({"items": (0..3).map(|q| json!({"queue": format!("q{q}"), "transactionId": "m", "payload": {"i": i}})).collect::<Vec<_>>()});
+                    let r = call(n, Some(&t), "POST", "/api/v1/push", Some(&body));
+                    assert_eq!(r.status, 200, "{t}: {}", r.text);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn ten_thousand_tenants_keep_memory_and_disk_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let n = Node::start(
+        bin(),
+        &data,
+        &[
+            ("QUEEN_TENANCY_HEADER", "true"),
+            ("QUEEN_KV_TRUSTED_PROXY", "1"),
+        ],
+    );
+    let pid = n.pid().unwrap();
+    fill_tenants(&n, 0, 1_000);
+    let rss_1k = queen_tests::memory_kib(pid, "VmRSS");
+    let disk_1k = disk_bytes(&data);
+    fill_tenants(&n, 1_000, 10_000);
+    let rss_10k = queen_tests::memory_kib(pid, "VmRSS");
+    let peak = queen_tests::memory_kib(pid, "VmHWM");
+    let disk_10k = disk_bytes(&data);
+    eprintln!(
+        "tenants: RSS {rss_1k} KiB at 1,000 tenants, {rss_10k} KiB at 10,000 (peak {peak} KiB); disk {disk_1k} B at 1,000, {disk_10k} B at 10,000 (30,000 queues)"
+    );
+    // One tenant's listing reads its own range of the table, not 30,000 queues.
+    let one = call(
+        &n,
+        Some("00000007-0000-4000-8000-000000000000"),
+        "GET",
+        "/api/v1/resources/queues",
+        None,
+    );
+    assert_eq!(
+        one.json["queues"].as_array().unwrap().len(),
+        3,
+        "{}",
+        one.text
+    );
+    let none = call(&n, None, "GET", "/api/v1/resources/queues", None);
+    assert_eq!(
+        none.json["queues"].as_array().unwrap().len(),
+        0,
+        "{}",
+        none.text
+    );
+    // Nothing is kept in memory per tenant: nine times the tenants add well under 1 KiB each.
+    assert!(
+        rss_10k.saturating_sub(rss_1k) < 48 * 1024,
+        "RSS grew from {rss_1k} KiB to {rss_10k} KiB"
+    );
+    assert!(peak < 256 * 1024, "peak RSS {peak} KiB");
+    // On disk a queue of one message costs a few rows, not a file or a segment of its own.
+    let per_queue = disk_10k / 30_000;
+    assert!(per_queue < 4096, "{per_queue} bytes per queue on disk");
+}

@@ -453,6 +453,19 @@ impl Drop for Node {
     }
 }
 
+/// A memory figure of a process from `/proc/<pid>/status`, in KiB: `VmRSS` (resident now) or
+/// `VmHWM` (its peak so far). 0 when the process is gone.
+#[must_use]
+pub fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The settings of an embedded S3 sink that mirrors every queue into the folder `lake_url`
 /// (`file://...`) from the start, uncompressed, in windows of about a second.
 #[must_use]
