@@ -66,6 +66,7 @@ impl Admission {
                 Admission::Frees
             }
             Command::Push(_)
+            | Command::AsProducer { .. }
             | Command::Transaction { .. }
             | Command::Kv(_)
             | Command::Timers(_)

@@ -32,6 +32,8 @@ type Reply = oneshot::Sender<Result<Vec<PushOutcome>, BrokerError>>;
 
 struct Waiting {
     items: Vec<PushItem>,
+    /// The producer the messages are stamped with (`producerSub`).
+    producer: Option<String>,
     bytes: usize,
     reply: Reply,
 }
@@ -43,9 +45,11 @@ pub(crate) struct PushLane {
     slots: Arc<Semaphore>,
 }
 
-/// Requests taken together for one entry: the items, and how many each request gave.
+/// Requests taken together for one entry: the items, and how many each request gave. Every
+/// request of a batch has the same producer.
 pub(crate) struct Batch {
     pub(crate) items: Vec<PushItem>,
+    pub(crate) producer: Option<String>,
     parts: Vec<(usize, Reply)>,
 }
 
@@ -62,6 +66,7 @@ impl PushLane {
     pub(crate) fn submit(
         &self,
         items: Vec<PushItem>,
+        producer: Option<String>,
     ) -> oneshot::Receiver<Result<Vec<PushOutcome>, BrokerError>> {
         let (reply, rx) = oneshot::channel();
         let bytes = items
@@ -73,6 +78,7 @@ impl PushLane {
             .unwrap_or_else(PoisonError::into_inner)
             .push(Waiting {
                 items,
+                producer,
                 bytes,
                 reply,
             });
@@ -103,8 +109,13 @@ impl PushLane {
             return None;
         }
         let (mut n, mut items, mut bytes) = (0, 0, 0);
+        let producer = waiting[0].producer.clone();
         for w in waiting.iter() {
-            if n > 0 && (items + w.items.len() > MAX_ITEMS || bytes + w.bytes > MAX_BYTES) {
+            if n > 0
+                && (items + w.items.len() > MAX_ITEMS
+                    || bytes + w.bytes > MAX_BYTES
+                    || w.producer != producer)
+            {
                 break;
             }
             n += 1;
@@ -120,6 +131,7 @@ impl PushLane {
         }
         let mut batch = Batch {
             items: Vec::with_capacity(items),
+            producer,
             parts: Vec::with_capacity(n),
         };
         for w in taken {
@@ -180,10 +192,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn requests_of_different_producers_go_in_different_entries() {
+        let lane = PushLane::new();
+        let _a = lane.submit(vec![item("a1", 10)], Some("alice".into()));
+        let _b = lane.submit(vec![item("b1", 10)], Some("bob".into()));
+        let _c = lane.submit(vec![item("b2", 10)], Some("bob".into()));
+        let (_s1, first) = lane.next().await;
+        let (_s2, second) = lane.next().await;
+        assert_eq!(
+            (first.producer.as_deref(), first.items.len()),
+            (Some("alice"), 1)
+        );
+        assert_eq!(
+            (second.producer.as_deref(), second.items.len()),
+            (Some("bob"), 2)
+        );
+    }
+
+    #[tokio::test]
     async fn requests_waiting_together_share_an_entry_and_get_their_own_answers() {
         let lane = PushLane::new();
-        let a = lane.submit(vec![item("a1", 10), item("a2", 10)]);
-        let b = lane.submit(vec![item("b1", 10)]);
+        let a = lane.submit(vec![item("a1", 10), item("a2", 10)], None);
+        let b = lane.submit(vec![item("b1", 10)], None);
         let (_slot, batch) = lane.next().await;
         let ids: Vec<&str> = batch
             .items
@@ -223,8 +253,8 @@ mod tests {
     #[tokio::test]
     async fn an_entry_stays_within_its_limits_and_a_failure_reaches_every_request() {
         let lane = PushLane::new();
-        let big = lane.submit(vec![item("big", MAX_BYTES)]);
-        let small = lane.submit(vec![item("small", 10)]);
+        let big = lane.submit(vec![item("big", MAX_BYTES)], None);
+        let small = lane.submit(vec![item("small", 10)], None);
         let (_s1, first) = lane.next().await;
         assert_eq!(
             first.items.len(),
@@ -251,7 +281,7 @@ mod tests {
         let mut held = Vec::new();
         let mut rx = Vec::new();
         for i in 0..SLOTS + 3 {
-            rx.push(lane.submit(vec![item(&format!("t{i}"), 1)]));
+            rx.push(lane.submit(vec![item(&format!("t{i}"), 1)], None));
             if held.len() < SLOTS {
                 held.push(lane.next().await);
             }

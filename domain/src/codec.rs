@@ -92,6 +92,7 @@ mod tests {
             trace_id: None,
             stamp: Stamp(42),
             payload: vec![b'x'; 10_000],
+            producer: None,
         };
         let bytes = super::encode(&m);
         let head: crate::model::MessageHead = super::decode_head(b"k", &bytes).unwrap();
@@ -127,6 +128,7 @@ mod tests {
                 trace_id: Some("x".to_owned()),
                 stamp,
                 payload,
+                producer: None,
             };
             let old_bytes = super::encode(&before);
             assert_eq!(old_bytes, super::encode(&now), "payload of {len} bytes");
@@ -152,6 +154,7 @@ mod tests {
                 trace_id: trace.map(str::to_owned),
                 stamp: Stamp(1_700_000_000_123_456),
                 payload: payload.clone(),
+                producer: None,
             };
             let borrowed = crate::model::MessageRecRef {
                 transaction_id: "txn-42",
@@ -159,6 +162,7 @@ mod tests {
                 trace_id: trace,
                 stamp: Stamp(1_700_000_000_123_456),
                 payload: &payload,
+                producer: None,
             };
             assert_eq!(
                 borrowed.encode(),

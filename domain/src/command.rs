@@ -114,6 +114,18 @@ pub fn decode_push(bytes: &[u8]) -> Option<(u64, Vec<PushItemRef<'_>>)> {
 }
 
 impl Command {
+    /// The log format that first reads [`Command::AsProducer`].
+    pub const AS_PRODUCER_FORMAT: u32 = 2;
+
+    /// The log format every member must read before this command may be proposed.
+    #[must_use]
+    pub fn format(&self) -> u32 {
+        match self {
+            Command::AsProducer { .. } => Self::AS_PRODUCER_FORMAT,
+            _ => 1,
+        }
+    }
+
     /// About how many bytes the command encodes to: exact enough that a push of many messages
     /// is encoded into one buffer instead of one grown and copied step by step.
     #[must_use]
@@ -132,6 +144,9 @@ impl Command {
                             + i.trace_id.as_ref().map_or(0, String::len)
                     })
                     .sum::<usize>()
+            }
+            Command::AsProducer { producer, command } => {
+                16 + producer.len() + command.encoded_len_hint()
             }
             _ => 64,
         }
@@ -393,6 +408,16 @@ pub enum Command {
         version: u32,
         /// `QUEEN_RAFT_MAX_CLOCK_SKEW_MS` of the leader.
         max_clock_skew_ms: u64,
+    },
+    // New variants go last: an entry names its variant by position.
+    /// A push or a transaction on behalf of an authenticated producer: every message it stores
+    /// carries `producer` (the token's `sub`, `producerSub`). Log format 2: proposed only once
+    /// the cluster's version is at least [`Command::AS_PRODUCER_FORMAT`].
+    AsProducer {
+        /// The token's `sub`.
+        producer: String,
+        /// `Push` or `Transaction` (anything else is rejected).
+        command: Box<Command>,
     },
 }
 

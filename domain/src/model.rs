@@ -310,7 +310,13 @@ pub struct PartitionRec {
 }
 
 /// A stored message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Encoded as its fields in order (postcard). `producer` is written only when set, after the
+/// payload: a message without one has exactly the bytes messages had before the field existed,
+/// and every message stored before reads as one without. So a `MessageRec` is always a whole
+/// encoded value, never a field inside another record (its reader takes whatever follows the
+/// payload as the producer).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageRec {
     /// The producer's idempotency key.
     pub transaction_id: String,
@@ -321,13 +327,15 @@ pub struct MessageRec {
     /// The push's stamp.
     pub stamp: Stamp,
     /// The payload as JSON text, verbatim.
-    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
+    /// Who pushed it: the `sub` of the pushing request's token (`producerSub`), stamped by
+    /// the broker.
+    pub producer: Option<String>,
 }
 
 /// A stored message borrowed from what a push carries: encodes to the same bytes as the
 /// `MessageRec` with the same fields, without copying the payload into a record first.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy)]
 pub struct MessageRecRef<'a> {
     /// The producer's idempotency key.
     pub transaction_id: &'a str,
@@ -338,8 +346,89 @@ pub struct MessageRecRef<'a> {
     /// The push's stamp.
     pub stamp: Stamp,
     /// The payload as JSON text, verbatim.
-    #[serde(with = "serde_bytes")]
     pub payload: &'a [u8],
+    /// Who pushed it (see [`MessageRec::producer`]).
+    pub producer: Option<&'a str>,
+}
+
+const MESSAGE_FIELDS: [&str; 6] = [
+    "transaction_id",
+    "id",
+    "trace_id",
+    "stamp",
+    "payload",
+    "producer",
+];
+
+impl Serialize for MessageRecRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("MessageRec", 5 + usize::from(self.producer.is_some()))?;
+        st.serialize_field(MESSAGE_FIELDS[0], self.transaction_id)?;
+        st.serialize_field(MESSAGE_FIELDS[1], &self.id)?;
+        st.serialize_field(MESSAGE_FIELDS[2], &self.trace_id)?;
+        st.serialize_field(MESSAGE_FIELDS[3], &self.stamp)?;
+        st.serialize_field(MESSAGE_FIELDS[4], serde_bytes::Bytes::new(self.payload))?;
+        if let Some(p) = self.producer {
+            st.serialize_field(MESSAGE_FIELDS[5], p)?;
+        }
+        st.end()
+    }
+}
+
+impl Serialize for MessageRec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.borrowed().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for MessageRec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = MessageRec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a stored message")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<MessageRec, A::Error> {
+                let short = |i| serde::de::Error::invalid_length(i, &"a stored message");
+                let transaction_id = a.next_element()?.ok_or_else(|| short(0))?;
+                let id = a.next_element()?.ok_or_else(|| short(1))?;
+                let trace_id = a.next_element()?.ok_or_else(|| short(2))?;
+                let stamp = a.next_element()?.ok_or_else(|| short(3))?;
+                let payload: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(|| short(4))?;
+                // Written only when set: a message without one ends with its payload.
+                let producer = a.next_element::<String>().ok().flatten();
+                Ok(MessageRec {
+                    transaction_id,
+                    id,
+                    trace_id,
+                    stamp,
+                    payload: payload.into_vec(),
+                    producer,
+                })
+            }
+        }
+        d.deserialize_struct("MessageRec", &MESSAGE_FIELDS, Fields)
+    }
+}
+
+impl MessageRec {
+    /// The message as borrowed fields.
+    #[must_use]
+    pub fn borrowed(&self) -> MessageRecRef<'_> {
+        MessageRecRef {
+            transaction_id: &self.transaction_id,
+            id: self.id,
+            trace_id: self.trace_id.as_deref(),
+            stamp: self.stamp,
+            payload: &self.payload,
+            producer: self.producer.as_deref(),
+        }
+    }
 }
 
 impl MessageRecRef<'_> {
@@ -347,8 +436,11 @@ impl MessageRecRef<'_> {
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         // Lengths are varints of at most 10 bytes; the stamp at most 10; the id 16.
-        let hint =
-            self.transaction_id.len() + self.trace_id.map_or(0, str::len) + self.payload.len() + 64;
+        let hint = self.transaction_id.len()
+            + self.trace_id.map_or(0, str::len)
+            + self.producer.map_or(0, str::len)
+            + self.payload.len()
+            + 64;
         crate::codec::encode_with_capacity(self, hint)
     }
 }

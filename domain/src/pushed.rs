@@ -54,6 +54,9 @@ pub fn pushed_messages(
                 trace_id: item.trace_id,
                 stamp: Stamp(stamp),
                 payload: item.payload,
+                // A push entry of `Command::Push` carries no producer (those of
+                // `Command::AsProducer` are stored as encoded messages, not kept entries).
+                producer: None,
             }
             .encode()
         })
@@ -101,6 +104,7 @@ mod tests {
                             trace_id: item.trace_id.as_deref(),
                             stamp: Stamp(stamp),
                             payload: &item.payload,
+                            producer: None,
                         }
                         .encode()
                     })

@@ -308,10 +308,12 @@ pub struct EncryptionStatus {
 /// The application's use cases, as a client reaches them. Every call either commits (and
 /// answers with the outcome) or fails with a [`BrokerError`].
 pub trait ClientApi: Send + Sync + 'static {
-    /// Push items (ids already minted).
+    /// Push items (ids already minted), stamped with `producer` (the token's `sub`) when
+    /// there is one.
     fn push(
         &self,
         items: Vec<PushItem>,
+        producer: Option<String>,
     ) -> impl Future<Output = Result<Vec<PushOutcome>, BrokerError>> + Send;
     /// Pop, with an optional long poll.
     fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, BrokerError>> + Send;
@@ -328,13 +330,14 @@ pub trait ClientApi: Send + Sync + 'static {
         group: GroupName,
         items: Vec<AckItem>,
     ) -> impl Future<Output = Result<Vec<AckOutcome>, BrokerError>> + Send;
-    /// Apply acks, pushes and a KV rider as one unit.
+    /// Apply acks, pushes and a KV rider as one unit; pushes are stamped with `producer`.
     fn transaction(
         &self,
         ops: Vec<TxnOp>,
         required_leases: Vec<queen_domain::ids::LeaseId>,
         kv: Vec<KvOp>,
         timers: Vec<TimerOp>,
+        producer: Option<String>,
     ) -> impl Future<Output = Result<TxnOutcome, BrokerError>> + Send;
     /// Apply KV operations in one entry.
     fn kv(&self, ops: Vec<KvOp>) -> impl Future<Output = Result<KvOutcome, BrokerError>> + Send;

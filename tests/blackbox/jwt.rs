@@ -621,3 +621,72 @@ fn a_tokens_tenant_claim_names_its_tenant_and_cannot_purge() {
         kept.text
     );
 }
+
+#[test]
+fn producer_sub_is_stamped_from_the_token_and_never_from_the_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = Node::start(
+        bin(),
+        &dir.path().join("n"),
+        &[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)],
+    );
+    let token = |sub: Option<&str>| {
+        let mut c = json!({"role": "read-write", "exp": now() + 600});
+        if let Some(s) = sub {
+            c["sub"] = json!(s);
+        }
+        hs(&c)
+    };
+    let (alice, nobody) = (token(Some("alice")), token(None));
+    // A body that names a producer is not believed: the token's sub is stamped.
+    let p = call(
+        &n,
+        "POST",
+        "/api/v1/push",
+        Some(
+            &json!({"items": [{"queue": "ps", "transactionId": "a1", "payload": 1, "producerSub": "mallory"}]}),
+        ),
+        Some(&alice),
+    );
+    assert_eq!(p.status, 200, "{}", p.text);
+    call(
+        &n,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "ps", "transactionId": "n1", "payload": 2}]})),
+        Some(&nobody),
+    );
+    let t = call(
+        &n,
+        "POST",
+        "/api/v1/transaction",
+        Some(
+            &json!({"operations": [{"type": "push", "items": [{"queue": "ps", "transactionId": "t1", "payload": 3}]}], "requiredLeases": []}),
+        ),
+        Some(&alice),
+    );
+    assert_eq!(t.json["success"], true, "{}", t.text);
+    let got = call(
+        &n,
+        "GET",
+        "/api/v1/pop/queue/ps?batch=10&wait=false",
+        None,
+        Some(&alice),
+    );
+    let subs: Vec<(Value, Value)> = got.json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["transactionId"].clone(), m["producerSub"].clone()))
+        .collect();
+    assert_eq!(
+        subs,
+        vec![
+            (json!("a1"), json!("alice")),
+            (json!("n1"), Value::Null),
+            (json!("t1"), json!("alice")),
+        ],
+        "{}",
+        got.text
+    );
+}

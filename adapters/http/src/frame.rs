@@ -162,21 +162,31 @@ pub(crate) fn write_frame(
     message_id: &[u8; 16],
     trace_id: Option<&[u8; 16]>,
     transaction_id: &str,
+    producer: Option<&str>,
     payload: &[u8],
 ) -> Option<()> {
-    let txn_len = u16::try_from(transaction_id.len()).ok()?;
     let body_len = FRAME_FIXED
         + if trace_id.is_some() { 16 } else { 0 }
         + transaction_id.len()
+        + producer.map_or(0, |p| 2 + p.len())
         + payload.len();
     out.extend_from_slice(&u32::try_from(body_len).ok()?.to_le_bytes());
-    out.push(if trace_id.is_some() { FLAG_TRACE } else { 0 });
+    let mut flags = 0;
+    if trace_id.is_some() {
+        flags |= FLAG_TRACE;
+    }
+    if producer.is_some() {
+        flags |= FLAG_PRODUCER;
+    }
+    out.push(flags);
     out.extend_from_slice(message_id);
     if let Some(t) = trace_id {
         out.extend_from_slice(t);
     }
-    out.extend_from_slice(&txn_len.to_le_bytes());
-    out.extend_from_slice(transaction_id.as_bytes());
+    write_str16(out, transaction_id)?;
+    if let Some(p) = producer {
+        write_str16(out, p)?;
+    }
     out.extend_from_slice(payload);
     Some(())
 }
@@ -274,10 +284,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_frame_carries_the_broker_stamped_producer() {
+        let mut out = Vec::new();
+        write_frame(&mut out, &[7; 16], None, "t-1", Some("svc-a"), b"1").unwrap();
+        let mut r = Reader::new(&out);
+        let f = read_frame(&mut r).unwrap();
+        assert_eq!(r.remaining(), 0);
+        assert_eq!(
+            (f.flags, f.producer, f.transaction_id, f.payload),
+            (FLAG_PRODUCER, Some("svc-a"), "t-1", &b"1"[..])
+        );
+    }
+
+    #[test]
     fn a_frame_round_trips_with_and_without_a_trace_id() {
         for trace in [None, Some([9u8; 16])] {
             let mut out = Vec::new();
-            write_frame(&mut out, &[7; 16], trace.as_ref(), "t-1", br#"{"a":1}"#).unwrap();
+            write_frame(
+                &mut out,
+                &[7; 16],
+                trace.as_ref(),
+                "t-1",
+                None,
+                br#"{"a":1}"#,
+            )
+            .unwrap();
             let mut r = Reader::new(&out);
             let f = read_frame(&mut r).unwrap();
             assert_eq!(r.remaining(), 0);
@@ -292,7 +323,7 @@ mod tests {
     #[test]
     fn a_malformed_frame_says_what_is_wrong() {
         let mut good = Vec::new();
-        write_frame(&mut good, &[7; 16], None, "t", b"1").unwrap();
+        write_frame(&mut good, &[7; 16], None, "t", None, b"1").unwrap();
         let err = |b: &[u8]| read_frame(&mut Reader::new(b)).unwrap_err();
         assert_eq!(
             err(&good[..2]),

@@ -105,7 +105,14 @@ fn claim(out: &mut Vec<u8>, c: &Claim) -> Option<()> {
             {
                 return None;
             }
-            write_frame(out, &m.id, trace.as_ref(), &m.transaction_id, &m.payload)?;
+            write_frame(
+                out,
+                &m.id,
+                trace.as_ref(),
+                &m.transaction_id,
+                m.producer.as_deref(),
+                &m.payload,
+            )?;
         }
         let len = u32::try_from(out.len() - len_at - 4).ok()?;
         out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
@@ -137,6 +144,7 @@ mod tests {
             transaction_id: format!("t{offset}"),
             id: [u8::try_from(offset).unwrap(); 16],
             trace_id: None,
+            producer: None,
             payload: payload.as_bytes().to_vec(),
             created: Stamp(created),
             attempt: 1,

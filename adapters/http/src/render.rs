@@ -131,7 +131,7 @@ struct PopMessage<'a> {
     trace_id: Option<&'a str>,
     data: StoredJson<'a>,
     #[serde(rename = "producerSub")]
-    producer_sub: Option<()>,
+    producer_sub: Option<&'a str>,
     #[serde(rename = "createdAt")]
     created_at: String,
     queue: &'a str,
@@ -224,7 +224,7 @@ pub(crate) fn pop<'a>(
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
                 data: StoredJson(&m.payload),
-                producer_sub: None,
+                producer_sub: m.producer.as_deref(),
                 created_at: m.created.iso_millis(),
                 queue,
                 partition_id: pid.clone(),

@@ -104,7 +104,7 @@ pub(crate) async fn handle<A: ClientApi>(
                 return Ok(json_response(200, &json!([])));
             }
             scope.push(&mut items);
-            let mut out = api.push(items).await?;
+            let mut out = api.push(items, scope.producer.clone()).await?;
             scope.push_answers(&mut out);
             Ok(json_answer_sized(
                 200,
@@ -526,7 +526,7 @@ async fn binary<A: ClientApi>(
                 Vec::new()
             } else {
                 scope.push(&mut push.items);
-                let mut out = api.push(push.items).await?;
+                let mut out = api.push(push.items, scope.producer.clone()).await?;
                 scope.push_answers(&mut out);
                 out
             };
@@ -584,7 +584,9 @@ async fn transaction<A: ClientApi>(
     } else {
         scope.transaction(None, &mut ops, &mut kv, &mut timers)?;
     }
-    let mut out = api.transaction(ops, leases, kv, timers).await?;
+    let mut out = api
+        .transaction(ops, leases, kv, timers, scope.producer.clone())
+        .await?;
     scope.transaction_answer(&mut out);
     Ok(out)
 }

@@ -51,13 +51,16 @@ pub(crate) enum Via {
     Token,
 }
 
-/// The tenant of one request, and whether state reached by id must be checked against it.
+/// Who one request acts for: its tenant, whether state reached by id must be checked against
+/// it, and the producer its pushes are stamped with.
 #[derive(Debug, Clone)]
 pub(crate) struct Scope {
     pub(crate) tenant: Tenant,
     /// Tenancy is on: another tenant's partitions and leases may exist.
     guard: bool,
     pub(crate) via: Via,
+    /// The token's `sub` (`producerSub` of what it pushes); never read from a body.
+    pub(crate) producer: Option<String>,
 }
 
 impl Default for Scope {
@@ -66,6 +69,7 @@ impl Default for Scope {
             tenant: Tenant::default(),
             guard: false,
             via: Via::Nothing,
+            producer: None,
         }
     }
 }
@@ -118,6 +122,7 @@ pub(crate) fn resolve(
         tenant,
         guard: cfg.on(),
         via,
+        producer: principal.and_then(|p| p.sub.clone()),
     })
 }
 

@@ -203,7 +203,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(b.waiters.parked(), 1);
-        b.push(vec![item("q", "t1")]).await.unwrap();
+        b.push(vec![item("q", "t1")], None).await.unwrap();
         let p = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
             .expect("woken well before its wait ran out")
@@ -227,7 +227,7 @@ mod tests {
             )
             .await
             .unwrap();
-            b.push(vec![item(q, &format!("{q}1"))]).await.unwrap();
+            b.push(vec![item(q, &format!("{q}1"))], None).await.unwrap();
         }
         let (queue, p) = b
             .pop_tagged(

@@ -6,6 +6,7 @@
 
 mod admin;
 mod long_poll;
+mod producer;
 mod propose;
 mod purge;
 mod readiness;
@@ -36,8 +37,9 @@ use crate::message_size;
 use crate::waiters::Waiters;
 use propose::Proposer;
 
-/// The highest log format this build reads (entries are versioned by their command set).
-pub(crate) const LOG_KINDS: u32 = 1;
+/// The highest log format this build reads (entries are versioned by their command set):
+/// 2 adds `Command::AsProducer`.
+pub(crate) const LOG_KINDS: u32 = 2;
 
 /// The broker: what every route of the client API does.
 pub struct Broker {
@@ -61,6 +63,8 @@ pub struct Broker {
     kinds: u32,
     /// Group commit for pushes, when the node runs its lane (`run_push_lane`).
     push_lane: Option<crate::push_lane::PushLane>,
+    /// Whether a push was stored without its producer (a cluster below log format 2) yet.
+    unstamped_warned: std::sync::atomic::AtomicBool,
     /// Largest payload of one message, KV value or timer payload (`QUEEN_MAX_MESSAGE_BYTES`).
     max_message_bytes: usize,
     /// The S3 sink's block of `/status`, when the sink runs.
@@ -104,6 +108,7 @@ impl Broker {
             ready_lag_ms: 2000,
             kinds: LOG_KINDS,
             push_lane: None,
+            unstamped_warned: std::sync::atomic::AtomicBool::new(false),
             max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
             reclaiming: Arc::default(),
@@ -129,10 +134,8 @@ impl Broker {
             let me = self.clone();
             tokio::spawn(async move {
                 let items = std::mem::take(&mut batch.items);
-                let result = me
-                    .proposer
-                    .propose_for(Command::Push(items), Outcome::into_push)
-                    .await;
+                let command = as_producer(batch.producer.take(), Command::Push(items));
+                let result = me.proposer.propose_for(command, Outcome::into_push).await;
                 batch.answer(result);
                 drop(slot);
             });
@@ -240,17 +243,36 @@ impl Broker {
     }
 }
 
+/// A push or transaction on behalf of `producer`, when there is one.
+fn as_producer(producer: Option<String>, command: Command) -> Command {
+    match producer {
+        Some(producer) => Command::AsProducer {
+            producer,
+            command: Box::new(command),
+        },
+        None => command,
+    }
+}
+
 impl ClientApi for Broker {
-    async fn push(&self, mut items: Vec<PushItem>) -> Result<Vec<PushOutcome>, BrokerError> {
+    async fn push(
+        &self,
+        mut items: Vec<PushItem>,
+        producer: Option<String>,
+    ) -> Result<Vec<PushOutcome>, BrokerError> {
         message_size::check_push(&items, self.max_message_bytes)?;
         self.seal_pushes(&mut items)?;
+        let producer = self.stamped(producer).await;
         let out = match &self.push_lane {
             // The request's deadline covers its wait in the lane too; past it the outcome is
             // unknown, as for any proposal that timed out (a retry with the same
             // transactionIds is safe).
             Some(lane) => {
-                match tokio::time::timeout(self.proposer.request_timeout(), lane.submit(items))
-                    .await
+                match tokio::time::timeout(
+                    self.proposer.request_timeout(),
+                    lane.submit(items, producer),
+                )
+                .await
                 {
                     Err(_) => return Err(BrokerError::Timeout),
                     Ok(Err(_)) => {
@@ -261,7 +283,10 @@ impl ClientApi for Broker {
             }
             None => {
                 self.proposer
-                    .propose_for(Command::Push(items), Outcome::into_push)
+                    .propose_for(
+                        as_producer(producer, Command::Push(items)),
+                        Outcome::into_push,
+                    )
                     .await?
             }
         };
@@ -348,20 +373,26 @@ impl ClientApi for Broker {
         required_leases: Vec<LeaseId>,
         kv: Vec<KvOp>,
         mut timers: Vec<queen_domain::timers::TimerOp>,
+        producer: Option<String>,
     ) -> Result<TxnOutcome, BrokerError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
         self.seal_transaction(&mut ops, &mut timers)?;
+        // Only a transaction that pushes has messages to stamp.
+        let pushes = ops.iter().any(|op| matches!(op, TxnOp::Push(_)));
+        let producer = if pushes {
+            self.stamped(producer).await
+        } else {
+            None
+        };
+        let command = Command::Transaction {
+            ops,
+            required_leases,
+            kv,
+            timers,
+        };
         let t = self
             .proposer
-            .propose_for(
-                Command::Transaction {
-                    ops,
-                    required_leases,
-                    kv,
-                    timers,
-                },
-                Outcome::into_transaction,
-            )
+            .propose_for(as_producer(producer, command), Outcome::into_transaction)
             .await?;
         if t.success {
             for res in &t.results {

@@ -48,6 +48,7 @@ fn kind(c: &Command) -> &'static str {
         Command::Resubscribe { .. } => "resubscribe",
         Command::Locks(_) => "locks",
         Command::ClusterSettings { .. } => "cluster_settings",
+        Command::AsProducer { command, .. } => kind(command),
     }
 }
 

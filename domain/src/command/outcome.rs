@@ -48,6 +48,10 @@ pub struct Delivered {
     pub created: Stamp,
     /// 1 for a first delivery; failed deliveries raise it (expired leases do not).
     pub attempt: u32,
+    /// Who pushed it (`producerSub`). Encoded by [`PopOutcome`] after everything else, so
+    /// that a node of an earlier build reads the answer without it.
+    #[serde(skip)]
+    pub producer: Option<String>,
 }
 
 /// The messages claimed from one partition.
@@ -62,7 +66,13 @@ pub struct Claim {
 }
 
 /// A pop's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Encoded as its three fields and then, only when a message has one, the producers of every
+/// message in order: the answer of a node of an earlier build (which a follower may receive
+/// for a pop it forwarded during a rolling upgrade) reads as one without producers, and such a
+/// node reads this build's answer and ignores what follows. So a `PopOutcome` is always the last
+/// part of an encoded value (a `Response`'s outcome is its last field).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PopOutcome {
     /// The lease covering every claim ("" when none was taken).
     pub lease_id: String,
@@ -70,6 +80,62 @@ pub struct PopOutcome {
     pub lease_expires: Stamp,
     /// The claims, in claim order.
     pub claims: Vec<Claim>,
+}
+
+const POP_FIELDS: [&str; 4] = ["lease_id", "lease_expires", "claims", "producers"];
+
+impl Serialize for PopOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let delivered = || self.claims.iter().flat_map(|c| &c.messages);
+        let any = delivered().any(|m| m.producer.is_some());
+        let mut st = s.serialize_struct("PopOutcome", 3 + usize::from(any))?;
+        st.serialize_field(POP_FIELDS[0], &self.lease_id)?;
+        st.serialize_field(POP_FIELDS[1], &self.lease_expires)?;
+        st.serialize_field(POP_FIELDS[2], &self.claims)?;
+        if any {
+            let producers: Vec<Option<&str>> = delivered().map(|m| m.producer.as_deref()).collect();
+            st.serialize_field(POP_FIELDS[3], &producers)?;
+        }
+        st.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for PopOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = PopOutcome;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a pop's answer")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<PopOutcome, A::Error> {
+                let short = |i| serde::de::Error::invalid_length(i, &"a pop's answer");
+                let lease_id = a.next_element()?.ok_or_else(|| short(0))?;
+                let lease_expires = a.next_element()?.ok_or_else(|| short(1))?;
+                let mut claims: Vec<Claim> = a.next_element()?.ok_or_else(|| short(2))?;
+                // Written only when a message has a producer.
+                let producers: Vec<Option<String>> =
+                    a.next_element().ok().flatten().unwrap_or_default();
+                for (m, p) in claims
+                    .iter_mut()
+                    .flat_map(|c| c.messages.iter_mut())
+                    .zip(producers)
+                {
+                    m.producer = p;
+                }
+                Ok(PopOutcome {
+                    lease_id,
+                    lease_expires,
+                    claims,
+                })
+            }
+        }
+        d.deserialize_struct("PopOutcome", &POP_FIELDS, Fields)
+    }
 }
 
 impl PopOutcome {

@@ -52,14 +52,34 @@ pub fn apply_entry_as(
     answered: bool,
 ) -> Result<Response, StoreError> {
     let stamp = next_stamp(txn, entry.proposed_at)?;
-    let outcome = match &entry.command {
+    // A push or transaction on behalf of an authenticated producer stamps its messages. Its
+    // pushes are stored as encoded messages (no origin in the entry: a kept entry is read back
+    // as a plain push).
+    let (command, producer) = match &entry.command {
+        Command::AsProducer { producer, command } => match &**command {
+            c @ (Command::Push(_) | Command::Transaction { .. }) => (c, Some(producer.as_str())),
+            _ => {
+                return Ok(Response {
+                    stamp,
+                    outcome: Outcome::Rejected(
+                        "only a push or a transaction is applied as a producer".into(),
+                    ),
+                });
+            }
+        },
+        c => (c, None),
+    };
+    let outcome = match command {
         Command::Tick => {
             housekeeping::run(txn, stamp, HousekeepingBudget::default())?;
             Outcome::Tick
         }
         Command::Push(items) => {
             let items: Vec<_> = items.iter().map(PushItem::as_item_ref).collect();
-            Outcome::Push(push::push(txn, stamp, &items, answered, true)?)
+            let from_entry = producer.is_none();
+            Outcome::Push(push::push(
+                txn, stamp, &items, answered, from_entry, producer,
+            )?)
         }
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
         Command::Ack { group, items } => {
@@ -111,6 +131,7 @@ pub fn apply_entry_as(
             required_leases,
             kv,
             timers,
+            producer,
         )?),
         Command::ClusterSettings {
             version,
@@ -118,6 +139,8 @@ pub fn apply_entry_as(
         } => Outcome::ClusterSettings {
             version: cluster::apply_settings(txn, *version, *max_clock_skew_ms)?,
         },
+        // Unwrapped above: a producer wraps only a push or a transaction.
+        Command::AsProducer { .. } => Outcome::Rejected("a producer inside a producer".into()),
     };
     Ok(Response { stamp, outcome })
 }

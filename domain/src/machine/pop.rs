@@ -187,6 +187,7 @@ fn read_claim(
                 payload: m.payload,
                 created: m.stamp,
                 attempt,
+                producer: m.producer,
             });
             Ok(delivered.len() < budget)
         },

@@ -16,20 +16,29 @@ use super::{put_rec, text_for_answer};
 /// into the overlay as it is stored.
 ///
 /// With `answered` false (nobody on this node waits for the answers) the answers carry their
-/// status, ids and offsets but not copies of the transactionId and queue name.
+/// status, ids and offsets but not copies of the transactionId and queue name. `producer`
+/// is stamped on every message (`Command::AsProducer`).
 pub(crate) fn push(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     items: &[PushItemRef<'_>],
     answered: bool,
     from_entry: bool,
+    producer: Option<&str>,
 ) -> Result<Vec<PushOutcome>, StoreError> {
-    push_with(txn, stamp, items, answered, |txn, pid, offset, index, m| {
-        txn.append(pid, offset, Appended::Encoded(m.encode()));
-        if from_entry {
-            txn.note_origin(pid, offset, index);
-        }
-    })
+    push_with(
+        txn,
+        stamp,
+        items,
+        answered,
+        producer,
+        |txn, pid, offset, index, m| {
+            txn.append(pid, offset, Appended::Encoded(m.encode()));
+            if from_entry {
+                txn.note_origin(pid, offset, index);
+            }
+        },
+    )
 }
 
 /// [`push`] of the items of the `Command::Push` entry being applied, read in place from the
@@ -41,10 +50,17 @@ pub(crate) fn push_in_place<'a>(
     items: &[PushItemRef<'a>],
     answered: bool,
 ) -> Result<Vec<PushOutcome>, StoreError> {
-    push_with(txn, stamp, items, answered, |txn, pid, offset, index, m| {
-        txn.append(pid, offset, Appended::Pushed(m));
-        txn.note_origin(pid, offset, index);
-    })
+    push_with(
+        txn,
+        stamp,
+        items,
+        answered,
+        None,
+        |txn, pid, offset, index, m| {
+            txn.append(pid, offset, Appended::Pushed(m));
+            txn.note_origin(pid, offset, index);
+        },
+    )
 }
 
 /// The rules of a push; `store` puts the message at (pid, offset), item `index` of `items`.
@@ -56,6 +72,7 @@ fn push_with<'t, 'i>(
     stamp: Stamp,
     items: &[PushItemRef<'i>],
     answered: bool,
+    producer: Option<&'i str>,
     mut store: impl FnMut(&mut Txn<'t>, u64, u64, u32, MessageRecRef<'i>),
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
@@ -136,6 +153,7 @@ fn push_with<'t, 'i>(
                 trace_id: item.trace_id,
                 stamp,
                 payload: item.payload,
+                producer,
             },
         );
         row.record(txn, offset);

@@ -127,6 +127,7 @@ pub(crate) fn deliver_due(
             }],
             false,
             false,
+            None,
         )?;
     }
     Ok(())

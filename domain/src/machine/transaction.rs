@@ -34,6 +34,7 @@ pub(crate) fn apply(
     required_leases: &[crate::ids::LeaseId],
     kv_ops: &[crate::kv::KvOp],
     timer_ops: &[crate::timers::TimerOp],
+    producer: Option<&str>,
 ) -> Result<TxnOutcome, StoreError> {
     let lease_now = super::cluster::lease_now(txn, stamp)?;
     for lease in required_leases {
@@ -75,7 +76,14 @@ pub(crate) fn apply(
                     }));
                 }
                 TxnOp::Push(item) => {
-                    let mut out = push(&mut child, stamp, &[item.as_item_ref()], true, false)?;
+                    let mut out = push(
+                        &mut child,
+                        stamp,
+                        &[item.as_item_ref()],
+                        true,
+                        false,
+                        producer,
+                    )?;
                     let Some(o) = out.pop() else { continue };
                     if let PushStatus::Failed(why) = &o.status {
                         return Ok(failed(format!(

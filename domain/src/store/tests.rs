@@ -46,6 +46,7 @@ proptest! {
                 trace_id: None,
                 stamp: Stamp(u64::from(v)),
                 payload: b"{}",
+                producer: None,
             };
             txn.append(pid, offset, if pushed { Appended::Pushed(m) } else { Appended::Encoded(m.encode()) });
         }

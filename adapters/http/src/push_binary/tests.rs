@@ -20,7 +20,7 @@ fn frames_group(out: &mut Vec<u8>, queue: &str, partition: &str, n: u32, frames:
 fn frames(list: &[(&[u8; 16], &str, &str)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (id, txn, payload) in list {
-        write_frame(&mut out, id, None, txn, payload.as_bytes()).unwrap();
+        write_frame(&mut out, id, None, txn, None, payload.as_bytes()).unwrap();
     }
     out
 }
@@ -122,7 +122,7 @@ fn frames_keep_the_clients_ids_and_zstd_bodies_decompress() {
     );
     // A trace id in a frame travels as its UUID text.
     let mut traced = Vec::new();
-    write_frame(&mut traced, &a, Some(&[0xab; 16]), "t", b"1").unwrap();
+    write_frame(&mut traced, &a, Some(&[0xab; 16]), "t", None, b"1").unwrap();
     let p = push(&frames_body(FLAG_FRAMES, &[("q", "p", 1, traced)]), LIMIT).unwrap();
     assert_eq!(
         p.items[0].trace_id.as_deref(),
@@ -278,7 +278,7 @@ fn a_zip_bomb_is_a_413_before_it_is_decompressed() {
     // 64 MiB of one byte compresses to a few KiB; the limit here is 1 MiB.
     let bomb = vec![b' '; 64 << 20];
     let mut f = Vec::new();
-    write_frame(&mut f, &[1; 16], None, "t", &bomb).unwrap();
+    write_frame(&mut f, &[1; 16], None, "t", None, &bomb).unwrap();
     let e = err(&frames_body(FLAG_FRAMES, &[("q", "p", 1, f)]));
     assert_eq!(
         (e.status, e.code),
@@ -308,7 +308,7 @@ fn a_zip_bomb_is_a_413_before_it_is_decompressed() {
     // Many groups share the one allowance.
     let small = format!("\"{}\"", "x".repeat(600 << 10)).into_bytes();
     let mut f = Vec::new();
-    write_frame(&mut f, &[1; 16], None, "t", &small).unwrap();
+    write_frame(&mut f, &[1; 16], None, "t", None, &small).unwrap();
     let e = err(&frames_body(
         FLAG_FRAMES,
         &[("q", "p", 1, f.clone()), ("q", "p", 1, f)],

@@ -17,6 +17,7 @@ fn pops_answer_the_producers_text() {
             payload: p.as_bytes().to_vec(),
             created: Stamp(5),
             attempt: 1,
+            producer: None,
         })
         .collect();
     let out = PopOutcome {

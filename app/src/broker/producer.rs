@@ -1,0 +1,40 @@
+//! `producerSub`: the producer a push is stamped with, once every member of the cluster reads
+//! the log format that carries it (`Command::AsProducer`, format 2).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use queen_domain::command::Command;
+use queen_domain::reads;
+
+use super::Broker;
+
+/// How long a push waits for a cluster that has not written any format yet (a node that has
+/// just started: its leader raises the format within about a second).
+const FIRST_FORMAT_WAIT: Duration = Duration::from_secs(3);
+
+impl Broker {
+    /// The producer to stamp on a push's messages. `None` when there is none, or when the
+    /// cluster's log format is still below the one that carries it: a member runs an earlier
+    /// build (a rolling upgrade). Those messages are stored without a producer rather than
+    /// refused, and the node says so in its log (a warning the first time, then at debug).
+    pub(super) async fn stamped(&self, producer: Option<String>) -> Option<String> {
+        let producer = producer?;
+        let deadline = Instant::now() + FIRST_FORMAT_WAIT;
+        loop {
+            let version = reads::cluster_version(&*self.state.view()).unwrap_or(0);
+            if version >= Command::AS_PRODUCER_FORMAT {
+                return Some(producer);
+            }
+            if version > 0 || Instant::now() >= deadline {
+                if self.unstamped_warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(target: "queen-app", version, "producerSub not stamped: the cluster's log format is below 2");
+                } else {
+                    tracing::warn!(target: "queen-app", version, "producerSub not stamped: the cluster writes log format {version} because a member runs an earlier build; pushes are stored without their producer until every member is upgraded");
+                }
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

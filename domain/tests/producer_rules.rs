@@ -1,0 +1,158 @@
+//! `producerSub`: a push or transaction applied as a producer stamps every message it stores;
+//! stored messages and pop answers of earlier builds read as ones without a producer, and an
+//! earlier build reads this build's pop answers.
+
+mod common;
+use common::*;
+use queen_domain::command::{Claim, Delivered, TxnOp};
+use queen_domain::model::MessageRec;
+use queen_domain::time::Stamp;
+use serde::{Deserialize, Serialize};
+
+fn item(queue: &str, txn: &str) -> PushItem {
+    PushItem {
+        queue: QueueName::new(queue).unwrap(),
+        partition: PartitionName::new("p").unwrap(),
+        transaction_id: tid(txn),
+        message_id: [1; 16],
+        payload: b"{}".to_vec(),
+        trace_id: None,
+    }
+}
+
+fn as_producer(who: &str, command: Command) -> Command {
+    Command::AsProducer {
+        producer: who.to_owned(),
+        command: Box::new(command),
+    }
+}
+
+fn producers(p: &PopOutcome) -> Vec<Option<String>> {
+    p.claims
+        .iter()
+        .flat_map(|c| c.messages.iter().map(|m| m.producer.clone()))
+        .collect()
+}
+
+#[test]
+fn pushes_and_transactions_as_a_producer_stamp_their_messages() {
+    let mut s = Sim::new();
+    s.apply(as_producer("alice", Command::Push(vec![item("q", "a")])));
+    s.apply(Command::Push(vec![item("q", "plain")]));
+    let out = s.apply(as_producer(
+        "bob",
+        Command::Transaction {
+            ops: vec![TxnOp::Push(item("q", "b"))],
+            required_leases: vec![],
+            kv: vec![],
+            timers: vec![],
+        },
+    ));
+    assert!(
+        matches!(out, Outcome::Transaction(ref t) if t.success),
+        "{out:?}"
+    );
+    let got = s.pop("q", None, 10);
+    assert_eq!(txns(&got), vec!["a", "plain", "b"]);
+    assert_eq!(
+        producers(&got),
+        vec![Some("alice".to_owned()), None, Some("bob".to_owned())]
+    );
+    // Only a push or a transaction can be applied as a producer.
+    let nested = s.apply(as_producer("eve", Command::Kv(vec![])));
+    assert!(matches!(nested, Outcome::Rejected(_)), "{nested:?}");
+}
+
+/// The stored message as builds before `producer` wrote it.
+#[derive(Serialize, Deserialize)]
+struct MessageBefore {
+    transaction_id: String,
+    id: [u8; 16],
+    trace_id: Option<String>,
+    stamp: Stamp,
+    #[serde(with = "serde_bytes")]
+    payload: Vec<u8>,
+}
+
+#[test]
+fn stored_messages_keep_their_bytes_without_a_producer_and_read_either_way() {
+    let m = |producer: Option<&str>| MessageRec {
+        transaction_id: "t".into(),
+        id: [2; 16],
+        trace_id: Some("tr".into()),
+        stamp: Stamp(9),
+        payload: b"{\"a\":1}".to_vec(),
+        producer: producer.map(str::to_owned),
+    };
+    let before = MessageBefore {
+        transaction_id: "t".into(),
+        id: [2; 16],
+        trace_id: Some("tr".into()),
+        stamp: Stamp(9),
+        payload: b"{\"a\":1}".to_vec(),
+    };
+    let old = postcard::to_allocvec(&before).unwrap();
+    assert_eq!(postcard::to_allocvec(&m(None)).unwrap(), old);
+    assert_eq!(postcard::from_bytes::<MessageRec>(&old).unwrap(), m(None));
+    let stamped = postcard::to_allocvec(&m(Some("alice"))).unwrap();
+    assert_eq!(
+        postcard::from_bytes::<MessageRec>(&stamped).unwrap(),
+        m(Some("alice"))
+    );
+    // An earlier build reads a stamped message (it ignores what follows the payload).
+    assert_eq!(
+        postcard::from_bytes::<MessageBefore>(&stamped)
+            .unwrap()
+            .payload,
+        before.payload
+    );
+}
+
+/// A pop's answer as builds before producers wrote it.
+#[derive(Serialize, Deserialize, PartialEq, Debug)]
+struct PopBefore {
+    lease_id: String,
+    lease_expires: Stamp,
+    claims: Vec<Claim>,
+}
+
+#[test]
+fn pop_answers_cross_builds_both_ways() {
+    let delivered = |producer: Option<&str>| Delivered {
+        offset: 0,
+        transaction_id: "t".into(),
+        id: [3; 16],
+        trace_id: None,
+        payload: b"1".to_vec(),
+        created: Stamp(4),
+        attempt: 1,
+        producer: producer.map(str::to_owned),
+    };
+    let pop = |producer| PopOutcome {
+        lease_id: "l".into(),
+        lease_expires: Stamp(5),
+        claims: vec![Claim {
+            pid: 1,
+            partition: "p".into(),
+            messages: vec![delivered(producer), delivered(None)],
+        }],
+    };
+    for p in [None, Some("alice")] {
+        let bytes = postcard::to_allocvec(&pop(p)).unwrap();
+        assert_eq!(postcard::from_bytes::<PopOutcome>(&bytes).unwrap(), pop(p));
+        // An earlier build reads it, without the producers.
+        let old: PopBefore = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(old.claims.len(), 1);
+    }
+    let old = PopBefore {
+        lease_id: "l".into(),
+        lease_expires: Stamp(5),
+        claims: pop(None).claims,
+    };
+    let old_bytes = postcard::to_allocvec(&old).unwrap();
+    assert_eq!(old_bytes, postcard::to_allocvec(&pop(None)).unwrap());
+    assert_eq!(
+        postcard::from_bytes::<PopOutcome>(&old_bytes).unwrap(),
+        pop(None)
+    );
+}
