@@ -320,7 +320,7 @@ fn a_node_refuses_a_data_directory_marked_newer_than_it_reads() {
     assert_eq!(status.code(), Some(2), "{}", node.log_text());
     let log = node.log_text();
     assert!(
-        log.contains("holds cluster format version 7, newer than this build reads (1)"),
+        log.contains("holds cluster format version 7, newer than this build reads (2)"),
         "{log}"
     );
     assert!(

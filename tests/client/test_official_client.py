@@ -15,6 +15,7 @@ wait_for.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Dict, List, Optional
@@ -33,6 +34,8 @@ SHORT_LEASE_S = 2
 # The client's opt-in binary bodies (API.md 4.6): pushes as QPB1 with client-built zstd frames,
 # transactions as QTB1, pops answered as QPF1.
 BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
+# The producerSub pops answer: the suite token's sub with broker JWT on, none without.
+PRODUCER = "client-suite" if os.environ.get("QUEEN_SUITE_JWT_SECRET") else None
 PUSH_BINARY = "application/x-queen-push"
 POP_FRAMES = "application/x-queen-pop"
 
@@ -156,6 +159,8 @@ def test_create_push_pop_ack_and_duplicate(node):
         assert [m.get("data") for m in msgs] == [{"n": 1}, {"n": 2}], msgs
         for m in msgs:
             assert m.get("partitionId") and m.get("leaseId"), m
+        # The broker stamps the token's sub; without JWT there is none.
+        assert [m.get("producerSub") for m in msgs] == [PRODUCER] * 2, msgs
 
         for m in msgs:
             res = await client.ack(m, True)
@@ -488,6 +493,8 @@ def test_binary_push_pop_ack_and_duplicate(node):
         for m in msgs:
             assert m.get("partitionId") and m.get("leaseId") and m.get("createdAt", "").endswith("Z"), m
             assert m.get("deliveryAttempt") == 1, m
+        # In frames too, the producer is the broker-stamped token sub.
+        assert [m.get("producerSub") for m in msgs] == [PRODUCER] * 3, msgs
 
         for m in msgs:
             res = await client.ack(m, True)
