@@ -431,13 +431,13 @@ fn until_released<'a>(
             }
             tokio::time::sleep(RELEASE_POLL.min(until - now)).await;
             let state = shared.log.applied();
-            let free = documents::lease_holder(
+            let free = documents::lease_live(
                 &*state,
                 &shared.settings.name,
                 queue,
                 shared.log.wall_clock(),
             )
-            .is_ok_and(|h| h.is_none());
+            .is_ok_and(|live| !live);
             if free {
                 return;
             }

@@ -102,24 +102,18 @@ pub fn next_look_micros(expires: Option<Stamp>, now: Stamp, cadence: u64, slack:
     })
 }
 
-/// Who holds a queue's lease in the applied state (`None`: no live row, so the queue looks
+/// Whether a queue's lease row is live in the applied state (no live row: the queue looks
 /// free). A hint for waking a node that waits to claim: the claim itself goes through the log.
 ///
 /// # Errors
-/// Store failures (a row that does not parse reads as held by nobody named).
-pub fn lease_holder(
+/// Store failures.
+pub fn lease_live(
     s: &dyn StateRead,
     sink: &str,
     queue: &str,
     now: Stamp,
-) -> Result<Option<String>, StoreError> {
-    Ok(
-        crate::machine::kv::live_row(s, NS, &lease_key(sink, queue), now)?.map(|r| {
-            serde_json::from_slice::<LeaseDoc>(&r.value)
-                .map(|d| d.holder)
-                .unwrap_or_default()
-        }),
-    )
+) -> Result<bool, StoreError> {
+    Ok(crate::machine::kv::live_row(s, NS, &lease_key(sink, queue), now)?.is_some())
 }
 
 /// The live commit pointer of a queue, read from the applied state.
