@@ -472,46 +472,72 @@ fn a_node_without_tenancy_refuses_the_header() {
 #[test]
 fn three_nodes_keep_tenants_apart_through_any_node() {
     let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let lake_url = format!("file://{}", lake.display());
     let nodes = queen_tests::three_nodes(bin(), dir.path(), "tenants-token", |_| {
-        vec![
-            ("QUEEN_TENANCY_HEADER".into(), "true".into()),
-            ("QUEEN_KV_TRUSTED_PROXY".into(), "1".into()),
-        ]
+        header_env(&lake_url)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
     });
-    for (i, t) in [Some(A), Some(B), None].into_iter().enumerate() {
-        let p = call(
-            &nodes[i],
-            t,
-            "POST",
-            "/api/v1/push",
-            Some(
-                &json!({"items": [{"queue": "orders", "transactionId": "same", "payload": {"who": marker(t)}}]}),
-            ),
-        );
-        assert_eq!(p.json[0]["status"], "queued", "{}", p.text);
-        let kv = call(
-            &nodes[(i + 1) % 3],
-            t,
-            "PUT",
-            "/api/v1/kv/cfg/color",
-            Some(&json!({"value": marker(t), "forever": true})),
-        );
-        assert_eq!(kv.status, 200, "{}", kv.text);
+    let all = [Some(A), Some(B), None];
+    // Each tenant writes through one node and is read through another.
+    for (i, t) in all.into_iter().enumerate() {
+        fill(&nodes[i], t);
     }
-    for (i, t) in [Some(A), Some(B), None].into_iter().enumerate() {
+    for (i, t) in all.into_iter().enumerate() {
+        check_isolated(&nodes[(i + 1) % 3], t);
+    }
+    for (i, t) in all.into_iter().enumerate() {
         let n = &nodes[(i + 2) % 3];
         let got = pop(
             n,
             t,
             "/api/v1/pop/queue/orders?batch=10&wait=true&timeout=5000",
         );
-        let msgs = got.json["messages"].as_array().unwrap();
-        assert_eq!(msgs.len(), 1, "{}", got.text);
-        assert_eq!(msgs[0]["data"]["who"], marker(t));
-        assert_eq!(
-            call(n, t, "GET", "/api/v1/kv/cfg/color", None).json["value"],
-            marker(t)
+        let msgs = got.json["messages"].as_array().unwrap().clone();
+        assert_eq!(msgs.len(), 2, "{}", got.text);
+        assert!(
+            msgs.iter().all(|m| m["data"]["who"] == marker(t)),
+            "{}",
+            got.text
         );
+        // Each fails its second message into its own dead letters.
+        let lease = &got.json["leaseId"];
+        let failed = call(
+            n,
+            t,
+            "POST",
+            "/api/v1/ack",
+            Some(
+                &json!({"transactionId": msgs[1]["transactionId"], "partitionId": msgs[1]["partitionId"], "leaseId": lease, "status": "failed", "error": "no"}),
+            ),
+        );
+        assert_eq!(failed.json[0]["dlq"], true, "{}", failed.text);
+    }
+    for (i, t) in all.into_iter().enumerate() {
+        let dlq = call(&nodes[i], t, "GET", "/api/v1/dlq?queue=orders", None);
+        assert_eq!(dlq.json["total"], 1, "{}", dlq.text);
+        assert_eq!(
+            dlq.json["messages"][0]["data"]["who"],
+            marker(t),
+            "{}",
+            dlq.text
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            [A, B, DEFAULT]
+                .iter()
+                .all(|t| lake_payloads(&lake, t).len() == 2)
+        }),
+        "a={:?} b={:?} default={:?}",
+        lake_payloads(&lake, A),
+        lake_payloads(&lake, B),
+        lake_payloads(&lake, DEFAULT)
+    );
+    for (t, who) in [(A, "from-a"), (B, "from-b"), (DEFAULT, "from-default")] {
+        assert!(lake_payloads(&lake, t).iter().all(|p| p["who"] == who));
     }
 }
 
