@@ -219,6 +219,11 @@ fn two_tenants_and_the_default_share_names_and_nothing_else() {
     for t in all {
         check_isolated(&n, t);
     }
+    // The node-wide pages are the operator's: a request acting for a tenant cannot read them.
+    for path in ["/status", "/metrics", "/metrics/prometheus"] {
+        let r = call(&n, Some(A), "GET", path, None);
+        assert_eq!(r.status, 403, "{path}: {}", r.text);
+    }
     // The operator's status page names a tenant's queue as <tenant>/<queue>.
     let status = n.get("/status");
     let shown: Vec<&str> = status.json["queues"]["items"]

@@ -97,6 +97,14 @@ pub(crate) async fn handle<A: ClientApi>(
     if let BodyKind::Binary { max_decoded } = kind {
         return binary(api, scope, method, segs, body, max_decoded).await;
     }
+    // The node-wide pages name every tenant's queues: they are the operator's, not a tenant's.
+    if scope.names_a_tenant() && matches!(segs, ["status"] | ["metrics", ..]) {
+        return Err(ApiError::new(
+            403,
+            "forbidden",
+            "the node-wide status and metrics name every tenant's queues; a request acting for a tenant cannot read them",
+        ));
+    }
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
             let mut items = json::push_items(body)?;

@@ -264,6 +264,11 @@ impl Scope {
             .is_none_or(|q| self.owns(&q)))
     }
 
+    /// Whether the request named a tenant (by header or token), even the default one.
+    pub(crate) fn names_a_tenant(&self) -> bool {
+        self.via != Via::Nothing
+    }
+
     /// Whether reads by id must be checked (tenancy is on).
     pub(crate) fn guarded(&self) -> bool {
         self.guard
