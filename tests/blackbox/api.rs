@@ -500,3 +500,89 @@ fn pop_by_namespace_and_task() {
     assert_eq!(got.json["messages"][0]["transactionId"], "r1");
     assert_eq!(n.get("/api/v1/pop?wait=false").status, 400);
 }
+
+#[test]
+fn message_browsing_lists_each_message_where_it_stands_and_finds_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    let c = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "browse", "options": {"retryLimit": 0}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
+    // The first payload's number must come back as written.
+    let p = n.post_raw(
+        "/api/v1/push",
+        r#"{"items": [
+            {"queue": "browse", "partition": "p", "transactionId": "a", "payload": {"n": 12345678901234567890123}},
+            {"queue": "browse", "partition": "p", "transactionId": "b", "payload": 2},
+            {"queue": "browse", "partition": "p", "transactionId": "c", "payload": 3},
+            {"queue": "browse", "partition": "p", "transactionId": "d", "payload": 4}
+        ]}"#,
+    );
+    assert_eq!(p.status, 200, "{}", p.text);
+    let first = n.get("/api/v1/pop/queue/browse?batch=2&wait=false");
+    let msgs = first.json["messages"].as_array().unwrap().clone();
+    for (m, status) in msgs.iter().zip(["completed", "failed"]) {
+        let a = n.post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": first.json["leaseId"], "status": status}));
+        assert_eq!(a.status, 200, "{}", a.text);
+    }
+    n.get("/api/v1/pop/queue/browse?batch=1&wait=false");
+    let list = n.get("/api/v1/messages?queue=browse");
+    assert_eq!(list.status, 200, "{}", list.text);
+    let seen: Vec<(&str, &str)> = list.json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["transactionId"].as_str().unwrap(),
+                m["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("a", "completed"),
+            ("b", "dead_letter"),
+            ("c", "processing"),
+            ("d", "pending")
+        ],
+        "{}",
+        list.text
+    );
+    assert_eq!(list.json["pagination"]["total"], 4);
+    assert!(
+        list.text
+            .contains(r#""data":{"n": 12345678901234567890123}"#),
+        "{}",
+        list.text
+    );
+    let pending = n.get("/api/v1/messages?queue=browse&status=pending&limit=10");
+    assert_eq!(pending.json["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        n.get("/api/v1/messages?queue=browse&status=odd").status,
+        400
+    );
+    assert_eq!(n.get("/api/v1/messages").status, 400);
+    let pid = msgs[0]["partitionId"].as_str().unwrap();
+    let one = n.get(&format!("/api/v1/messages/{pid}/a"));
+    assert_eq!(one.status, 200, "{}", one.text);
+    assert_eq!(one.json["status"], "completed");
+    assert!(
+        one.text
+            .contains(r#""payload":{"n": 12345678901234567890123}"#),
+        "{}",
+        one.text
+    );
+    for missing in [
+        format!("/api/v1/messages/{pid}/zz"),
+        "/api/v1/messages/999999/a".to_owned(),
+        "/api/v1/messages/x/a".to_owned(),
+    ] {
+        let r = n.get(&missing);
+        assert_eq!(r.status, 404, "{missing}: {}", r.text);
+        assert_eq!(r.json["code"], "message_not_found");
+    }
+}

@@ -255,6 +255,23 @@ fn two_tenants_and_the_default_share_names_and_nothing_else() {
         None,
     );
     assert_eq!(b_extend.json["success"], false, "{}", b_extend.text);
+    let browse = format!(
+        "/api/v1/messages/{}/{}",
+        msgs[0]["partitionId"].as_str().unwrap(),
+        msgs[0]["transactionId"].as_str().unwrap()
+    );
+    assert_eq!(call(&n, Some(B), "GET", &browse, None).status, 404);
+    assert_eq!(call(&n, Some(A), "GET", &browse, None).status, 200);
+    let listed = call(&n, Some(B), "GET", "/api/v1/messages?queue=orders", None);
+    assert!(
+        listed.json["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["data"]["who"] == "from-b" && m["queue"] == "orders"),
+        "{}",
+        listed.text
+    );
     let b_txn = call(
         &n,
         Some(B),

@@ -31,6 +31,8 @@ pub(crate) use groups::groups;
 mod resources;
 pub(crate) use resources::resources;
 
+pub(crate) mod messages;
+
 /// Most entries one fetch may carry.
 const MAX_FETCH_ENTRIES: usize = 1024;
 /// The default and largest byte budget of a fetch.

@@ -71,6 +71,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "fetch"]) => "fetch",
         ("POST", ["api", "v1", "partitions", "changed"]) => "partitions_changed",
         ("GET", ["api", "v1", "dlq"]) => "dlq",
+        ("GET", ["api", "v1", "messages", ..]) => "messages",
         (_, ["api", "v1", "timers", ..]) => "timers",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
@@ -262,6 +263,10 @@ pub(crate) async fn handle<A: ClientApi>(
         ("POST", ["api", "v1", "fetch"]) => reads::fetch(api, scope, body).await,
         ("POST", ["api", "v1", "partitions", "changed"]) => reads::changed(api, scope, body).await,
         ("GET", ["api", "v1", "dlq"]) => reads::dlq(api, scope, query).await,
+        ("GET", ["api", "v1", "messages"]) => reads::messages::list(api, scope, query).await,
+        ("GET", ["api", "v1", "messages", pid, txn]) => {
+            reads::messages::one(api, scope, pid, txn, query).await
+        }
         (m, ["api", "v1", "consumer-groups", rest @ ..]) => {
             reads::groups(api, scope, m, rest, query, body).await
         }

@@ -5,7 +5,7 @@
 
 mod ack;
 pub mod cluster;
-mod dedup;
+pub(crate) mod dedup;
 mod groups;
 mod housekeeping;
 pub(crate) mod kv;

@@ -1,0 +1,151 @@
+//! The message browsing routes: a queue's stored messages with where each stands for one
+//! consumer group (`pending`, `processing`, `completed`, `dead_letter`), and one message by its
+//! partition and transactionId. Payloads of encrypted queues are answered opened, and every
+//! payload verbatim (numbers as the producer wrote them).
+
+use queen_domain::browse::{self, Browsed, Status};
+
+use super::*;
+
+/// Most messages one page lists.
+const MAX_PAGE: u64 = 1000;
+
+/// One browsed message.
+#[derive(Serialize)]
+struct BrowsedOut<'a> {
+    id: String,
+    #[serde(rename = "transactionId")]
+    transaction_id: &'a str,
+    #[serde(rename = "partitionId")]
+    partition_id: String,
+    partition: &'a str,
+    queue: &'a str,
+    offset: u64,
+    status: &'static str,
+    #[serde(rename = "consumerGroup")]
+    consumer_group: &'a str,
+    #[serde(rename = "createdAt")]
+    created_at: String,
+    #[serde(rename = "traceId")]
+    trace_id: Option<&'a str>,
+    #[serde(rename = "producerSub")]
+    producer_sub: Option<&'a str>,
+    data: StoredJson<'a>,
+    /// The detail route also names it `payload`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<StoredJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct Page<'a> {
+    messages: Vec<BrowsedOut<'a>>,
+    pagination: Value,
+}
+
+fn out<'a>(
+    scope: &Scope,
+    b: &'a Browsed,
+    payload: &'a [u8],
+    group: &'a str,
+    detail: bool,
+) -> BrowsedOut<'a> {
+    BrowsedOut {
+        id: uuid::Uuid::from_bytes(b.message.id).to_string(),
+        transaction_id: &b.message.transaction_id,
+        partition_id: b.partition.pid.to_string(),
+        partition: &b.partition.name,
+        queue: scope.local(&b.partition.queue),
+        offset: b.offset,
+        status: b.status.as_str(),
+        consumer_group: crate::render::group_on_wire(group),
+        created_at: b.message.stamp.iso_millis(),
+        trace_id: b.message.trace_id.as_deref(),
+        producer_sub: b.message.producer.as_deref(),
+        data: StoredJson(payload),
+        payload: detail.then_some(StoredJson(payload)),
+    }
+}
+
+fn group_of(q: &[(String, String)]) -> Result<String, ApiError> {
+    let g = GroupName::or_queue_mode(q_get(q, "consumerGroup"))
+        .map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?;
+    Ok(g.as_str().to_owned())
+}
+
+/// `GET /api/v1/messages?queue=&partition=&status=&consumerGroup=&limit=&offset=`.
+pub(crate) async fn list<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let q = parse_query(query);
+    let queue = q_get(&q, "queue").ok_or_else(|| ApiError::bad_request("queue", "is required"))?;
+    let queue = scope.queue(queue, "queue")?;
+    let only = match q_get(&q, "status") {
+        None => None,
+        Some(w) => Some(Status::parse(w).ok_or_else(|| {
+            ApiError::bad_request(
+                "status",
+                "must be pending, processing, completed or dead_letter",
+            )
+        })?),
+    };
+    let group = group_of(&q)?;
+    let limit = q_num(&q, "limit", 100)?.clamp(1, MAX_PAGE);
+    let offset = q_num(&q, "offset", 0)?;
+    api.read_barrier().await?;
+    let state = api.state();
+    let (page, total) = browse::list(
+        &*state,
+        queue.as_str(),
+        q_get(&q, "partition"),
+        &group,
+        only,
+        usize::try_from(offset).unwrap_or(usize::MAX),
+        limit as usize,
+        api.now(),
+    )
+    .map_err(|e| store_err(&e))?;
+    let payloads: Vec<std::borrow::Cow<'_, [u8]>> = page
+        .iter()
+        .map(|b| api.open_payload(&b.message.payload))
+        .collect();
+    let messages = page
+        .iter()
+        .zip(&payloads)
+        .map(|(b, p)| out(scope, b, p, &group, false))
+        .collect();
+    Ok(json_answer(
+        200,
+        &Page {
+            messages,
+            pagination: json!({"limit": limit, "offset": offset, "total": total}),
+        },
+    ))
+}
+
+/// `GET /api/v1/messages/{partitionId}/{transactionId}`: 404 when the partition is unknown, is
+/// another tenant's, or holds no such message.
+pub(crate) async fn one<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    partition_id: &str,
+    transaction_id: &str,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let q = parse_query(query);
+    let group = group_of(&q)?;
+    let not_found = || ApiError::new(404, "message_not_found", "no such message");
+    let pid: u64 = partition_id.trim().parse().map_err(|_| not_found())?;
+    api.read_barrier().await?;
+    let state = api.state();
+    let owner = reads::partition_queue(&*state, pid).map_err(|e| store_err(&e))?;
+    if !owner.is_some_and(|q| scope.owns(&q)) {
+        return Err(not_found());
+    }
+    let b = browse::one(&*state, pid, transaction_id, &group, api.now())
+        .map_err(|e| store_err(&e))?
+        .ok_or_else(not_found)?;
+    let payload = api.open_payload(&b.message.payload);
+    Ok(json_answer(200, &out(scope, &b, &payload, &group, true)))
+}

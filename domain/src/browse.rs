@@ -1,0 +1,235 @@
+//! Message browsing: a queue's stored messages with where each stands for one consumer group
+//! (`pending`, `processing`, `completed`, `dead_letter`), and one message by its partition and
+//! transactionId. Read-only, bounded in what it reads.
+
+use std::collections::BTreeSet;
+
+use crate::keys;
+use crate::model::{MessageRec, PartitionRec};
+use crate::reads;
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+/// Most messages one listing reads to fill a filtered page (a status filter skips the rest).
+pub const MAX_SCANNED: usize = 100_000;
+
+/// Where a message stands for a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Not delivered yet, or delivered and released.
+    Pending,
+    /// Under a live lease.
+    Processing,
+    /// Acknowledged (the group's cursor is past it).
+    Completed,
+    /// Failed past its retries into the dead letters.
+    DeadLetter,
+}
+
+impl Status {
+    /// The word answers use.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Processing => "processing",
+            Status::Completed => "completed",
+            Status::DeadLetter => "dead_letter",
+        }
+    }
+
+    /// The status a word names.
+    #[must_use]
+    pub fn parse(word: &str) -> Option<Self> {
+        [
+            Status::Pending,
+            Status::Processing,
+            Status::Completed,
+            Status::DeadLetter,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == word)
+    }
+}
+
+/// One browsed message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Browsed {
+    /// Its partition.
+    pub partition: PartitionRec,
+    /// Its offset.
+    pub offset: u64,
+    /// The stored message.
+    pub message: MessageRec,
+    /// Where it stands for the group.
+    pub status: Status,
+}
+
+/// How a partition's messages stand for a group.
+struct Standing {
+    /// Every offset below is done.
+    next: u64,
+    /// Offsets `next..leased_to` are under a live lease.
+    leased_to: u64,
+    /// Offsets in the dead letters.
+    dead: BTreeSet<u64>,
+}
+
+impl Standing {
+    fn of(
+        s: &dyn StateRead,
+        p: &PartitionRec,
+        group: &str,
+        dead: &BTreeSet<(u64, u64)>,
+        now: Stamp,
+    ) -> Result<Self, StoreError> {
+        let c = reads::cursor(s, p.pid, group)?;
+        let next = c.as_ref().map_or(0, |c| c.next);
+        let leased_to = c
+            .as_ref()
+            .and_then(|c| c.live_lease(now))
+            .map_or(next, |l| l.end);
+        Ok(Self {
+            next,
+            leased_to,
+            dead: dead
+                .range((p.pid, 0)..=(p.pid, u64::MAX))
+                .map(|(_, o)| *o)
+                .collect(),
+        })
+    }
+
+    fn status(&self, offset: u64) -> Status {
+        if self.dead.contains(&offset) {
+            Status::DeadLetter
+        } else if offset < self.next {
+            Status::Completed
+        } else if offset < self.leased_to {
+            Status::Processing
+        } else {
+            Status::Pending
+        }
+    }
+}
+
+/// The dead letters of a queue for a group, as (partition id, offset).
+fn dead_letters(
+    s: &dyn StateRead,
+    qid: u64,
+    group: &str,
+) -> Result<BTreeSet<(u64, u64)>, StoreError> {
+    let (rows, _) = reads::dead_letters(s, qid, &|d| d.group == group, 0, usize::MAX)?;
+    Ok(rows.into_iter().map(|d| (d.pid, d.offset)).collect())
+}
+
+/// A page of a queue's messages, oldest first within each partition and partitions in creation
+/// order: `limit` messages after skipping `skip` that pass `only`. Answers the page and the
+/// number of stored messages the page was cut from (known without a filter; `None` with one).
+///
+/// # Errors
+/// Store failures.
+#[allow(clippy::too_many_arguments)]
+pub fn list(
+    s: &dyn StateRead,
+    queue: &str,
+    partition: Option<&str>,
+    group: &str,
+    only: Option<Status>,
+    skip: usize,
+    limit: usize,
+    now: Stamp,
+) -> Result<(Vec<Browsed>, Option<u64>), StoreError> {
+    let Some(view) = reads::queue_view(s, queue)? else {
+        return Ok((Vec::new(), Some(0)));
+    };
+    let parts: Vec<PartitionRec> = view
+        .partitions
+        .into_iter()
+        .filter(|p| partition.is_none_or(|n| p.name == n))
+        .collect();
+    let total = only
+        .is_none()
+        .then(|| parts.iter().map(|p| p.next_offset - p.log_start).sum());
+    let dead = dead_letters(s, view.queue.qid, group)?;
+    let (mut out, mut skipped, mut scanned) = (Vec::new(), 0usize, 0usize);
+    for p in parts {
+        if out.len() == limit || scanned >= MAX_SCANNED {
+            break;
+        }
+        let standing = Standing::of(s, &p, group, &dead, now)?;
+        // Without a filter whole partitions are skipped by their counts, unread.
+        let mut from = p.log_start;
+        if only.is_none() {
+            let stored = usize::try_from(p.next_offset - p.log_start).unwrap_or(usize::MAX);
+            if skipped + stored <= skip {
+                skipped += stored;
+                continue;
+            }
+            from += (skip - skipped) as u64;
+            skipped = skip;
+        }
+        let mut at = from;
+        while at < p.next_offset && out.len() < limit && scanned < MAX_SCANNED {
+            let batch = reads::messages(s, &p, at, 4 << 20, 1000)?;
+            let Some((last, _)) = batch.last() else { break };
+            at = last + 1;
+            for (offset, message) in batch {
+                scanned += 1;
+                let status = standing.status(offset);
+                if only.is_some_and(|o| o != status) {
+                    continue;
+                }
+                if skipped < skip {
+                    skipped += 1;
+                    continue;
+                }
+                if out.len() < limit {
+                    out.push(Browsed {
+                        partition: p.clone(),
+                        offset,
+                        message,
+                        status,
+                    });
+                }
+            }
+        }
+    }
+    Ok((out, total))
+}
+
+/// One message by its partition and transactionId, with where it stands for `group`.
+///
+/// # Errors
+/// Store failures.
+pub fn one(
+    s: &dyn StateRead,
+    pid: u64,
+    transaction_id: &str,
+    group: &str,
+    now: Stamp,
+) -> Result<Option<Browsed>, StoreError> {
+    let Some(p) = crate::machine::get_rec::<PartitionRec>(s, &keys::partition(pid))? else {
+        return Ok(None);
+    };
+    let txn = Txn::new(s);
+    let Some(o) = crate::machine::dedup::lookup(&txn, pid, transaction_id)?.original(
+        s,
+        pid,
+        transaction_id,
+    )?
+    else {
+        return Ok(None);
+    };
+    let Some(message) = crate::machine::get_rec::<MessageRec>(s, &keys::message(pid, o.offset))?
+    else {
+        return Ok(None);
+    };
+    let dead = dead_letters(s, p.qid, group)?;
+    let status = Standing::of(s, &p, group, &dead, now)?.status(o.offset);
+    Ok(Some(Browsed {
+        partition: p,
+        offset: o.offset,
+        message,
+        status,
+    }))
+}
