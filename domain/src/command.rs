@@ -410,13 +410,14 @@ pub enum Command {
         max_clock_skew_ms: u64,
     },
     // New variants go last: an entry names its variant by position.
-    /// A push or a transaction on behalf of an authenticated producer: every message it stores
-    /// carries `producer` (the token's `sub`, `producerSub`). Log format 2: proposed only once
-    /// the cluster's version is at least [`Command::AS_PRODUCER_FORMAT`].
+    /// A push, a transaction or timer operations on behalf of an authenticated producer: every
+    /// message it stores (or a timer it schedules delivers) carries `producer` (the token's
+    /// `sub`, `producerSub`). Log format 2: proposed only once the cluster's version is at
+    /// least [`Command::AS_PRODUCER_FORMAT`].
     AsProducer {
         /// The token's `sub`.
         producer: String,
-        /// `Push` or `Transaction` (anything else is rejected).
+        /// `Push`, `Transaction` or `Timers` (anything else is rejected).
         command: Box<Command>,
     },
 }

@@ -48,10 +48,14 @@ impl TimerOp {
 }
 
 /// A stored timer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Encoded as its fields in order; `producer` is written only when set, last, so a timer
+/// without one keeps the bytes timers had before the field existed and every stored timer
+/// reads as one without (a `TimerRec` is always a whole encoded value, never a field of
+/// another).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerRec {
     /// Message bytes.
-    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Not before.
     pub deliver_at: Stamp,
@@ -63,6 +67,71 @@ pub struct TimerRec {
     pub message_id: [u8; 16],
     /// When it was (re)scheduled.
     pub scheduled: Stamp,
+    /// Who scheduled it (the token's `sub`): the delivered message's `producerSub`.
+    pub producer: Option<String>,
+}
+
+const TIMER_FIELDS: [&str; 7] = [
+    "payload",
+    "deliver_at",
+    "txn",
+    "partition",
+    "message_id",
+    "scheduled",
+    "producer",
+];
+
+impl Serialize for TimerRec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("TimerRec", 6 + usize::from(self.producer.is_some()))?;
+        st.serialize_field(TIMER_FIELDS[0], serde_bytes::Bytes::new(&self.payload))?;
+        st.serialize_field(TIMER_FIELDS[1], &self.deliver_at)?;
+        st.serialize_field(TIMER_FIELDS[2], &self.txn)?;
+        st.serialize_field(TIMER_FIELDS[3], &self.partition)?;
+        st.serialize_field(TIMER_FIELDS[4], &self.message_id)?;
+        st.serialize_field(TIMER_FIELDS[5], &self.scheduled)?;
+        if let Some(p) = &self.producer {
+            st.serialize_field(TIMER_FIELDS[6], p)?;
+        }
+        st.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for TimerRec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = TimerRec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a stored timer")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<TimerRec, A::Error> {
+                let short = |i| serde::de::Error::invalid_length(i, &"a stored timer");
+                let payload: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(|| short(0))?;
+                let deliver_at = a.next_element()?.ok_or_else(|| short(1))?;
+                let txn = a.next_element()?.ok_or_else(|| short(2))?;
+                let partition = a.next_element()?.ok_or_else(|| short(3))?;
+                let message_id = a.next_element()?.ok_or_else(|| short(4))?;
+                let scheduled = a.next_element()?.ok_or_else(|| short(5))?;
+                // Written only when set: a timer without one ends here.
+                let producer = a.next_element::<String>().ok().flatten();
+                Ok(TimerRec {
+                    payload: payload.into_vec(),
+                    deliver_at,
+                    txn,
+                    partition,
+                    message_id,
+                    scheduled,
+                    producer,
+                })
+            }
+        }
+        d.deserialize_struct("TimerRec", &TIMER_FIELDS, Fields)
+    }
 }
 
 /// A timer operation's answer.

@@ -156,3 +156,83 @@ fn pop_answers_cross_builds_both_ways() {
         pop(None)
     );
 }
+
+#[test]
+fn a_timer_scheduled_as_a_producer_delivers_a_stamped_message() {
+    use queen_domain::timers::TimerOp;
+    let mut s = Sim::new();
+    let schedule = |txn: &str| TimerOp::Schedule {
+        queue: QueueName::new("t").unwrap(),
+        key: txn.to_owned(),
+        payload: b"{}".to_vec(),
+        delay_ms: 0,
+        txn: txn.to_owned(),
+        partition: None,
+        message_id: [4; 16],
+        reschedule: false,
+    };
+    s.apply(as_producer(
+        "carol",
+        Command::Timers(vec![schedule("by-carol")]),
+    ));
+    s.apply(Command::Timers(vec![schedule("plain")]));
+    s.advance_secs(1);
+    s.apply(Command::Tick);
+    let got = s.pop("t", None, 10);
+    let mut seen: Vec<(String, Option<String>)> = got
+        .claims
+        .iter()
+        .flat_map(|c| c.messages.iter())
+        .map(|m| (m.transaction_id.clone(), m.producer.clone()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("by-carol".to_owned(), Some("carol".to_owned())),
+            ("plain".to_owned(), None)
+        ]
+    );
+}
+
+/// The stored timer as builds before `producer` wrote it.
+#[derive(Serialize, Deserialize)]
+struct TimerBefore {
+    #[serde(with = "serde_bytes")]
+    payload: Vec<u8>,
+    deliver_at: Stamp,
+    txn: String,
+    partition: String,
+    message_id: [u8; 16],
+    scheduled: Stamp,
+}
+
+#[test]
+fn stored_timers_keep_their_bytes_without_a_producer() {
+    use queen_domain::timers::TimerRec;
+    let rec = |producer: Option<&str>| TimerRec {
+        payload: b"1".to_vec(),
+        deliver_at: Stamp(7),
+        txn: "x".into(),
+        partition: "Default".into(),
+        message_id: [5; 16],
+        scheduled: Stamp(6),
+        producer: producer.map(str::to_owned),
+    };
+    let old = postcard::to_allocvec(&TimerBefore {
+        payload: b"1".to_vec(),
+        deliver_at: Stamp(7),
+        txn: "x".into(),
+        partition: "Default".into(),
+        message_id: [5; 16],
+        scheduled: Stamp(6),
+    })
+    .unwrap();
+    assert_eq!(postcard::to_allocvec(&rec(None)).unwrap(), old);
+    assert_eq!(postcard::from_bytes::<TimerRec>(&old).unwrap(), rec(None));
+    let stamped = postcard::to_allocvec(&rec(Some("carol"))).unwrap();
+    assert_eq!(
+        postcard::from_bytes::<TimerRec>(&stamped).unwrap(),
+        rec(Some("carol"))
+    );
+}

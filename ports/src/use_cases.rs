@@ -370,10 +370,11 @@ pub trait ClientApi: Send + Sync + 'static {
         &self,
         tenant: queen_domain::tenant::Tenant,
     ) -> impl Future<Output = Result<PurgeReport, BrokerError>> + Send;
-    /// Apply timer operations in one entry.
+    /// Apply timer operations in one entry; the messages they schedule carry `producer`.
     fn timers(
         &self,
         ops: Vec<TimerOp>,
+        producer: Option<String>,
     ) -> impl Future<Output = Result<Vec<TimerResult>, BrokerError>> + Send;
     /// Change or list the raft membership; answers the members as the leader sees them after.
     fn membership(

@@ -666,6 +666,25 @@ fn producer_sub_is_stamped_from_the_token_and_never_from_the_body() {
         Some(&alice),
     );
     assert_eq!(t.json["success"], true, "{}", t.text);
+    // A timer alice schedules delivers a message stamped with her sub (base64 of 4).
+    let timer = call(
+        &n,
+        "POST",
+        "/api/v1/timers",
+        Some(
+            &json!({"operations": [{"op": "schedule", "queue": "ps", "timerKey": "k", "payload": "NA==", "delayMs": 0, "txn": "z1"}]}),
+        ),
+        Some(&alice),
+    );
+    assert_eq!(timer.status, 200, "{}", timer.text);
+    assert!(
+        queen_tests::eventually(Duration::from_secs(20), || {
+            call(&n, "GET", "/api/v1/timers/ps", None, Some(&alice)).json["rows"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        }),
+        "the timer was not delivered"
+    );
     let got = call(
         &n,
         "GET",
@@ -685,6 +704,7 @@ fn producer_sub_is_stamped_from_the_token_and_never_from_the_body() {
             (json!("a1"), json!("alice")),
             (json!("n1"), Value::Null),
             (json!("t1"), json!("alice")),
+            (json!("z1"), json!("alice")),
         ],
         "{}",
         got.text

@@ -191,7 +191,7 @@ pub(crate) async fn route<A: ClientApi>(
         ("POST", []) => {
             let mut ops = parse_ops(body)?;
             scope.timers(&mut ops);
-            let mut out = api.timers(ops).await?;
+            let mut out = api.timers(ops, scope.producer.clone()).await?;
             scope.timer_answers(&mut out);
             Ok(json_response(
                 200,
@@ -201,7 +201,9 @@ pub(crate) async fn route<A: ClientApi>(
         ("DELETE", [queue, key @ ..]) if !key.is_empty() => {
             let qn = scope.queue(queue, "queue")?;
             let key = key.join("/");
-            let mut out = api.timers(vec![TimerOp::Cancel { queue: qn, key }]).await?;
+            let mut out = api
+                .timers(vec![TimerOp::Cancel { queue: qn, key }], None)
+                .await?;
             scope.timer_answers(&mut out);
             let mut v = out.first().map(result).unwrap_or(Value::Null);
             if v["status"] == "absent"

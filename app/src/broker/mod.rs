@@ -243,7 +243,13 @@ impl Broker {
     }
 }
 
-/// A push or transaction on behalf of `producer`, when there is one.
+/// Whether timer operations schedule a message.
+fn schedules(ops: &[queen_domain::timers::TimerOp]) -> bool {
+    ops.iter()
+        .any(|op| matches!(op, queen_domain::timers::TimerOp::Schedule { .. }))
+}
+
+/// A push, transaction or timer operations on behalf of `producer`, when there is one.
 fn as_producer(producer: Option<String>, command: Command) -> Command {
     match producer {
         Some(producer) => Command::AsProducer {
@@ -377,8 +383,8 @@ impl ClientApi for Broker {
     ) -> Result<TxnOutcome, BrokerError> {
         message_size::check_transaction(&ops, &kv, &timers, self.max_message_bytes)?;
         self.seal_transaction(&mut ops, &mut timers)?;
-        // Only a transaction that pushes has messages to stamp.
-        let pushes = ops.iter().any(|op| matches!(op, TxnOp::Push(_)));
+        // Only a transaction that pushes or schedules has messages to stamp.
+        let pushes = ops.iter().any(|op| matches!(op, TxnOp::Push(_))) || schedules(&timers);
         let producer = if pushes {
             self.stamped(producer).await
         } else {
@@ -460,11 +466,21 @@ impl ClientApi for Broker {
     async fn timers(
         &self,
         mut ops: Vec<queen_domain::timers::TimerOp>,
+        producer: Option<String>,
     ) -> Result<Vec<queen_domain::timers::TimerResult>, BrokerError> {
         message_size::check_timers(&ops, self.max_message_bytes, "timers")?;
         self.seal_timers(&mut ops)?;
+        // Only a schedule has a message to stamp (when it is delivered).
+        let producer = if schedules(&ops) {
+            self.stamped(producer).await
+        } else {
+            None
+        };
         self.proposer
-            .propose_for(Command::Timers(ops), Outcome::into_timers)
+            .propose_for(
+                as_producer(producer, Command::Timers(ops)),
+                Outcome::into_timers,
+            )
             .await
     }
 

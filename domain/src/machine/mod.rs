@@ -52,17 +52,19 @@ pub fn apply_entry_as(
     answered: bool,
 ) -> Result<Response, StoreError> {
     let stamp = next_stamp(txn, entry.proposed_at)?;
-    // A push or transaction on behalf of an authenticated producer stamps its messages. Its
-    // pushes are stored as encoded messages (no origin in the entry: a kept entry is read back
-    // as a plain push).
+    // A push, transaction or timer schedule on behalf of an authenticated producer stamps its
+    // messages (a timer's when it is delivered). Its pushes are stored as encoded messages (no
+    // origin in the entry: a kept entry is read back as a plain push).
     let (command, producer) = match &entry.command {
         Command::AsProducer { producer, command } => match &**command {
-            c @ (Command::Push(_) | Command::Transaction { .. }) => (c, Some(producer.as_str())),
+            c @ (Command::Push(_) | Command::Transaction { .. } | Command::Timers(_)) => {
+                (c, Some(producer.as_str()))
+            }
             _ => {
                 return Ok(Response {
                     stamp,
                     outcome: Outcome::Rejected(
-                        "only a push or a transaction is applied as a producer".into(),
+                        "only a push, a transaction or timers are applied as a producer".into(),
                     ),
                 });
             }
@@ -115,7 +117,7 @@ pub fn apply_entry_as(
         Command::Resubscribe { group, from } => Outcome::Resubscribed {
             rows: groups::resubscribe(txn, group, *from)?,
         },
-        Command::Timers(ops) => Outcome::Timers(timers::apply(txn, stamp, ops)?),
+        Command::Timers(ops) => Outcome::Timers(timers::apply(txn, stamp, ops, producer)?),
         Command::Kv(ops) => Outcome::Kv(kv::apply(txn, stamp, index, ops)?),
         Command::Locks(ops) => Outcome::Locks(locks::apply(txn, stamp, index, ops)?),
         Command::Transaction {
@@ -139,7 +141,7 @@ pub fn apply_entry_as(
         } => Outcome::ClusterSettings {
             version: cluster::apply_settings(txn, *version, *max_clock_skew_ms)?,
         },
-        // Unwrapped above: a producer wraps only a push or a transaction.
+        // Unwrapped above: a producer wraps only a push, a transaction or timers.
         Command::AsProducer { .. } => Outcome::Rejected("a producer inside a producer".into()),
     };
     Ok(Response { stamp, outcome })

@@ -24,6 +24,7 @@ pub(crate) fn apply(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     ops: &[TimerOp],
+    producer: Option<&str>,
 ) -> Result<Vec<TimerResult>, StoreError> {
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
@@ -50,6 +51,7 @@ pub(crate) fn apply(
                     ),
                     message_id: *message_id,
                     scheduled: stamp,
+                    producer: producer.map(str::to_owned),
                 };
                 put_rec(txn, keys::timer_due(deliver_at.0, queue.as_str(), key), &());
                 put_rec(txn, keys::timer(queue.as_str(), key), &rec);
@@ -127,7 +129,7 @@ pub(crate) fn deliver_due(
             }],
             false,
             false,
-            None,
+            t.producer.as_deref(),
         )?;
     }
     Ok(())

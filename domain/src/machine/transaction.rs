@@ -112,7 +112,7 @@ pub(crate) fn apply(
                 timers: Vec::new(),
             });
         }
-        let timers = super::timers::apply(&mut child, stamp, timer_ops)?;
+        let timers = super::timers::apply(&mut child, stamp, timer_ops, producer)?;
         (results, kv, timers, child.into_owned_parts())
     };
     txn.absorb_parts(writes);
