@@ -13,6 +13,7 @@
 pub mod access;
 pub mod browse;
 pub mod codec;
+pub mod ephemeral;
 pub mod command;
 mod error;
 pub mod ids;

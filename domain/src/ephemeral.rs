@@ -1,0 +1,97 @@
+//! Ephemeral queues: messages held in one node's memory, never in the log.
+//!
+//! The rules live here without I/O or clock (every call is given `now` in milliseconds):
+//! - [`options`]: what `configure` accepts, the node's ceilings and the effective bounds;
+//! - [`Rings`]: the rings of the partitions a node owns, with each group's position, leases,
+//!   redeliveries, budgets and drops;
+//! - [`owner`]: which member owns a partition (highest random weight over the live members);
+//! - [`MessageId`]: the opaque id a pop hands out, which names the incarnation that made it.
+//!
+//! Each (queue, partition) ring is FIFO. Every consumer group has its own position over the one
+//! ring (a group is the whole of the consumption semantics: same group = competing consumers,
+//! own group = fan-out, no group = queue mode). A message leaves the ring when every group that
+//! consumes the partition has passed it, or when a bound, its age or its retry limit drops it.
+
+mod engine;
+pub mod options;
+pub mod owner;
+
+pub use engine::{
+    AckOutcome, AckStatus, Delivered, Drops, GroupView, PartitionView, PushRefusal, QueueView,
+    RingExport, Rings, Totals,
+};
+pub use options::{Declared, Limits, Options, Policy, Window};
+
+use serde::{Deserialize, Serialize};
+
+/// The KV namespace (of the tenant) that holds the declared queues' options, one row per
+/// queue keyed by the queue's name: configuration is replicated, contents are not.
+pub const CONFIG_NS: &str = "queen-ephemeral";
+
+/// The most bytes an ephemeral queue, partition or group name may have.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// The group of a pop or ack that names none (queue mode).
+pub const QUEUE_MODE_GROUP: &str = crate::names::QUEUE_MODE_GROUP;
+
+/// The partition of a push that names none.
+pub const DEFAULT_PARTITION: &str = crate::names::DEFAULT_PARTITION;
+
+/// Memory counted per held message beside its payload (the ring slot, the stamp, the deque).
+pub const MESSAGE_OVERHEAD: u64 = 48;
+
+/// Whether `name` may name an ephemeral queue, partition or group: 1 to 255 bytes and no
+/// control character (routes carry it percent-encoded, so `/` is allowed).
+///
+/// # Errors
+/// A sentence saying what is wrong.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("must not be empty");
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err("must be at most 255 bytes");
+    }
+    if name.chars().any(char::is_control) {
+        return Err("must not contain control characters");
+    }
+    Ok(())
+}
+
+/// The id of a delivered message: `e:<epoch, 16 hex digits>:<seq>:<partition>`. The epoch is
+/// drawn at random when a node's rings start, so an ack after a restart or an ownership move
+/// is recognised as stale and never acks another message. The partition comes last, so it may
+/// hold `:`; a node that does not own it reads it to forward the ack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageId {
+    /// The incarnation of the rings that delivered it.
+    pub epoch: u64,
+    /// Its position in its partition's ring.
+    pub seq: u64,
+    /// Its partition.
+    pub partition: String,
+}
+
+impl MessageId {
+    /// Read an id; `None` when it is not one this broker makes.
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Self> {
+        let rest = text.strip_prefix("e:")?;
+        let (epoch, rest) = rest.split_once(':')?;
+        let (seq, partition) = rest.split_once(':')?;
+        if epoch.len() != 16 || partition.is_empty() {
+            return None;
+        }
+        Some(Self {
+            epoch: u64::from_str_radix(epoch, 16).ok()?,
+            seq: seq.parse().ok()?,
+            partition: partition.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for MessageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "e:{:016x}:{}:{}", self.epoch, self.seq, self.partition)
+    }
+}
