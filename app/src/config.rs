@@ -58,6 +58,10 @@ pub struct RawConfig {
     pub encryption_key: Option<SecretText>,
     /// `QUEEN_RAFT_HEARTBEAT_MS`
     pub heartbeat_ms: Option<String>,
+    /// `QUEEN_EPHEMERAL_MAX_BYTES`, `QUEEN_EPHEMERAL_QUEUE_MAX_BYTES`,
+    /// `QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH`, `QUEEN_EPHEMERAL_LEASE_S`,
+    /// `QUEEN_EPHEMERAL_RETRY_LIMIT`, `QUEEN_EPHEMERAL_IDLE_S`, in this order.
+    pub ephemeral: [Option<String>; 6],
     /// `QUEEN_RAFT_ELECTION_MIN_MS`
     pub election_min_ms: Option<String>,
     /// `QUEEN_RAFT_ELECTION_MAX_MS`
@@ -140,6 +144,8 @@ pub struct Config {
     pub election_max_ms: u64,
     /// The payload cipher of encrypted queues, from `QUEEN_ENCRYPTION_KEY` (none: unset).
     pub encryption: Option<std::sync::Arc<queen_crypto::Aes256Gcm>>,
+    /// The ephemeral queues' ceilings and defaults.
+    pub ephemeral: queen_domain::ephemeral::Limits,
 }
 
 impl std::fmt::Debug for Config {
@@ -241,6 +247,55 @@ fn number<T: std::str::FromStr>(
             .parse()
             .map_err(|_| bad(var, format!("'{s}' is not {what}"))),
     }
+}
+
+/// The ephemeral queues' settings, each checked against its range.
+fn ephemeral_limits(
+    raw: &[Option<String>; 6],
+) -> Result<queen_domain::ephemeral::Limits, ConfigError> {
+    let d = queen_domain::ephemeral::Limits::default();
+    let within = |i: usize, var: &'static str, default: u64, lo: u64, hi: u64| {
+        let v: u64 = number(&raw[i], var, default, "a whole number")?;
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(bad(var, format!("{v} is outside {lo}..={hi}")))
+        }
+    };
+    let node_max_bytes = within(
+        0,
+        "QUEEN_EPHEMERAL_MAX_BYTES",
+        d.node_max_bytes,
+        1 << 20,
+        1 << 40,
+    )?;
+    Ok(queen_domain::ephemeral::Limits {
+        node_max_bytes,
+        queue_max_bytes: within(
+            1,
+            "QUEEN_EPHEMERAL_QUEUE_MAX_BYTES",
+            d.queue_max_bytes.min(node_max_bytes),
+            1024,
+            node_max_bytes,
+        )?,
+        queue_max_length: within(
+            2,
+            "QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH",
+            d.queue_max_length,
+            1,
+            10_000_000,
+        )?,
+        lease_ms: within(3, "QUEEN_EPHEMERAL_LEASE_S", d.lease_ms / 1000, 1, 86_400)? * 1000,
+        retry_limit: u32::try_from(within(
+            4,
+            "QUEEN_EPHEMERAL_RETRY_LIMIT",
+            u64::from(d.retry_limit),
+            0,
+            1000,
+        )?)
+        .unwrap_or(1000),
+        idle_ms: within(5, "QUEEN_EPHEMERAL_IDLE_S", d.idle_ms / 1000, 0, 7 * 86_400)? * 1000,
+    })
 }
 
 fn flag(v: &Option<String>, var: &'static str, default: bool) -> Result<bool, ConfigError> {
@@ -501,7 +556,9 @@ impl RawConfig {
                     .map_err(|e| bad("QUEEN_ENCRYPTION_KEY", e.to_string()))?,
             )),
         };
+        let ephemeral = ephemeral_limits(&self.ephemeral)?;
         Ok(Config {
+            ephemeral,
             heartbeat_ms,
             election_min_ms,
             election_max_ms,

@@ -130,6 +130,7 @@ where
             },
             cfg.encryption.is_some(),
         )
+        .with_ephemeral_limits(cfg.ephemeral.clone())
         .with_push_lane(),
     );
     broker.warn_flagged_without_key();
@@ -191,6 +192,21 @@ where
             }
         })
     };
+    // Ephemeral ages, leases and idle queues, and their gauges.
+    let ephemeral_sweeper = {
+        let broker = broker.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => broker.ephemeral_sweep(),
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
     let ticker = {
         let broker = broker.clone();
         tokio::spawn(async move {
@@ -241,6 +257,7 @@ where
     let _ = stop_tx.send(true);
     let _ = ticker.await;
     let _ = disk_sampler.await;
+    let _ = ephemeral_sweeper.await;
     let _ = gate.await;
     let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {

@@ -195,6 +195,15 @@ fn main() -> ExitCode {
         election_min_ms: args.election_min_ms,
         election_max_ms: args.election_max_ms,
         hostname: std::env::var("HOSTNAME").ok(),
+        ephemeral: [
+            "QUEEN_EPHEMERAL_MAX_BYTES",
+            "QUEEN_EPHEMERAL_QUEUE_MAX_BYTES",
+            "QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH",
+            "QUEEN_EPHEMERAL_LEASE_S",
+            "QUEEN_EPHEMERAL_RETRY_LIMIT",
+            "QUEEN_EPHEMERAL_IDLE_S",
+        ]
+        .map(|v| std::env::var(v).ok()),
         // A secret: read from the environment only (a flag would show in `ps`).
         encryption_key: std::env::var("QUEEN_ENCRYPTION_KEY")
             .ok()

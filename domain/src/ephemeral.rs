@@ -17,8 +17,8 @@ pub mod options;
 pub mod owner;
 
 pub use engine::{
-    AckOutcome, AckStatus, Delivered, Drops, GroupView, PartitionView, PushRefusal, QueueView,
-    RingExport, Rings, Totals,
+    AckOutcome, AckStatus, Delivered, Drops, GroupExport, GroupView, PartitionView, PushRefusal,
+    QueueView, RingExport, Rings, Take, Totals,
 };
 pub use options::{Declared, Limits, Options, Policy, Window};
 
@@ -94,4 +94,67 @@ impl std::fmt::Display for MessageId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "e:{:016x}:{}:{}", self.epoch, self.seq, self.partition)
     }
+}
+
+/// The KV namespace and key of a queue's declared options: the namespace of the queue's
+/// tenant, the key the name the tenant uses.
+#[must_use]
+pub fn config_row(queue: &str) -> (String, String) {
+    match crate::tenant::split(queue) {
+        (Some(id), local) => {
+            let ns = crate::tenant::Tenant::any(id)
+                .map_or_else(|_| CONFIG_NS.to_owned(), |t| t.name(CONFIG_NS));
+            (ns, local.to_owned())
+        }
+        (None, local) => (CONFIG_NS.to_owned(), local.to_owned()),
+    }
+}
+
+/// A queue's declared options, when it was configured.
+///
+/// # Errors
+/// A failed read. A row that does not parse reads as undeclared (it is replaced by the next
+/// `configure`).
+pub fn declared(
+    s: &dyn crate::store::StateRead,
+    queue: &str,
+    now: crate::time::Stamp,
+) -> Result<Option<Declared>, crate::store::StoreError> {
+    let (ns, key) = config_row(queue);
+    Ok(crate::machine::kv::live_row(s, &ns, &key, now)?
+        .and_then(|row| serde_json::from_slice(&row.value).ok()))
+}
+
+/// Every declared queue of `tenant`: `(stored name, options)`, at most `limit`.
+///
+/// # Errors
+/// A failed read.
+pub fn declared_queues(
+    s: &dyn crate::store::StateRead,
+    tenant: &crate::tenant::Tenant,
+    now: crate::time::Stamp,
+    limit: usize,
+) -> Result<Vec<(String, Declared)>, crate::store::StoreError> {
+    let ns = tenant.name(CONFIG_NS);
+    let start = crate::keys::kv_ns(&ns);
+    let mut end = start.clone();
+    if let Some(last) = end.last_mut() {
+        *last = 1;
+    }
+    let mut keys = Vec::new();
+    s.scan(&start, &end, &mut |k, _| {
+        if let Ok(key) = std::str::from_utf8(&k[start.len()..]) {
+            keys.push(key.to_owned());
+        }
+        keys.len() < limit
+    })?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Some(row) = crate::machine::kv::live_row(s, &ns, &key, now)?
+            && let Ok(d) = serde_json::from_slice::<Declared>(&row.value)
+        {
+            out.push((tenant.name(&key), d));
+        }
+    }
+    Ok(out)
 }

@@ -13,8 +13,8 @@
 pub mod access;
 pub mod browse;
 pub mod codec;
-pub mod ephemeral;
 pub mod command;
+pub mod ephemeral;
 mod error;
 pub mod ids;
 pub mod invariants;

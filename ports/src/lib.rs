@@ -14,6 +14,7 @@
 
 mod cipher;
 mod clock;
+mod ephemeral;
 mod membership;
 mod replicated_log;
 mod state_machine;
@@ -22,6 +23,7 @@ mod use_cases;
 
 pub use cipher::{Opened, PayloadCipher};
 pub use clock::{Clock, SystemClock};
+pub use ephemeral::{EphemeralAnswer, EphemeralOp, EphemeralQueue};
 pub use membership::{Member, Membership, MembershipChange, MembershipError};
 pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
 pub use state_machine::{

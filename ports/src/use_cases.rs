@@ -105,6 +105,15 @@ pub enum BrokerError {
     /// A membership change was refused.
     #[error(transparent)]
     Membership(#[from] MembershipError),
+    /// An ephemeral push was refused by a bound; nothing of it was kept.
+    #[error(transparent)]
+    EphemeralRefused(#[from] queen_domain::ephemeral::PushRefusal),
+    /// The ephemeral queue is not there (only `depth` says so).
+    #[error("ephemeral queue '{queue}' does not exist")]
+    EphemeralQueueNotFound {
+        /// The queue, as the client named it.
+        queue: String,
+    },
     /// The node failed; the sentence never carries a secret and points at the node's log.
     #[error("{0}")]
     Internal(String),
@@ -376,6 +385,11 @@ pub trait ClientApi: Send + Sync + 'static {
         ops: Vec<TimerOp>,
         producer: Option<String>,
     ) -> impl Future<Output = Result<Vec<TimerResult>, BrokerError>> + Send;
+    /// An operation on the ephemeral queues (served where the partition's owner is).
+    fn ephemeral(
+        &self,
+        op: crate::EphemeralOp,
+    ) -> impl Future<Output = Result<crate::EphemeralAnswer, BrokerError>> + Send;
     /// Change or list the raft membership; answers the members as the leader sees them after.
     fn membership(
         &self,

@@ -1,6 +1,7 @@
 //! The HTTP adapter's error: a status, a stable code, a sentence and `retry-after`; and the one
 //! table that maps the application's typed [`BrokerError`] onto it.
 
+use queen_domain::ephemeral::PushRefusal;
 use queen_ports::{BrokerError, MembershipError};
 
 /// A failure the client should see as an HTTP error.
@@ -77,6 +78,12 @@ impl From<BrokerError> for ApiError {
             BrokerError::TooLarge { .. } => (413, "payload_too_large"),
             BrokerError::Internal(_) => (500, "internal"),
             BrokerError::EncryptionRequired { .. } => (409, "encryption_required"),
+            BrokerError::EphemeralRefused(r) => match r {
+                PushRefusal::QueueFull { .. } => (429, "queue_full"),
+                PushRefusal::NodeFull { .. } => (503, "ephemeral_unavailable"),
+                PushRefusal::TooLarge { .. } => (400, "ephemeral_bad_request"),
+            },
+            BrokerError::EphemeralQueueNotFound { .. } => (404, "ephemeral_queue_not_found"),
             BrokerError::Membership(m) => match m {
                 MembershipError::NotLeader { .. } => (503, "not_leader"),
                 MembershipError::NoQuorum(_) => (409, "no_quorum"),
@@ -89,7 +96,8 @@ impl From<BrokerError> for ApiError {
             },
         };
         // Every 503 is worth a retry a second later: another node leads, or this one recovers.
-        let retry_after = (status == 503).then_some(1);
+        // A full ephemeral queue too: its consumers drain it.
+        let retry_after = (status == 503 || status == 429).then_some(1);
         ApiError {
             status,
             code,

@@ -72,6 +72,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "partitions", "changed"]) => "partitions_changed",
         ("GET", ["api", "v1", "dlq"]) => "dlq",
         ("GET", ["api", "v1", "messages", ..]) => "messages",
+        (_, ["api", "v1", "ephemeral", ..]) => "ephemeral",
         (_, ["api", "v1", "timers", ..]) => "timers",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
@@ -269,6 +270,9 @@ pub(crate) async fn handle<A: ClientApi>(
         }
         (m, ["api", "v1", "consumer-groups", rest @ ..]) => {
             reads::groups(api, scope, m, rest, query, body).await
+        }
+        (m, ["api", "v1", "ephemeral", rest @ ..]) => {
+            crate::ephemeral_json::route(api, scope, m, rest, query, body).await
         }
         (m, ["api", "v1", "timers", rest @ ..]) => {
             crate::timers_json::route(api, scope, m, rest, query, body).await

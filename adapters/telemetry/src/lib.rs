@@ -27,6 +27,6 @@ mod telemetry;
 
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use error::TelemetryError;
-pub use metrics::Metrics;
+pub use metrics::{EphemeralTotals, Metrics};
 pub use s3::{S3Metrics, S3QueueGauges};
 pub use telemetry::Telemetry;

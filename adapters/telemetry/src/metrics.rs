@@ -60,6 +60,30 @@ pub struct Metrics {
     disk_gate_ratio: Gauge<f64>,
     /// The S3 sink's instruments.
     s3: crate::s3::S3Metrics,
+    /// `queen_ephemeral_bytes`, `queen_ephemeral_messages`, `queen_ephemeral_queues`.
+    ephemeral_held: [Gauge<u64>; 3],
+    /// The ephemeral counters, as last set (observed at each export).
+    ephemeral_totals: Arc<[AtomicU64; 7]>,
+    _ephemeral_counters: Vec<ObservableCounter<u64>>,
+}
+
+/// The ephemeral queues' counters since the node started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EphemeralTotals {
+    /// Messages pushed.
+    pub pushed: u64,
+    /// Deliveries.
+    pub delivered: u64,
+    /// Acks that completed a message (and deliveries committed by `autoAck`).
+    pub acked: u64,
+    /// Messages dropped by a bound under the drop-oldest policy.
+    pub dropped_bounds: u64,
+    /// Messages dropped by `ttlSeconds`.
+    pub dropped_ttl: u64,
+    /// Messages dropped at their retry limit.
+    pub dropped_retry: u64,
+    /// Messages removed by `reset` and `delete`.
+    pub wiped: u64,
 }
 
 impl Metrics {
@@ -81,6 +105,7 @@ impl Metrics {
                 .build()
         };
         let log_fsyncs = Arc::new(AtomicU64::new(0));
+        let ephemeral_totals: Arc<[AtomicU64; 7]> = Arc::new(Default::default());
         let observed = Arc::clone(&log_fsyncs);
         let metrics = Self {
             http_requests: counter(
@@ -149,6 +174,22 @@ impl Metrics {
                 )
                 .build(),
             s3: crate::s3::S3Metrics::new(meter),
+            ephemeral_held: [
+                gauge(
+                    "queen_ephemeral_bytes",
+                    "Bytes held by this node's ephemeral queues (payloads and per-message overhead).",
+                ),
+                gauge(
+                    "queen_ephemeral_messages",
+                    "Messages held by this node's ephemeral queues.",
+                ),
+                gauge(
+                    "queen_ephemeral_queues",
+                    "Ephemeral queues this node holds in memory.",
+                ),
+            ],
+            ephemeral_totals: Arc::clone(&ephemeral_totals),
+            _ephemeral_counters: ephemeral_counters(meter, &ephemeral_totals),
         };
         metrics.messages_pushed.add(0, &[]);
         metrics.messages_duplicate.add(0, &[]);
@@ -252,8 +293,74 @@ impl Metrics {
             .record(f64::from(gate_pct) / 100.0, &[]);
     }
 
+    /// Sets the ephemeral queues' gauges and counters.
+    pub fn set_ephemeral(&self, bytes: u64, messages: u64, queues: u64, t: EphemeralTotals) {
+        for (g, v) in self.ephemeral_held.iter().zip([bytes, messages, queues]) {
+            g.record(v, &[]);
+        }
+        let values = [
+            t.pushed,
+            t.delivered,
+            t.acked,
+            t.dropped_bounds,
+            t.dropped_ttl,
+            t.dropped_retry,
+            t.wiped,
+        ];
+        for (a, v) in self.ephemeral_totals.iter().zip(values) {
+            a.store(v, Ordering::Relaxed);
+        }
+    }
+
     /// Sets `queen_pop_waiting`, the number of pops parked waiting for messages.
     pub fn set_waiting_pops(&self, n: u64) {
         self.pop_waiting.record(n, &[]);
     }
+}
+
+/// The ephemeral queues' counters, observed from `totals` at each export.
+fn ephemeral_counters(meter: &Meter, totals: &Arc<[AtomicU64; 7]>) -> Vec<ObservableCounter<u64>> {
+    let one = |name: &'static str, help: &'static str, i: usize| {
+        let t = Arc::clone(totals);
+        meter
+            .u64_observable_counter(name)
+            .with_description(help)
+            .with_callback(move |o| o.observe(t[i].load(Ordering::Relaxed), &[]))
+            .build()
+    };
+    let t = Arc::clone(totals);
+    vec![
+        one(
+            "queen_ephemeral_pushed_total",
+            "Messages pushed to this node's ephemeral queues.",
+            0,
+        ),
+        one(
+            "queen_ephemeral_delivered_total",
+            "Ephemeral deliveries by this node.",
+            1,
+        ),
+        one(
+            "queen_ephemeral_acked_total",
+            "Ephemeral messages completed (acked or committed at delivery).",
+            2,
+        ),
+        one(
+            "queen_ephemeral_wipes_total",
+            "Ephemeral messages removed by reset or delete.",
+            6,
+        ),
+        meter
+            .u64_observable_counter("queen_ephemeral_dropped_total")
+            .with_description("Ephemeral messages dropped, by cause (bounds, ttl, retry).")
+            .with_callback(move |o| {
+                for (cause, i) in [("bounds", 3), ("ttl", 4), ("retry", 5)] {
+                    o.observe(
+                        t[i].load(Ordering::Relaxed),
+                        &[KeyValue::new("cause", cause)],
+                    );
+                }
+            })
+            .build(),
+    ]
 }

@@ -5,6 +5,7 @@
 //! them and holds the use cases that are one proposal each.
 
 mod admin;
+mod ephemeral;
 mod long_poll;
 mod producer;
 mod propose;
@@ -75,6 +76,8 @@ pub struct Broker {
     cipher: Arc<dyn queen_ports::PayloadCipher>,
     /// Whether `cipher` holds a key (`QUEEN_ENCRYPTION_KEY`).
     has_key: bool,
+    /// The ephemeral rings this node owns (`ephemeral.rs`).
+    ephemeral: ephemeral::EphemeralRings,
 }
 
 impl Broker {
@@ -114,7 +117,15 @@ impl Broker {
             reclaiming: Arc::default(),
             cipher: Arc::new(queen_crypto::NoKey),
             has_key: false,
+            ephemeral: ephemeral::EphemeralRings::new(queen_domain::ephemeral::Limits::default()),
         }
+    }
+
+    /// Set the ephemeral queues' ceilings and defaults (`QUEEN_EPHEMERAL_*`).
+    #[must_use]
+    pub fn with_ephemeral_limits(mut self, limits: queen_domain::ephemeral::Limits) -> Self {
+        self.ephemeral = ephemeral::EphemeralRings::new(limits);
+        self
     }
 
     /// Let push requests that arrive while the log is busy share an entry; the node must then
@@ -365,6 +376,13 @@ impl ClientApi for Broker {
         self.proposer
             .propose_for(Command::Kv(ops), Outcome::into_kv)
             .await
+    }
+
+    async fn ephemeral(
+        &self,
+        op: queen_ports::EphemeralOp,
+    ) -> Result<queen_ports::EphemeralAnswer, BrokerError> {
+        self.ephemeral_op(op).await
     }
 
     async fn locks(&self, ops: Vec<LockOp>) -> Result<Vec<LockResult>, BrokerError> {

@@ -92,9 +92,8 @@ impl Ring {
         self.base += 1;
         self.bytes -= h.cost();
         for g in self.groups.values_mut() {
-            let pending = g.next <= seq
-                || g.leased.remove(&seq).is_some()
-                || g.again.remove(&seq).is_some();
+            let pending =
+                g.next <= seq || g.leased.remove(&seq).is_some() || g.again.remove(&seq).is_some();
             if g.next <= seq {
                 g.next = seq + 1;
             }
@@ -113,7 +112,9 @@ impl Ring {
         };
         let (mut n, mut b) = (0, 0);
         while self.base < low {
-            let Some(h) = self.held.pop_front() else { break };
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
             self.base += 1;
             self.bytes -= h.cost();
             n += 1;
@@ -294,9 +295,34 @@ pub struct RingExport {
     pub partition: String,
     /// `(pushed at, payload)`, oldest first.
     pub messages: Vec<(u64, serde_bytes::ByteBuf)>,
-    /// Each group: `(name, next, [(message, deliveries so far)], skipped)`, positions counted
-    /// from the first message.
-    pub groups: Vec<(String, u64, Vec<(u64, u32)>, u64)>,
+    /// Each group's position.
+    pub groups: Vec<GroupExport>,
+}
+
+/// A group's position in a handed-over ring, counted from the ring's first message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupExport {
+    /// The group.
+    pub group: String,
+    /// The next message never delivered to it.
+    pub next: u64,
+    /// Messages to deliver again, with their deliveries so far.
+    pub again: Vec<(u64, u32)>,
+    /// Messages dropped before it consumed them.
+    pub skipped: u64,
+}
+
+/// What a pop asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Take<'a> {
+    /// One partition, or the queue's partitions in turn.
+    pub partition: Option<&'a str>,
+    /// The consumer group.
+    pub group: &'a str,
+    /// At most this many messages.
+    pub batch: usize,
+    /// Commit at delivery (no lease).
+    pub auto_ack: bool,
 }
 
 /// Node-wide counters.
@@ -399,11 +425,26 @@ impl Rings {
         opts: &Options,
         now: u64,
     ) -> Result<u64, PushRefusal> {
-        let count = payloads.len() as u64;
-        let add: u64 = payloads
-            .iter()
-            .map(|p| p.len() as u64 + MESSAGE_OVERHEAD)
-            .sum();
+        let mut payloads = payloads;
+        let cost = |p: &Vec<u8>| p.len() as u64 + MESSAGE_OVERHEAD;
+        let mut count = payloads.len() as u64;
+        let mut add: u64 = payloads.iter().map(cost).sum();
+        // A feed keeps the newest: a batch larger than the queue loses its own oldest first.
+        let mut shed = 0;
+        if opts.policy == Policy::DropOldest {
+            while count > 1 && (count > opts.max_length || add > opts.max_bytes) {
+                add -= cost(&payloads[shed]);
+                count -= 1;
+                shed += 1;
+            }
+        }
+        if shed > 0 {
+            payloads.drain(..shed);
+            let q = self.queues.entry(queue.to_owned()).or_default();
+            q.drops.bounds += shed as u64;
+            self.totals.drops.bounds += shed as u64;
+            self.totals.pushed += shed as u64;
+        }
         if count > opts.max_length || add > opts.max_bytes {
             return Err(PushRefusal::TooLarge {
                 queue: crate::tenant::display(queue).into_owned(),
@@ -416,7 +457,8 @@ impl Rings {
         self.sweep_queue(queue, opts, now);
         let q = self.queues.entry(queue.to_owned()).or_default();
         q.used = now;
-        let over = |q: &QueueRings| q.len + count > opts.max_length || q.bytes + add > opts.max_bytes;
+        let over =
+            |q: &QueueRings| q.len + count > opts.max_length || q.bytes + add > opts.max_bytes;
         let mut dropping = 0;
         if over(q) {
             if opts.policy == Policy::Reject {
@@ -464,22 +506,19 @@ impl Rings {
         q.bytes += add;
         self.bytes += add;
         self.totals.pushed += count;
-        Ok(count)
+        Ok(count + shed as u64)
     }
 
     /// Deliver up to `batch` messages of `queue` to `group`: from `partition` alone, or from the
     /// queue's partitions in turn. Each is leased for the queue's lease, or committed at once
     /// with `auto_ack`. Redeliveries come before new messages.
-    pub fn pop(
-        &mut self,
-        queue: &str,
-        partition: Option<&str>,
-        group: &str,
-        batch: usize,
-        auto_ack: bool,
-        opts: &Options,
-        now: u64,
-    ) -> Vec<Delivered> {
+    pub fn pop(&mut self, queue: &str, take: Take<'_>, opts: &Options, now: u64) -> Vec<Delivered> {
+        let Take {
+            partition,
+            group,
+            batch,
+            auto_ack,
+        } = take;
         self.sweep_queue(queue, opts, now);
         let epoch = self.epoch;
         let q = self.queues.entry(queue.to_owned()).or_default();
@@ -517,7 +556,9 @@ impl Rings {
             pos.seen = now;
             let mut picked: Vec<(u64, u32)> = Vec::new();
             while out.len() + picked.len() < batch {
-                let Some((seq, n)) = pos.again.pop_first() else { break };
+                let Some((seq, n)) = pos.again.pop_first() else {
+                    break;
+                };
                 picked.push((seq, n + 1));
             }
             while out.len() + picked.len() < batch && pos.next < end {
@@ -693,9 +734,8 @@ impl Rings {
             };
             let (mut freed_n, mut freed_b) = (0, 0);
             for ring in q.partitions.values_mut() {
-                ring.groups.retain(|_, g| {
-                    !(g.leased.is_empty() && now.saturating_sub(g.seen) >= idle)
-                });
+                ring.groups
+                    .retain(|_, g| !(g.leased.is_empty() && now.saturating_sub(g.seen) >= idle));
                 let (n, b) = ring.trim();
                 freed_n += n;
                 freed_b += b;
@@ -818,7 +858,12 @@ impl Rings {
                     .filter(|(s, _)| *s >= base)
                     .map(|(s, n)| (s - base, n))
                     .collect();
-                (name, g.next.saturating_sub(base), again, g.skipped)
+                GroupExport {
+                    group: name,
+                    next: g.next.saturating_sub(base),
+                    again,
+                    skipped: g.skipped,
+                }
             })
             .collect();
         Some(RingExport {
@@ -851,14 +896,14 @@ impl Rings {
             merged.bytes += h.cost();
             merged.held.push_back(h);
         }
-        for (name, next, again, skipped) in ring.groups {
+        for g in ring.groups {
             merged.groups.insert(
-                name,
+                g.group,
                 Position {
-                    next: next.min(count),
+                    next: g.next.min(count),
                     leased: BTreeMap::new(),
-                    again: again.into_iter().filter(|(s, _)| *s < count).collect(),
-                    skipped,
+                    again: g.again.into_iter().filter(|(s, _)| *s < count).collect(),
+                    skipped: g.skipped,
                     seen: now,
                 },
             );
@@ -907,7 +952,11 @@ fn oldest_first(q: &QueueRings, over: impl Fn(u64, u64) -> bool) -> (u64, u64) {
         let next = q
             .partitions
             .iter()
-            .filter_map(|(p, r)| r.held.get(at[p.as_str()]).map(|h| (h.at, p.as_str(), h.cost())))
+            .filter_map(|(p, r)| {
+                r.held
+                    .get(at[p.as_str()])
+                    .map(|h| (h.at, p.as_str(), h.cost()))
+            })
             .min();
         let Some((_, p, cost)) = next else { break };
         *at.get_mut(p).expect("every partition is counted") += 1;

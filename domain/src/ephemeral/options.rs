@@ -110,7 +110,10 @@ impl Declared {
         if let Some(k) = m.keys().find(|k| !KNOWN.contains(&k.as_str())) {
             return Err((
                 field(k),
-                format!("is not an option of an ephemeral queue (known: {})", KNOWN.join(", ")),
+                format!(
+                    "is not an option of an ephemeral queue (known: {})",
+                    KNOWN.join(", ")
+                ),
             ));
         }
         let policy = match m.get("policy") {
@@ -122,14 +125,20 @@ impl Declared {
                 Some(Policy::DropOldest)
             }
             Some(_) => {
-                return Err((field("policy"), "must be \"reject\" or \"dropOldest\"".into()));
+                return Err((
+                    field("policy"),
+                    "must be \"reject\" or \"dropOldest\"".into(),
+                ));
             }
         };
         let window_buffer = match m.get("windowBuffer") {
             None | Some(Value::Null) => None,
             Some(Value::Object(w)) => {
                 if let Some(k) = w.keys().find(|k| !matches!(k.as_str(), "ms" | "count")) {
-                    return Err((format!("options.windowBuffer.{k}"), "is not known (ms, count)".into()));
+                    return Err((
+                        format!("options.windowBuffer.{k}"),
+                        "is not known (ms, count)".into(),
+                    ));
                 }
                 let ms = uint(w, "ms", 0, MAX_WINDOW_MS)
                     .map_err(|e| ("options.windowBuffer.ms".to_owned(), e))?
@@ -143,7 +152,10 @@ impl Declared {
                 })
             }
             Some(_) => {
-                return Err((field("windowBuffer"), "must be an object {ms, count}".into()));
+                return Err((
+                    field("windowBuffer"),
+                    "must be an object {ms, count}".into(),
+                ));
             }
         };
         let num = |k: &str, min: u64, max: u64| uint(m, k, min, max).map_err(|e| (field(k), e));
@@ -218,7 +230,7 @@ impl Default for Limits {
 }
 
 /// The bounds one queue works under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Options {
     /// Bytes held on this node.
     pub max_bytes: u64,

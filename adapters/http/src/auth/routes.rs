@@ -10,7 +10,10 @@ use queen_domain::access::Need;
 pub(crate) fn need(method: &Method, segs: &[&str]) -> Need {
     match (method.as_str(), segs) {
         // Produce: what a write-only publisher may do.
-        ("POST", ["api", "v1", "push"] | ["api", "v1", "timers"]) => Need::Write,
+        (
+            "POST",
+            ["api", "v1", "push"] | ["api", "v1", "timers"] | ["api", "v1", "ephemeral", "push"],
+        ) => Need::Write,
         // Administration: membership (reads included: it names every node's addresses) and
         // deletions of whole queues and consumer groups.
         (_, ["api", "v1", "system", ..])
@@ -20,7 +23,7 @@ pub(crate) fn need(method: &Method, segs: &[&str]) -> Need {
         // Reads of messages without a lease and of changes: readers.
         ("POST", ["api", "v1", "fetch"] | ["api", "v1", "partitions", "changed"]) => Need::Read,
         // Pops take leases: they change what other consumers see.
-        ("GET", ["api", "v1", "pop", ..]) => Need::Consume,
+        ("GET", ["api", "v1", "pop", ..] | ["api", "v1", "ephemeral", "pop"]) => Need::Consume,
         // Every other read.
         ("GET" | "HEAD", _) => Need::Read,
         _ => Need::Consume,
@@ -44,6 +47,12 @@ mod tests {
         let table = [
             ("POST", "/api/v1/push", Need::Write),
             ("POST", "/api/v1/timers", Need::Write),
+            ("POST", "/api/v1/ephemeral/push", Need::Write),
+            ("GET", "/api/v1/ephemeral/pop", Need::Consume),
+            ("POST", "/api/v1/ephemeral/ack", Need::Consume),
+            ("POST", "/api/v1/ephemeral/configure", Need::Consume),
+            ("DELETE", "/api/v1/ephemeral/queue/q", Need::Consume),
+            ("GET", "/api/v1/ephemeral/queues/q/depth", Need::Read),
             ("GET", "/api/v1/pop/queue/q", Need::Consume),
             ("GET", "/api/v1/pop/queue/q/partition/p", Need::Consume),
             ("GET", "/api/v1/pop", Need::Consume),
