@@ -6,7 +6,7 @@ use std::pin::pin;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use queen_domain::ephemeral::{self, Declared, Delivered, Limits, Options, QueueView, Rings, Take};
+use queen_domain::ephemeral::{self, Declared, Delivered, Limits, Options, Rings, Take};
 use queen_domain::kv::{Expiry, KvOp};
 use queen_domain::tenant::Tenant;
 use queen_domain::time::Stamp;
