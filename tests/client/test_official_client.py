@@ -609,3 +609,118 @@ def test_broker_jwt_refuses_a_request_without_the_bearer_token(node):
         assert [m["data"] for m in got] == [{"n": 2}], got
 
     run(node, body_with_token)
+
+
+# ----------------------------------------------------------------------------- ephemeral queues
+
+
+def test_ephemeral_push_pop_ack_groups_and_redelivery(node):
+    """client.ephemeral (API.md 4.1): push, pop per group (fan-out and competing), failed
+    acks redeliver with attempts, stale and unknown ids, long-poll waits."""
+    queue = unique("eph/with-slash")
+
+    async def body(client: Queen):
+        from queen.errors import EphemeralQueueNotFoundError
+
+        eph = client.ephemeral
+        try:
+            await eph.depth(queue)
+            raise AssertionError("depth of an unknown ephemeral queue must raise")
+        except EphemeralQueueNotFoundError:
+            pass
+
+        configured = await eph.configure(queue, lease_seconds=1, retry_limit=1)
+        assert configured.get("options", {}).get("leaseSeconds") == 1, configured
+        big = 10**25
+        pushed = await eph.push(queue, [{"n": 1, "big": big}, {"n": 2}, "three"], partition="p1")
+        assert pushed == {"pushed": 3}, pushed
+
+        a = await eph.pop(queue, group="a", batch=10)
+        assert [m["payload"] for m in a["messages"]] == [{"n": 1, "big": big}, {"n": 2}, "three"], a
+        assert all(m["attempts"] == 1 and m["partition"] == "p1" for m in a["messages"]), a
+        # Fan-out: another group sees everything; competing: the same group sees nothing more.
+        b = await eph.pop(queue, group="b", batch=10, commit_on_delivery=True)
+        assert len(b["messages"]) == 3, b
+        assert (await eph.pop(queue, group="a", batch=10))["messages"] == []
+
+        first, second, third = a["messages"]
+        acked = await eph.ack(queue, [first, {"id": second["id"], "status": "failed"}], group="a")
+        assert [r["outcome"] for r in acked["results"]] == ["acked", "redelivered"], acked
+        again = await eph.pop(queue, group="a", batch=10)
+        assert [(m["payload"], m["attempts"]) for m in again["messages"]] == [({"n": 2}, 2)], again
+        done = await eph.ack(queue, again["messages"], group="a")
+        assert [r["outcome"] for r in done["results"]] == ["acked"], done
+        # The third's lease (1 s) runs out: it comes back with attempts 2.
+        late = await eph.pop(queue, group="a", batch=10, wait=True, timeout=4000)
+        assert [(m["payload"], m["attempts"]) for m in late["messages"]] == [("three", 2)], late
+        done = await eph.ack(queue, late["messages"], group="a")
+        assert [r["outcome"] for r in done["results"]] == ["acked"], done
+        stale = await eph.ack(
+            queue, [{"id": "e:0000000000000001:0:p1"}, {"id": first["id"]}], group="a"
+        )
+        assert [r["outcome"] for r in stale["results"]] == ["stale", "unknown"], stale
+
+        depth = await eph.depth(queue)
+        assert depth["tier"] == "declared" and depth["length"] == 0, depth
+
+        # A waiting pop is answered by a push that comes while it waits.
+        async def later():
+            await asyncio.sleep(0.5)
+            await eph.push(queue, {"late": True})
+
+        waiter = asyncio.ensure_future(later())
+        started = time.monotonic()
+        got = await eph.pop(queue, wait=True, timeout=8000)
+        await waiter
+        assert [m["payload"] for m in got["messages"]] == [{"late": True}], got
+        assert time.monotonic() - started < 6, "the waiting pop was not woken by the push"
+
+        listed = await eph.queues()
+        assert queue in [q["queue"] for q in listed["queues"]], listed
+        assert (await eph.reset(queue))["dropped"] >= 0
+        assert (await eph.delete(queue))["deleted"] is True
+        assert (await eph.delete(queue))["deleted"] is False
+
+    run(node, body)
+
+
+def test_ephemeral_budgets_reject_then_drain_and_drop_oldest(node):
+    """maxLength with the reject policy answers 429 and the client's retry gets through once
+    a consumer drains; dropOldest keeps the newest; ttl drops the old."""
+    rejecting, feed, aging = unique("eph-reject"), unique("eph-feed"), unique("eph-ttl")
+
+    async def body(client: Queen):
+        eph = client.ephemeral
+        await eph.configure(rejecting, max_length=2, policy="reject")
+        await eph.push(rejecting, [1, 2])
+        r = node.raw("POST", "/api/v1/ephemeral/push", json={"queue": rejecting, "messages": [{"payload": 3}]})
+        assert r.status_code == 429 and r.headers.get("retry-after"), (r.status_code, r.text)
+        assert r.json().get("code") == "queue_full", r.text
+
+        async def drain():
+            await asyncio.sleep(1.0)
+            return await eph.pop(rejecting, batch=10, commit_on_delivery=True)
+
+        drainer = asyncio.ensure_future(drain())
+        # The client retries the 429 (honouring Retry-After) until the drain made room.
+        assert await eph.push(rejecting, [3]) == {"pushed": 1}
+        assert len((await drainer)["messages"]) == 2
+        left = await eph.pop(rejecting, batch=10, commit_on_delivery=True)
+        assert [m["payload"] for m in left["messages"]] == [3], left
+
+        await eph.configure(feed, max_length=3, policy="dropOldest")
+        for i in range(6):
+            await eph.push(feed, [i])
+        kept = await eph.pop(feed, batch=10, commit_on_delivery=True)
+        assert [m["payload"] for m in kept["messages"]] == [3, 4, 5], kept
+
+        await eph.configure(aging, ttl_seconds=1)
+        await eph.push(aging, ["old"])
+        await asyncio.sleep(1.5)
+        await eph.push(aging, ["new"])
+        fresh = await eph.pop(aging, batch=10, commit_on_delivery=True)
+        assert [m["payload"] for m in fresh["messages"]] == ["new"], fresh
+        d = await eph.depth(aging)
+        assert d["drops"]["ttl"] == 1, d
+
+    run(node, body)
