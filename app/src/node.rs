@@ -131,9 +131,11 @@ where
             cfg.encryption.is_some(),
         )
         .with_ephemeral_limits(cfg.ephemeral.clone())
+        .with_peers(Arc::new(raft.clone()) as Arc<dyn queen_ports::PeerCalls>)
         .with_push_lane(),
     );
     broker.warn_flagged_without_key();
+    broker.serve_peers();
     sample_disk(&broker, &cfg.raft_dir);
     // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
     tokio::spawn(broker.clone().run_push_lane());

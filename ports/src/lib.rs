@@ -16,6 +16,7 @@ mod cipher;
 mod clock;
 mod ephemeral;
 mod membership;
+mod peers;
 mod replicated_log;
 mod state_machine;
 mod state_reader;
@@ -25,6 +26,7 @@ pub use cipher::{Opened, PayloadCipher};
 pub use clock::{Clock, SystemClock};
 pub use ephemeral::{EphemeralAnswer, EphemeralOp, EphemeralQueue};
 pub use membership::{Member, Membership, MembershipChange, MembershipError};
+pub use peers::{PeerCallError, PeerCalls, PeerHandler};
 pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
 pub use state_machine::{
     ApplyEntry, BackendError, LogFiles, LogSpan, SnapshotChunks, StateMachineBackend,

@@ -131,6 +131,11 @@ pub(crate) struct Transport {
 }
 
 impl Transport {
+    /// The shared secret this transport sends (the server expects the same).
+    pub(crate) fn token(&self) -> Option<String> {
+        self.token.clone()
+    }
+
     /// A client with a connection pool, sending `token` with every request; `faults` drops
     /// calls to chosen nodes (tests only).
     pub(crate) fn new(token: Option<String>, faults: Option<Faults>) -> Arc<Self> {

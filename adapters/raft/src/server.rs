@@ -70,7 +70,12 @@ struct Ctx {
     transport: Arc<Transport>,
     /// The highest log format this node reads (`/info`).
     log_kinds: u32,
+    /// The application's handler of calls from other nodes, once it registered one.
+    app: AppHandler,
 }
+
+/// Where the application's handler of peer calls is put once the application runs.
+pub(crate) type AppHandler = Arc<std::sync::OnceLock<Arc<dyn queen_ports::PeerHandler>>>;
 
 /// A running raft-port server.
 pub(crate) struct RaftServer {
@@ -85,12 +90,14 @@ impl RaftServer {
     pub(crate) async fn start(
         addr: &str,
         raft: Raft,
-        token: Option<String>,
         node_id: u64,
         transport: Arc<Transport>,
         log_kinds: u32,
         limits: BodyLimits,
+        app: AppHandler,
     ) -> std::io::Result<RaftServer> {
+        // The port expects the secret its own node sends.
+        let token = transport.token();
         let listener = TcpListener::bind(addr).await?;
         tracing::info!(node_id, addr, "raft port listening");
         let ctx = Arc::new(Ctx {
@@ -100,6 +107,7 @@ impl RaftServer {
             node_id,
             transport,
             log_kinds,
+            app,
         });
         let (stop, stop_rx) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, ctx, stop_rx));
@@ -252,6 +260,16 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 ok(wire::encode(&r))
             }
             Err(e) => fail(StatusCode::BAD_REQUEST, e),
+        },
+        p if p.starts_with(wire::APP_PREFIX) => match ctx.app.get() {
+            Some(h) => {
+                let route = p[wire::APP_PREFIX.len()..].to_owned();
+                ok(Ok(Bytes::from(h.handle(route, body.to_vec()).await)))
+            }
+            None => fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the node is still starting",
+            ),
         },
         _ => fail(StatusCode::NOT_FOUND, "no such route"),
     }

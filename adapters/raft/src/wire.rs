@@ -33,6 +33,8 @@ pub(crate) const READ_INDEX: &str = "/read_index";
 pub(crate) const INFO: &str = "/info";
 /// Route where a follower hands a membership change (or listing) to the leader.
 pub(crate) const MEMBERSHIP: &str = "/membership";
+/// The prefix of the application's own calls between nodes (`queen_ports::PeerCalls`).
+pub(crate) const APP_PREFIX: &str = "/app/";
 
 /// Encode a body.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Bytes, String> {

@@ -70,8 +70,8 @@ impl Broker {
             .effective(&limits))
     }
 
-    /// Serve one ephemeral operation.
-    pub(super) async fn ephemeral_op(
+    /// Serve one ephemeral operation on this node's own rings.
+    pub(super) async fn ephemeral_here(
         &self,
         op: EphemeralOp,
     ) -> Result<EphemeralAnswer, BrokerError> {
@@ -100,24 +100,12 @@ impl Broker {
                 self.ephemeral.waiters.wake(&queue);
                 Ok(EphemeralAnswer::Dropped(dropped))
             }
+            // The configuration row is the entry node's to delete (`ephemeral_op`); here the
+            // rings go.
             EphemeralOp::Delete { queue } => {
-                let declared = self.eph_declared(&queue)?.is_some();
-                if declared {
-                    let (ns, key) = ephemeral::config_row(&queue);
-                    queen_ports::ClientApi::kv(
-                        self,
-                        vec![KvOp::Delete {
-                            ns,
-                            key,
-                            expect: None,
-                            required: false,
-                        }],
-                    )
-                    .await?;
-                }
                 let held = self.ephemeral.lock().delete(&queue);
                 self.ephemeral.waiters.forget(&queue);
-                Ok(EphemeralAnswer::Deleted(declared || held))
+                Ok(EphemeralAnswer::Deleted(held))
             }
             EphemeralOp::Push {
                 queue,
@@ -195,6 +183,25 @@ impl Broker {
                 }))
             }
         }
+    }
+
+    /// Remove a queue's configuration row, when there is one; whether there was.
+    pub(super) async fn ephemeral_unconfigure(&self, queue: &str) -> Result<bool, BrokerError> {
+        if self.eph_declared(queue)?.is_none() {
+            return Ok(false);
+        }
+        let (ns, key) = ephemeral::config_row(queue);
+        queen_ports::ClientApi::kv(
+            self,
+            vec![KvOp::Delete {
+                ns,
+                key,
+                expect: None,
+                required: false,
+            }],
+        )
+        .await?;
+        Ok(true)
     }
 
     /// Every ephemeral queue of `tenant`: the declared ones and those held in memory.

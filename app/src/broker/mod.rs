@@ -6,6 +6,7 @@
 
 mod admin;
 mod ephemeral;
+mod ephemeral_route;
 mod long_poll;
 mod producer;
 mod propose;
@@ -78,6 +79,10 @@ pub struct Broker {
     has_key: bool,
     /// The ephemeral rings this node owns (`ephemeral.rs`).
     ephemeral: ephemeral::EphemeralRings,
+    /// Calls to the other members (ephemeral operations go to their partition's owner).
+    peers: Option<Arc<dyn queen_ports::PeerCalls>>,
+    /// Members this node saw fail (`ephemeral_route.rs`).
+    eph_owners: ephemeral_route::Owners,
 }
 
 impl Broker {
@@ -118,6 +123,23 @@ impl Broker {
             cipher: Arc::new(queen_crypto::NoKey),
             has_key: false,
             ephemeral: ephemeral::EphemeralRings::new(queen_domain::ephemeral::Limits::default()),
+            peers: None,
+            eph_owners: ephemeral_route::Owners::default(),
+        }
+    }
+
+    /// Reach the other members of the cluster (ephemeral operations are served by their
+    /// partition's owner); [`Broker::serve_peers`] answers theirs.
+    #[must_use]
+    pub fn with_peers(mut self, peers: Arc<dyn queen_ports::PeerCalls>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// Answer the operations other members hand to this node.
+    pub fn serve_peers(self: &Arc<Self>) {
+        if let Some(p) = &self.peers {
+            p.serve(Arc::new(ephemeral_route::PeerService(Arc::downgrade(self))));
         }
     }
 

@@ -149,7 +149,7 @@ struct QueueRings {
 }
 
 /// Why a push was refused; nothing of it was kept.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum PushRefusal {
     /// The queue's bound with the reject policy: the client retries after consumers drain.
     #[error(

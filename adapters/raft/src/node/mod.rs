@@ -93,6 +93,8 @@ struct NodeInner {
     server: tokio::sync::Mutex<Option<RaftServer>>,
     /// The highest log format this node reads.
     log_kinds: u32,
+    /// The application's handler of calls from other nodes (`PeerCalls::serve`).
+    app: crate::server::AppHandler,
 }
 
 impl RaftNode {
@@ -177,6 +179,7 @@ impl RaftNode {
 
         let faults = cfg.faults_file.clone().map(crate::network::Faults::new);
         let transport = Transport::new(cfg.token.clone(), faults);
+        let app: crate::server::AppHandler = Arc::default();
         let factory = NetworkFactory {
             transport: transport.clone(),
         };
@@ -201,11 +204,11 @@ impl RaftNode {
             match RaftServer::start(
                 &addr,
                 raft.clone(),
-                cfg.token.clone(),
                 cfg.node_id,
                 transport.clone(),
                 cfg.log_kinds,
                 limits,
+                app.clone(),
             )
             .await
             {
@@ -229,6 +232,7 @@ impl RaftNode {
                 transport,
                 server: tokio::sync::Mutex::new(server),
                 log_kinds: cfg.log_kinds,
+                app,
             }),
         };
         if multi {
@@ -489,5 +493,66 @@ impl RaftNode {
             .applied_index_at_least(Some(index), "wait_applied")
             .await
             .is_ok()
+    }
+}
+
+impl queen_ports::PeerCalls for RaftNode {
+    fn me(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    fn call(
+        &self,
+        target: u64,
+        route: &'static str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, queen_ports::PeerCallError>> + Send + '_>>
+    {
+        Box::pin(async move {
+            let addr = self
+                .members()
+                .into_iter()
+                .find(|m| m.id == target)
+                .map(|m| m.raft)
+                .or_else(|| {
+                    self.inner
+                        .peers
+                        .iter()
+                        .find(|p| p.id == target)
+                        .map(|p| p.raft_addr.clone())
+                })
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| queen_ports::PeerCallError::Unreachable {
+                    node: target,
+                    detail: "not a member with a raft address".into(),
+                })?;
+            let path = format!("{}{route}", wire::APP_PREFIX);
+            self.inner
+                .transport
+                .post(
+                    target,
+                    &addr,
+                    &path,
+                    full(bytes::Bytes::from(body)),
+                    timeout,
+                )
+                .await
+                .map(|b| b.to_vec())
+                .map_err(|e| match e {
+                    CallError::Connect(detail) => queen_ports::PeerCallError::Unreachable {
+                        node: target,
+                        detail,
+                    },
+                    other => queen_ports::PeerCallError::Failed {
+                        node: target,
+                        detail: other.to_string(),
+                    },
+                })
+        })
+    }
+
+    fn serve(&self, handler: Arc<dyn queen_ports::PeerHandler>) {
+        let _ = self.inner.app.set(handler);
     }
 }

@@ -1,0 +1,463 @@
+//! Where an ephemeral operation is served: each (queue, partition) has one owner among the
+//! live members (rendezvous hashing, computed alike on every node), and a node that does not
+//! own a partition hands the operation to the one that does over the raft port. Operations on
+//! a whole queue (a pop without a partition, reset, delete, depth, the listing) ask every
+//! live member and put the answers together.
+//!
+//! Which members count as live: every member of the raft configuration, except one whose
+//! last call from this node failed to connect, for `DOWN_FOR` after that failure. A node
+//! learns of a member's return by trying it again once that time is up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use queen_domain::ephemeral::{self, AckOutcome, GroupView, PartitionView, QueueView};
+use queen_ports::{BrokerError, EphemeralAnswer, EphemeralOp, EphemeralQueue, PeerCallError};
+use serde::{Deserialize, Serialize};
+
+use super::Broker;
+
+/// The peer route of ephemeral operations.
+pub(crate) const ROUTE: &str = "ephemeral";
+/// How long a member whose call failed to connect owns nothing in this node's view.
+const DOWN_FOR: Duration = Duration::from_secs(5);
+/// Deadline of a handed-over operation that does not wait.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a partition-less waiting pop parks between rounds over the members.
+const ROUND: Duration = Duration::from_millis(200);
+
+/// An error as it crosses to the node that asked.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Remote {
+    /// A bound refused a push.
+    Refused(ephemeral::PushRefusal),
+    /// `depth` of a queue the node does not know.
+    NotFound(String),
+    /// Bad input.
+    Invalid(String, String),
+    /// Anything else (the node's own log has the detail).
+    Unavailable(String),
+}
+
+impl From<BrokerError> for Remote {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::EphemeralRefused(r) => Remote::Refused(r),
+            BrokerError::EphemeralQueueNotFound { queue } => Remote::NotFound(queue),
+            BrokerError::Invalid { field, problem } => Remote::Invalid(field, problem),
+            BrokerError::TooLarge { field, len, max } => {
+                Remote::Invalid(field, format!("is {len} bytes; at most {max}"))
+            }
+            other => Remote::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<Remote> for BrokerError {
+    fn from(r: Remote) -> Self {
+        match r {
+            Remote::Refused(r) => BrokerError::EphemeralRefused(r),
+            Remote::NotFound(queue) => BrokerError::EphemeralQueueNotFound { queue },
+            Remote::Invalid(field, problem) => BrokerError::Invalid { field, problem },
+            Remote::Unavailable(m) => BrokerError::Unavailable(m),
+        }
+    }
+}
+
+/// The members a node may hand operations to, and those it saw fail.
+#[derive(Default)]
+pub(crate) struct Owners {
+    down: std::sync::Mutex<HashMap<u64, Instant>>,
+}
+
+impl Owners {
+    fn mark_down(&self, node: u64) {
+        self.lock().insert(node, Instant::now() + DOWN_FOR);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        self.down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_down(&self, node: u64) -> bool {
+        let mut d = self.lock();
+        match d.get(&node) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                d.remove(&node);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+impl Broker {
+    /// This node's id and the live members (itself always among them); `None` on a node
+    /// without peers, which owns everything.
+    fn eph_members(&self) -> Option<(u64, Vec<u64>)> {
+        let peers = self.peers.as_ref()?;
+        let me = peers.me();
+        let mut ids: Vec<u64> = self
+            .membership
+            .as_ref()?
+            .members()
+            .into_iter()
+            .map(|m| m.id)
+            .filter(|id| *id == me || !self.eph_owners.is_down(*id))
+            .collect();
+        if !ids.contains(&me) {
+            ids.push(me);
+        }
+        if ids.len() <= 1 {
+            return None;
+        }
+        Some((me, ids))
+    }
+
+    /// Hand `op` to node `target` and wait for its answer.
+    async fn eph_call(
+        &self,
+        target: u64,
+        op: &EphemeralOp,
+        timeout: Duration,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        let Some(peers) = &self.peers else {
+            return Err(BrokerError::Unavailable("no peers".into()));
+        };
+        let body = postcard::to_allocvec(op).map_err(|e| BrokerError::Internal(e.to_string()))?;
+        let reply = peers
+            .call(target, ROUTE, body, timeout)
+            .await
+            .map_err(|e| {
+                if matches!(e, PeerCallError::Unreachable { .. }) {
+                    self.eph_owners.mark_down(target);
+                }
+                tracing::debug!(target: "queen-app", error = %e, "ephemeral hand-off failed");
+                BrokerError::Unavailable(format!(
+                    "the node that owns this ephemeral partition did not answer ({e}); retry"
+                ))
+            })?;
+        let answer: Result<EphemeralAnswer, Remote> =
+            postcard::from_bytes(&reply).map_err(|e| {
+                BrokerError::Internal(format!("an ephemeral answer did not decode: {e}"))
+            })?;
+        answer.map_err(BrokerError::from)
+    }
+
+    /// Serve an operation another node handed over (always on this node's own rings).
+    pub(crate) async fn ephemeral_from_peer(&self, body: Vec<u8>) -> Vec<u8> {
+        let answer: Result<EphemeralAnswer, Remote> = match postcard::from_bytes(&body) {
+            Ok(op) => self.ephemeral_here(op).await.map_err(Remote::from),
+            Err(e) => Err(Remote::Unavailable(format!(
+                "the operation did not decode: {e}"
+            ))),
+        };
+        postcard::to_allocvec(&answer).unwrap_or_default()
+    }
+
+    /// Serve one ephemeral operation where its partition's owner is.
+    pub(super) async fn ephemeral_op(
+        &self,
+        op: EphemeralOp,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        let Some((me, members)) = self.eph_members() else {
+            return self.ephemeral_delete_config(op).await;
+        };
+        let owner = |queue: &str, partition: &str| {
+            ephemeral::owner::owner(queue, partition, &members).unwrap_or(me)
+        };
+        match op {
+            EphemeralOp::Push {
+                ref queue,
+                ref partition,
+                ..
+            } => {
+                let to = owner(queue, partition);
+                if to == me {
+                    self.ephemeral_here(op).await
+                } else {
+                    self.eph_call(to, &op, CALL_TIMEOUT).await
+                }
+            }
+            EphemeralOp::Pop {
+                ref queue,
+                partition: Some(ref p),
+                wait_ms,
+                ..
+            } => {
+                let to = owner(queue, p);
+                if to == me {
+                    self.ephemeral_here(op).await
+                } else {
+                    let t = CALL_TIMEOUT + Duration::from_millis(wait_ms.unwrap_or(0));
+                    self.eph_call(to, &op, t).await
+                }
+            }
+            EphemeralOp::Pop { .. } => self.eph_pop_everywhere(me, &members, op).await,
+            EphemeralOp::Ack { queue, group, acks } => {
+                let mut by_owner: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+                for (i, (id, _)) in acks.iter().enumerate() {
+                    let to =
+                        ephemeral::MessageId::parse(id).map_or(me, |m| owner(&queue, &m.partition));
+                    by_owner.entry(to).or_default().push(i);
+                }
+                let mut out = vec![AckOutcome::Unknown; acks.len()];
+                for (to, idx) in by_owner {
+                    let part = EphemeralOp::Ack {
+                        queue: queue.clone(),
+                        group: group.clone(),
+                        acks: idx.iter().map(|i| acks[*i].clone()).collect(),
+                    };
+                    let answer = if to == me {
+                        self.ephemeral_here(part).await?
+                    } else {
+                        self.eph_call(to, &part, CALL_TIMEOUT).await?
+                    };
+                    let EphemeralAnswer::Acked(got) = answer else {
+                        return Err(BrokerError::unexpected_outcome());
+                    };
+                    for (i, o) in idx.into_iter().zip(got) {
+                        out[i] = o;
+                    }
+                }
+                Ok(EphemeralAnswer::Acked(out))
+            }
+            EphemeralOp::Reset { .. } => {
+                let mut dropped = 0;
+                for to in &members {
+                    let answer = if *to == me {
+                        self.ephemeral_here(op.clone()).await
+                    } else {
+                        self.eph_call(*to, &op, CALL_TIMEOUT).await
+                    };
+                    if let Ok(EphemeralAnswer::Dropped(n)) = answer {
+                        dropped += n;
+                    }
+                }
+                Ok(EphemeralAnswer::Dropped(dropped))
+            }
+            EphemeralOp::Delete { ref queue } => {
+                let declared = self.ephemeral_unconfigure(queue).await?;
+                let mut held = false;
+                for to in &members {
+                    let answer = if *to == me {
+                        self.ephemeral_here(op.clone()).await
+                    } else {
+                        self.eph_call(*to, &op, CALL_TIMEOUT).await
+                    };
+                    held |= matches!(answer, Ok(EphemeralAnswer::Deleted(true)));
+                }
+                Ok(EphemeralAnswer::Deleted(declared || held))
+            }
+            EphemeralOp::Depth { .. } => {
+                let mut found: Option<EphemeralQueue> = None;
+                for to in &members {
+                    let answer = if *to == me {
+                        self.ephemeral_here(op.clone()).await
+                    } else {
+                        self.eph_call(*to, &op, CALL_TIMEOUT).await
+                    };
+                    match answer {
+                        Ok(EphemeralAnswer::Depth(q)) => merge_into(&mut found, q),
+                        Err(BrokerError::EphemeralQueueNotFound { .. }) => {}
+                        Err(e) if *to == me => return Err(e),
+                        _ => {}
+                    }
+                }
+                let EphemeralOp::Depth { queue, .. } = op else {
+                    unreachable!("matched above")
+                };
+                found.map(EphemeralAnswer::Depth).ok_or_else(|| {
+                    BrokerError::EphemeralQueueNotFound {
+                        queue: queen_domain::tenant::split(&queue).1.to_owned(),
+                    }
+                })
+            }
+            EphemeralOp::Queues { .. } => {
+                let mut all: BTreeMap<String, EphemeralQueue> = BTreeMap::new();
+                for to in &members {
+                    let answer = if *to == me {
+                        self.ephemeral_here(op.clone()).await
+                    } else {
+                        self.eph_call(*to, &op, CALL_TIMEOUT).await
+                    };
+                    match answer {
+                        Ok(EphemeralAnswer::Queues(qs)) => {
+                            for q in qs {
+                                let mut slot = all.remove(&q.queue);
+                                let name = q.queue.clone();
+                                merge_into(&mut slot, q);
+                                if let Some(s) = slot {
+                                    all.insert(name, s);
+                                }
+                            }
+                        }
+                        Err(e) if *to == me => return Err(e),
+                        _ => {}
+                    }
+                }
+                Ok(EphemeralAnswer::Queues(all.into_values().collect()))
+            }
+            EphemeralOp::Configure { .. } => self.ephemeral_here(op).await,
+        }
+    }
+
+    /// On a node without peers: a delete also removes the configuration row.
+    async fn ephemeral_delete_config(
+        &self,
+        op: EphemeralOp,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        if let EphemeralOp::Delete { queue } = &op {
+            let declared = self.ephemeral_unconfigure(queue).await?;
+            let held = matches!(
+                self.ephemeral_here(op).await?,
+                EphemeralAnswer::Deleted(true)
+            );
+            return Ok(EphemeralAnswer::Deleted(declared || held));
+        }
+        self.ephemeral_here(op).await
+    }
+
+    /// A pop that names no partition: this node's rings first, then each other live member's,
+    /// until the batch is full; when all are empty and the pop waits, park here a short round
+    /// (a push here wakes it) and ask again, until the wait is over.
+    async fn eph_pop_everywhere(
+        &self,
+        me: u64,
+        members: &[u64],
+        op: EphemeralOp,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        let EphemeralOp::Pop {
+            queue,
+            group,
+            batch,
+            wait_ms,
+            auto_ack,
+            ..
+        } = op
+        else {
+            return Err(BrokerError::unexpected_outcome());
+        };
+        let deadline = Instant::now() + Duration::from_millis(wait_ms.unwrap_or(0));
+        // Start after this node among the others by id, so pops through different nodes
+        // spread over the members.
+        let mut others: Vec<u64> = members.iter().copied().filter(|m| *m != me).collect();
+        others.sort_unstable();
+        let turn = others.iter().position(|m| *m > me).unwrap_or(0);
+        others.rotate_left(turn);
+        loop {
+            let mut out = Vec::new();
+            for to in std::iter::once(me).chain(others.iter().copied()) {
+                let want = batch.saturating_sub(u32::try_from(out.len()).unwrap_or(u32::MAX));
+                if want == 0 {
+                    break;
+                }
+                let part = EphemeralOp::Pop {
+                    queue: queue.clone(),
+                    partition: None,
+                    group: group.clone(),
+                    batch: want,
+                    wait_ms: None,
+                    auto_ack,
+                };
+                let answer = if to == me {
+                    self.ephemeral_here(part).await
+                } else {
+                    self.eph_call(to, &part, CALL_TIMEOUT).await
+                };
+                match answer {
+                    Ok(EphemeralAnswer::Delivered(got)) => out.extend(got),
+                    Err(e) if to == me => return Err(e),
+                    _ => {}
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if !out.is_empty() || remaining.is_zero() {
+                return Ok(EphemeralAnswer::Delivered(out));
+            }
+            // Park here for a round: a push to this node's rings wakes it at once.
+            let park = EphemeralOp::Pop {
+                queue: queue.clone(),
+                partition: None,
+                group: group.clone(),
+                batch,
+                wait_ms: Some(u64::try_from(remaining.min(ROUND).as_millis()).unwrap_or(200)),
+                auto_ack,
+            };
+            if let EphemeralAnswer::Delivered(got) = self.ephemeral_here(park).await?
+                && !got.is_empty()
+            {
+                return Ok(EphemeralAnswer::Delivered(got));
+            }
+        }
+    }
+}
+
+/// Add one node's share of a queue to the sum.
+fn merge_into(sum: &mut Option<EphemeralQueue>, q: EphemeralQueue) {
+    let Some(s) = sum else {
+        *sum = Some(q);
+        return;
+    };
+    s.declared |= q.declared;
+    s.view = merge_views(std::mem::take(&mut s.view), q.view);
+}
+
+fn merge_views(a: QueueView, b: QueueView) -> QueueView {
+    let mut partitions: Vec<PartitionView> = a.partitions;
+    partitions.extend(b.partitions);
+    partitions.sort_by(|x, y| x.partition.cmp(&y.partition));
+    let mut groups: BTreeMap<String, GroupView> = BTreeMap::new();
+    for g in a.groups.into_iter().chain(b.groups) {
+        match groups.get_mut(&g.group) {
+            Some(s) => {
+                s.pending += g.pending;
+                s.in_flight += g.in_flight;
+                s.skipped += g.skipped;
+            }
+            None => {
+                groups.insert(g.group.clone(), g);
+            }
+        }
+    }
+    QueueView {
+        length: a.length + b.length,
+        bytes: a.bytes + b.bytes,
+        partitions,
+        groups: groups.into_values().collect(),
+        drops: ephemeral::Drops {
+            bounds: a.drops.bounds + b.drops.bounds,
+            ttl: a.drops.ttl + b.drops.ttl,
+            retry: a.drops.retry + b.drops.retry,
+        },
+    }
+}
+
+/// Serves the ephemeral operations other nodes hand to this one. It holds the broker weakly:
+/// the broker holds the raft node that holds this, and the broker must still drop at the end.
+pub(crate) struct PeerService(pub(crate) std::sync::Weak<Broker>);
+
+impl queen_ports::PeerHandler for PeerService {
+    fn handle(&self, route: String, body: Vec<u8>) -> queen_ports::BoxFuture<'static, Vec<u8>> {
+        let broker = self.0.upgrade();
+        Box::pin(async move {
+            let Some(broker) = broker else {
+                return postcard::to_allocvec(&Err::<EphemeralAnswer, Remote>(
+                    Remote::Unavailable("the node is stopping".into()),
+                ))
+                .unwrap_or_default();
+            };
+            if route == ROUTE {
+                broker.ephemeral_from_peer(body).await
+            } else {
+                postcard::to_allocvec(&Err::<EphemeralAnswer, Remote>(Remote::Unavailable(
+                    format!("no peer route {route}"),
+                )))
+                .unwrap_or_default()
+            }
+        })
+    }
+}
