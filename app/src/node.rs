@@ -209,6 +209,11 @@ where
             }
         })
     };
+    let ephemeral_placement = {
+        let broker = broker.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move { broker.ephemeral_placement(stop).await })
+    };
     let ticker = {
         let broker = broker.clone();
         tokio::spawn(async move {
@@ -235,8 +240,12 @@ where
     let handover = {
         let raft = raft.clone();
         let sink = sink.clone();
+        let broker = broker.clone();
         async move {
             shutdown.await;
+            // Ephemeral rings go to their next owners first (at most 15 s), while this node
+            // still serves and the others still reach it.
+            broker.ephemeral_drain().await;
             if let Some(s) = &sink {
                 s.begin_drain();
             }
@@ -260,6 +269,7 @@ where
     let _ = ticker.await;
     let _ = disk_sampler.await;
     let _ = ephemeral_sweeper.await;
+    let _ = ephemeral_placement.await;
     let _ = gate.await;
     let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {

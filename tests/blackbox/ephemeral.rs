@@ -170,3 +170,144 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     assert_eq!(depth.status, 404, "{}", depth.text);
     assert_eq!(depth.json["code"], "ephemeral_queue_not_found");
 }
+
+/// Push `rounds` rounds over `parts` through the node at `port`, one message per partition
+/// per round (`{"p": i, "n": round}`); answers how many each partition got accepted.
+fn write_rounds(
+    port: u16,
+    queue: &str,
+    parts: usize,
+    rounds: usize,
+    pause: Duration,
+) -> Vec<usize> {
+    let url = format!("http://127.0.0.1:{port}/api/v1/ephemeral/push");
+    let mut accepted = vec![0; parts];
+    for n in 0..rounds {
+        for (p, got) in accepted.iter_mut().enumerate() {
+            let body = json!({"queue": queue, "partition": format!("p{p}"), "messages": [{"payload": {"p": p, "n": n}}]});
+            // Retried until accepted, so each partition's sequence has no holes.
+            for _ in 0..200 {
+                match queen_tests::post_url(&url, &body.to_string()) {
+                    Ok((201, _)) => {
+                        *got += 1;
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(25)),
+                }
+            }
+        }
+        std::thread::sleep(pause);
+    }
+    accepted
+}
+
+/// Pop with autoAck through the node at `port` until `want` messages came or `limit` passed.
+fn read_all(port: u16, queue: &str, group: &str, want: usize, limit: Duration) -> Vec<Value> {
+    let url = format!(
+        "http://127.0.0.1:{port}/api/v1/ephemeral/pop?queue={queue}&group={group}&batch=200&autoAck=true&wait=true&timeout=300"
+    );
+    let until = std::time::Instant::now() + limit;
+    let mut got = Vec::new();
+    while got.len() < want && std::time::Instant::now() < until {
+        if let Ok((200, body)) = queen_tests::try_get_url(&url, Duration::from_secs(10)) {
+            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            got.extend(v["messages"].as_array().cloned().unwrap_or_default());
+        } else {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    got
+}
+
+/// Each partition's `n` values in the order they were delivered.
+fn sequences(msgs: &[Value], parts: usize) -> Vec<Vec<u64>> {
+    let mut seq = vec![Vec::new(); parts];
+    for m in msgs {
+        let p = m["payload"]["p"].as_u64().unwrap() as usize;
+        seq[p].push(m["payload"]["n"].as_u64().unwrap());
+    }
+    seq
+}
+
+#[test]
+fn a_stopping_owner_hands_its_rings_over_and_takes_them_back_without_loss() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes = three_nodes(bin(), dir.path(), "eph-token", |_| Vec::new());
+    let (parts, rounds) = (12, 120);
+    let (p1, p2) = (nodes[0].port, nodes[1].port);
+    // A queue nobody reads until the end: node 3's share of it must travel at SIGTERM.
+    let held = write_rounds(p1, "held", parts, 10, Duration::ZERO);
+
+    // A writer through node 1 and a reader through node 2 while node 3 stops on SIGTERM.
+    let writer = std::thread::spawn(move || {
+        write_rounds(p1, "moving", parts, rounds, Duration::from_millis(10))
+    });
+    let reader = std::thread::spawn(move || {
+        read_all(p2, "moving", "r", parts * rounds, Duration::from_secs(90))
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let status = nodes[2].sigterm(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}");
+    let log = nodes[2].log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("ephemeral rings handed over"))
+        .unwrap_or_else(|| panic!("no hand-over line:\n{log}"));
+    assert!(line.contains("lost=0"), "{line}");
+    assert!(
+        !line.contains("rings=0"),
+        "node 3 owned partitions of the queue: {line}"
+    );
+    assert!(
+        !line.contains("delivered=0"),
+        "node 3 held messages of 'held': {line}"
+    );
+    eprintln!("{line}");
+
+    // While node 3 is away, a second queue fills on the others; node 3 comes back while a
+    // writer keeps pushing, and what moves back to it is all still there.
+    let during =
+        std::thread::spawn(move || write_rounds(p1, "back", parts, 40, Duration::from_millis(20)));
+    std::thread::sleep(Duration::from_millis(300));
+    nodes[2].restart();
+    nodes[2].wait_healthy(Duration::from_secs(60));
+
+    let accepted = writer.join().unwrap();
+    assert!(accepted.iter().all(|a| *a == rounds), "{accepted:?}");
+    let got = reader.join().unwrap();
+    let seq = sequences(&got, parts);
+    let want: Vec<u64> = (0..rounds as u64).collect();
+    for (p, s) in seq.iter().enumerate() {
+        assert_eq!(s, &want, "partition p{p}: lost, repeated or reordered");
+    }
+
+    let got = read_all(p2, "held", "end", parts * 10, Duration::from_secs(30));
+    let seq = sequences(&got, parts);
+    for (p, s) in seq.iter().enumerate() {
+        let want: Vec<u64> = (0..held[p] as u64).collect();
+        assert_eq!(s, &want, "partition p{p} of the queue nobody read");
+    }
+
+    let back = during.join().unwrap();
+    let total: usize = back.iter().sum();
+    // Node 3 takes its partitions back.
+    let held_by_3 = || {
+        let text = nodes[2].get("/metrics/prometheus").text;
+        text.lines()
+            .find(|l| l.starts_with("queen_ephemeral_messages"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || held_by_3() > 0),
+        "node 3 holds nothing of the queue after it came back"
+    );
+    let got = read_all(p1, "back", "late", total, Duration::from_secs(30));
+    assert_eq!(got.len(), total, "{back:?}");
+    let seq = sequences(&got, parts);
+    for (p, s) in seq.iter().enumerate() {
+        let want: Vec<u64> = (0..back[p] as u64).collect();
+        assert_eq!(s, &want, "partition p{p} of the queue that moved back");
+    }
+}

@@ -43,6 +43,11 @@ impl EphemeralRings {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Wake the pops waiting on `queue`.
+    pub(crate) fn wake(&self, queue: &str) {
+        self.waiters.wake(queue);
+    }
+
     /// `(bytes, messages, queues)` held, for the gauges.
     pub(crate) fn figures(&self) -> (u64, u64, u64) {
         let r = self.lock();

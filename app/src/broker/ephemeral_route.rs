@@ -64,15 +64,32 @@ impl From<Remote> for BrokerError {
     }
 }
 
-/// The members a node may hand operations to, and those it saw fail.
+/// The members a node may hand operations to, and those it saw fail or say they leave.
 #[derive(Default)]
 pub(crate) struct Owners {
+    /// Members excluded until the instant: a failed connection, or a member that said it
+    /// stops (until it says it is ready, or the time is up).
     down: std::sync::Mutex<HashMap<u64, Instant>>,
+    /// This node is stopping: it owns nothing any more.
+    pub(crate) leaving: std::sync::atomic::AtomicBool,
 }
 
 impl Owners {
     fn mark_down(&self, node: u64) {
-        self.lock().insert(node, Instant::now() + DOWN_FOR);
+        self.exclude(node, DOWN_FOR);
+    }
+
+    /// Exclude `node` for `period` (a longer exclusion already in place stays).
+    pub(crate) fn exclude(&self, node: u64, period: Duration) {
+        let until = Instant::now() + period;
+        let mut d = self.lock();
+        let e = d.entry(node).or_insert(until);
+        *e = (*e).max(until);
+    }
+
+    /// `node` said it is ready: it owns again.
+    pub(crate) fn include(&self, node: u64) {
+        self.lock().remove(&node);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
@@ -97,28 +114,42 @@ impl Owners {
 impl Broker {
     /// This node's id and the live members (itself always among them); `None` on a node
     /// without peers, which owns everything.
-    fn eph_members(&self) -> Option<(u64, Vec<u64>)> {
+    pub(super) fn eph_members(&self) -> Option<(u64, Vec<u64>)> {
         let peers = self.peers.as_ref()?;
         let me = peers.me();
-        let mut ids: Vec<u64> = self
+        let all: Vec<u64> = self
             .membership
             .as_ref()?
             .members()
             .into_iter()
             .map(|m| m.id)
-            .filter(|id| *id == me || !self.eph_owners.is_down(*id))
             .collect();
-        if !ids.contains(&me) {
-            ids.push(me);
-        }
-        if ids.len() <= 1 {
+        if all.len() <= 1 {
             return None;
+        }
+        let leaving = self
+            .eph_owners
+            .leaving
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut ids: Vec<u64> = all
+            .into_iter()
+            .filter(|id| {
+                if *id == me {
+                    !leaving
+                } else {
+                    !self.eph_owners.is_down(*id)
+                }
+            })
+            .collect();
+        if ids.is_empty() {
+            // Nobody else is reachable: serve here rather than nowhere.
+            ids.push(me);
         }
         Some((me, ids))
     }
 
     /// Hand `op` to node `target` and wait for its answer.
-    async fn eph_call(
+    pub(super) async fn eph_call(
         &self,
         target: u64,
         op: &EphemeralOp,
@@ -150,6 +181,16 @@ impl Broker {
     /// Serve an operation another node handed over (always on this node's own rings).
     pub(crate) async fn ephemeral_from_peer(&self, body: Vec<u8>) -> Vec<u8> {
         let answer: Result<EphemeralAnswer, Remote> = match postcard::from_bytes(&body) {
+            // A stopping node relays what it no longer holds to the next owner, so a ring it
+            // shipped never grows a second copy here.
+            Ok(op)
+                if self
+                    .eph_owners
+                    .leaving
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                Box::pin(self.ephemeral_op(op)).await.map_err(Remote::from)
+            }
             Ok(op) => self.ephemeral_here(op).await.map_err(Remote::from),
             Err(e) => Err(Remote::Unavailable(format!(
                 "the operation did not decode: {e}"
@@ -166,8 +207,41 @@ impl Broker {
         let Some((me, members)) = self.eph_members() else {
             return self.ephemeral_delete_config(op).await;
         };
+        // A stopping node serves the rings it still holds (until they are shipped) and relays
+        // the rest to their next owners; a shipment waits for the operations in progress.
+        let leaving = self
+            .eph_owners
+            .leaving
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let _shared = if leaving {
+            Some(self.eph_ship_lock.read().await)
+        } else {
+            None
+        };
         let owner = |queue: &str, partition: &str| {
+            if leaving && self.ephemeral.lock().holds(queue, partition) {
+                return me;
+            }
             ephemeral::owner::owner(queue, partition, &members).unwrap_or(me)
+        };
+        // A stopping node does not park pops (a shipment would wait for them).
+        let op = match op {
+            EphemeralOp::Pop {
+                queue,
+                partition,
+                group,
+                batch,
+                auto_ack,
+                ..
+            } if leaving => EphemeralOp::Pop {
+                queue,
+                partition,
+                group,
+                batch,
+                wait_ms: None,
+                auto_ack,
+            },
+            other => other,
         };
         match op {
             EphemeralOp::Push {
@@ -452,6 +526,8 @@ impl queen_ports::PeerHandler for PeerService {
             };
             if route == ROUTE {
                 broker.ephemeral_from_peer(body).await
+            } else if let Some(answer) = broker.ephemeral_handover_call(&route, &body).await {
+                answer
             } else {
                 postcard::to_allocvec(&Err::<EphemeralAnswer, Remote>(Remote::Unavailable(
                     format!("no peer route {route}"),

@@ -6,6 +6,7 @@
 
 mod admin;
 mod ephemeral;
+mod ephemeral_handover;
 mod ephemeral_route;
 mod long_poll;
 mod producer;
@@ -83,6 +84,9 @@ pub struct Broker {
     peers: Option<Arc<dyn queen_ports::PeerCalls>>,
     /// Members this node saw fail (`ephemeral_route.rs`).
     eph_owners: ephemeral_route::Owners,
+    /// While this node stops: operations hold it shared, a shipment of rings exclusively, so
+    /// no operation sees a ring between its detach here and its adoption there.
+    eph_ship_lock: tokio::sync::RwLock<()>,
 }
 
 impl Broker {
@@ -125,6 +129,7 @@ impl Broker {
             ephemeral: ephemeral::EphemeralRings::new(queen_domain::ephemeral::Limits::default()),
             peers: None,
             eph_owners: ephemeral_route::Owners::default(),
+            eph_ship_lock: tokio::sync::RwLock::new(()),
         }
     }
 

@@ -404,6 +404,14 @@ impl Rings {
         self.queues.keys().map(String::as_str)
     }
 
+    /// Whether this node holds a ring for `(queue, partition)`.
+    #[must_use]
+    pub fn holds(&self, queue: &str, partition: &str) -> bool {
+        self.queues
+            .get(queue)
+            .is_some_and(|q| q.partitions.contains_key(partition))
+    }
+
     /// Every `(queue, partition)` held.
     #[must_use]
     pub fn partitions(&self) -> Vec<(String, String)> {
