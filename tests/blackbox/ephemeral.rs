@@ -106,7 +106,7 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     // another node owns.
     let waiter = {
         let url = format!(
-            "http://127.0.0.1:{}/api/v1/ephemeral/pop?queue=waits&batch=1&group=w&wait=true&timeout=8000",
+            "http://127.0.0.1:{}/api/v1/ephemeral/pop?queue=waits&batch=1&group=w&autoAck=true&wait=true&timeout=8000",
             nodes[0].port
         );
         std::thread::spawn(move || queen_tests::get_url(&url))
@@ -121,6 +121,28 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"late\""), "{body}");
 
+    // The official Python client, one node per client: push through node 1, pop through
+    // node 2, ack through node 3.
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("http://127.0.0.1:{}", n.port))
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/client/run.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("--script")
+        .arg("ephemeral_cluster.py")
+        .args(&urls)
+        .output()
+        .expect("bash runs tests/client/run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ephemeral cluster ok"),
+        "the official client against three nodes: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Depth and the listing sum every member's share.
     let depth = nodes[1].get(&format!("/api/v1/ephemeral/queues/{q}/depth"));
     assert_eq!(depth.status, 200, "{}", depth.text);
@@ -132,6 +154,8 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     for (i, p) in parts.iter().enumerate() {
         assert_eq!(push(&nodes[0], q, p, &[json!(format!("k{i}"))]).status, 201);
     }
+    // The gauges are refreshed every second: let them catch up with the pushes.
+    std::thread::sleep(Duration::from_millis(2500));
     let before: Vec<u64> = nodes.iter().map(metric).collect();
     nodes[2].kill9();
     let survivors = before[0] + before[1];
@@ -310,4 +334,70 @@ fn a_stopping_owner_hands_its_rings_over_and_takes_them_back_without_loss() {
         let want: Vec<u64> = (0..back[p] as u64).collect();
         assert_eq!(s, &want, "partition p{p} of the queue that moved back");
     }
+}
+
+#[test]
+fn the_node_budget_answers_503_and_memory_stays_bounded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut node = Node::start(
+        bin(),
+        dir.path(),
+        &[
+            ("QUEEN_EPHEMERAL_MAX_BYTES", "8388608"),
+            ("QUEEN_EPHEMERAL_QUEUE_MAX_BYTES", "8388608"),
+            ("QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH", "10000000"),
+        ],
+    );
+    node.wait_healthy(Duration::from_secs(60));
+    let pid = node.pid().expect("running");
+    let base = queen_tests::memory_kib(pid, "VmRSS");
+    // 64 KiB payloads into ten queues until the node refuses: 8 MiB of budget.
+    let payload = json!("x".repeat(64 << 10));
+    let (mut accepted, mut refused) = (0, None);
+    for i in 0..2000 {
+        let a = push(
+            &node,
+            &format!("q{}", i % 10),
+            "p",
+            std::slice::from_ref(&payload),
+        );
+        if a.status == 201 {
+            accepted += 1;
+        } else {
+            refused = Some(a);
+            break;
+        }
+    }
+    let a = refused.expect("the budget refused a push");
+    assert_eq!(a.status, 503, "{}", a.text);
+    assert_eq!(a.json["code"], "ephemeral_unavailable", "{}", a.text);
+    assert!(a.retry_after.is_some());
+    assert!(
+        (100..=128).contains(&accepted),
+        "{accepted} pushes of 64 KiB fit in 8 MiB"
+    );
+    // Keep pushing (refused) for a while: memory does not grow past the budget.
+    for i in 0..500 {
+        assert_eq!(
+            push(
+                &node,
+                &format!("q{}", i % 10),
+                "p",
+                std::slice::from_ref(&payload)
+            )
+            .status,
+            503
+        );
+    }
+    let grown = queen_tests::memory_kib(pid, "VmRSS").saturating_sub(base);
+    assert!(
+        grown < 64 * 1024,
+        "RSS grew {grown} KiB for an 8 MiB budget"
+    );
+    // Draining makes room again.
+    for i in 0..10 {
+        let got = pop(&node, &format!("queue=q{i}&batch=100&autoAck=true"));
+        assert!(!got.is_empty());
+    }
+    assert_eq!(push(&node, "q0", "p", &[payload]).status, 201);
 }

@@ -21,6 +21,15 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# `run.sh --script FILE ARGS...` runs one of this folder's scripts with the client installed
+# (against nodes the caller started) instead of the suite.
+if [ "${1:-}" = "--script" ]; then
+  shift
+  script="$1"
+  shift
+  exec timeout --kill-after=30 "${QUEEN_CLIENT_SUITE_LIMIT:-300}" "$venv/bin/python" "$here/$script" "$@"
+fi
+
 export QUEEN_BIN="${QUEEN_BIN:-$(cd "$here/../.." && pwd)/target/debug/queen}"
 if [ ! -x "$QUEEN_BIN" ]; then
   echo "queen binary not found at $QUEEN_BIN: run \`cargo build -p queen\` first or set QUEEN_BIN" >&2

@@ -327,15 +327,18 @@ impl Broker {
                 Ok(EphemeralAnswer::Deleted(declared || held))
             }
             EphemeralOp::Depth { .. } => {
+                // Configuration as the cluster committed it, not as this node applied it.
+                self.proposer.read_barrier().await?;
                 let mut found: Option<EphemeralQueue> = None;
-                for to in &members {
+                for to in me_first(me, &members) {
+                    let to = &to;
                     let answer = if *to == me {
                         self.ephemeral_here(op.clone()).await
                     } else {
                         self.eph_call(*to, &op, CALL_TIMEOUT).await
                     };
                     match answer {
-                        Ok(EphemeralAnswer::Depth(q)) => merge_into(&mut found, q),
+                        Ok(EphemeralAnswer::Depth(q)) => merge_into(&mut found, q, *to == me),
                         Err(BrokerError::EphemeralQueueNotFound { .. }) => {}
                         Err(e) if *to == me => return Err(e),
                         _ => {}
@@ -351,8 +354,10 @@ impl Broker {
                 })
             }
             EphemeralOp::Queues { .. } => {
+                self.proposer.read_barrier().await?;
                 let mut all: BTreeMap<String, EphemeralQueue> = BTreeMap::new();
-                for to in &members {
+                for to in me_first(me, &members) {
+                    let to = &to;
                     let answer = if *to == me {
                         self.ephemeral_here(op.clone()).await
                     } else {
@@ -363,7 +368,7 @@ impl Broker {
                             for q in qs {
                                 let mut slot = all.remove(&q.queue);
                                 let name = q.queue.clone();
-                                merge_into(&mut slot, q);
+                                merge_into(&mut slot, q, *to == me);
                                 if let Some(s) = slot {
                                     all.insert(name, s);
                                 }
@@ -471,12 +476,27 @@ impl Broker {
 }
 
 /// Add one node's share of a queue to the sum.
-fn merge_into(sum: &mut Option<EphemeralQueue>, q: EphemeralQueue) {
+/// This node, then the other members.
+fn me_first(me: u64, members: &[u64]) -> Vec<u64> {
+    std::iter::once(me)
+        .chain(members.iter().copied().filter(|m| *m != me))
+        .collect()
+}
+
+/// Whether a queue is declared, and its options, come from the node that was asked (after a
+/// read barrier); the other members add only what they hold.
+fn merge_into(sum: &mut Option<EphemeralQueue>, mut q: EphemeralQueue, from_me: bool) {
     let Some(s) = sum else {
+        if !from_me {
+            q.declared = false;
+        }
         *sum = Some(q);
         return;
     };
-    s.declared |= q.declared;
+    if from_me {
+        s.declared = q.declared;
+        s.options = q.options;
+    }
     s.view = merge_views(std::mem::take(&mut s.view), q.view);
 }
 
