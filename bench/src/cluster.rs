@@ -35,6 +35,7 @@
 //! store's, with the disk bytes per message and peak RSS over that whole run.
 
 mod backlog;
+mod ephemeral;
 mod failover;
 mod nats;
 mod profile;
@@ -103,6 +104,10 @@ pub struct ClusterArgs {
     /// The sink's lease TTL in the failover run, milliseconds.
     #[arg(long, default_value_t = 10_000)]
     sink_ttl_ms: u64,
+    /// Instead of the rounds: ephemeral queues (push 1/request, pop + ack) beside a NATS
+    /// JetStream stream in memory with one replica (`--vs-nats`).
+    #[arg(long)]
+    ephemeral: bool,
     /// The sink's queues in the failover run (rounded down to a multiple of 3).
     #[arg(long, default_value_t = 6)]
     sink_queues: usize,
@@ -362,6 +367,16 @@ pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
         dir.path().display()
     );
 
+    if c.ephemeral {
+        return ephemeral::ephemeral(
+            args,
+            c,
+            &bin,
+            nats_bin.as_deref(),
+            &dir.path().join("ephemeral"),
+        )
+        .await;
+    }
     if c.failover > 0 {
         return failover::failover(&bin, &dir.path().join("failover"), c).await;
     }

@@ -198,6 +198,7 @@ impl Metrics {
             metrics.acks.add(0, &[KeyValue::new("status", status)]);
         }
         metrics.set_raft(0, 0, 0, false);
+        metrics.set_ephemeral(0, 0, 0, EphemeralTotals::default());
         metrics.set_store_disk_bytes(0);
         metrics.set_waiting_pops(0);
         metrics

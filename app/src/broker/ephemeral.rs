@@ -20,10 +20,18 @@ const RECHECK: Duration = Duration::from_millis(250);
 /// The most declared queues one listing reads.
 const LIST_LIMIT: usize = 10_000;
 
+/// How long a queue's declared options are read from memory before the store is asked
+/// again (a `configure` through another node shows here within this time).
+const OPTIONS_FRESH: Duration = Duration::from_secs(1);
+/// Most queues whose options are kept in memory (the map is emptied when it grows past it).
+const OPTIONS_KEPT: usize = 100_000;
+
 /// The rings of the ephemeral partitions this node owns, and the pops waiting on them.
 pub(crate) struct EphemeralRings {
     rings: Mutex<Rings>,
     waiters: Waiters,
+    /// Declared options as last read, and when.
+    options: Mutex<std::collections::HashMap<String, (Instant, Option<Declared>)>>,
 }
 
 impl EphemeralRings {
@@ -33,6 +41,7 @@ impl EphemeralRings {
         Self {
             rings: Mutex::new(Rings::new(epoch, limits)),
             waiters: Waiters::default(),
+            options: Mutex::default(),
         }
     }
 
@@ -66,13 +75,46 @@ impl Broker {
             .map_err(|e| Self::read_error(&e))
     }
 
-    /// The bounds `queue` works under on this node.
+    /// The bounds `queue` works under on this node (its declared options read at most
+    /// `OPTIONS_FRESH` ago).
     fn eph_options(&self, queue: &str) -> Result<Options, BrokerError> {
         let limits = self.ephemeral.lock().limits().clone();
-        Ok(self
-            .eph_declared(queue)?
-            .unwrap_or_default()
-            .effective(&limits))
+        let cached = {
+            let m = self
+                .ephemeral
+                .options
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            m.get(queue)
+                .filter(|(at, _)| at.elapsed() < OPTIONS_FRESH)
+                .map(|(_, d)| d.clone())
+        };
+        let declared = match cached {
+            Some(d) => d,
+            None => {
+                let d = self.eph_declared(queue)?;
+                let mut m = self
+                    .ephemeral
+                    .options
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if m.len() >= OPTIONS_KEPT {
+                    m.clear();
+                }
+                m.insert(queue.to_owned(), (Instant::now(), d.clone()));
+                d
+            }
+        };
+        Ok(declared.unwrap_or_default().effective(&limits))
+    }
+
+    /// Forget `queue`'s options kept in memory (after this node changed them).
+    fn eph_forget_options(&self, queue: &str) {
+        self.ephemeral
+            .options
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(queue);
     }
 
     /// Serve one ephemeral operation on this node's own rings.
@@ -97,6 +139,7 @@ impl Broker {
                     }],
                 )
                 .await?;
+                self.eph_forget_options(&queue);
                 let limits = self.ephemeral.lock().limits().clone();
                 Ok(EphemeralAnswer::Configured(declared.effective(&limits)))
             }
@@ -108,6 +151,7 @@ impl Broker {
             // The configuration row is the entry node's to delete (`ephemeral_op`); here the
             // rings go.
             EphemeralOp::Delete { queue } => {
+                self.eph_forget_options(&queue);
                 let held = self.ephemeral.lock().delete(&queue);
                 self.ephemeral.waiters.forget(&queue);
                 Ok(EphemeralAnswer::Deleted(held))
@@ -196,6 +240,7 @@ impl Broker {
             return Ok(false);
         }
         let (ns, key) = ephemeral::config_row(queue);
+        self.eph_forget_options(queue);
         queen_ports::ClientApi::kv(
             self,
             vec![KvOp::Delete {

@@ -72,7 +72,12 @@ pub(crate) struct Owners {
     down: std::sync::Mutex<HashMap<u64, Instant>>,
     /// This node is stopping: it owns nothing any more.
     pub(crate) leaving: std::sync::atomic::AtomicBool,
+    /// The raft members as last read, and when (read again after `MEMBERS_FRESH`).
+    members: std::sync::Mutex<Option<(Instant, Vec<u64>)>>,
 }
+
+/// How long the member list is used before it is read from raft again.
+const MEMBERS_FRESH: Duration = Duration::from_millis(250);
 
 impl Owners {
     fn mark_down(&self, node: u64) {
@@ -117,13 +122,22 @@ impl Broker {
     pub(super) fn eph_members(&self) -> Option<(u64, Vec<u64>)> {
         let peers = self.peers.as_ref()?;
         let me = peers.me();
-        let all: Vec<u64> = self
-            .membership
-            .as_ref()?
-            .members()
-            .into_iter()
-            .map(|m| m.id)
-            .collect();
+        let membership = self.membership.as_ref()?;
+        let all: Vec<u64> = {
+            let mut cached = self
+                .eph_owners
+                .members
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*cached {
+                Some((at, ids)) if at.elapsed() < MEMBERS_FRESH => ids.clone(),
+                _ => {
+                    let ids: Vec<u64> = membership.members().into_iter().map(|m| m.id).collect();
+                    *cached = Some((Instant::now(), ids.clone()));
+                    ids
+                }
+            }
+        };
         if all.len() <= 1 {
             return None;
         }

@@ -140,6 +140,16 @@ pub(super) fn nats_bin(arg: Option<&PathBuf>) -> Result<PathBuf, String> {
 /// routes to each other; creates the stream (file storage, replicas 3), waits until all three
 /// replicas are current, and connects a client to the stream's leader.
 pub(super) async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
+    start_nats_with(bin, dir, jetstream::stream::StorageType::File, 3).await
+}
+
+/// As [`start_nats`], with the stream's storage and replica count given.
+pub(super) async fn start_nats_with(
+    bin: &Path,
+    dir: &Path,
+    storage: jetstream::stream::StorageType,
+    replicas: usize,
+) -> Result<Nats, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let client: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
     let route: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
@@ -189,8 +199,8 @@ pub(super) async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
     let config = jetstream::stream::Config {
         name: "BENCH".into(),
         subjects: vec![SUBJECT.into()],
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: 3,
+        storage,
+        num_replicas: replicas,
         ..Default::default()
     };
     let mut last = String::new();
@@ -201,7 +211,7 @@ pub(super) async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
         if Instant::now() > until {
             return Err(format!("the NATS stream was not ready within 60 s: {last}"));
         }
-        match setup_stream(client[0], &config).await {
+        match setup_stream(client[0], &config, replicas).await {
             Ok(Some(leader)) => break leader,
             Ok(None) => last = "stream replicas not yet current".into(),
             Err(e) => last = e,
@@ -257,6 +267,7 @@ pub(super) async fn start_nats(bin: &Path, dir: &Path) -> Result<Nats, String> {
 pub(super) async fn setup_stream(
     port: u16,
     config: &jetstream::stream::Config,
+    replicas: usize,
 ) -> Result<Option<String>, String> {
     let nc = async_nats::ConnectOptions::new()
         .request_timeout(Some(Duration::from_secs(5)))
@@ -276,7 +287,7 @@ pub(super) async fn setup_stream(
         return Ok(None);
     };
     let ready = cluster.leader.is_some()
-        && cluster.replicas.len() == 2
+        && cluster.replicas.len() == replicas.saturating_sub(1)
         && cluster.replicas.iter().all(|r| r.current && !r.offline);
     Ok(if ready { cluster.leader.clone() } else { None })
 }

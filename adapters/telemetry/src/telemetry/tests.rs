@@ -192,6 +192,14 @@ fn every_family_has_exactly_the_agreed_name_help_and_type() {
     typed.sort();
     let expected = [
         ("queen_acks_total", "counter"),
+        ("queen_ephemeral_acked_total", "counter"),
+        ("queen_ephemeral_bytes", "gauge"),
+        ("queen_ephemeral_delivered_total", "counter"),
+        ("queen_ephemeral_dropped_total", "counter"),
+        ("queen_ephemeral_messages", "gauge"),
+        ("queen_ephemeral_pushed_total", "counter"),
+        ("queen_ephemeral_queues", "gauge"),
+        ("queen_ephemeral_wipes_total", "counter"),
         ("queen_http_request_duration_seconds", "histogram"),
         ("queen_http_requests_total", "counter"),
         ("queen_messages_delivered_total", "counter"),
