@@ -48,8 +48,10 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every outgoing request.
 type ReqBody = BoxBody<Bytes, BoxError>;
 
-/// Idle pooled connections kept per peer.
-const POOL_IDLE_PER_HOST: usize = 8;
+/// Idle pooled connections kept per peer: as many as requests a node may have in flight to one
+/// peer at once (forwarded writes, ephemeral operations), so a busy node does not open and
+/// close a connection per request (8 made a third of an ephemeral push's CPU connection churn).
+const POOL_IDLE_PER_HOST: usize = 128;
 /// How long an idle pooled connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Upper bound of a whole snapshot transfer (chunks also time out one by one).

@@ -133,6 +133,7 @@ pub(super) async fn ephemeral(
         let queen_first = round % 2 == 0;
         for step in 0..2 {
             let queen_turn = (step == 0) == queen_first;
+            let before_step = phases.len();
             if queen_turn {
                 let before = queen.procs.cpu_seconds();
                 let st = queen_push(&t, c.inflight, args.seconds, args.size).await;
@@ -182,8 +183,8 @@ pub(super) async fn ephemeral(
                     cpu_us: cpu,
                 });
             }
-            if !phases.is_empty() {
-                for p in &phases[phases.len().saturating_sub(2)..] {
+            {
+                for p in &phases[before_step..] {
                     println!(
                         "round {} {:5} {:4}: {:>9.0} msg/s  p50 {:.2} ms  p99 {:.2} ms  {:.1} us CPU/msg  errors {}",
                         round + 1,
