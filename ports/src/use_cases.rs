@@ -302,6 +302,9 @@ pub struct StatusView {
     pub s3: Option<serde_json::Value>,
     /// Payload encryption on this node.
     pub encryption: EncryptionStatus,
+    /// This node's ephemeral queues: what it holds, its budget, and what members that
+    /// crashed were known to hold when they went.
+    pub ephemeral: serde_json::Value,
 }
 
 /// Payload encryption on the status page.

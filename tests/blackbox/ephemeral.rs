@@ -185,6 +185,15 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     // Configuration is replicated and survives a restart; contents do not.
     nodes[2].restart();
     nodes[2].wait_healthy(Duration::from_secs(60));
+    // Once node 3 is back, the others know what its crash lost: what it held when they
+    // last asked.
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            nodes[0].get("/status").json["ephemeral"]["lostOnCrash"].as_u64() == Some(before[2])
+        }),
+        "status: {}",
+        nodes[0].get("/status").json["ephemeral"]
+    );
     let depth = nodes[2].get(&format!("/api/v1/ephemeral/queues/{q}/depth"));
     assert_eq!(depth.status, 200, "{}", depth.text);
     assert_eq!(depth.json["options"]["leaseSeconds"], 30);
@@ -334,6 +343,9 @@ fn a_stopping_owner_hands_its_rings_over_and_takes_them_back_without_loss() {
         let want: Vec<u64> = (0..back[p] as u64).collect();
         assert_eq!(s, &want, "partition p{p} of the queue that moved back");
     }
+    // A stop that handed its rings over is no crash.
+    let status = nodes[0].get("/status").json;
+    assert_eq!(status["ephemeral"]["lostOnCrash"], 0, "{}", status["ephemeral"]);
 }
 
 #[test]

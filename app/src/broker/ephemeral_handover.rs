@@ -22,6 +22,8 @@ pub(crate) const ADOPT: &str = "ephemeral/adopt";
 pub(crate) const LEAVING: &str = "ephemeral/leaving";
 /// The peer route of "I am ready to own partitions".
 pub(crate) const READY: &str = "ephemeral/ready";
+/// The peer route of "how many messages do you hold".
+pub(crate) const HELD: &str = "ephemeral/held";
 /// How long a member that said it stops owns nothing in the others' view (unless it says it
 /// is ready before).
 const LEAVING_FOR: Duration = Duration::from_secs(30);
@@ -78,17 +80,23 @@ impl Broker {
                 }
                 Err(e) => Err(format!("rings did not decode: {e}")),
             },
-            LEAVING | READY => match postcard::from_bytes::<u64>(body) {
-                Ok(node) => {
+            LEAVING | READY => match postcard::from_bytes::<(u64, u64)>(body) {
+                Ok((node, epoch)) => {
                     if route == LEAVING {
                         self.eph_owners.exclude(node, LEAVING_FOR);
+                        lock(&self.eph_owners.graceful).insert(node);
                     } else {
                         self.eph_owners.include(node);
+                        self.eph_note_return(node, epoch);
                     }
                     Ok(0)
                 }
                 Err(e) => Err(format!("node id did not decode: {e}")),
             },
+            HELD => {
+                let r = self.ephemeral.lock();
+                return Some(postcard::to_allocvec(&(r.epoch(), r.len())).unwrap_or_default());
+            }
             _ => return None,
         };
         Some(postcard::to_allocvec(&answer).unwrap_or_default())
@@ -100,7 +108,8 @@ impl Broker {
             return 0;
         };
         let me = peers.me();
-        let body = postcard::to_allocvec(&me).unwrap_or_default();
+        let epoch = self.ephemeral.lock().epoch();
+        let body = postcard::to_allocvec(&(me, epoch)).unwrap_or_default();
         let mut told = 0;
         for m in membership.members().into_iter().filter(|m| m.id != me) {
             if peers
@@ -112,6 +121,66 @@ impl Broker {
             }
         }
         told
+    }
+
+    /// A member said it is ready with incarnation `epoch`. When it held messages under another
+    /// incarnation and had not said it stops, it crashed: what it held was lost.
+    fn eph_note_return(&self, node: u64, epoch: u64) {
+        let graceful = lock(&self.eph_owners.graceful).remove(&node);
+        let seen = lock(&self.eph_owners.seen).remove(&node);
+        if let Some((before, messages)) = seen
+            && before != epoch
+            && messages > 0
+            && !graceful
+        {
+            tracing::warn!(target: "queen-app", node, messages, "a member came back without handing its ephemeral rings over: their messages were lost");
+            let mut l = lock(&self.eph_owners.losses);
+            if l.len() >= 32 {
+                l.pop_front();
+            }
+            l.push_back((node, messages, self.clock.now_micros() / 1000));
+        }
+    }
+
+    /// Ask every other member what it holds (for the losses a crash leaves, `/status`).
+    async fn eph_ask_held(&self) {
+        let (Some(peers), Some(membership)) = (&self.peers, &self.membership) else {
+            return;
+        };
+        let me = peers.me();
+        for m in membership.members().into_iter().filter(|m| m.id != me) {
+            if let Ok(reply) = peers
+                .call(m.id, HELD, Vec::new(), Duration::from_secs(1))
+                .await
+                && let Ok((epoch, messages)) = postcard::from_bytes::<(u64, u64)>(&reply)
+            {
+                lock(&self.eph_owners.seen).insert(m.id, (epoch, messages));
+            }
+        }
+    }
+
+    /// This node's ephemeral figures for `/status`.
+    pub(crate) fn ephemeral_status(&self) -> serde_json::Value {
+        let (bytes, messages, queues) = self.ephemeral.figures();
+        let budget = self.ephemeral.lock().limits().node_max_bytes;
+        let losses: Vec<serde_json::Value> = lock(&self.eph_owners.losses)
+            .iter()
+            .map(|(node, messages, at)| {
+                serde_json::json!({
+                    "node": node,
+                    "messages": messages,
+                    "at": queen_domain::time::Stamp(at * 1000).iso_millis(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "messages": messages,
+            "bytes": bytes,
+            "queues": queues,
+            "budgetBytes": budget,
+            "lostOnCrash": losses.iter().filter_map(|l| l["messages"].as_u64()).sum::<u64>(),
+            "crashes": losses,
+        })
     }
 
     /// Ship every ring this node holds whose owner is another live member; rings nobody took
@@ -194,6 +263,7 @@ impl Broker {
             return;
         }
         let mut told = false;
+        let mut tick: u64 = 0;
         let mut every = tokio::time::interval(Duration::from_millis(500));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -215,6 +285,10 @@ impl Broker {
                     .as_ref()
                     .map_or(0, |m| m.members().len().saturating_sub(1));
                 told = self.eph_tell_all(READY).await >= others;
+            }
+            tick += 1;
+            if tick % 2 == 0 {
+                self.eph_ask_held().await;
             }
             let m = self.ephemeral_rebalance().await;
             if m.rings > 0 {
@@ -271,4 +345,8 @@ fn batches(rings: Vec<RingExport>) -> Vec<Vec<RingExport>> {
         out.last_mut().expect("pushed above").push(r);
     }
     out
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -74,6 +74,13 @@ pub(crate) struct Owners {
     pub(crate) leaving: std::sync::atomic::AtomicBool,
     /// The raft members as last read, and when (read again after `MEMBERS_FRESH`).
     members: std::sync::Mutex<Option<(Instant, Vec<u64>)>>,
+    /// What each other member said it held when last asked: `(epoch, messages)`.
+    pub(crate) seen: std::sync::Mutex<HashMap<u64, (u64, u64)>>,
+    /// Members that said they stop (their rings were handed over, not lost).
+    pub(crate) graceful: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Members that came back with a new incarnation without having said they stop: what
+    /// they held when last asked was lost. `(node, messages, when in ms)`, the last 32.
+    pub(crate) losses: std::sync::Mutex<std::collections::VecDeque<(u64, u64, u64)>>,
 }
 
 /// How long the member list is used before it is read from raft again.

@@ -56,6 +56,7 @@ impl Broker {
             .map(|q| q.name.clone())
             .collect();
         Ok(StatusView {
+            ephemeral: self.ephemeral_status(),
             encryption: queen_ports::EncryptionStatus {
                 key_loaded: self.has_key,
                 encrypted_queues: flagged,
