@@ -287,7 +287,7 @@ impl Broker {
                 told = self.eph_tell_all(READY).await >= others;
             }
             tick += 1;
-            if tick % 2 == 0 {
+            if tick.is_multiple_of(2) {
                 self.eph_ask_held().await;
             }
             let m = self.ephemeral_rebalance().await;
