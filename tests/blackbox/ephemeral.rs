@@ -345,7 +345,11 @@ fn a_stopping_owner_hands_its_rings_over_and_takes_them_back_without_loss() {
     }
     // A stop that handed its rings over is no crash.
     let status = nodes[0].get("/status").json;
-    assert_eq!(status["ephemeral"]["lostOnCrash"], 0, "{}", status["ephemeral"]);
+    assert_eq!(
+        status["ephemeral"]["lostOnCrash"], 0,
+        "{}",
+        status["ephemeral"]
+    );
 }
 
 #[test]
