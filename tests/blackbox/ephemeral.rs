@@ -21,6 +21,16 @@ fn push(n: &Node, queue: &str, partition: &str, payloads: &[Value]) -> queen_tes
     )
 }
 
+/// Messages `n` holds in ephemeral rings (its gauge, refreshed every second).
+fn held_messages(n: &Node) -> u64 {
+    let text = n.get("/metrics/prometheus").text;
+    text.lines()
+        .find(|l| l.starts_with("queen_ephemeral_messages"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 fn pop(n: &Node, query: &str) -> Vec<Value> {
     let a = n.get(&format!("/api/v1/ephemeral/pop?{query}"));
     assert_eq!(a.status, 200, "pop {query}: {}", a.text);
@@ -46,21 +56,13 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
         assert_eq!(a.json["pushed"], 2);
     }
     // Partitions are spread over the members: node 1 does not hold them all.
-    let metric = |n: &Node| -> u64 {
-        let text = n.get("/metrics/prometheus").text;
-        text.lines()
-            .find(|l| l.starts_with("queen_ephemeral_messages"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
-    };
     assert!(
         eventually(Duration::from_secs(5), || {
-            let held: Vec<u64> = nodes.iter().map(metric).collect();
+            let held: Vec<u64> = nodes.iter().map(held_messages).collect();
             held.iter().sum::<u64>() == 24 && held.iter().filter(|h| **h > 0).count() >= 2
         }),
         "messages per node: {:?}",
-        nodes.iter().map(metric).collect::<Vec<_>>()
+        nodes.iter().map(held_messages).collect::<Vec<_>>()
     );
 
     // Pop each partition through node 2, ack through node 3.
@@ -156,7 +158,7 @@ fn three_nodes_serve_every_partition_and_a_crash_loses_only_its_share() {
     }
     // The gauges are refreshed every second: let them catch up with the pushes.
     std::thread::sleep(Duration::from_millis(2500));
-    let before: Vec<u64> = nodes.iter().map(metric).collect();
+    let before: Vec<u64> = nodes.iter().map(held_messages).collect();
     nodes[2].kill9();
     let survivors = before[0] + before[1];
     let mut after = Vec::new();
@@ -324,16 +326,8 @@ fn a_stopping_owner_hands_its_rings_over_and_takes_them_back_without_loss() {
     let back = during.join().unwrap();
     let total: usize = back.iter().sum();
     // Node 3 takes its partitions back.
-    let held_by_3 = || {
-        let text = nodes[2].get("/metrics/prometheus").text;
-        text.lines()
-            .find(|l| l.starts_with("queen_ephemeral_messages"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
-    };
     assert!(
-        eventually(Duration::from_secs(20), || held_by_3() > 0),
+        eventually(Duration::from_secs(20), || held_messages(&nodes[2]) > 0),
         "node 3 holds nothing of the queue after it came back"
     );
     let got = read_all(p1, "back", "late", total, Duration::from_secs(30));

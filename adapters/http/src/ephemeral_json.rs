@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::api::ApiError;
 use crate::error::{json_answer, json_response};
 use crate::fields;
-use crate::pop_query::parse_query;
+use crate::pop_query::{self, parse_query};
 use crate::tenancy::Scope;
 
 /// Largest batch one pop may ask for.
@@ -235,12 +235,7 @@ async fn pop<A: ClientApi>(
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
-    let get = |k: &str| {
-        q.iter()
-            .find(|(a, _)| a == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let get = |k: &str| pop_query::get(&q, k).filter(|v| !v.is_empty());
     let Some(name) = get("queue") else {
         return Err(bad("queue", "is required"));
     };
@@ -268,12 +263,9 @@ async fn pop<A: ClientApi>(
             })?,
     };
     let flag = |k: &str| -> Result<bool, ApiError> {
-        match get(k) {
-            None => Ok(false),
-            Some("true" | "1") => Ok(true),
-            Some("false" | "0") => Ok(false),
-            Some(_) => Err(bad(k, "must be true or false")),
-        }
+        pop_query::flag(&q, k)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| e.with_reason("ephemeral_bad_request"))
     };
     let wait = flag("wait")?;
     let auto_ack = flag("autoAck")? || flag("commitOnDelivery")?;

@@ -36,11 +36,13 @@ fn decode(s: &str) -> String {
         .into_owned()
 }
 
-fn get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
+/// The value of `key` in a decoded query.
+pub(crate) fn get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
-fn flag(q: &[(String, String)], key: &str) -> Result<Option<bool>, ApiError> {
+/// A `true`/`false` (or `1`/`0`) query value; `None` when absent.
+pub(crate) fn flag(q: &[(String, String)], key: &str) -> Result<Option<bool>, ApiError> {
     match get(q, key) {
         None => Ok(None),
         Some("true" | "1") => Ok(Some(true)),

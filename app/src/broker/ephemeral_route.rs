@@ -199,6 +199,21 @@ impl Broker {
         answer.map_err(BrokerError::from)
     }
 
+    /// Serve `op` on node `to`: here when it is this node, else handed over with `timeout`.
+    async fn eph_at(
+        &self,
+        to: u64,
+        me: u64,
+        op: EphemeralOp,
+        timeout: Duration,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        if to == me {
+            self.ephemeral_here(op).await
+        } else {
+            self.eph_call(to, &op, timeout).await
+        }
+    }
+
     /// Serve an operation another node handed over (always on this node's own rings).
     pub(crate) async fn ephemeral_from_peer(&self, body: Vec<u8>) -> Vec<u8> {
         let answer: Result<EphemeralAnswer, Remote> = match postcard::from_bytes(&body) {
@@ -271,11 +286,7 @@ impl Broker {
                 ..
             } => {
                 let to = owner(queue, partition);
-                if to == me {
-                    self.ephemeral_here(op).await
-                } else {
-                    self.eph_call(to, &op, CALL_TIMEOUT).await
-                }
+                self.eph_at(to, me, op, CALL_TIMEOUT).await
             }
             EphemeralOp::Pop {
                 ref queue,
@@ -284,12 +295,13 @@ impl Broker {
                 ..
             } => {
                 let to = owner(queue, p);
-                if to == me {
-                    self.ephemeral_here(op).await
-                } else {
-                    let t = CALL_TIMEOUT + Duration::from_millis(wait_ms.unwrap_or(0));
-                    self.eph_call(to, &op, t).await
-                }
+                self.eph_at(
+                    to,
+                    me,
+                    op,
+                    CALL_TIMEOUT + Duration::from_millis(wait_ms.unwrap_or(0)),
+                )
+                .await
             }
             EphemeralOp::Pop { .. } => self.eph_pop_everywhere(me, &members, op).await,
             EphemeralOp::Ack { queue, group, acks } => {
@@ -306,11 +318,7 @@ impl Broker {
                         group: group.clone(),
                         acks: idx.iter().map(|i| acks[*i].clone()).collect(),
                     };
-                    let answer = if to == me {
-                        self.ephemeral_here(part).await?
-                    } else {
-                        self.eph_call(to, &part, CALL_TIMEOUT).await?
-                    };
+                    let answer = self.eph_at(to, me, part, CALL_TIMEOUT).await?;
                     let EphemeralAnswer::Acked(got) = answer else {
                         return Err(BrokerError::unexpected_outcome());
                     };
@@ -323,11 +331,7 @@ impl Broker {
             EphemeralOp::Reset { .. } => {
                 let mut dropped = 0;
                 for to in &members {
-                    let answer = if *to == me {
-                        self.ephemeral_here(op.clone()).await
-                    } else {
-                        self.eph_call(*to, &op, CALL_TIMEOUT).await
-                    };
+                    let answer = self.eph_at(*to, me, op.clone(), CALL_TIMEOUT).await;
                     if let Ok(EphemeralAnswer::Dropped(n)) = answer {
                         dropped += n;
                     }
@@ -338,11 +342,7 @@ impl Broker {
                 let declared = self.ephemeral_unconfigure(queue).await?;
                 let mut held = false;
                 for to in &members {
-                    let answer = if *to == me {
-                        self.ephemeral_here(op.clone()).await
-                    } else {
-                        self.eph_call(*to, &op, CALL_TIMEOUT).await
-                    };
+                    let answer = self.eph_at(*to, me, op.clone(), CALL_TIMEOUT).await;
                     held |= matches!(answer, Ok(EphemeralAnswer::Deleted(true)));
                 }
                 Ok(EphemeralAnswer::Deleted(declared || held))
@@ -352,16 +352,11 @@ impl Broker {
                 self.proposer.read_barrier().await?;
                 let mut found: Option<EphemeralQueue> = None;
                 for to in me_first(me, &members) {
-                    let to = &to;
-                    let answer = if *to == me {
-                        self.ephemeral_here(op.clone()).await
-                    } else {
-                        self.eph_call(*to, &op, CALL_TIMEOUT).await
-                    };
+                    let answer = self.eph_at(to, me, op.clone(), CALL_TIMEOUT).await;
                     match answer {
-                        Ok(EphemeralAnswer::Depth(q)) => merge_into(&mut found, q, *to == me),
+                        Ok(EphemeralAnswer::Depth(q)) => merge_into(&mut found, q, to == me),
                         Err(BrokerError::EphemeralQueueNotFound { .. }) => {}
-                        Err(e) if *to == me => return Err(e),
+                        Err(e) if to == me => return Err(e),
                         _ => {}
                     }
                 }
@@ -378,24 +373,19 @@ impl Broker {
                 self.proposer.read_barrier().await?;
                 let mut all: BTreeMap<String, EphemeralQueue> = BTreeMap::new();
                 for to in me_first(me, &members) {
-                    let to = &to;
-                    let answer = if *to == me {
-                        self.ephemeral_here(op.clone()).await
-                    } else {
-                        self.eph_call(*to, &op, CALL_TIMEOUT).await
-                    };
+                    let answer = self.eph_at(to, me, op.clone(), CALL_TIMEOUT).await;
                     match answer {
                         Ok(EphemeralAnswer::Queues(qs)) => {
                             for q in qs {
                                 let mut slot = all.remove(&q.queue);
                                 let name = q.queue.clone();
-                                merge_into(&mut slot, q, *to == me);
+                                merge_into(&mut slot, q, to == me);
                                 if let Some(s) = slot {
                                     all.insert(name, s);
                                 }
                             }
                         }
-                        Err(e) if *to == me => return Err(e),
+                        Err(e) if to == me => return Err(e),
                         _ => {}
                     }
                 }
@@ -463,11 +453,7 @@ impl Broker {
                     wait_ms: None,
                     auto_ack,
                 };
-                let answer = if to == me {
-                    self.ephemeral_here(part).await
-                } else {
-                    self.eph_call(to, &part, CALL_TIMEOUT).await
-                };
+                let answer = self.eph_at(to, me, part, CALL_TIMEOUT).await;
                 match answer {
                     Ok(EphemeralAnswer::Delivered(got)) => out.extend(got),
                     Err(e) if to == me => return Err(e),
