@@ -30,6 +30,7 @@ pub mod store;
 pub mod tenant;
 pub mod time;
 pub mod timers;
+pub mod traces;
 
 pub use command::{Command, Entry, Response};
 pub use machine::apply_entry;

@@ -32,6 +32,7 @@ mod router;
 mod server;
 mod tenancy;
 mod timers_json;
+mod traces_json;
 
 pub use api::ApiError;
 pub use auth::{Auth, AuthConfigError, Principal};

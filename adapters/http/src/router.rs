@@ -74,6 +74,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("GET", ["api", "v1", "messages", ..]) => "messages",
         (_, ["api", "v1", "ephemeral", ..]) => "ephemeral",
         (_, ["api", "v1", "timers", ..]) => "timers",
+        (_, ["api", "v1", "traces", ..]) => "traces",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
         ("POST", ["api", "v1", "configure"]) => "configure",
@@ -273,6 +274,9 @@ pub(crate) async fn handle<A: ClientApi>(
         }
         (m, ["api", "v1", "ephemeral", rest @ ..]) => {
             crate::ephemeral_json::route(api, scope, m, rest, query, body).await
+        }
+        (m, ["api", "v1", "traces", rest @ ..]) => {
+            crate::traces_json::route(api, scope, m, rest, query, body).await
         }
         (m, ["api", "v1", "timers", rest @ ..]) => {
             crate::timers_json::route(api, scope, m, rest, query, body).await

@@ -48,6 +48,12 @@ pub(crate) fn live_row(
     Ok(get_rec::<KvRow>(s, &keys::kv(ns, key))?.filter(|r| r.live(now)))
 }
 
+/// The value of a row read raw by a scan, when the row is live at `now`.
+pub(crate) fn live_value(k: &[u8], v: &[u8], now: Stamp) -> Result<Option<Vec<u8>>, StoreError> {
+    let row = crate::codec::decode::<KvRow>(k, v)?;
+    Ok(row.live(now).then_some(row.value))
+}
+
 /// Write a row (replacing any), keeping the expiry index in step.
 pub(crate) fn write_row(
     txn: &mut Txn<'_>,
