@@ -52,6 +52,21 @@ pub fn check_key(key: &str) -> Result<(), KvNameError> {
     }
 }
 
+/// A part of a composed key (`a/b/c`) with `%` and `/` escaped, so that a part holding `/`
+/// never reads as a prefix of another's keys.
+#[must_use]
+pub fn escape_part(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// How long a written row lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Expiry {

@@ -27,6 +27,7 @@ pub mod pushed;
 pub mod reads;
 pub mod sink;
 pub mod store;
+pub mod streams;
 pub mod tenant;
 pub mod time;
 pub mod timers;

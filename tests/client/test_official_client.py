@@ -780,3 +780,70 @@ def test_traces_recorded_by_a_consumer_read_back_by_message_and_name(node):
     assert r.status_code == 400 and "data" in r.text, r.text
     r = node.raw("POST", "/api/v1/traces", json={"transactionId": "t", "partitionId": "1"})
     assert r.status_code == 400 and "data" in r.text, r.text
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def test_streams_windowed_aggregation_end_to_end(node):
+    from queen.streams import Stream
+    from queen.streams.runtime.register import StreamsConfigHashMismatch
+
+    src, dst = unique("st-src"), unique("st-dst")
+    query = unique("per-second")
+    amounts = list(range(1, 41))
+
+    async def body(client: Queen):
+        await client.queue(src).create()
+        await client.queue(dst).create()
+        # Two source partitions, each message worth its amount.
+        items = [
+            {"data": {"amount": a}, "transactionId": unique("txn"), "partition": f"p{a % 2}"}
+            for a in amounts
+        ]
+        for i in range(0, len(items), 10):
+            chunk = items[i : i + 10]
+            for p in ("p0", "p1"):
+                mine = [dict(it) for it in chunk if it["partition"] == p]
+                for it in mine:
+                    it.pop("partition")
+                if mine:
+                    await client.queue(src).partition(p).push(mine)
+
+        stream = (
+            Stream.from_(client.queue(src))
+            .window_tumbling(seconds=1, idle_flush_ms=300)
+            .aggregate({"count": lambda m: 1, "sum": lambda m: m["amount"]})
+            .to(client.queue(dst))
+        )
+        runner = await stream.run(query, url=node.url, batch_size=7, max_wait_millis=500, bearer_token=node.token)
+        windows: List[Dict[str, Any]] = []
+        try:
+            deadline = asyncio.get_running_loop().time() + 40
+            while sum(w.get("count", 0) for w in windows) < len(amounts):
+                assert asyncio.get_running_loop().time() < deadline, (windows, runner.metrics())
+                got = await pop(client, dst, group="check", batch=100, timeout_ms=1000)
+                for m in got:
+                    await client.ack(m, True, {"group": "check"})
+                windows.extend(m["data"] for m in got)
+        finally:
+            await runner.stop()
+        assert runner.metrics()["errorsTotal"] == 0, runner.metrics()
+        # Every message counted once, in exactly one closed window of its partition.
+        assert sum(w["count"] for w in windows) == len(amounts), windows
+        assert sum(w["sum"] for w in windows) == sum(amounts), windows
+        # The source group acknowledged everything through the cycles.
+        assert await pop(client, src, group=f"streams.{query}", timeout_ms=500) == []
+
+        # The same name with another operator chain is refused, unless reset.
+        other = Stream.from_(client.queue(src)).map(lambda m: m).to(client.queue(dst))
+        try:
+            r = await other.run(query, url=node.url, bearer_token=node.token)
+            await r.stop()
+            raise AssertionError("a changed operator chain was accepted without reset")
+        except StreamsConfigHashMismatch:
+            pass
+        r = await other.run(query, url=node.url, reset=True, bearer_token=node.token)
+        await r.stop()
+
+    run(node, body, limit=90)

@@ -175,7 +175,7 @@ const PUSH_FIELDS: [&str; 6] = [
 ];
 
 /// One push item; `at` is its path in the body (`items[2]`, `operations[0].items[2]`).
-fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
+pub(crate) fn push_item(raw: &RawValue, at: &str) -> Result<PushItem, ApiError> {
     let obj = RawObject::of(raw, at)?;
     push_item_fields(&PUSH_FIELDS.map(|k| obj.raw(k)), &|| at.to_owned())
 }
@@ -232,7 +232,10 @@ fn push_item_fields(
     })
 }
 
-fn ack_item(it: &Map<String, Value>, f: &dyn Fn(&str) -> String) -> Result<AckItem, ApiError> {
+pub(crate) fn ack_item(
+    it: &Map<String, Value>,
+    f: &dyn Fn(&str) -> String,
+) -> Result<AckItem, ApiError> {
     let transaction_id = req_str(it, "transactionId", &f("transactionId"))?;
     let partition_id = match it.get("partitionId") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),

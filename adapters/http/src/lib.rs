@@ -30,6 +30,7 @@ mod reads;
 mod render;
 mod router;
 mod server;
+mod streams_json;
 mod tenancy;
 mod timers_json;
 mod traces_json;

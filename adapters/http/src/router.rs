@@ -75,6 +75,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         (_, ["api", "v1", "ephemeral", ..]) => "ephemeral",
         (_, ["api", "v1", "timers", ..]) => "timers",
         (_, ["api", "v1", "traces", ..]) => "traces",
+        (_, ["streams", "v1", ..]) => "streams",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
         ("POST", ["api", "v1", "configure"]) => "configure",
@@ -274,6 +275,9 @@ pub(crate) async fn handle<A: ClientApi>(
         }
         (m, ["api", "v1", "ephemeral", rest @ ..]) => {
             crate::ephemeral_json::route(api, scope, m, rest, query, body).await
+        }
+        (m, ["streams", "v1", rest @ ..]) => {
+            crate::streams_json::route(api, scope, m, rest, body).await
         }
         (m, ["api", "v1", "traces", rest @ ..]) => {
             crate::traces_json::route(api, scope, m, rest, query, body).await
@@ -582,7 +586,7 @@ async fn binary<A: ClientApi>(
 }
 
 /// A transaction under the request's tenant; its answer names things as the client did.
-async fn transaction<A: ClientApi>(
+pub(crate) async fn transaction<A: ClientApi>(
     api: &Arc<A>,
     scope: &Scope,
     mut ops: Vec<TxnOp>,
