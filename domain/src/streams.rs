@@ -194,7 +194,8 @@ pub fn state_writes(
 
 /// The transactionId of the `index`-th message a cycle pushes: the same for the same cycle, so
 /// that a cycle the client sends again (its answer lost) pushes nothing twice. `anchor` is what
-/// makes the cycle unique: the transactionId it acknowledges, or the state keys it writes.
+/// makes the cycle unique: the transactionId it acknowledges (the cursor moves past it once, so
+/// no other cycle of the query and partition acknowledges it).
 #[must_use]
 pub fn emit_id(query_id: &str, partition_id: &str, anchor: &str, index: usize) -> String {
     use sha2::{Digest, Sha256};

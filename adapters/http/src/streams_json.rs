@@ -286,6 +286,8 @@ async fn cycle<A: ClientApi>(
     // every message before it, under the batch's lease (required: a lost lease fails the cycle).
     let mut leases: Vec<LeaseId> = Vec::new();
     let mut txn: Vec<TxnOp> = Vec::new();
+    // What makes this cycle's pushes its own: the message it acknowledges. A cycle without an
+    // ack (an idle flush) has none: its pushes get fresh ids.
     let mut anchor = String::new();
     match m.get("ack") {
         None | Some(Value::Null) => {}
@@ -301,13 +303,6 @@ async fn cycle<A: ClientApi>(
             txn.push(TxnOp::Ack { group, item: ack });
         }
         Some(_) => return Err(ApiError::bad_request("ack", "must be null or an object")),
-    }
-    if anchor.is_empty() {
-        for op in &ops {
-            let (StateOp::Upsert { key, .. } | StateOp::Delete { key }) = op;
-            anchor.push_str(key);
-            anchor.push('\u{0}');
-        }
     }
     for (i, raw) in raw_pushes.iter().enumerate() {
         let mut item = crate::json::push_item(raw, &format!("push_items[{i}]"))?;
