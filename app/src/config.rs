@@ -62,6 +62,9 @@ pub struct RawConfig {
     /// `QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH`, `QUEEN_EPHEMERAL_LEASE_S`,
     /// `QUEEN_EPHEMERAL_RETRY_LIMIT`, `QUEEN_EPHEMERAL_IDLE_S`, in this order.
     pub ephemeral: [Option<String>; 6],
+    /// `QUEEN_ANALYTICS_INTERVAL_MS`, `QUEEN_ANALYTICS_RETENTION_S`,
+    /// `QUEEN_ANALYTICS_MAX_BYTES`, in this order.
+    pub analytics: [Option<String>; 3],
     /// `QUEEN_RAFT_ELECTION_MIN_MS`
     pub election_min_ms: Option<String>,
     /// `QUEEN_RAFT_ELECTION_MAX_MS`
@@ -146,6 +149,65 @@ pub struct Config {
     pub encryption: Option<std::sync::Arc<queen_crypto::Aes256Gcm>>,
     /// The ephemeral queues' ceilings and defaults.
     pub ephemeral: queen_domain::ephemeral::Limits,
+    /// How often the node samples its analytics, and how much of them it keeps.
+    pub analytics: AnalyticsSettings,
+}
+
+/// The analytics sampler's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnalyticsSettings {
+    /// Milliseconds between samples (0: no sampling, no analytics).
+    pub interval_ms: u64,
+    /// Seconds of samples kept.
+    pub retention_s: u64,
+    /// Bytes of samples kept at most.
+    pub max_bytes: u64,
+}
+
+impl Default for AnalyticsSettings {
+    fn default() -> Self {
+        Self {
+            interval_ms: 60_000,
+            retention_s: 7 * 86_400,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The analytics settings, each checked against its range.
+fn analytics_settings(raw: &[Option<String>; 3]) -> Result<AnalyticsSettings, ConfigError> {
+    let d = AnalyticsSettings::default();
+    let within = |i: usize, var: &'static str, default: u64, lo: u64, hi: u64| {
+        let v: u64 = number(&raw[i], var, default, "a whole number")?;
+        if v == 0 && i == 0 || (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(bad(var, format!("{v} is outside {lo}..={hi}")))
+        }
+    };
+    Ok(AnalyticsSettings {
+        interval_ms: within(
+            0,
+            "QUEEN_ANALYTICS_INTERVAL_MS",
+            d.interval_ms,
+            100,
+            3_600_000,
+        )?,
+        retention_s: within(
+            1,
+            "QUEEN_ANALYTICS_RETENTION_S",
+            d.retention_s,
+            10,
+            366 * 86_400,
+        )?,
+        max_bytes: within(
+            2,
+            "QUEEN_ANALYTICS_MAX_BYTES",
+            d.max_bytes,
+            64 << 10,
+            1 << 40,
+        )?,
+    })
 }
 
 impl std::fmt::Debug for Config {
@@ -557,8 +619,10 @@ impl RawConfig {
             )),
         };
         let ephemeral = ephemeral_limits(&self.ephemeral)?;
+        let analytics = analytics_settings(&self.analytics)?;
         Ok(Config {
             ephemeral,
+            analytics,
             heartbeat_ms,
             election_min_ms,
             election_max_ms,

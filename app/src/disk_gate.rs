@@ -209,6 +209,14 @@ impl DiskGate {
         self.answered.store(0, Ordering::Relaxed);
     }
 
+    /// The last sample: the file system's size and the bytes in use (zeros before the first).
+    pub(crate) fn last_sample(&self) -> (u64, u64) {
+        (
+            self.total.load(Ordering::Relaxed),
+            self.used.load(Ordering::Relaxed),
+        )
+    }
+
     /// Whether the last sample is within `points` percentage points of the gate (or past it).
     pub(crate) fn near_gate(&self, points: u8) -> bool {
         let total = self.total.load(Ordering::Relaxed);

@@ -131,6 +131,7 @@ where
             cfg.encryption.is_some(),
         )
         .with_ephemeral_limits(cfg.ephemeral.clone())
+        .with_samples_if(analytics_log(&cfg)?)
         .with_peers(Arc::new(raft.clone()) as Arc<dyn queen_ports::PeerCalls>)
         .with_push_lane(),
     );
@@ -209,6 +210,17 @@ where
             }
         })
     };
+    let sampler = {
+        let every = Duration::from_millis(cfg.analytics.interval_ms.max(1));
+        let stop = stop_rx.clone();
+        let on = cfg.analytics.interval_ms > 0;
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            if on {
+                crate::broker::analytics::run_sampler(broker, every, stop).await;
+            }
+        })
+    };
     let ephemeral_placement = {
         let broker = broker.clone();
         let stop = stop_rx.clone();
@@ -270,6 +282,7 @@ where
     let _ = disk_sampler.await;
     let _ = ephemeral_sweeper.await;
     let _ = ephemeral_placement.await;
+    let _ = sampler.await;
     let _ = gate.await;
     let _ = applied_watch.await;
     if let Err(e) = raft.shutdown().await {
@@ -278,6 +291,24 @@ where
     drop(broker);
     tracing::info!(target: "queen-app", "stopped");
     Ok(())
+}
+
+/// The node-local analytics log under the data directory, when sampling is on.
+fn analytics_log(cfg: &Config) -> Result<Option<Arc<dyn queen_ports::SampleLog>>, AppError> {
+    if cfg.analytics.interval_ms == 0 {
+        return Ok(None);
+    }
+    let dir = cfg.raft_dir.join("analytics");
+    let log = queen_store::SampleFiles::open(
+        &dir,
+        Duration::from_secs(cfg.analytics.retention_s),
+        cfg.analytics.max_bytes,
+    )
+    .map_err(|e| AppError::DataDir {
+        dir: dir.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(Some(Arc::new(log)))
 }
 
 /// Sample the data directory's file system for the disk gate: its size and the bytes in use

@@ -204,6 +204,12 @@ fn main() -> ExitCode {
             "QUEEN_EPHEMERAL_IDLE_S",
         ]
         .map(|v| std::env::var(v).ok()),
+        analytics: [
+            "QUEEN_ANALYTICS_INTERVAL_MS",
+            "QUEEN_ANALYTICS_RETENTION_S",
+            "QUEEN_ANALYTICS_MAX_BYTES",
+        ]
+        .map(|v| std::env::var(v).ok()),
         // A secret: read from the environment only (a flag would show in `ps`).
         encryption_key: std::env::var("QUEEN_ENCRYPTION_KEY")
             .ok()

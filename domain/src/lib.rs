@@ -11,6 +11,7 @@
 //! file system. Time arrives only inside entries (`Entry::proposed_at`).
 
 pub mod access;
+pub mod analytics;
 pub mod browse;
 pub mod codec;
 pub mod command;

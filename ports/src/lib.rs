@@ -12,6 +12,7 @@
 //! Payloads that cross the log and state-machine traits are opaque bytes, so no adapter type
 //! leaks through; the use cases speak the domain's commands and outcomes.
 
+mod analytics;
 mod cipher;
 mod clock;
 mod ephemeral;
@@ -22,6 +23,9 @@ mod state_machine;
 mod state_reader;
 mod use_cases;
 
+pub use analytics::{
+    AnalyticsAnswer, AnalyticsQuery, AnalyticsScope, QueueSeries, SampleLog, SampleLogError,
+};
 pub use cipher::{Opened, PayloadCipher};
 pub use clock::{Clock, SystemClock};
 pub use ephemeral::{EphemeralAnswer, EphemeralOp, EphemeralQueue};

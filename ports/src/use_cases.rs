@@ -393,6 +393,11 @@ pub trait ClientApi: Send + Sync + 'static {
         &self,
         op: crate::EphemeralOp,
     ) -> impl Future<Output = Result<crate::EphemeralAnswer, BrokerError>> + Send;
+    /// Time series from this node's analytics samples.
+    fn analytics(
+        &self,
+        query: crate::AnalyticsQuery,
+    ) -> impl Future<Output = Result<crate::AnalyticsAnswer, BrokerError>> + Send;
     /// Change or list the raft membership; answers the members as the leader sees them after.
     fn membership(
         &self,

@@ -13,6 +13,7 @@
 //! (`queen-ports`), so it can be tested with any implementation, and maps the port's typed
 //! `BrokerError` to status, code and `retry-after` in one place (`api.rs`).
 
+mod analytics_json;
 mod api;
 mod auth;
 mod body;

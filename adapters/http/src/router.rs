@@ -77,6 +77,9 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         (_, ["api", "v1", "traces", ..]) => "traces",
         (_, ["streams", "v1", ..]) => "streams",
         (_, ["api", "v1", "consumer-groups", ..]) => "consumer_groups",
+        ("GET", ["api", "v1", "status", "analytics"] | ["api", "v1", "analytics", _]) => {
+            "analytics"
+        }
         ("GET", ["api", "v1", "status" | "resources", ..]) => "resources",
         ("POST", ["api", "v1", "configure"]) => "configure",
         ("DELETE", ["api", "v1", "resources", "queues", _]) => "queue_delete",
@@ -275,6 +278,11 @@ pub(crate) async fn handle<A: ClientApi>(
         }
         (m, ["api", "v1", "ephemeral", rest @ ..]) => {
             crate::ephemeral_json::route(api, scope, m, rest, query, body).await
+        }
+        ("GET", ["api", "v1", rest @ ..])
+            if matches!(rest, ["status", "analytics"] | ["analytics", _]) =>
+        {
+            crate::analytics_json::route(api, scope, rest, query).await
         }
         (m, ["streams", "v1", rest @ ..]) => {
             crate::streams_json::route(api, scope, m, rest, body).await

@@ -198,7 +198,7 @@ fn page_of(q: &[(String, String)], default_limit: u64) -> Result<(u64, u64), Api
 }
 
 /// A time bound: epoch milliseconds or ISO 8601.
-fn time_of(q: &[(String, String)], k: &str) -> Result<Option<Stamp>, ApiError> {
+pub(crate) fn time_of(q: &[(String, String)], k: &str) -> Result<Option<Stamp>, ApiError> {
     let Some(v) = arg(q, k) else {
         return Ok(None);
     };

@@ -14,9 +14,11 @@ mod dedup;
 mod filter;
 mod messages;
 mod migrate;
+mod samples;
 mod segments;
 mod snapshot;
 mod store;
 
+pub use samples::SampleFiles;
 pub use segments::SegmentError;
 pub use store::{FjallStore, ReclaimError, StateView, StoreConfig, StoreOpenError};

@@ -5,6 +5,7 @@
 //! them and holds the use cases that are one proposal each.
 
 mod admin;
+pub mod analytics;
 mod ephemeral;
 mod ephemeral_handover;
 mod ephemeral_route;
@@ -87,6 +88,10 @@ pub struct Broker {
     /// While this node stops: operations hold it shared, a shipment of rings exclusively, so
     /// no operation sees a ring between its detach here and its adoption there.
     eph_ship_lock: tokio::sync::RwLock<()>,
+    /// The node-local analytics samples (`analytics.rs`), when sampling is on.
+    samples: Option<Arc<dyn queen_ports::SampleLog>>,
+    /// Requests served and those answered 5xx, for the worker series.
+    requests: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
 }
 
 impl Broker {
@@ -130,6 +135,8 @@ impl Broker {
             peers: None,
             eph_owners: ephemeral_route::Owners::default(),
             eph_ship_lock: tokio::sync::RwLock::new(()),
+            samples: None,
+            requests: Default::default(),
         }
     }
 
@@ -554,6 +561,13 @@ impl ClientApi for Broker {
         Stamp(self.clock.now_micros())
     }
 
+    async fn analytics(
+        &self,
+        query: queen_ports::AnalyticsQuery,
+    ) -> Result<queen_ports::AnalyticsAnswer, BrokerError> {
+        self.analytics_read(&query)
+    }
+
     async fn membership(&self, op: MembershipOp) -> Result<Vec<Member>, BrokerError> {
         self.change_membership(op).await
     }
@@ -572,6 +586,7 @@ impl ClientApi for Broker {
     }
 
     fn observe_request(&self, route: &'static str, status: u16, seconds: f64) {
+        self.count_request(status);
         self.telemetry
             .metrics()
             .http_request(route, status, seconds);
