@@ -73,6 +73,10 @@ struct Standing {
     leased_to: u64,
     /// Offsets in the dead letters.
     dead: BTreeSet<u64>,
+    /// Marks on the partition (deleted messages, retried copies of other groups).
+    marks: Vec<(u64, Option<String>)>,
+    /// The group.
+    group: String,
 }
 
 impl Standing {
@@ -90,6 +94,8 @@ impl Standing {
             .and_then(|c| c.live_lease(now))
             .map_or(next, |l| l.end);
         Ok(Self {
+            marks: crate::machine::marks::in_range(s, p.pid, p.log_start, p.next_offset)?,
+            group: group.to_owned(),
             next,
             leased_to,
             dead: dead
@@ -97,6 +103,11 @@ impl Standing {
                 .map(|(_, o)| *o)
                 .collect(),
         })
+    }
+
+    /// Whether the message is out of this group's sight (deleted, or another group's copy).
+    fn hidden(&self, offset: u64) -> bool {
+        crate::machine::marks::hidden(&self.marks, offset, &self.group)
     }
 
     fn status(&self, offset: u64) -> Status {
@@ -175,6 +186,9 @@ pub fn list(
             at = last + 1;
             for (offset, message) in batch {
                 scanned += 1;
+                if standing.hidden(offset) {
+                    continue;
+                }
                 let status = standing.status(offset);
                 if only.is_some_and(|o| o != status) {
                     continue;
@@ -225,7 +239,11 @@ pub fn one(
         return Ok(None);
     };
     let dead = dead_letters(s, p.qid, group)?;
-    let status = Standing::of(s, &p, group, &dead, now)?.status(o.offset);
+    let standing = Standing::of(s, &p, group, &dead, now)?;
+    if standing.hidden(o.offset) {
+        return Ok(None);
+    }
+    let status = standing.status(o.offset);
     Ok(Some(Browsed {
         partition: p,
         offset: o.offset,

@@ -9,8 +9,8 @@ use crate::time::Stamp;
 
 mod outcome;
 pub use outcome::{
-    AckOutcome, Claim, DecodeError, Delivered, Outcome, PopOutcome, PushOutcome, PushStatus,
-    Response,
+    AckOutcome, Claim, DecodeError, Delivered, MessageChange, Outcome, PopOutcome, PushOutcome,
+    PushStatus, Response,
 };
 
 /// One entry of the replicated log.
@@ -117,11 +117,18 @@ impl Command {
     /// The log format that first reads [`Command::AsProducer`].
     pub const AS_PRODUCER_FORMAT: u32 = 2;
 
+    /// The log format that first reads [`Command::DeleteMessage`] and
+    /// [`Command::RetryDeadLetter`].
+    pub const MESSAGE_MARKS_FORMAT: u32 = 3;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {
         match self {
             Command::AsProducer { .. } => Self::AS_PRODUCER_FORMAT,
+            Command::DeleteMessage { .. } | Command::RetryDeadLetter { .. } => {
+                Self::MESSAGE_MARKS_FORMAT
+            }
             _ => 1,
         }
     }
@@ -419,6 +426,26 @@ pub enum Command {
         producer: String,
         /// `Push`, `Transaction` or `Timers` (anything else is rejected).
         command: Box<Command>,
+    },
+    /// Delete one stored message for every group: no pop delivers it again (it stays in the
+    /// log, and so in `fetch` and the lake, until retention drops it). Log format 3.
+    DeleteMessage {
+        /// The partition.
+        pid: u64,
+        /// The message.
+        transaction_id: TransactionId,
+    },
+    /// Deliver a dead letter again to the group it died in: a copy is appended to its
+    /// partition, seen by that group only, and the dead letter is removed. Log format 3.
+    RetryDeadLetter {
+        /// The partition.
+        pid: u64,
+        /// The message.
+        transaction_id: TransactionId,
+        /// The group (None: the only group it is a dead letter of).
+        group: Option<GroupName>,
+        /// The copy's message id, minted by the proposer.
+        message_id: [u8; 16],
     },
 }
 

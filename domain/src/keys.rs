@@ -44,6 +44,9 @@ pub mod table {
     /// Compact dedup index: (partition id, 16-byte hash of the transactionId) -> the offsets
     /// stored under that hash (one, unless two transactionIds of a partition collide).
     pub const DEDUP_HASH: u8 = 0x13;
+    /// `pid | offset -> Option<group>`: a message deleted for every group (`None`) or kept
+    /// for one group only (a retried dead letter's copy).
+    pub const MARK: u8 = 0x14;
     /// Owned by the store adapter, never written by the domain: the sparse index of message
     /// records by (partition id, base offset).
     pub const SEGMENT_INDEX: u8 = 0x20;
@@ -369,6 +372,14 @@ pub fn lease_expiry(expires: u64, id: &str) -> Vec<u8> {
 pub fn group(qid: u64, group: &str) -> Vec<u8> {
     let mut k = pid_prefix(table::GROUP, qid);
     k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// A message's mark (see [`table::MARK`]).
+#[must_use]
+pub fn mark(pid: u64, offset: u64) -> Vec<u8> {
+    let mut k = pid_prefix(table::MARK, pid);
+    k.extend_from_slice(&offset.to_be_bytes());
     k
 }
 

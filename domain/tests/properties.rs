@@ -1,6 +1,7 @@
 //! Property tests: random command sequences keep the invariants, batching does not change the
 //! outcome (determinism), nor does applying without an answer (a follower), and a group never
-//! holds two live deliveries of one message.
+//! holds two live deliveries of one message; message deletions and dead-letter retries among
+//! them.
 
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
@@ -20,6 +21,8 @@ enum Op {
     Wait { secs: u8 },
     Configure { retention: u8, retry: u8, lease: u8 },
     Delete,
+    DeleteMessage { part: u8, txn: u8 },
+    RetryDead { part: u8, txn: u8, group: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -32,6 +35,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..8).prop_map(|secs| Op::Wait { secs }),
         1 => (0u8..6, 0u8..3, 1u8..5).prop_map(|(retention, retry, lease)| Op::Configure { retention, retry, lease }),
         1 => Just(Op::Delete),
+        1 => (0u8..3, 0u8..12).prop_map(|(part, txn)| Op::DeleteMessage { part, txn }),
+        1 => (0u8..3, 0u8..12, 0u8..3).prop_map(|(part, txn, group)| Op::RetryDead { part, txn, group }),
     ]
 }
 
@@ -121,6 +126,32 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 },
             },
             Op::Delete => Command::DeleteQueue { queue: q.clone() },
+            Op::DeleteMessage { part, txn } => {
+                let Some(p) =
+                    queen_domain::reads::partition_by_name(&store, "q", &format!("p{part}"))
+                        .unwrap()
+                else {
+                    continue;
+                };
+                Command::DeleteMessage {
+                    pid: p.pid,
+                    transaction_id: TransactionId::new(format!("t{txn}")).unwrap(),
+                }
+            }
+            Op::RetryDead { part, txn, group } => {
+                let Some(p) =
+                    queen_domain::reads::partition_by_name(&store, "q", &format!("p{part}"))
+                        .unwrap()
+                else {
+                    continue;
+                };
+                Command::RetryDeadLetter {
+                    pid: p.pid,
+                    transaction_id: TransactionId::new(format!("t{txn}")).unwrap(),
+                    group: (*group > 0).then(|| GroupName::new(format!("g{group}")).unwrap()),
+                    message_id: [i as u8; 16],
+                }
+            }
         };
         let entry = Entry {
             proposed_at: now,

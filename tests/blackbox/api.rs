@@ -586,3 +586,120 @@ fn message_browsing_lists_each_message_where_it_stands_and_finds_one() {
         assert_eq!(r.json["code"], "message_not_found");
     }
 }
+
+/// The transactionIds a group pops from `queue` now (acked at once, so the next pop goes on).
+fn pop_ids(n: &Node, queue: &str, group: &str) -> Vec<String> {
+    let r = n.get(&format!(
+        "/api/v1/pop/queue/{queue}?batch=20&wait=false&autoAck=true&consumerGroup={group}"
+    ));
+    assert!(r.status == 200 || r.status == 204, "{}", r.text);
+    r.json["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_deleted_message_is_delivered_to_no_group_and_a_retried_dead_letter_to_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    let c = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "fix", "options": {"retryLimit": 0}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
+    let items: Vec<Value> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|t| json!({"queue": "fix", "partition": "p", "transactionId": t, "payload": {"t": t}}))
+        .collect();
+    let p = n.post("/api/v1/push", &json!({"items": items}));
+    assert_eq!(p.status, 200, "{}", p.text);
+    let pid = p.json[0]["partitionId"].as_str().unwrap().to_owned();
+
+    // Delete b, and e (the last): neither group is handed them.
+    for t in ["b", "e"] {
+        let d = n.request("DELETE", &format!("/api/v1/messages/{pid}/{t}"), None);
+        assert_eq!(d.status, 200, "{}", d.text);
+        assert_eq!(d.json["success"], true, "{}", d.text);
+    }
+    // Deleting again answers the same; an unknown message is a 404.
+    assert_eq!(
+        n.request("DELETE", &format!("/api/v1/messages/{pid}/b"), None)
+            .status,
+        200
+    );
+    assert_eq!(
+        n.request("DELETE", &format!("/api/v1/messages/{pid}/zz"), None)
+            .status,
+        404
+    );
+    assert_eq!(pop_ids(&n, "fix", "g1"), ["a", "c", "d"]);
+    assert_eq!(pop_ids(&n, "fix", "g1"), Vec::<String>::new());
+    assert_eq!(n.get(&format!("/api/v1/messages/{pid}/b")).status, 404);
+    let listed = n.get("/api/v1/messages?queue=fix");
+    let ids: Vec<&str> = listed.json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "c", "d"], "{}", listed.text);
+
+    // g2 fails c: with retryLimit 0 it is a dead letter of g2.
+    let first = n.get("/api/v1/pop/queue/fix?batch=1&wait=false&consumerGroup=g2");
+    assert_eq!(
+        first.json["messages"][0]["transactionId"], "a",
+        "{}",
+        first.text
+    );
+    let ack = |t: &str, lease: &Value, status: &str| {
+        let a = n.post(
+            "/api/v1/ack",
+            &json!({"transactionId": t, "partitionId": pid, "leaseId": lease, "status": status, "consumerGroup": "g2"}),
+        );
+        assert_eq!(a.status, 200, "{}", a.text);
+    };
+    ack("a", &first.json["leaseId"], "completed");
+    let second = n.get("/api/v1/pop/queue/fix?batch=1&wait=false&consumerGroup=g2");
+    assert_eq!(
+        second.json["messages"][0]["transactionId"], "c",
+        "{}",
+        second.text
+    );
+    ack("c", &second.json["leaseId"], "failed");
+    let dlq = n.get("/api/v1/dlq?queue=fix&consumerGroup=g2");
+    assert_eq!(
+        dlq.json["messages"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        dlq.text
+    );
+
+    // Retry it: g2 gets a copy, g1 (which completed c) does not, and the dead letter is gone.
+    let r = n.post_raw(&format!("/api/v1/messages/{pid}/c/retry"), "");
+    assert_eq!(r.status, 200, "{}", r.text);
+    let copy = r.json["retried"]["transactionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(copy.starts_with("c#retry"), "{}", r.text);
+    assert_eq!(r.json["retried"]["consumerGroup"], "g2", "{}", r.text);
+    assert_eq!(pop_ids(&n, "fix", "g2"), ["d", copy.as_str()]);
+    assert_eq!(pop_ids(&n, "fix", "g1"), Vec::<String>::new());
+    let dlq = n.get("/api/v1/dlq?queue=fix&consumerGroup=g2");
+    assert_eq!(
+        dlq.json["messages"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        dlq.text
+    );
+    // Nothing left to retry.
+    let again = n.post_raw(&format!("/api/v1/messages/{pid}/c/retry"), "");
+    assert_eq!(again.status, 404, "{}", again.text);
+    // A new group starts at the oldest message and sees neither the deleted ones nor g2's copy.
+    assert_eq!(pop_ids(&n, "fix", "g3"), ["a", "c", "d"]);
+}

@@ -71,7 +71,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         ("POST", ["api", "v1", "fetch"]) => "fetch",
         ("POST", ["api", "v1", "partitions", "changed"]) => "partitions_changed",
         ("GET", ["api", "v1", "dlq"]) => "dlq",
-        ("GET", ["api", "v1", "messages", ..]) => "messages",
+        (_, ["api", "v1", "messages", ..]) => "messages",
         (_, ["api", "v1", "ephemeral", ..]) => "ephemeral",
         (_, ["api", "v1", "timers", ..]) => "timers",
         (_, ["api", "v1", "traces", ..]) => "traces",
@@ -272,6 +272,12 @@ pub(crate) async fn handle<A: ClientApi>(
         ("GET", ["api", "v1", "messages"]) => reads::messages::list(api, scope, query).await,
         ("GET", ["api", "v1", "messages", pid, txn]) => {
             reads::messages::one(api, scope, pid, txn, query).await
+        }
+        ("DELETE", ["api", "v1", "messages", pid, txn]) => {
+            reads::messages::delete(api, scope, pid, txn).await
+        }
+        ("POST", ["api", "v1", "messages", pid, txn, "retry"]) => {
+            reads::messages::retry(api, scope, pid, txn, query).await
         }
         (m, ["api", "v1", "consumer-groups", rest @ ..]) => {
             reads::groups(api, scope, m, rest, query, body).await

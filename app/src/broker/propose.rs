@@ -48,6 +48,8 @@ fn kind(c: &Command) -> &'static str {
         Command::Resubscribe { .. } => "resubscribe",
         Command::Locks(_) => "locks",
         Command::ClusterSettings { .. } => "cluster_settings",
+        Command::DeleteMessage { .. } => "delete_message",
+        Command::RetryDeadLetter { .. } => "retry_dead_letter",
         Command::AsProducer { command, .. } => kind(command),
     }
 }

@@ -214,11 +214,43 @@ pub enum Outcome {
         /// The cluster's log format version.
         version: u32,
     },
+    // New variants go last.
+    /// A message deleted or a dead letter retried.
+    MessageChanged(MessageChange),
+}
+
+/// What [`Outcome::MessageChanged`] says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MessageChange {
+    /// The message is deleted (now or before).
+    Deleted,
+    /// The dead letter's copy was appended at `offset` as `transaction_id`, for `group`.
+    Retried {
+        /// The copy's offset.
+        offset: u64,
+        /// The copy's transactionId.
+        transaction_id: String,
+        /// The group it is delivered to.
+        group: String,
+    },
+    /// No such message (or dead letter) in the partition.
+    NotFound,
+    /// Refused, with why.
+    Refused(String),
 }
 
 /// Each command's own outcome, taken out of an [`Outcome`]: `None` when the outcome is of
 /// another kind (which would be a bug: the log answered another command).
 impl Outcome {
+    /// A message change's answer.
+    #[must_use]
+    pub fn into_message_change(self) -> Option<MessageChange> {
+        match self {
+            Outcome::MessageChanged(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// A push's answers.
     #[must_use]
     pub fn into_push(self) -> Option<Vec<PushOutcome>> {

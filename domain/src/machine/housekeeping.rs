@@ -94,6 +94,7 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
                 keys::table::MESSAGE,
                 keys::table::DEDUP_HASH,
                 keys::table::CURSOR,
+                keys::table::MARK,
             ]
         } else {
             &[keys::table::GROUP, keys::table::DLQ]

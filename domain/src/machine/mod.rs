@@ -10,6 +10,7 @@ mod groups;
 mod housekeeping;
 pub(crate) mod kv;
 mod locks;
+pub(crate) mod marks;
 mod pop;
 mod push;
 mod queue;
@@ -143,6 +144,24 @@ pub fn apply_entry_as(
         },
         // Unwrapped above: a producer wraps only a push, a transaction or timers.
         Command::AsProducer { .. } => Outcome::Rejected("a producer inside a producer".into()),
+        Command::DeleteMessage {
+            pid,
+            transaction_id,
+        } => marks::delete_message(txn, *pid, transaction_id)?,
+        Command::RetryDeadLetter {
+            pid,
+            transaction_id,
+            group,
+            message_id,
+        } => marks::retry_dead_letter(
+            txn,
+            stamp,
+            *pid,
+            transaction_id,
+            group.as_ref(),
+            *message_id,
+            answered,
+        )?,
     };
     Ok(Response { stamp, outcome })
 }

@@ -94,11 +94,38 @@ pub(crate) fn pop(
         if from >= p.next_offset {
             continue;
         }
-        let until = p.next_offset.min(from.saturating_add(budget as u64));
+        let mut until = p.next_offset.min(from.saturating_add(budget as u64));
+        // Deleted messages, and retried dead letters of other groups, are stepped over: the
+        // claim starts at its first message this group may see and ends after its last, and
+        // counts only those (decided from the marks alone, the same with or without reading
+        // the messages).
+        let marks = super::marks::in_range(txn, pid, from, p.next_offset)?;
+        let mut from = from;
+        let mut live = until - from;
+        if !marks.is_empty() {
+            // Walk past hidden offsets until the claim holds `budget` messages this group sees
+            // (marks are few: operators' deletions and retries).
+            let mut seen: Vec<u64> = Vec::new();
+            let mut at = from;
+            while at < p.next_offset && seen.len() < budget {
+                if !super::marks::hidden(&marks, at, group) {
+                    seen.push(at);
+                }
+                at += 1;
+            }
+            let (Some(&first), Some(&last)) = (seen.first(), seen.last()) else {
+                c.next = at;
+                put_rec(txn, cursor_key, &c);
+                continue;
+            };
+            (from, until, live) = (first, last + 1, seen.len() as u64);
+        }
         let (count, last, delivered) = if !answered && delay == 0 {
-            (until - from, until - 1, Vec::new())
+            (live, until - 1, Vec::new())
         } else {
-            let d = read_claim(txn, pid, from, until, budget, delay, stamp, &c)?;
+            let d = read_claim(
+                txn, pid, from, until, budget, delay, stamp, &c, &marks, group,
+            )?;
             let Some(last) = d.last().map(|d| d.offset) else {
                 continue;
             };
@@ -161,6 +188,8 @@ fn read_claim(
     delay: u64,
     stamp: Stamp,
     c: &CursorRec,
+    marks: &[(u64, Option<String>)],
+    group: &str,
 ) -> Result<Vec<Delivered>, StoreError> {
     // Each message is decoded straight into its answer as the scan hands it over.
     let mut delivered = Vec::with_capacity(budget.min(1024));
@@ -169,11 +198,14 @@ fn read_claim(
         &keys::message(pid, from),
         &keys::message(pid, until),
         |k, v| {
+            let offset = keys::offset_of_message_key(k).unwrap_or(from);
+            if super::marks::hidden(marks, offset, group) {
+                return Ok(true);
+            }
             let m = crate::codec::decode::<MessageRec>(k, v)?;
             if delay > 0 && m.stamp.plus_seconds(delay) > stamp {
                 return Ok(false);
             }
-            let offset = keys::offset_of_message_key(k).unwrap_or(from);
             let attempt = if offset == c.retry_offset && c.retries > 0 {
                 c.retries + 1
             } else {

@@ -17,9 +17,13 @@ pub(crate) fn need(method: &Method, segs: &[&str]) -> Need {
         // Administration: membership (reads included: it names every node's addresses) and
         // deletions of whole queues and consumer groups.
         (_, ["api", "v1", "system", ..])
-        | ("DELETE", ["api", "v1", "resources", ..] | ["api", "v1", "consumer-groups", ..]) => {
-            Need::Admin
-        }
+        | (
+            "DELETE",
+            ["api", "v1", "resources", ..]
+            | ["api", "v1", "consumer-groups", ..]
+            | ["api", "v1", "messages", ..],
+        )
+        | ("POST", ["api", "v1", "messages", _, _, "retry"]) => Need::Admin,
         // Reads of messages without a lease and of changes: readers.
         ("POST", ["api", "v1", "fetch"] | ["api", "v1", "partitions", "changed"]) => Need::Read,
         // Pops take leases: they change what other consumers see.
@@ -81,6 +85,9 @@ mod tests {
             ("GET", "/metrics", Need::Read),
             ("DELETE", "/api/v1/resources/queues/q", Need::Admin),
             ("DELETE", "/api/v1/consumer-groups/g", Need::Admin),
+            ("DELETE", "/api/v1/messages/7/t", Need::Admin),
+            ("POST", "/api/v1/messages/7/t/retry", Need::Admin),
+            ("GET", "/api/v1/messages/7/t", Need::Read),
             ("GET", "/api/v1/system/raft/membership", Need::Admin),
             (
                 "POST",

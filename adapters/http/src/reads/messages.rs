@@ -149,3 +149,110 @@ pub(crate) async fn one<A: ClientApi>(
     let payload = api.open_payload(&b.message.payload);
     Ok(json_answer(200, &out(scope, &b, &payload, &group, true)))
 }
+
+/// The partition of a message route, checked to be this tenant's: 404 otherwise.
+fn our_partition<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    partition_id: &str,
+) -> Result<u64, ApiError> {
+    let not_found = || ApiError::new(404, "message_not_found", "no such message");
+    let pid: u64 = partition_id.trim().parse().map_err(|_| not_found())?;
+    let owner = reads::partition_queue(&*api.state(), pid).map_err(|e| store_err(&e))?;
+    if owner.is_some_and(|q| scope.owns(&q)) {
+        Ok(pid)
+    } else {
+        Err(not_found())
+    }
+}
+
+/// Propose the change `make` builds for a message of this tenant, and answer it.
+async fn change<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    partition_id: &str,
+    transaction_id: &str,
+    make: impl FnOnce(u64, queen_domain::ids::TransactionId) -> Command,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    use queen_domain::command::MessageChange;
+    let txn = queen_domain::ids::TransactionId::new(transaction_id)
+        .map_err(|e| ApiError::bad_request("transactionId", &e.to_string()))?;
+    api.read_barrier().await?;
+    let pid = our_partition(api, scope, partition_id)?;
+    let out = api.command(make(pid, txn)).await?;
+    let Some(change) = out.into_message_change() else {
+        return Err(ApiError::new(
+            500,
+            "internal",
+            "the log answered another command",
+        ));
+    };
+    let head =
+        json!({"success": true, "partitionId": partition_id, "transactionId": transaction_id});
+    match change {
+        MessageChange::Deleted => Ok(json_response(200, &head)),
+        MessageChange::Retried {
+            offset,
+            transaction_id: copy,
+            group,
+        } => {
+            let mut v = head;
+            v["retried"] = json!({
+                "transactionId": copy,
+                "offset": offset,
+                "consumerGroup": crate::render::group_on_wire(&group),
+            });
+            Ok(json_response(200, &v))
+        }
+        MessageChange::NotFound => Err(ApiError::new(
+            404,
+            "message_not_found",
+            "no such message (or no such dead letter) in this partition",
+        )),
+        MessageChange::Refused(why) => Err(ApiError::bad_request("consumerGroup", &why)),
+    }
+}
+
+/// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: no pop delivers the message again.
+pub(crate) async fn delete<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    partition_id: &str,
+    transaction_id: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    change(api, scope, partition_id, transaction_id, |pid, txn| {
+        Command::DeleteMessage {
+            pid,
+            transaction_id: txn,
+        }
+    })
+    .await
+}
+
+/// `POST /api/v1/messages/{partitionId}/{transactionId}/retry[?consumerGroup=]`: the dead
+/// letter is delivered again to the group it died in.
+pub(crate) async fn retry<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    partition_id: &str,
+    transaction_id: &str,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let q = parse_query(query);
+    let group = match q_get(&q, "consumerGroup") {
+        None => None,
+        Some(g) => Some(
+            GroupName::or_queue_mode(Some(g))
+                .map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?,
+        ),
+    };
+    change(api, scope, partition_id, transaction_id, |pid, txn| {
+        Command::RetryDeadLetter {
+            pid,
+            transaction_id: txn,
+            group,
+            message_id: *crate::json::uuid_v7().as_bytes(),
+        }
+    })
+    .await
+}
