@@ -16,6 +16,7 @@
 mod api;
 mod auth;
 mod body;
+mod dashboard;
 mod ephemeral_json;
 mod error;
 mod fields;
