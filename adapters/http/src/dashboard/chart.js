@@ -52,7 +52,9 @@ export function lineChart({ title, unit, series, key }) {
       if (s.points.length === 0) return;
       const pts = s.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
       box.appendChild(svg("polyline", { points: pts, class: `line s${i}` }));
-      last[s.name] = s.points[s.points.length - 1][1];
+      const [lt, lv] = s.points[s.points.length - 1];
+      box.appendChild(svg("circle", { cx: x(lt).toFixed(1), cy: y(lv).toFixed(1), r: 3, class: `dot s${i}` }));
+      last[s.name] = lv;
     });
   } else {
     box.appendChild(svg("text", { x: W / 2, y: H / 2, class: "label middle" }, "waiting for two samples…"));

@@ -499,7 +499,7 @@ const kv = {
           { title: "Version", get: (x) => x.version, num: true },
           { title: "Updated", get: (x) => when(x.updatedAt) },
           { title: "Expires", get: (x) => (x.expiresAt ? when(x.expiresAt) : "never") },
-          { title: "Value", get: (x) => h("code", {}, text(x.value, 100)) },
+          { title: "Value", get: (x) => h("code", {}, text(JSON.stringify(x.value), 100)) },
         ],
         res.rows,
         "No key under this prefix.",
