@@ -3,7 +3,8 @@
 //! outside the node; three nodes each serve the same page. Then a real browser (Debian's
 //! headless Chromium, driven by Selenium from `tests/browser/run.sh`) opens the page of a node
 //! filled with a queue, a consumer group and messages, checks the figures of the overview, queue
-//! and message views, asks for a token on a JWT node, and saves the screenshots that
+//! and message views, asks for a token on a JWT node, shows the banner of a closed disk gate,
+//! and saves the screenshots that
 //! `docs/dashboard.md` shows.
 
 use std::path::{Path, PathBuf};
@@ -256,6 +257,12 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
     let open = Node::start(bin(), &dir.path().join("open"), &[]);
     let expect = fill(&open);
     let guarded = Node::start(bin(), &dir.path().join("jwt"), &jwt_env());
+    // A disk gate at 1%: closed on any disk that holds a file system.
+    let full = Node::start(
+        bin(),
+        &dir.path().join("full"),
+        &[("QUEEN_RAFT_DISK_HIGH_PCT", "1")],
+    );
     let shots = repo().join("docs/dashboard");
     let expect_file = dir.path().join("expect.json");
     std::fs::write(&expect_file, expect.to_string()).expect("expect file");
@@ -269,6 +276,7 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
         .arg(token("read-write"))
         .arg(&expect_file)
         .arg(&shots)
+        .arg(format!("http://127.0.0.1:{}", full.port))
         .env("CHROMIUM", &chrome)
         .env("CHROMEDRIVER", &driver)
         .output()

@@ -1,10 +1,11 @@
 """The dashboard in a real browser: headless Chromium (Debian's) driven by Selenium.
 
-Usage: dashboard.py OPEN_URL JWT_URL TOKEN EXPECT_JSON SHOTS_DIR
+Usage: dashboard.py OPEN_URL JWT_URL TOKEN EXPECT_JSON SHOTS_DIR FULL_URL
 
 OPEN_URL is a node without JWT that tests/blackbox/dashboard.rs filled (queues orders and jobs, the
 consumer group billing, a dead letter, a KV key); EXPECT_JSON holds the figures the API gave it.
-JWT_URL is a node with broker JWT on and TOKEN a valid token for it. Checks the overview, queues,
+JWT_URL is a node with broker JWT on and TOKEN a valid token for it; FULL_URL a node whose disk
+gate is closed (a threshold below what its disk holds). Checks the overview, queues,
 queue, consumer group and messages views against the API's figures, the retry button's answer,
 the dead letters, KV and the token prompt, and saves a screenshot of each view in SHOTS_DIR.
 Every wait is bounded; prints "dashboard browser ok" at the end.
@@ -35,7 +36,7 @@ def bail(*_):
 signal.signal(signal.SIGALRM, bail)
 signal.alarm(100)
 
-open_url, jwt_url, token, expect_file, shots = sys.argv[1:6]
+open_url, jwt_url, token, expect_file, shots, full_url = sys.argv[1:7]
 expect = json.load(open(expect_file))
 os.makedirs(shots, exist_ok=True)
 started = time.monotonic()
@@ -210,6 +211,12 @@ try:
     driver.refresh()
     wait("the prompt for a refused token", lambda: driver.find_element(By.ID, "login").is_displayed())
     check("refused" in driver.find_element(By.ID, "login-why").text, driver.find_element(By.ID, "login-why").text)
+
+    # A node whose disk gate is closed: the banner says so on every view.
+    driver.get(f"{full_url}/#queues")
+    wait("the disk gate's banner", lambda: "Disk gate closed" in driver.find_element(By.ID, "banner").text)
+    check(driver.find_element(By.ID, "banner").is_displayed(), "the banner is hidden")
+    shot("banner")
 
     print(f"dashboard browser ok in {time.monotonic() - started:.1f} s", flush=True)
 finally:

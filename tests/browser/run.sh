@@ -2,7 +2,7 @@
 # The dashboard's browser test: Selenium (PyPI, pinned in requirements.txt) drives Debian's
 # headless Chromium (apt-get install chromium chromium-driver) against nodes the caller started.
 # Creates or reuses tests/browser/.venv, installs the pinned requirements, then
-#   run.sh --script dashboard.py OPEN_URL JWT_URL TOKEN EXPECT_JSON SHOTS_DIR
+#   run.sh --script dashboard.py OPEN_URL JWT_URL TOKEN EXPECT_JSON SHOTS_DIR FULL_URL
 # (tests/blackbox/dashboard.rs starts the nodes and calls it). The whole run is bounded
 # (QUEEN_BROWSER_LIMIT seconds, 110 by default; exit 124 when it overran).
 set -euo pipefail
