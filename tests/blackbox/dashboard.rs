@@ -1,6 +1,7 @@
 //! The dashboard on real nodes: the page and its files are served by the binary, without a
 //! credential even with broker JWT on, each with its content type, and nothing in them points
-//! outside the node; three nodes each serve the same page. Then a real browser (Debian's
+//! outside the node; three nodes each serve the same page, and the survivor of two crashes
+//! shows the no-quorum banner. Then a real browser (Debian's
 //! headless Chromium, driven by Selenium from `tests/browser/run.sh`) opens the page of a node
 //! filled with a queue, a consumer group and messages, checks the figures of the overview, queue
 //! and message views, asks for a token on a JWT node, shows the banner of a closed disk gate,
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use queen_tests::{Node, three_nodes};
+use queen_tests::{Node, eventually, three_nodes};
 use serde_json::{Value, json};
 
 const SECRET: &str = "dashboard-blackbox-secret-long-enough";
@@ -146,10 +147,10 @@ fn the_page_and_its_files_are_served_without_a_credential_and_load_nothing_from_
 }
 
 #[test]
-fn three_nodes_serve_the_same_page() {
+fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("temp dir");
-    let nodes = three_nodes(bin(), dir.path(), "dash-token", |_| Vec::new());
+    let mut nodes = three_nodes(bin(), dir.path(), "dash-token", |_| Vec::new());
     let first = files_of(&nodes[0]);
     for n in &nodes[1..] {
         assert_eq!(n.get("/").text, nodes[0].get("/").text);
@@ -170,6 +171,24 @@ fn three_nodes_serve_the_same_page() {
         "three nodes served the dashboard in {:?}",
         started.elapsed()
     );
+
+    // Two of three gone: the survivor has no quorum, and its page says so.
+    nodes[1].kill9();
+    nodes[2].kill9();
+    assert!(
+        eventually(
+            Duration::from_secs(20),
+            || nodes[0].get("/health").json["status"] == "no_quorum"
+        ),
+        "{}",
+        nodes[0].get("/health").text
+    );
+    let url = format!("http://127.0.0.1:{}", nodes[0].port);
+    let shots = repo().join("docs/dashboard").display().to_string();
+    if let Some(stdout) = browser(&["banner", &url, "No quorum", &shots, "no-quorum"]) {
+        assert!(stdout.contains("dashboard banner ok"), "{stdout}");
+    }
+    println!("with the no-quorum banner: {:?}", started.elapsed());
 }
 
 /// Whether Debian's chromium and chromium-driver are installed.
@@ -244,15 +263,44 @@ fn fill(n: &Node) -> Value {
     })
 }
 
-#[test]
-fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt() {
+/// Runs `tests/browser/dashboard.py` with `args` and answers what it printed; `None`, with a
+/// printed SKIPPED line, when Chromium is not installed.
+fn browser(args: &[&str]) -> Option<String> {
     let Some((chrome, driver)) = chromium() else {
         println!(
             "SKIPPED dashboard browser test: chromium or chromedriver is not installed (apt-get install chromium chromium-driver)"
         );
-        return;
+        return None;
     };
     let started = Instant::now();
+    let out = std::process::Command::new("bash")
+        .arg(repo().join("tests/browser/run.sh"))
+        .arg("--script")
+        .arg("dashboard.py")
+        .args(args)
+        .env("CHROMIUM", &chrome)
+        .env("CHROMEDRIVER", &driver)
+        .output()
+        .expect("bash runs tests/browser/run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the browser test: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{stdout}");
+    println!("the browser took {:?} (bound: 120 s)", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(120));
+    Some(stdout)
+}
+
+#[test]
+fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt() {
+    if chromium().is_none() {
+        browser(&[]);
+        return;
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let open = Node::start(bin(), &dir.path().join("open"), &[]);
     let expect = fill(&open);
@@ -263,35 +311,17 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
         &dir.path().join("full"),
         &[("QUEEN_RAFT_DISK_HIGH_PCT", "1")],
     );
-    let shots = repo().join("docs/dashboard");
     let expect_file = dir.path().join("expect.json");
     std::fs::write(&expect_file, expect.to_string()).expect("expect file");
-
-    let out = std::process::Command::new("bash")
-        .arg(repo().join("tests/browser/run.sh"))
-        .arg("--script")
-        .arg("dashboard.py")
-        .arg(format!("http://127.0.0.1:{}", open.port))
-        .arg(format!("http://127.0.0.1:{}", guarded.port))
-        .arg(token("read-write"))
-        .arg(&expect_file)
-        .arg(&shots)
-        .arg(format!("http://127.0.0.1:{}", full.port))
-        .env("CHROMIUM", &chrome)
-        .env("CHROMEDRIVER", &driver)
-        .output()
-        .expect("bash runs tests/browser/run.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("dashboard browser ok"),
-        "the browser test: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{stdout}");
-    println!(
-        "the browser test took {:?} (bound: 120 s)",
-        started.elapsed()
-    );
-    assert!(started.elapsed() < Duration::from_secs(120));
+    let url = |n: &Node| format!("http://127.0.0.1:{}", n.port);
+    let stdout = browser(&[
+        &url(&open),
+        &url(&guarded),
+        &token("read-write"),
+        &expect_file.display().to_string(),
+        &repo().join("docs/dashboard").display().to_string(),
+        &url(&full),
+    ])
+    .unwrap_or_default();
+    assert!(stdout.contains("dashboard browser ok"), "{stdout}");
 }

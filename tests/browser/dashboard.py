@@ -36,8 +36,14 @@ def bail(*_):
 signal.signal(signal.SIGALRM, bail)
 signal.alarm(100)
 
-open_url, jwt_url, token, expect_file, shots, full_url = sys.argv[1:7]
-expect = json.load(open(expect_file))
+# `dashboard.py banner URL TEXT SHOTS_DIR NAME`: only checks that the page of URL shows TEXT in
+# its banner, and saves the screenshot NAME.png.
+BANNER_ONLY = sys.argv[1] == "banner"
+if BANNER_ONLY:
+    open_url, banner_text, shots, banner_shot = sys.argv[2:6]
+else:
+    open_url, jwt_url, token, expect_file, shots, full_url = sys.argv[1:7]
+    expect = json.load(open(expect_file))
 os.makedirs(shots, exist_ok=True)
 started = time.monotonic()
 
@@ -108,7 +114,18 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def banner_only():
+    driver.get(f"{open_url}/#overview")
+    wait(f"the banner {banner_text!r}", lambda: banner_text in driver.find_element(By.ID, "banner").text)
+    check(driver.find_element(By.ID, "banner").is_displayed(), "the banner is hidden")
+    shot(banner_shot)
+    print(f"dashboard banner ok: {driver.find_element(By.ID, 'banner').text}", flush=True)
+
+
 try:
+    if BANNER_ONLY:
+        banner_only()
+        sys.exit(0)
     # Overview: the counts of /api/v1/resources/overview and this node's raft figures.
     ov = expect["overview"]
     go("overview", "overview")
