@@ -302,7 +302,20 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let open = Node::start(bin(), &dir.path().join("open"), &[]);
+    // With the S3 sink writing to a local folder, for the sink's view.
+    let lake = format!("file://{}", dir.path().join("lake").display());
+    let open = Node::start(
+        bin(),
+        &dir.path().join("open"),
+        &[
+            ("QUEEN_S3_EMBEDDED", "true"),
+            ("QUEEN_S3_QUEUES", "*"),
+            ("QUEEN_S3_ENDPOINT", &lake),
+            ("QUEEN_S3_START", "earliest"),
+            ("QUEEN_S3_MAX_WINDOW_MS", "1000"),
+            ("QUEEN_S3_SAFE_GUARD_MS", "500"),
+        ],
+    );
     let expect = fill(&open);
     let guarded = Node::start(bin(), &dir.path().join("jwt"), &jwt_env());
     // A disk gate at 1%: closed on any disk that holds a file system.

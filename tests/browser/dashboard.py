@@ -205,6 +205,17 @@ try:
     check('"purple"' in next(r for r in rows() if r[0] == "cfg/colour")[4], "the KV value")
     shot("kv")
 
+    # The S3 sink (a local folder here): both queues committed their messages.
+    for _ in range(20):
+        go("sink", "sink")
+        sunk = {r[0]: r for r in rows()}
+        if sunk.get("orders", [""] * 7)[6] == "3" and sunk.get("jobs", [""] * 7)[6] == "1":
+            break
+        time.sleep(1)
+    check(sunk.get("orders", [""] * 7)[6] == "3", f"sink rows: {sunk}")
+    check(figure("phase") == "running" and figure("reachable") == "yes", f"sink {figure('phase')} {figure('reachable')}")
+    shot("sink")
+
     go("log", "log")
     wait("the members", lambda: len(rows()) >= 1)
     shot("log")

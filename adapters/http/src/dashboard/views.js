@@ -7,6 +7,8 @@ import { bytes, failure, fields, figures, h, pre, replace, table, text } from ".
 const link = (hash, label) => h("a", { href: hash }, label);
 const when = (v) => (v ? String(v).replace("T", " ").replace(/\.\d+Z$/, "Z") : "–");
 const yes = (v) => (v ? "yes" : "no");
+/** A time the sink writes as microseconds since the epoch. */
+const micros = (v) => (typeof v === "number" ? when(new Date(v / 1000).toISOString()) : when(v));
 
 /** A form whose submit sets the hash to `#name?field=value...` from its inputs. */
 function filterForm(name, inputs) {
@@ -589,7 +591,7 @@ const sink = {
             { title: "Queue", get: (x) => x.queue },
             { title: "State", get: (x) => x.state },
             { title: "Held by", get: (x) => x.heldBy },
-            { title: "Complete through", get: (x) => when(x.completeThrough) },
+            { title: "Complete through", get: (x) => micros(x.completeThrough) },
             { title: "Lag (s)", get: (x) => x.lagSeconds, num: true },
             { title: "Windows", get: (x) => x.windowsCommitted, num: true },
             { title: "Records", get: (x) => x.records, num: true },
