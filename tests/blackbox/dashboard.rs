@@ -210,7 +210,7 @@ fn chromium() -> Option<(String, String)> {
 }
 
 /// A node with a queue of two partitions, a consumer group that consumed one message, a dead
-/// letter in a second queue, and a KV key.
+/// letter in a second queue, a KV key, a timer and an ephemeral queue holding two messages.
 fn fill(n: &Node) -> Value {
     let ok = |a: queen_tests::Answer| {
         assert!(a.status < 300, "{}", a.text);
@@ -247,6 +247,18 @@ fn fill(n: &Node) -> Value {
     ok(n.post(
         "/api/v1/kv",
         &json!({"operations": [{"op": "put", "ns": "app", "key": "cfg/colour", "value": "purple", "forever": true}]}),
+    ));
+    ok(n.post(
+        "/api/v1/timers",
+        &json!({"operations": [{"op": "schedule", "queue": "jobs", "timerKey": "user/42", "payload": "eyJyZW1pbmQiOnRydWV9", "delayMs": 3_600_000}]}),
+    ));
+    ok(n.post(
+        "/api/v1/ephemeral/configure",
+        &json!({"queue": "rooms", "options": {"leaseSeconds": 30}}),
+    ));
+    ok(n.post(
+        "/api/v1/ephemeral/push",
+        &json!({"queue": "rooms", "partition": "lobby", "messages": [{"payload": "hi"}, {"payload": "there"}]}),
     ));
     let groups = ok(n.get("/api/v1/consumer-groups"));
     let lag = groups

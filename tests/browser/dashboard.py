@@ -205,6 +205,18 @@ try:
     check('"purple"' in next(r for r in rows() if r[0] == "cfg/colour")[4], "the KV value")
     shot("kv")
 
+    # Timers of jobs: the one scheduled, its payload decoded from base64.
+    go("timers?queue=jobs", "timers")
+    wait("the timer", lambda: any(r and r[0] == "user/42" for r in rows()))
+    check('{"remind":true}' in next(r for r in rows() if r[0] == "user/42")[6], f"timer: {rows()}")
+    shot("timers")
+
+    # Ephemeral queues: rooms with its two messages.
+    go("ephemeral", "ephemeral")
+    wait("the ephemeral queue", lambda: any(r and r[0] == "rooms" for r in rows()))
+    check(next(r for r in rows() if r[0] == "rooms")[2] == "2", f"ephemeral: {rows()}")
+    shot("ephemeral")
+
     # The S3 sink (a local folder here): both queues committed their messages.
     for _ in range(20):
         go("sink", "sink")

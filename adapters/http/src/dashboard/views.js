@@ -369,6 +369,7 @@ function pager(el, name, p, got, total) {
     next.set("limit", String(limit));
     return `#${name}?${next}`;
   };
+  if (got === 0 && offset === 0) return;
   el.appendChild(
     h(
       "p",
