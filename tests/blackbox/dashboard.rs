@@ -173,6 +173,13 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         started.elapsed()
     );
 
+    // The replicated log's view of a follower lists the three members, one the leader.
+    let shots = repo().join("docs/dashboard").display().to_string();
+    let url = |n: &Node| format!("http://127.0.0.1:{}", n.port);
+    if let Some(stdout) = browser(&["cluster", &url(&nodes[1]), "3", &shots, "cluster"]) {
+        assert!(stdout.contains("dashboard cluster ok"), "{stdout}");
+    }
+
     // Two of three gone: the survivor has no quorum, and its page says so.
     nodes[1].kill9();
     nodes[2].kill9();
@@ -184,9 +191,7 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         "{}",
         nodes[0].get("/health").text
     );
-    let url = format!("http://127.0.0.1:{}", nodes[0].port);
-    let shots = repo().join("docs/dashboard").display().to_string();
-    if let Some(stdout) = browser(&["banner", &url, "No quorum", &shots, "no-quorum"]) {
+    if let Some(stdout) = browser(&["banner", &url(&nodes[0]), "No quorum", &shots, "no-quorum"]) {
         assert!(stdout.contains("dashboard banner ok"), "{stdout}");
     }
     println!("with the no-quorum banner: {:?}", started.elapsed());

@@ -38,9 +38,13 @@ signal.alarm(100)
 
 # `dashboard.py banner URL TEXT SHOTS_DIR NAME`: only checks that the page of URL shows TEXT in
 # its banner, and saves the screenshot NAME.png.
-BANNER_ONLY = sys.argv[1] == "banner"
-if BANNER_ONLY:
+# `dashboard.py cluster URL MEMBERS SHOTS_DIR NAME`: only checks that the replicated log's view
+# lists MEMBERS members, one of them the leader, and saves the screenshot NAME.png.
+MODE = sys.argv[1] if sys.argv[1] in ("banner", "cluster") else "all"
+if MODE == "banner":
     open_url, banner_text, shots, banner_shot = sys.argv[2:6]
+elif MODE == "cluster":
+    open_url, member_count, shots, cluster_shot = sys.argv[2:6]
 else:
     open_url, jwt_url, token, expect_file, shots, full_url = sys.argv[1:7]
     expect = json.load(open(expect_file))
@@ -122,9 +126,22 @@ def banner_only():
     print(f"dashboard banner ok: {driver.find_element(By.ID, 'banner').text}", flush=True)
 
 
+def cluster_only():
+    go("log", "log")
+    wait(f"{member_count} members", lambda: len(rows()) == int(member_count))
+    roles = sorted(r[1] for r in rows())
+    check(roles == ["follower"] * (int(member_count) - 1) + ["leader"], f"roles: {rows()}")
+    check(all(r[2] == "yes" for r in rows()), f"a voter that is not live: {rows()}")
+    shot(cluster_shot)
+    print(f"dashboard cluster ok: {rows()}", flush=True)
+
+
 try:
-    if BANNER_ONLY:
+    if MODE == "banner":
         banner_only()
+        sys.exit(0)
+    if MODE == "cluster":
+        cluster_only()
         sys.exit(0)
     # Overview: the counts of /api/v1/resources/overview and this node's raft figures.
     ov = expect["overview"]
@@ -229,8 +246,7 @@ try:
     shot("sink")
 
     go("log", "log")
-    wait("the members", lambda: len(rows()) >= 1)
-    shot("log")
+    wait("the members", lambda: len(rows()) == 1 and rows()[0][1] == "leader")
 
     errors = [l for l in driver.get_log("browser") if l["level"] == "SEVERE" and "/retry" not in l["message"]]
     check(not errors, f"console errors: {errors}")

@@ -143,7 +143,7 @@ const overview = {
         ]),
       );
     }
-    await members(el);
+    await members(el, raft.leaderId);
   },
   refresh(history) {
     const box = document.getElementById("overview-charts");
@@ -151,8 +151,9 @@ const overview = {
   },
 };
 
-/** The members as the leader sees them (admin-only with JWT on). */
-async function members(el) {
+/** The members as the leader sees them (admin-only with JWT on); `leader` is the leader's id
+ * as this node knows it. */
+async function members(el, leader) {
   el.appendChild(h("h3", {}, "Members"));
   const r = await request("GET", "/api/v1/system/raft/membership");
   if (r.status === 401 || r.status === 403) {
@@ -167,9 +168,9 @@ async function members(el) {
     table(
       [
         { title: "Node", get: (m) => m.id },
-        { title: "Voter", get: (m) => yes(m.voter) },
+        { title: "Role", get: (m) => (m.id === leader ? "leader" : m.voter ? "follower" : "learner") },
         { title: "Live", get: (m) => yes(m.live) },
-        { title: "Lag (entries)", get: (m) => m.lag, num: true },
+        { title: "Behind the leader (entries)", get: (m) => m.lag, num: true },
         { title: "Raft address", get: (m) => m.raft || "–" },
         {
           title: "Client address",
@@ -629,7 +630,7 @@ const log = {
       ]),
     );
     if (raft.apply && raft.apply.failure) el.appendChild(h("div", { class: "error" }, `Apply failure: ${raft.apply.failure}`));
-    await members(el);
+    await members(el, raft.leaderId);
     el.appendChild(
       h("p", { class: "muted" }, "Each node answers for itself: open a member's client address to see its own role, term and indexes."),
     );
