@@ -89,7 +89,9 @@ async function sample() {
 /** The banner: disk gate closed, no leader, no quorum, or the node not answering. */
 function banner(s, err) {
   const lines = [];
-  if (err) lines.push(`This node did not answer: ${err.message}`);
+  // A 401 is the token prompt's business, not the banner's.
+  if (err && err.status === 0) lines.push(`This node did not answer: ${err.message}`);
+  else if (err && err.status !== 401) lines.push(`This node's figures could not be read: ${err.status ? `HTTP ${err.status} ` : ""}${err.message}`);
   if (s) {
     const raft = (s.health && s.health.raft) || {};
     const status = s.health && s.health.status;
@@ -114,7 +116,8 @@ function banner(s, err) {
 /** "#messages?queue=a" -> {name: "messages", args: [], params: URLSearchParams} */
 function route() {
   const hash = location.hash.replace(/^#/, "") || "overview";
-  const [path, query] = hash.split("?", 2);
+  const at = hash.indexOf("?");
+  const [path, query] = at < 0 ? [hash, ""] : [hash.slice(0, at), hash.slice(at + 1)];
   const [name, ...args] = path.split("/").map((s) => {
     try {
       return decodeURIComponent(s);
