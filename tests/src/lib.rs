@@ -83,6 +83,8 @@ pub struct Answer {
     pub text: String,
     /// `retry-after`, when present.
     pub retry_after: Option<String>,
+    /// `content-type`, when present.
+    pub content_type: Option<String>,
 }
 
 /// A running node.
@@ -276,11 +278,13 @@ impl Node {
         };
         let mut resp = resp.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (retry_after, content_type) = (header("retry-after"), header("content-type"));
         let mut text = String::new();
         resp.body_mut()
             .as_reader()
@@ -292,6 +296,7 @@ impl Node {
             json,
             text,
             retry_after,
+            content_type,
         })
     }
 
@@ -348,11 +353,13 @@ impl Node {
             .send(body);
         let mut resp = resp.unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (retry_after, answered_type) = (header("retry-after"), header("content-type"));
         let mut text = String::new();
         resp.body_mut()
             .as_reader()
@@ -364,6 +371,7 @@ impl Node {
             json,
             text,
             retry_after,
+            content_type: answered_type,
         }
     }
 

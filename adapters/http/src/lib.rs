@@ -17,6 +17,7 @@ mod analytics_json;
 mod api;
 mod auth;
 mod body;
+mod dashboard;
 mod ephemeral_json;
 mod error;
 mod fields;

@@ -87,6 +87,7 @@ pub(crate) fn route_label(method: &Method, segs: &[&str]) -> &'static str {
         (_, ["api", "v1", "system", "raft", ..]) => "membership",
         ("GET", ["status"]) => "status",
         ("GET", ["metrics", "prometheus"]) => "metrics",
+        ("GET" | "HEAD", [] | ["dashboard", ..]) => "dashboard",
         _ => "other",
     }
 }

@@ -145,6 +145,11 @@ async fn answer<A: ClientApi>(
     query: &str,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    // The dashboard's page and files hold no data: served without a credential (the page then
+    // calls the API with the user's token).
+    if crate::dashboard::is_dashboard(method, segs) {
+        return crate::dashboard::answer(segs);
+    }
     // The cluster's raft token, checked once: the credential of a membership change, and of
     // any `/api/v1/system/*` request when broker JWT is on (an operator's or a peer's).
     let raft_token = matches!(segs, ["api", "v1", "system", ..]).then(|| {

@@ -1,0 +1,292 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven by Selenium.
+
+Usage: dashboard.py OPEN_URL JWT_URL TOKEN EXPECT_JSON SHOTS_DIR FULL_URL
+
+OPEN_URL is a node without JWT that tests/blackbox/dashboard.rs filled (queues orders and jobs, the
+consumer group billing, a dead letter, a KV key); EXPECT_JSON holds the figures the API gave it.
+JWT_URL is a node with broker JWT on and TOKEN a valid token for it; FULL_URL a node whose disk
+gate is closed (a threshold below what its disk holds). Checks the overview, queues,
+queue, consumer group and messages views against the API's figures, the retry button's answer,
+the dead letters, KV and the token prompt, and saves a screenshot of each view in SHOTS_DIR.
+Every wait is bounded; prints "dashboard browser ok" at the end.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+WAIT = 15
+
+
+def bail(*_):
+    print("the browser test overran its 100 s bound", flush=True)
+    os._exit(3)
+
+
+signal.signal(signal.SIGALRM, bail)
+signal.alarm(100)
+
+# `dashboard.py banner URL TEXT SHOTS_DIR NAME`: only checks that the page of URL shows TEXT in
+# its banner, and saves the screenshot NAME.png.
+# `dashboard.py cluster URL MEMBERS SHOTS_DIR NAME`: only checks that the replicated log's view
+# lists MEMBERS members, one of them the leader, and saves the screenshot NAME.png.
+MODE = sys.argv[1] if sys.argv[1] in ("banner", "cluster") else "all"
+if MODE == "banner":
+    open_url, banner_text, shots, banner_shot = sys.argv[2:6]
+elif MODE == "cluster":
+    open_url, member_count, shots, cluster_shot = sys.argv[2:6]
+else:
+    open_url, jwt_url, token, expect_file, shots, full_url = sys.argv[1:7]
+    expect = json.load(open(expect_file))
+os.makedirs(shots, exist_ok=True)
+started = time.monotonic()
+
+
+def api(path, body=None):
+    req = urllib.request.Request(open_url + path, method="POST" if body is not None else "GET")
+    data = None
+    if body is not None:
+        req.add_header("content-type", "application/json")
+        data = json.dumps(body).encode()
+    with urllib.request.urlopen(req, data=data, timeout=10) as r:
+        return json.loads(r.read() or b"null")
+
+
+opts = Options()
+for a in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+          "--window-size=1280,900", "--hide-scrollbars", "--force-device-scale-factor=1"]:
+    opts.add_argument(a)
+opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+driver = webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=opts)
+driver.set_page_load_timeout(WAIT)
+driver.set_script_timeout(WAIT)
+
+
+def wait(what, cond, limit=WAIT):
+    """Until cond() is true; an element replaced while it was read (a view re-rendered) is
+    read again at the next poll."""
+    since = time.monotonic()
+    try:
+        return WebDriverWait(driver, limit, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]).until(lambda d: cond())
+    except Exception as e:
+        shot("failed")
+        raise AssertionError(f"waited {time.monotonic() - since:.1f} s for {what} ({type(e).__name__}); the page says:\n{driver.find_element(By.TAG_NAME, 'body').text}")
+
+
+def text_of(css):
+    els = driver.find_elements(By.CSS_SELECTOR, css)
+    return els[0].text if els else None
+
+
+def figure(key):
+    return text_of(f"#view [data-figure='{key}']")
+
+
+def shot(name):
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, max(700, min(height + 20, 2400)))
+    driver.save_screenshot(os.path.join(shots, f"{name}.png"))
+    driver.set_window_size(1280, 900)
+
+
+def go(fragment, view):
+    driver.get(f"{open_url}/#{fragment}")
+    wait(f"the {view} view", lambda: driver.find_elements(By.CSS_SELECTOR, f"#view [data-view='{view}']"))
+
+
+def rows(css="#view table tbody tr"):
+    return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def num(v):
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def banner_only():
+    driver.get(f"{open_url}/#overview")
+    wait(f"the banner {banner_text!r}", lambda: banner_text in driver.find_element(By.ID, "banner").text)
+    check(driver.find_element(By.ID, "banner").is_displayed(), "the banner is hidden")
+    shot(banner_shot)
+    print(f"dashboard banner ok: {driver.find_element(By.ID, 'banner').text}", flush=True)
+
+
+def cluster_only():
+    go("log", "log")
+    wait(f"{member_count} members", lambda: len(rows()) == int(member_count))
+    roles = sorted(r[1] for r in rows())
+    check(roles == ["follower"] * (int(member_count) - 1) + ["leader"], f"roles: {rows()}")
+    check(all(r[2] == "yes" for r in rows()), f"a voter that is not live: {rows()}")
+    shot(cluster_shot)
+    print(f"dashboard cluster ok: {rows()}", flush=True)
+
+
+try:
+    if MODE == "banner":
+        banner_only()
+        sys.exit(0)
+    if MODE == "cluster":
+        cluster_only()
+        sys.exit(0)
+    # Overview: the counts of /api/v1/resources/overview and this node's raft figures.
+    ov = expect["overview"]
+    go("overview", "overview")
+    wait("the overview's figures", lambda: figure("queues") == num(ov["queues"]))
+    for key, want in [("partitions", ov["partitions"]), ("messages", ov["messages"]["total"]),
+                      ("pending", ov["messages"]["pending"]), ("deadLetter", ov["messages"]["deadLetter"])]:
+        check(figure(key) == num(want), f"overview {key}: {figure(key)!r}, the API says {want}")
+    check(figure("role") == "leader" and figure("health") == "healthy", f"role {figure('role')}, health {figure('health')}")
+    # Traffic for the throughput chart: pushes to a queue no group reads, over three samples.
+    for i in range(3):
+        api("/api/v1/push", {"items": [{"queue": "events", "partition": f"p{k}", "payload": {"i": i, "k": k}} for k in range(10 * (i + 1))]})
+        time.sleep(2.6)
+    wait("a pushed rate on the chart", lambda: (text_of("[data-series='pushed']") or "–") not in ("–", "0"), limit=12)
+    pushed_line = "[data-chart='throughput'] polyline.s0"
+    wait("two rates on the chart", lambda: len((driver.find_elements(By.CSS_SELECTOR, pushed_line) or [None])[0].get_attribute("points").split()) >= 2
+         if driver.find_elements(By.CSS_SELECTOR, pushed_line) else False, limit=12)
+    lag = text_of("[data-series='consumer groups']")
+    check(lag == num(expect["billingLag"]), f"lag chart shows {lag!r}, the API says {expect['billingLag']}")
+    check(len(driver.find_elements(By.CSS_SELECTOR, "[data-chart='throughput'] polyline")) >= 1, "no line on the throughput chart")
+    check(driver.find_element(By.ID, "banner").is_displayed() is False, "a banner on a healthy node")
+    shot("overview")
+
+    # Queues: the list matches /api/v1/resources/queues.
+    driver.find_element(By.CSS_SELECTOR, "#nav a[href='#queues']").click()
+    wait("the queues table", lambda: any(r and r[0] == "orders" for r in rows()))
+    listed = {r[0]: r for r in rows()}
+    for q in api("/api/v1/resources/queues")["queues"]:
+        r = listed.get(q["name"])
+        check(r is not None, f"queue {q['name']} is not listed")
+        check(r[3:7] == [num(q["partitionCount"]), num(q["messages"]["total"]), num(q["messages"]["pending"]), num(q["messages"]["deadLetter"])],
+              f"queue {q['name']}: {r}, the API says {q}")
+    shot("queues")
+
+    # One queue: its partitions.
+    driver.find_element(By.LINK_TEXT, "orders").click()
+    wait("the queue view", lambda: driver.find_elements(By.CSS_SELECTOR, "#view [data-view='queue']"))
+    wait("the partitions", lambda: len(rows()) == 2)
+    parts = {r[0]: r for r in rows()}
+    check(parts["eu"][2] == "2" and parts["us"][2] == "1", f"partitions: {parts}")
+    shot("queue")
+
+    # Consumer groups: billing with the lag the API gave.
+    go("groups", "groups")
+    wait("the group billing", lambda: any(r and r[0] == "billing" for r in rows()))
+    billing = next(r for r in rows() if r[0] == "billing")
+    check(billing[1] == "orders" and billing[4] == num(expect["billingLag"]), f"billing: {billing}")
+    shot("groups")
+
+    # Messages: every message of orders, the payload as text (never as HTML).
+    go("messages?queue=orders&limit=50", "messages")
+    wait("three messages", lambda: len(rows()) == 3)
+    table = driver.find_element(By.CSS_SELECTOR, "#view table").text
+    check("<b>not bold</b>" in table, f"the payload's markup is not shown as text: {table}")
+    check(not driver.find_elements(By.CSS_SELECTOR, "#view table td b"), "a payload was parsed as HTML")
+    shot("messages")
+
+    # One message, and its retry button calling POST /api/v1/messages/{pid}/{txn}/retry.
+    m = expect["message"]
+    driver.find_element(By.LINK_TEXT, m["transactionId"]).click()
+    wait("the message view", lambda: driver.find_elements(By.CSS_SELECTOR, "#view [data-view='message'] pre.json"))
+    check('"order": 1' in text_of("#view pre.json"), f"payload: {text_of('#view pre.json')}")
+    driver.find_element(By.CSS_SELECTOR, "[data-action='retry']").click()
+    wait("the retry's answer", lambda: (text_of("[data-action-result]") or "…") != "…")
+    answer = text_of("[data-action-result]")
+    print(f"retry answered: {answer}", flush=True)
+    check("Retried" in answer or ("HTTP " in answer and '"code"' in answer), f"retry: {answer}")
+    check("Retried" in answer or f"POST /api/v1/messages/{m['partitionId']}/{m['transactionId']}/retry" in answer, f"retry: {answer}")
+    shot("message")
+    # Delete asks first; a dismissed question calls nothing, an accepted one calls
+    # DELETE /api/v1/messages/{pid}/{txn}.
+    driver.find_element(By.CSS_SELECTOR, "[data-action='delete']").click()
+    WebDriverWait(driver, WAIT).until(lambda d: d.switch_to.alert).dismiss()
+    check(text_of("[data-action-result]") == answer, "a dismissed delete called the node")
+    driver.find_element(By.CSS_SELECTOR, "[data-action='delete']").click()
+    WebDriverWait(driver, WAIT).until(lambda d: d.switch_to.alert).accept()
+    wait("the delete's answer", lambda: (text_of("[data-action-result]") or "…") not in ("…", answer))
+    deleted = text_of("[data-action-result]")
+    print(f"delete answered: {deleted}", flush=True)
+    check("Deleted" in deleted or f"DELETE /api/v1/messages/{m['partitionId']}/{m['transactionId']}" in deleted, f"delete: {deleted}")
+
+    # Dead letters of jobs.
+    go("dlq?queue=jobs", "dlq")
+    wait("the dead letter", lambda: any("no such image" in " ".join(r) for r in rows()))
+    shot("dlq")
+
+    # KV under a prefix.
+    go("kv?ns=app&prefix=cfg%2F", "kv")
+    wait("the key", lambda: any(r and r[0] == "cfg/colour" for r in rows()))
+    check('"purple"' in next(r for r in rows() if r[0] == "cfg/colour")[4], "the KV value")
+    shot("kv")
+
+    # Timers of jobs: the one scheduled, its payload decoded from base64.
+    go("timers?queue=jobs", "timers")
+    wait("the timer", lambda: any(r and r[0] == "user/42" for r in rows()))
+    check('{"remind":true}' in next(r for r in rows() if r[0] == "user/42")[6], f"timer: {rows()}")
+    shot("timers")
+
+    # Ephemeral queues: rooms with its two messages.
+    go("ephemeral", "ephemeral")
+    wait("the ephemeral queue", lambda: any(r and r[0] == "rooms" for r in rows()))
+    check(next(r for r in rows() if r[0] == "rooms")[2] == "2", f"ephemeral: {rows()}")
+    shot("ephemeral")
+
+    # The S3 sink (a local folder here): both queues committed their messages.
+    for _ in range(20):
+        go("sink", "sink")
+        sunk = {r[0]: r for r in rows()}
+        if sunk.get("orders", [""] * 7)[6] == "3" and sunk.get("jobs", [""] * 7)[6] == "1":
+            break
+        time.sleep(1)
+    check(sunk.get("orders", [""] * 7)[6] == "3", f"sink rows: {sunk}")
+    check(figure("phase") == "running" and figure("reachable") == "yes", f"sink {figure('phase')} {figure('reachable')}")
+    shot("sink")
+
+    go("log", "log")
+    wait("the members", lambda: len(rows()) == 1 and rows()[0][1] == "leader")
+
+    # The retry and delete calls may answer an error (the page shows it); nothing else may.
+    errors = [l for l in driver.get_log("browser") if l["level"] == "SEVERE" and "/api/v1/messages/" not in l["message"]]
+    check(not errors, f"console errors: {errors}")
+
+    # Broker JWT: the page asks for a token, uses it, keeps it for the tab, and asks again
+    # when the node refuses it.
+    driver.get(f"{jwt_url}/#overview")
+    wait("the token prompt", lambda: driver.find_element(By.ID, "login").is_displayed())
+    shot("login")
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login button[type='submit']").click()
+    wait("the overview with the token", lambda: figure("role") == "leader" and figure("queues") == "0")
+    check(not driver.find_element(By.ID, "login").is_displayed(), "the prompt stayed")
+    driver.refresh()
+    wait("the overview after a reload", lambda: figure("queues") == "0")
+    check(not driver.find_element(By.ID, "login").is_displayed(), "the token was not kept for the tab")
+    driver.execute_script("sessionStorage.setItem('queen.token', 'not-a-token')")
+    driver.refresh()
+    wait("the prompt for a refused token", lambda: driver.find_element(By.ID, "login").is_displayed())
+    check("refused" in driver.find_element(By.ID, "login-why").text, driver.find_element(By.ID, "login-why").text)
+
+    # A node whose disk gate is closed: the banner says so on every view.
+    driver.get(f"{full_url}/#queues")
+    wait("the disk gate's banner", lambda: "Disk gate closed" in driver.find_element(By.ID, "banner").text)
+    check(driver.find_element(By.ID, "banner").is_displayed(), "the banner is hidden")
+    shot("banner")
+
+    print(f"dashboard browser ok in {time.monotonic() - started:.1f} s", flush=True)
+finally:
+    driver.quit()
