@@ -174,7 +174,7 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
     );
 
     // The replicated log's view of a follower lists the three members, one the leader.
-    let shots = repo().join("docs/dashboard").display().to_string();
+    let shots = shots_dir();
     let url = |n: &Node| format!("http://127.0.0.1:{}", n.port);
     if let Some(stdout) = browser(&["cluster", &url(&nodes[1]), "3", &shots, "cluster"]) {
         assert!(stdout.contains("dashboard cluster ok"), "{stdout}");
@@ -213,6 +213,19 @@ fn chromium() -> Option<(String, String)> {
         find(&["chromium", "chromium-browser"])?,
         find(&["chromedriver"])?,
     ))
+}
+
+/// Where the browser saves its screenshots: `docs/dashboard/` with
+/// `QUEEN_DASHBOARD_SCREENSHOTS=1` (to refresh the ones the docs show), else a folder under the
+/// system's temporary directory, so a test run leaves the work tree as it was.
+fn shots_dir() -> String {
+    let dir = if std::env::var("QUEEN_DASHBOARD_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        repo().join("docs/dashboard")
+    } else {
+        std::env::temp_dir().join(format!("queen-dashboard-shots-{}", std::process::id()))
+    };
+    std::fs::create_dir_all(&dir).expect("the screenshots' folder");
+    dir.display().to_string()
 }
 
 /// A node with a queue of two partitions, a consumer group that consumed one message, a dead
@@ -353,7 +366,7 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
         &url(&guarded),
         &token("read-write"),
         &expect_file.display().to_string(),
-        &repo().join("docs/dashboard").display().to_string(),
+        &shots_dir(),
         &url(&full),
     ])
     .unwrap_or_default();
