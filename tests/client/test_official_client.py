@@ -847,3 +847,59 @@ def test_streams_windowed_aggregation_end_to_end(node):
         await r.stop()
 
     run(node, body, limit=90)
+
+
+# ----------------------------------------------------------------------------- admin: messages and analytics
+
+
+def test_admin_browses_deletes_and_retries_messages_and_reads_analytics(node):
+    queue = unique("admin-msgs")
+    group = unique("grp")
+
+    async def body(client: Queen):
+        await client.queue(queue).config({"retryLimit": 0, "leaseTime": SHORT_LEASE_S}).create()
+        sent = [unique("txn") for _ in range(3)]
+        await client.queue(queue).push([{"data": {"i": i}, "transactionId": t} for i, t in enumerate(sent)])
+        admin = client.admin
+
+        listed = await admin.list_messages(queue=queue)
+        assert [m["transactionId"] for m in listed["messages"]] == sent, listed
+        pid = listed["messages"][0]["partitionId"]
+        one = await admin.get_message(pid, sent[1])
+        assert one["payload"] == {"i": 1} and one["status"] == "pending", one
+
+        # The second message is deleted: the group never gets it.
+        deleted = await admin.delete_message(pid, sent[1])
+        assert deleted.get("success") is True, deleted
+        # The group fails the first (retryLimit 0: a dead letter) and completes the third.
+        first = await pop(client, queue, group=group, batch=1, timeout_ms=1000)
+        assert txn_ids(first) == [sent[0]], first
+        await client.ack(first[0], False, {"group": group})
+        second = await pop(client, queue, group=group, batch=10, timeout_ms=1000)
+        assert txn_ids(second) == [sent[2]], second
+        await client.ack(second[0], True, {"group": group})
+        dead = await admin.list_messages(queue=queue, status="dead_letter", consumerGroup=group)
+        assert [m["transactionId"] for m in dead["messages"]] == [sent[0]], dead
+
+        # retry_message names no group: the dead letter's own is used, and it comes back.
+        retried = await admin.retry_message(pid, sent[0])
+        assert retried.get("success") is True, retried
+        again = await pop(client, queue, group=group, batch=10, timeout_ms=1000)
+        assert [m["data"] for m in again] == [{"i": 0}], again
+        assert again[0]["transactionId"].startswith(sent[0] + "#retry"), again
+
+        # Analytics: the node samples every half second (conftest); the queue shows its pushes.
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            a = await admin.get_analytics(queue=queue)
+            series = (a.get("queues") or [{}])[0].get("series") or []
+            if sum(b.get("pushed", 0) for b in series) >= 1 or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert a["queues"][0]["queue"] == queue, a
+        system = await admin.get_system_metrics()
+        assert system["series"] and system["series"][-1]["rssBytes"] > 0, system
+        worker = await admin.get_worker_metrics()
+        assert sum(b.get("requests", 0) for b in worker["series"]) > 0, worker
+
+    run(node, body)
