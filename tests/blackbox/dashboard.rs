@@ -348,6 +348,7 @@ fn a_browser_shows_the_figures_of_a_filled_node_and_asks_for_a_token_under_jwt()
             ("QUEEN_S3_START", "earliest"),
             ("QUEEN_S3_MAX_WINDOW_MS", "1000"),
             ("QUEEN_S3_SAFE_GUARD_MS", "500"),
+            ("QUEEN_ANALYTICS_INTERVAL_MS", "500"),
         ],
     );
     let expect = fill(&open);

@@ -129,6 +129,7 @@ const overview = {
     }
     const chartBox = h("div", { id: "overview-charts" }, charts(history));
     el.appendChild(chartBox);
+    await longHistory(el);
     if (status instanceof Error) el.appendChild(failure(status, "/status"));
     else {
       el.appendChild(h("h3", {}, "This node"));
@@ -150,6 +151,41 @@ const overview = {
     if (box) replace(box, charts(history));
   },
 };
+
+/** The last hour per minute, from the samples the node keeps (`/api/v1/status/analytics`):
+ * unlike the charts above, it is there as soon as the page opens. */
+async function longHistory(el) {
+  const r = await get(q("/api/v1/status/analytics", { interval: "minute" })).catch((e) => e);
+  if (r instanceof Error) {
+    el.appendChild(h("p", { class: "muted", "data-history": "off" }, `No history kept by the node: ${r.message}`));
+    return;
+  }
+  const at = (b) => Date.parse(b.at);
+  const totals = r.totals || [];
+  el.appendChild(
+    h(
+      "div",
+      { class: "charts", "data-history": String(r.samples || 0) },
+      lineChart({
+        title: "Last hour: messages per minute (kept by the node)",
+        unit: "/min",
+        key: "history",
+        series: [
+          { name: "pushed", points: totals.map((b) => [at(b), b.pushed || 0]) },
+          { name: "consumed", points: totals.map((b) => [at(b), b.consumed || 0]) },
+        ],
+      }),
+      lineChart({
+        title: "Last hour: lag and depth (messages, each minute's last sample)",
+        key: "history-lag",
+        series: [
+          { name: "lag", points: totals.map((b) => [at(b), b.lag || 0]) },
+          { name: "depth", points: totals.map((b) => [at(b), b.depth || 0]) },
+        ],
+      }),
+    ),
+  );
+}
 
 /** The members as the leader sees them (admin-only with JWT on); `leader` is the leader's id
  * as this node knows it. */
