@@ -127,99 +127,21 @@ impl Broker {
         }
     }
 
-    /// Series from the sample log.
-    pub(super) fn analytics_read(
+    /// Series from the sample log, read on a blocking thread (a wide range parses many
+    /// samples; the runtime's workers go on serving meanwhile).
+    pub(super) async fn analytics_read(
         &self,
-        q: &AnalyticsQuery,
+        q: AnalyticsQuery,
     ) -> Result<AnalyticsAnswer, BrokerError> {
-        let Some(log) = &self.samples else {
+        let Some(log) = self.samples.clone() else {
             return Err(BrokerError::Unavailable(
                 "analytics are off on this node (QUEEN_ANALYTICS_INTERVAL_MS=0)".to_owned(),
             ));
         };
-        if q.to_ms < q.from_ms {
-            return Err(BrokerError::Invalid {
-                field: "to".to_owned(),
-                problem: "is before from".to_owned(),
-            });
-        }
-        if (q.to_ms - q.from_ms) / q.interval.millis() > MAX_POINTS {
-            return Err(BrokerError::Invalid {
-                field: "interval".to_owned(),
-                problem: format!(
-                    "gives more than {MAX_POINTS} buckets from 'from' to 'to': choose a wider interval or a shorter range"
-                ),
-            });
-        }
-        let mut out = AnalyticsAnswer {
-            node_id: self.health().progress.node_id,
-            ..AnalyticsAnswer::default()
-        };
-        let mut per_queue: BTreeMap<String, Series> = BTreeMap::new();
-        let mut totals = Series::new(q.interval).summed();
-        let mut first = true;
-        let mut bad = 0usize;
-        log.read(q.from_ms, q.to_ms, &mut |line| {
-            let Ok(sample) = serde_json::from_slice::<Sample>(line) else {
-                bad += 1;
-                return true;
-            };
-            if sample.at > q.to_ms {
-                return false;
-            }
-            if sample.at < q.from_ms {
-                return true;
-            }
-            out.samples += 1;
-            out.partial |= sample.partial;
-            match &q.scope {
-                AnalyticsScope::Node => totals.add(sample.at, &sample.node),
-                AnalyticsScope::Queues { tenant, queue } => {
-                    let mut sum: BTreeMap<String, f64> = BTreeMap::new();
-                    for qs in &sample.queues {
-                        if !tenant.owns(&qs.queue) {
-                            continue;
-                        }
-                        let local = tenant.local(&qs.queue);
-                        if queue.as_deref().is_some_and(|w| w != local) {
-                            continue;
-                        }
-                        let figures = analytics::queue_figures(qs);
-                        for (k, v) in &figures {
-                            *sum.entry(k.clone()).or_default() += v;
-                        }
-                        if per_queue.len() < MAX_SERIES || per_queue.contains_key(local) {
-                            per_queue
-                                .entry(local.to_owned())
-                                .or_insert_with(|| {
-                                    let s = Series::new(q.interval);
-                                    if first { s } else { s.born_in_range() }
-                                })
-                                .add(sample.at, &figures);
-                        }
-                    }
-                    totals.add(sample.at, &sum);
-                }
-            }
-            first = false;
-            true
-        })
-        .map_err(|e| {
-            tracing::warn!(target: "queen-app", error = %e, "analytics: the samples could not be read");
-            BrokerError::Internal("reading the analytics samples failed; see the node's log".to_owned())
-        })?;
-        if bad > 0 {
-            tracing::debug!(target: "queen-app", lines = bad, "analytics: unreadable sample lines skipped");
-        }
-        out.totals = totals.points();
-        out.queues = per_queue
-            .into_iter()
-            .map(|(queue, s)| QueueSeries {
-                queue,
-                points: s.points(),
-            })
-            .collect();
-        Ok(out)
+        let node_id = self.health().progress.node_id;
+        tokio::task::spawn_blocking(move || read_series(&*log, node_id, &q))
+            .await
+            .map_err(|e| BrokerError::Internal(format!("the analytics read stopped: {e}")))?
     }
 
     /// Count one served request (for the worker series).
@@ -229,6 +151,97 @@ impl Broker {
             self.requests.1.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Series of `q` from `log`.
+fn read_series(
+    log: &dyn SampleLog,
+    node_id: u64,
+    q: &AnalyticsQuery,
+) -> Result<AnalyticsAnswer, BrokerError> {
+    if q.to_ms < q.from_ms {
+        return Err(BrokerError::Invalid {
+            field: "to".to_owned(),
+            problem: "is before from".to_owned(),
+        });
+    }
+    if (q.to_ms - q.from_ms) / q.interval.millis() > MAX_POINTS {
+        return Err(BrokerError::Invalid {
+            field: "interval".to_owned(),
+            problem: format!(
+                "gives more than {MAX_POINTS} buckets from 'from' to 'to': choose a wider interval or a shorter range"
+            ),
+        });
+    }
+    let mut out = AnalyticsAnswer {
+        node_id,
+        ..AnalyticsAnswer::default()
+    };
+    let mut per_queue: BTreeMap<String, Series> = BTreeMap::new();
+    let mut totals = Series::new(q.interval).summed();
+    let mut first = true;
+    let mut bad = 0usize;
+    log.read(q.from_ms, q.to_ms, &mut |line| {
+        let Ok(sample) = serde_json::from_slice::<Sample>(line) else {
+            bad += 1;
+            return true;
+        };
+        if sample.at > q.to_ms {
+            return false;
+        }
+        if sample.at < q.from_ms {
+            return true;
+        }
+        out.samples += 1;
+        out.partial |= sample.partial;
+        match &q.scope {
+            AnalyticsScope::Node => totals.add(sample.at, &sample.node),
+            AnalyticsScope::Queues { tenant, queue } => {
+                let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+                for qs in &sample.queues {
+                    if !tenant.owns(&qs.queue) {
+                        continue;
+                    }
+                    let local = tenant.local(&qs.queue);
+                    if queue.as_deref().is_some_and(|w| w != local) {
+                        continue;
+                    }
+                    let figures = analytics::queue_figures(qs);
+                    for (k, v) in &figures {
+                        *sum.entry(k.clone()).or_default() += v;
+                    }
+                    if per_queue.len() < MAX_SERIES || per_queue.contains_key(local) {
+                        per_queue
+                            .entry(local.to_owned())
+                            .or_insert_with(|| {
+                                let s = Series::new(q.interval);
+                                if first { s } else { s.born_in_range() }
+                            })
+                            .add(sample.at, &figures);
+                    }
+                }
+                totals.add(sample.at, &sum);
+            }
+        }
+        first = false;
+        true
+    })
+    .map_err(|e| {
+        tracing::warn!(target: "queen-app", error = %e, "analytics: the samples could not be read");
+        BrokerError::Internal("reading the analytics samples failed; see the node's log".to_owned())
+    })?;
+    if bad > 0 {
+        tracing::debug!(target: "queen-app", lines = bad, "analytics: unreadable sample lines skipped");
+    }
+    out.totals = totals.points();
+    out.queues = per_queue
+        .into_iter()
+        .map(|(queue, s)| QueueSeries {
+            queue,
+            points: s.points(),
+        })
+        .collect();
+    Ok(out)
 }
 
 /// Run the sampler every `every` until `stop` turns true.
@@ -241,7 +254,11 @@ pub async fn run_sampler(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => broker.sample_analytics(),
+            _ = tick.tick() => {
+                // Reading every queue's partitions is blocking work: off the runtime's workers.
+                let b = broker.clone();
+                let _ = tokio::task::spawn_blocking(move || b.sample_analytics()).await;
+            }
             _ = stop.changed() => break,
         }
     }

@@ -583,7 +583,7 @@ impl ClientApi for Broker {
         &self,
         query: queen_ports::AnalyticsQuery,
     ) -> Result<queen_ports::AnalyticsAnswer, BrokerError> {
-        self.analytics_read(&query)
+        self.analytics_read(query).await
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<Vec<Member>, BrokerError> {
