@@ -393,6 +393,9 @@ pub trait ClientApi: Send + Sync + 'static {
         &self,
         op: crate::EphemeralOp,
     ) -> impl Future<Output = Result<crate::EphemeralAnswer, BrokerError>> + Send;
+    /// Every member's own raft figures (this node's first; a member that does not answer is
+    /// listed unreachable).
+    fn nodes(&self) -> impl Future<Output = Result<serde_json::Value, BrokerError>> + Send;
     /// Time series from this node's analytics samples.
     fn analytics(
         &self,

@@ -168,6 +168,23 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         .map(|a| a.iter().filter_map(|x| x["http"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(addrs.len(), 3, "{}", m.text);
+    // Each node's own figures, gathered by the node asked over the raft port.
+    let all = nodes[2].get("/api/v1/system/raft/nodes");
+    let listed = all.json["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 3, "{}", all.text);
+    assert!(
+        listed
+            .iter()
+            .all(|n| n["reachable"] == true && n["applied"].as_u64().unwrap_or(0) > 0),
+        "{}",
+        all.text
+    );
+    assert_eq!(
+        listed.iter().filter(|n| n["role"] == "leader").count(),
+        1,
+        "{}",
+        all.text
+    );
     println!(
         "three nodes served the dashboard in {:?}",
         started.elapsed()
@@ -190,6 +207,16 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         ),
         "{}",
         nodes[0].get("/health").text
+    );
+    // The survivor still lists every member, the two gone as unreachable.
+    let alone = nodes[0].get("/api/v1/system/raft/nodes");
+    let listed = alone.json["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 3, "{}", alone.text);
+    assert_eq!(
+        listed.iter().filter(|n| n["reachable"] == false).count(),
+        2,
+        "{}",
+        alone.text
     );
     if let Some(stdout) = browser(&["banner", &url(&nodes[0]), "No quorum", &shots, "no-quorum"]) {
         assert!(stdout.contains("dashboard banner ok"), "{stdout}");

@@ -130,14 +130,27 @@ def banner_only():
     print(f"dashboard banner ok: {driver.find_element(By.ID, 'banner').text}", flush=True)
 
 
+# The replicated log's view: the members as the leader sees them, and each node's own figures.
+MEMBERS = "#view section > table tbody tr"
+NODES = "[data-nodes] tbody tr"
+
+
 def cluster_only():
     go("log", "log")
-    wait(f"{member_count} members", lambda: len(rows()) == int(member_count))
-    roles = sorted(r[1] for r in rows())
-    check(roles == ["follower"] * (int(member_count) - 1) + ["leader"], f"roles: {rows()}")
-    check(all(r[2] == "yes" for r in rows()), f"a voter that is not live: {rows()}")
+    wait(f"{member_count} members", lambda: len(rows(MEMBERS)) == int(member_count))
+    members = rows(MEMBERS)
+    roles = sorted(r[1] for r in members)
+    check(roles == ["follower"] * (int(member_count) - 1) + ["leader"], f"roles: {members}")
+    check(all(r[2] == "yes" for r in members), f"a voter that is not live: {members}")
+    # Each node's own figures, gathered by this node over the raft port: all reachable, one
+    # leader, every node's applied index shown.
+    wait(f"{member_count} nodes' figures", lambda: len(rows(NODES)) == int(member_count))
+    nodes = rows(NODES)
+    check(all(r[1] == "yes" for r in nodes), f"a node did not answer: {nodes}")
+    check(sorted(r[3] for r in nodes) == ["follower"] * (int(member_count) - 1) + ["leader"], f"nodes: {nodes}")
+    check(all(r[6].replace(",", "").isdigit() and int(r[6].replace(",", "")) > 0 for r in nodes), f"applied: {nodes}")
     shot(cluster_shot)
-    print(f"dashboard cluster ok: {rows()}", flush=True)
+    print(f"dashboard cluster ok: {members} {nodes}", flush=True)
 
 
 try:
@@ -285,7 +298,7 @@ try:
     shot("sink")
 
     go("log", "log")
-    wait("the members", lambda: len(rows()) == 1 and rows()[0][1] == "leader")
+    wait("the members", lambda: len(rows(MEMBERS)) == 1 and rows(MEMBERS)[0][1] == "leader")
 
     # The refused retry answers an error (the page shows it); nothing else may.
     errors = [l for l in driver.get_log("browser") if l["level"] == "SEVERE" and "/retry" not in l["message"]]

@@ -318,6 +318,9 @@ pub(crate) async fn handle<A: ClientApi>(
                 &json!({"uptime": Value::Null, "raft": h.progress, "ready": h.not_ready.is_none()}),
             ))
         }
+        ("GET", ["api", "v1", "system", "raft", "nodes"]) => {
+            Ok(json_response(200, &api.nodes().await?))
+        }
         ("GET", ["api", "v1", "system", "raft", "membership"]) => Ok(json_response(
             200,
             &members_answer(api.membership(queen_ports::MembershipOp::List).await?),

@@ -553,6 +553,8 @@ impl queen_ports::PeerHandler for PeerService {
             };
             if route == ROUTE {
                 broker.ephemeral_from_peer(body).await
+            } else if route == super::nodes::NODE_ROUTE {
+                serde_json::to_vec(&broker.node_figures()).unwrap_or_default()
             } else if let Some(answer) = broker.ephemeral_handover_call(&route, &body).await {
                 answer
             } else {

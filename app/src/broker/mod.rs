@@ -10,6 +10,7 @@ mod ephemeral;
 mod ephemeral_handover;
 mod ephemeral_route;
 mod long_poll;
+mod nodes;
 mod producer;
 mod propose;
 mod purge;
@@ -584,6 +585,10 @@ impl ClientApi for Broker {
         query: queen_ports::AnalyticsQuery,
     ) -> Result<queen_ports::AnalyticsAnswer, BrokerError> {
         self.analytics_read(query).await
+    }
+
+    async fn nodes(&self) -> Result<serde_json::Value, BrokerError> {
+        self.cluster_nodes().await
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<Vec<Member>, BrokerError> {

@@ -667,11 +667,45 @@ const log = {
     );
     if (raft.apply && raft.apply.failure) el.appendChild(h("div", { class: "error" }, `Apply failure: ${raft.apply.failure}`));
     await members(el, raft.leaderId);
-    el.appendChild(
-      h("p", { class: "muted" }, "Each node answers for itself: open a member's client address to see its own role, term and indexes."),
-    );
+    await nodes(el);
   },
 };
+
+/** Every member's own role, term and indexes, gathered by this node over the raft port
+ * (`/api/v1/system/raft/nodes`; admin-only with JWT on). */
+async function nodes(el) {
+  el.appendChild(h("h3", {}, "Each node's own figures"));
+  const r = await request("GET", "/api/v1/system/raft/nodes");
+  if (r.status === 401 || r.status === 403) {
+    el.appendChild(h("p", { class: "muted" }, "Reading every node's figures needs an admin token (or the raft token) when JWT is on."));
+    return;
+  }
+  if (!r.json || !Array.isArray(r.json.nodes)) {
+    el.appendChild(h("div", { class: "error" }, `GET /api/v1/system/raft/nodes: HTTP ${r.status}`));
+    return;
+  }
+  const dash = (v) => (v === undefined || v === null ? "–" : v);
+  el.appendChild(
+    h(
+      "div",
+      { "data-nodes": "" },
+      table(
+        [
+          { title: "Node", get: (n) => n.nodeId },
+          { title: "Reachable", get: (n) => yes(n.reachable) },
+          { title: "Status", get: (n) => dash(n.status) },
+          { title: "Role", get: (n) => dash(n.role) },
+          { title: "Term", get: (n) => dash(n.term), num: true },
+          { title: "Commit", get: (n) => dash(n.commit), num: true },
+          { title: "Applied", get: (n) => dash(n.applied), num: true },
+          { title: "Commit − applied", get: (n) => (n.commit >= 0 && n.applied >= 0 ? n.commit - n.applied : "–"), num: true },
+        ],
+        r.json.nodes,
+        "No node answered.",
+      ),
+    ),
+  );
+}
 
 // --- ephemeral ----------------------------------------------------------------------------
 
