@@ -52,7 +52,7 @@ pub(crate) async fn route<A: ClientApi>(
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let q = parse_query(query);
-    let arg = |k: &str| crate::pop_query::get(&q, k).filter(|v| !v.is_empty());
+    let arg = |k: &str| crate::reads::q_get(&q, k);
     let now_ms = api.now().0 / 1000;
     let to = crate::traces_json::time_of(&q, "to")?.map_or(now_ms, |s| s.0 / 1000);
     let from = crate::traces_json::time_of(&q, "from")?

@@ -40,14 +40,16 @@ const MAX_FETCH_BYTES: u64 = 8 << 20;
 
 use crate::api::store_error as store_err;
 
-fn q_get<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
+/// A query value, when present and not empty.
+pub(crate) fn q_get<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
     q.iter()
         .find(|(a, _)| a == k)
         .map(|(_, v)| v.as_str())
         .filter(|v| !v.is_empty())
 }
 
-fn q_num(q: &[(String, String)], k: &str, default: u64) -> Result<u64, ApiError> {
+/// A non-negative integer query value, or `default` when absent.
+pub(crate) fn q_num(q: &[(String, String)], k: &str, default: u64) -> Result<u64, ApiError> {
     q_get(q, k).map_or(Ok(default), |v| {
         v.parse()
             .map_err(|_| ApiError::bad_request(k, "must be a non-negative integer"))

@@ -56,13 +56,6 @@ pub(crate) async fn route<A: ClientApi>(
     }
 }
 
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        _ => Err(ApiError::bad_request("body", "must be a JSON object")),
-    }
-}
-
 /// A required text of 1 to 256 bytes; ids may come as numbers.
 fn text(m: &Map<String, Value>, k: &str) -> Result<String, ApiError> {
     let v = match m.get(k) {
@@ -94,7 +87,7 @@ async fn register<A: ClientApi>(
     scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let m = object(body)?;
+    let m = crate::fields::object(body, false)?;
     let name = text(&m, "name")?;
     let source = text(&m, "source_queue")?;
     scope.queue(&source, "source_queue")?;
@@ -258,7 +251,7 @@ async fn cycle<A: ClientApi>(
     scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let m = object(body)?;
+    let m = crate::fields::object(body, false)?;
     let (query_id, partition_id) = shard(&m)?;
     let group = match m.get("consumer_group") {
         None | Some(Value::Null) => GroupName::queue_mode(),
@@ -357,7 +350,7 @@ async fn state_get<A: ClientApi>(
     scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let m = object(body)?;
+    let m = crate::fields::object(body, false)?;
     let (query_id, partition_id) = shard(&m)?;
     let keys: Vec<String> = match m.get("keys") {
         None | Some(Value::Null) => Vec::new(),

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::api::{ApiError, store_error};
 use crate::error::json_answer;
 use crate::pop_query::parse_query;
+use crate::reads::{q_get, q_num};
 use crate::tenancy::Scope;
 
 /// A page of stored rows, answered verbatim (a trace's `data` keeps its numbers as written).
@@ -179,27 +180,16 @@ async fn record<A: ClientApi>(
     ))
 }
 
-/// A query value, when present and not empty.
-fn arg<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    crate::pop_query::get(q, k).filter(|v| !v.is_empty())
-}
-
 fn page_of(q: &[(String, String)], default_limit: u64) -> Result<(u64, u64), ApiError> {
-    let num = |k: &str, d: u64| -> Result<u64, ApiError> {
-        arg(q, k).map_or(Ok(d), |v| {
-            v.parse()
-                .map_err(|_| ApiError::bad_request(k, "must be a non-negative integer"))
-        })
-    };
     Ok((
-        num("limit", default_limit)?.clamp(1, MAX_PAGE),
-        num("offset", 0)?,
+        q_num(q, "limit", default_limit)?.clamp(1, MAX_PAGE),
+        q_num(q, "offset", 0)?,
     ))
 }
 
 /// A time bound: epoch milliseconds or ISO 8601.
 pub(crate) fn time_of(q: &[(String, String)], k: &str) -> Result<Option<Stamp>, ApiError> {
-    let Some(v) = arg(q, k) else {
+    let Some(v) = q_get(q, k) else {
         return Ok(None);
     };
     if let Ok(ms) = v.parse::<u64>() {
@@ -270,7 +260,7 @@ async fn names<A: ClientApi>(
     let (rows, total) = traces::names(
         &*api.state(),
         &scope.tenant,
-        arg(&q, "search"),
+        q_get(&q, "search"),
         usize::try_from(offset).unwrap_or(usize::MAX),
         limit as usize,
         api.now(),
