@@ -168,17 +168,25 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         .map(|a| a.iter().filter_map(|x| x["http"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(addrs.len(), 3, "{}", m.text);
-    // Each node's own figures, gathered by the node asked over the raft port.
+    // Each node's own figures, gathered by the node asked over the raft port: once the last
+    // member has caught up (it joins as a learner that has applied nothing yet), every node
+    // answers with an applied index.
+    let settled = |a: &queen_tests::Answer| {
+        a.json["nodes"].as_array().is_some_and(|l| {
+            l.len() == 3
+                && l.iter()
+                    .all(|n| n["reachable"] == true && n["applied"].as_u64().unwrap_or(0) > 0)
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || settled(
+            &nodes[2].get("/api/v1/system/raft/nodes")
+        )),
+        "{}",
+        nodes[2].get("/api/v1/system/raft/nodes").text
+    );
     let all = nodes[2].get("/api/v1/system/raft/nodes");
     let listed = all.json["nodes"].as_array().cloned().unwrap_or_default();
-    assert_eq!(listed.len(), 3, "{}", all.text);
-    assert!(
-        listed
-            .iter()
-            .all(|n| n["reachable"] == true && n["applied"].as_u64().unwrap_or(0) > 0),
-        "{}",
-        all.text
-    );
     assert_eq!(
         listed.iter().filter(|n| n["role"] == "leader").count(),
         1,
