@@ -312,7 +312,21 @@ fn retention_that_overruns_the_sink_is_recorded_as_lost() {
         &json!([{"queue": "orders", "partition": "a", "payload": 3}]),
     );
     proxy.set_mode(Mode::Pass);
-    wait_committed(&n, "window after the overrun", |q| q["records"] == 1);
+    let row = wait_committed(&n, "window after the overrun", |q| q["records"] == 1);
+    // The status row (and so the dashboard) names what was lost, with the window that said so.
+    assert_eq!(row["recordsLost"], 2, "{row:#}");
+    let ranges = row["lostRanges"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ranges.len(), 1, "{row:#}");
+    assert_eq!(
+        (
+            &ranges[0]["partition"],
+            &ranges[0]["from"],
+            &ranges[0]["to"]
+        ),
+        (&json!("a"), &json!(0), &json!(1)),
+        "{row:#}"
+    );
+    assert!(ranges[0]["k"].as_u64().is_some(), "{row:#}");
     let mut args = server.lake_args("lake");
     args.extend(["--prefix", "queen"]);
     let lake = s3::read_lake(&args);

@@ -15,12 +15,17 @@ pub(super) const NODE_ROUTE: &str = "NODE";
 /// How long a member may take to answer before it is shown unreachable.
 const ASK_FOR: Duration = Duration::from_secs(1);
 
+/// The most sink rows one node's answer carries (a node holding more lists the first ones and
+/// says how many it left out).
+const SINK_ROWS: usize = 1000;
+
 impl Broker {
-    /// This node's figures, as `/health` has them.
+    /// This node's figures, as `/health` has them, and the S3 sink's rows of the queues this
+    /// node writes (the figures only their writer knows: windows, records, lag, lost ranges).
     pub(super) fn node_figures(&self) -> Value {
         let h = self.health();
         let p = h.progress;
-        json!({
+        let mut figures = json!({
             "nodeId": p.node_id,
             "role": p.role,
             "leaderId": p.leader,
@@ -30,7 +35,13 @@ impl Broker {
             "lastLog": p.last_log,
             "status": h.not_ready.map_or("healthy", |n| n.as_str()),
             "reachable": true,
-        })
+        });
+        if let Some(s3) = self.s3_status.get().map(|f| f())
+            && !s3.is_null()
+        {
+            figures["sink"] = held_rows(&s3);
+        }
+        figures
     }
 
     /// Every member's figures, this node's first; a member that does not answer within a
@@ -67,4 +78,26 @@ impl Broker {
         nodes[1..].sort_by_key(|n| n["nodeId"].as_u64().unwrap_or(u64::MAX));
         Ok(json!({"nodes": nodes}))
     }
+}
+
+/// The rows of the queues this node's sinks run (`running`), each with its sink's name, at
+/// most `SINK_ROWS` of them.
+fn held_rows(s3: &Value) -> Value {
+    let mut rows = Vec::new();
+    let mut left_out = 0_usize;
+    for sink in s3["sinks"].as_array().into_iter().flatten() {
+        for q in sink["queues"].as_array().into_iter().flatten() {
+            if q["running"] != true {
+                continue;
+            }
+            if rows.len() == SINK_ROWS {
+                left_out += 1;
+                continue;
+            }
+            let mut row = q.clone();
+            row["sink"] = sink["name"].clone();
+            rows.push(row);
+        }
+    }
+    json!({"phase": s3["phase"], "queues": rows, "leftOut": left_out})
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use queen_domain::sink::commit::LostRange;
 use queen_lake::{Lake, LakeTarget, S3Target, Secret};
 use queen_ports::SinkLog;
 use queen_telemetry::{S3QueueGauges, Telemetry};
@@ -26,6 +27,9 @@ use supervise::supervise;
 const DISCOVER_EVERY: Duration = Duration::from_secs(5);
 /// A presence row rewritten within this long is a node running the sink.
 const PRESENCE_FRESH: Duration = Duration::from_secs(12);
+
+/// How many lost ranges a queue's status row keeps (the manifests keep every one).
+const LOST_KEPT: usize = 8;
 
 /// One queue's row on the status page.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +48,10 @@ pub(crate) struct QueueStatus {
     buffered: u64,
     partitions: u64,
     checkpoint_age: u64,
+    /// Records retention deleted before this node's sink read them, since this node started.
+    records_lost: u64,
+    /// The last few of those ranges (at most `LOST_KEPT`), each with the window that recorded it.
+    lost_ranges: Vec<(u64, LostRange)>,
     /// The last error of this queue on this node; kept once the queue recovers, with its time.
     last_error: Option<String>,
     /// When `last_error` happened (ISO 8601, this node's clock).
@@ -397,6 +405,8 @@ fn status_json(shared: &Shared) -> Value {
                 "bytes": q.bytes,
                 "bufferedBytes": q.buffered,
                 "partitions": q.partitions,
+                "recordsLost": q.records_lost,
+                "lostRanges": q.lost_ranges.iter().map(|(k, l)| json!({"k": k, "partition": l.partition, "from": l.from, "to": l.to})).collect::<Vec<_>>(),
                 "lastError": q.last_error,
                 "lastErrorAt": q.last_error_at,
                 "failing": q.failing,

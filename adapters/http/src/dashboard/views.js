@@ -2,7 +2,7 @@
 
 import { call, enc, get, q, request } from "./api.js";
 import { lineChart } from "./chart.js";
-import { bytes, failure, fields, figures, h, pre, replace, table, text } from "./dom.js";
+import { bytes, failure, fields, figures, h, num, pre, replace, table, text } from "./dom.js";
 
 const link = (hash, label) => h("a", { href: hash }, label);
 const when = (v) => (v ? String(v).replace("T", " ").replace(/\.\d+Z$/, "Z") : "–");
@@ -602,13 +602,19 @@ const timers = {
 const sink = {
   async render(el) {
     el.appendChild(h("h2", {}, "S3 sink"));
-    const st = await guarded(el, "/status", () => get("/status"));
+    const [st, all] = await Promise.all([guarded(el, "/status", () => get("/status")), request("GET", "/api/v1/system/raft/nodes")]);
     if (!st) return;
     if (!st.s3) {
       el.appendChild(h("p", { class: "muted", "data-sink": "off" }, "No S3 sink runs on this node (QUEEN_S3_* unset)."));
       return;
     }
+    const writers = sinkWriters(all);
     el.appendChild(figures([["Phase", st.s3.phase, "phase"]]));
+    if (!writers.known) {
+      el.appendChild(
+        h("p", { class: "muted" }, "The figures of queues other nodes write are not shown: reading them needs an admin token (or the raft token) when JWT is on."),
+      );
+    }
     for (const s of st.s3.sinks || []) {
       el.appendChild(h("h3", {}, "Sink ", h("code", {}, s.name || "default")));
       el.appendChild(
@@ -623,26 +629,55 @@ const sink = {
         ]),
       );
       if (s.error) el.appendChild(h("div", { class: "error" }, s.error));
+      // Each queue with its writer's figures: this node's row when it writes the queue, else the
+      // row of the node that does (windows, records and lag are known only where it is written).
+      const rows = (s.queues || []).map((x) => {
+        if (x.running) return { ...x, from: `${writers.me ?? "?"} (this node)` };
+        const w = writers.rows.get(`${s.name}\u0000${x.queue}`);
+        return w ? { ...w.row, from: String(w.node) } : { ...x, from: "–" };
+      });
       el.appendChild(
         table(
           [
             { title: "Queue", get: (x) => x.queue },
             { title: "State", get: (x) => x.state },
             { title: "Held by", get: (x) => x.heldBy },
+            { title: "Figures from node", get: (x) => x.from },
+            { title: "Last window", get: (x) => (x.windowsCommitted ? `#${x.k} to ${micros(x.tEnd)}` : "–") },
             { title: "Complete through", get: (x) => micros(x.completeThrough) },
             { title: "Lag (s)", get: (x) => x.lagSeconds, num: true },
             { title: "Windows", get: (x) => x.windowsCommitted, num: true },
             { title: "Records", get: (x) => x.records, num: true },
             { title: "Bytes", get: (x) => bytes(x.bytes) },
+            { title: "Lost", get: lost },
             { title: "Last error", get: (x) => (x.lastError ? `${x.lastError} (${when(x.lastErrorAt)})` : "–") },
           ],
-          s.queues,
+          rows,
           "No queue in the sink yet.",
         ),
       );
     }
   },
 };
+
+/** The sink rows each node answered in `/api/v1/system/raft/nodes`, by sink and queue. */
+function sinkWriters(all) {
+  const out = { known: false, me: undefined, rows: new Map() };
+  if (!all || all.status !== 200 || !all.json || !Array.isArray(all.json.nodes)) return out;
+  out.known = true;
+  out.me = all.json.nodes[0] && all.json.nodes[0].nodeId;
+  for (const n of all.json.nodes) {
+    for (const row of (n.sink && n.sink.queues) || []) out.rows.set(`${row.sink}\u0000${row.queue}`, { node: n.nodeId, row });
+  }
+  return out;
+}
+
+/** Records retention deleted before the sink read them: the count and the last ranges. */
+function lost(x) {
+  if (!x.recordsLost) return x.recordsLost === 0 ? "0" : "–";
+  const ranges = (x.lostRanges || []).map((r) => `${r.partition} ${r.from}–${r.to} (window #${r.k})`);
+  return `${num(x.recordsLost)}: ${ranges.join(", ")}`;
+}
 
 // --- replicated log -----------------------------------------------------------------------
 

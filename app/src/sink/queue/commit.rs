@@ -162,6 +162,10 @@ impl QueueTask {
             q.windows_committed += 1;
             q.records += records;
             q.bytes += bytes;
+            q.records_lost += lost;
+            q.lost_ranges.extend(p.lost.iter().map(|l| (k, l.clone())));
+            let over = q.lost_ranges.len().saturating_sub(super::super::LOST_KEPT);
+            q.lost_ranges.drain(..over);
         });
         self.since_checkpoint += 1;
         self.succeeded(Failure::Window);
