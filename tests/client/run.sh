@@ -7,19 +7,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
-python="${PYTHON:-python3}"
-venv="$here/.venv"
-stamp="$venv/.requirements.sha256"
-want="$(sha256sum requirements.txt | cut -d' ' -f1)"
-
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-fi
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  timeout 600 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    --timeout 60 --retries 3 -r requirements.txt
-  echo "$want" > "$stamp"
-fi
+# shellcheck source=../venv.sh
+. "$here/../venv.sh"
+ensure_venv "$here"
 
 # `run.sh --script FILE ARGS...` runs one of this folder's scripts with the client installed
 # (against nodes the caller started) instead of the suite.

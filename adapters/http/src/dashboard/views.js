@@ -357,45 +357,56 @@ const STATUSES = [
 
 const messageLink = (m) => link(`#message/${enc(m.partitionId)}/${enc(m.transactionId)}`, m.transactionId);
 
-const messages = {
-  async render(el, _args, p) {
-    el.appendChild(h("h2", {}, "Messages"));
-    const queueName = p.get("queue") || "";
-    el.appendChild(
-      filterForm("messages", [
-        await queuePicker(queueName),
-        select("status", "Status", p.get("status"), STATUSES),
-        input("consumerGroup", "Consumer group", p.get("consumerGroup"), { placeholder: "queue mode" }),
-        input("partition", "Partition", p.get("partition")),
-        input("limit", "Limit", p.get("limit") || "50", { type: "number", min: 1, max: 1000 }),
-        input("offset", "Offset", p.get("offset") || "0", { type: "number", min: 0 }),
-      ]),
-    );
-    if (!queueName) {
-      el.appendChild(h("p", { class: "muted" }, "Choose a queue."));
-      return;
-    }
-    const params = Object.fromEntries(p);
-    params.limit = params.limit || 50;
-    const r = await guarded(el, "/api/v1/messages", () => get(q("/api/v1/messages", params)));
-    if (!r) return;
-    el.appendChild(
-      table(
-        [
-          { title: "Partition", get: (m) => m.partition },
-          { title: "Offset", get: (m) => m.offset, num: true },
-          { title: "Transaction", get: messageLink },
-          { title: "Status", get: (m) => h("span", { class: `status ${m.status}` }, m.status) },
-          { title: "Created", get: (m) => when(m.createdAt) },
-          { title: "Payload", get: (m) => h("code", {}, text(m.data, 80)) },
-        ],
-        r.messages,
-        "No message matches.",
-      ),
-    );
-    pager(el, "messages", p, r.messages.length, r.pagination && r.pagination.total);
-  },
-};
+/** A view listing one queue's messages from `path`: a filter form with the queue picker, the
+ * `extra` inputs and limit/offset, then the table and a pager (`total` reads the answer's
+ * count). */
+function queueList({ name, title, path, extra, columns, empty, total }) {
+  return {
+    async render(el, _args, p) {
+      el.appendChild(h("h2", {}, title));
+      const queueName = p.get("queue") || "";
+      el.appendChild(
+        filterForm(name, [
+          await queuePicker(queueName),
+          ...extra(p),
+          input("limit", "Limit", p.get("limit") || "50", { type: "number", min: 1, max: 1000 }),
+          input("offset", "Offset", p.get("offset") || "0", { type: "number", min: 0 }),
+        ]),
+      );
+      if (!queueName) {
+        el.appendChild(h("p", { class: "muted" }, "Choose a queue."));
+        return;
+      }
+      const params = Object.fromEntries(p);
+      params.limit = params.limit || 50;
+      const r = await guarded(el, path, () => get(q(path, params)));
+      if (!r) return;
+      el.appendChild(table(columns, r.messages, empty));
+      pager(el, name, p, r.messages.length, total(r));
+    },
+  };
+}
+
+const messages = queueList({
+  name: "messages",
+  title: "Messages",
+  path: "/api/v1/messages",
+  extra: (p) => [
+    select("status", "Status", p.get("status"), STATUSES),
+    input("consumerGroup", "Consumer group", p.get("consumerGroup"), { placeholder: "queue mode" }),
+    input("partition", "Partition", p.get("partition")),
+  ],
+  columns: [
+    { title: "Partition", get: (m) => m.partition },
+    { title: "Offset", get: (m) => m.offset, num: true },
+    { title: "Transaction", get: messageLink },
+    { title: "Status", get: (m) => h("span", { class: `status ${m.status}` }, m.status) },
+    { title: "Created", get: (m) => when(m.createdAt) },
+    { title: "Payload", get: (m) => h("code", {}, text(m.data, 80)) },
+  ],
+  empty: "No message matches.",
+  total: (r) => r.pagination && r.pagination.total,
+});
 
 function pager(el, name, p, got, total) {
   const limit = Number(p.get("limit") || 50);
@@ -469,46 +480,24 @@ const message = {
 
 // --- dead letters -------------------------------------------------------------------------
 
-const dlq = {
-  async render(el, _args, p) {
-    el.appendChild(h("h2", {}, "Dead letters"));
-    const queueName = p.get("queue") || "";
-    el.appendChild(
-      filterForm("dlq", [
-        await queuePicker(queueName),
-        input("consumerGroup", "Consumer group", p.get("consumerGroup")),
-        input("partition", "Partition", p.get("partition")),
-        input("limit", "Limit", p.get("limit") || "50", { type: "number", min: 1, max: 1000 }),
-        input("offset", "Offset", p.get("offset") || "0", { type: "number", min: 0 }),
-      ]),
-    );
-    if (!queueName) {
-      el.appendChild(h("p", { class: "muted" }, "Choose a queue."));
-      return;
-    }
-    const params = Object.fromEntries(p);
-    params.limit = params.limit || 50;
-    const r = await guarded(el, "/api/v1/dlq", () => get(q("/api/v1/dlq", params)));
-    if (!r) return;
-    el.appendChild(
-      table(
-        [
-          { title: "Partition", get: (m) => m.partition },
-          { title: "Transaction", get: messageLink },
-          { title: "Group", get: (m) => m.consumerGroup ?? "queue mode" },
-          { title: "Error", get: (m) => m.errorMessage },
-          { title: "Retries", get: (m) => m.retryCount, num: true },
-          { title: "Failed", get: (m) => when(m.failedAt) },
-          { title: "Payload", get: (m) => h("code", {}, text(m.data, 60)) },
-          { title: "", get: (m) => actions(m.partitionId, m.transactionId) },
-        ],
-        r.messages,
-        "No dead letter.",
-      ),
-    );
-    pager(el, "dlq", p, r.messages.length, r.total);
-  },
-};
+const dlq = queueList({
+  name: "dlq",
+  title: "Dead letters",
+  path: "/api/v1/dlq",
+  extra: (p) => [input("consumerGroup", "Consumer group", p.get("consumerGroup")), input("partition", "Partition", p.get("partition"))],
+  columns: [
+    { title: "Partition", get: (m) => m.partition },
+    { title: "Transaction", get: messageLink },
+    { title: "Group", get: (m) => m.consumerGroup ?? "queue mode" },
+    { title: "Error", get: (m) => m.errorMessage },
+    { title: "Retries", get: (m) => m.retryCount, num: true },
+    { title: "Failed", get: (m) => when(m.failedAt) },
+    { title: "Payload", get: (m) => h("code", {}, text(m.data, 60)) },
+    { title: "", get: (m) => actions(m.partitionId, m.transactionId) },
+  ],
+  empty: "No dead letter.",
+  total: (r) => r.total,
+});
 
 // --- KV -----------------------------------------------------------------------------------
 
