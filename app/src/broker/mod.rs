@@ -540,27 +540,20 @@ impl ClientApi for Broker {
     async fn command(&self, command: Command) -> Result<Outcome, BrokerError> {
         // A command of a newer log format waits until every member reads it.
         let needs = command.format();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        let mut version = queen_domain::reads::cluster_version(&*self.state.view()).unwrap_or(0);
-        // A cluster that has just started writes its first format within about a second.
-        while needs > 1 && version == 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            version = queen_domain::reads::cluster_version(&*self.state.view()).unwrap_or(0);
+        if needs > 1 {
+            let version = self.cluster_format().await;
+            if needs > version {
+                return Err(BrokerError::Unavailable(format!(
+                    "the cluster writes log format {version} because a member runs an earlier build; this operation needs format {needs}: upgrade every member first"
+                )));
+            }
         }
-        if needs > 1 && needs > version {
-            return Err(BrokerError::Unavailable(format!(
-                "the cluster writes log format {version} because a member runs an earlier build; this operation needs format {needs}: upgrade every member first"
-            )));
-        }
-        let wakes = matches!(command, Command::RetryDeadLetter { .. });
         let queue = match &command {
             Command::Seek { queue, .. } => Some(queue.as_str().to_owned()),
             _ => None,
         };
         let out = self.propose(command).await?.outcome;
-        if wakes {
-            self.waiters.wake_all();
-        }
+        // A retried dead letter, like any change but a seek, may wake any waiting pop.
         match queue {
             Some(q) => self.waiters.wake(&q),
             None => self.waiters.wake_all(),

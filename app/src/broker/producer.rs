@@ -20,19 +20,26 @@ impl Broker {
     /// refused, and the node says so in its log (a warning the first time, then at debug).
     pub(super) async fn stamped(&self, producer: Option<String>) -> Option<String> {
         let producer = producer?;
+        let version = self.cluster_format().await;
+        if version >= Command::AS_PRODUCER_FORMAT {
+            return Some(producer);
+        }
+        if self.unstamped_warned.swap(true, Ordering::Relaxed) {
+            tracing::debug!(target: "queen-app", version, "producerSub not stamped: the cluster's log format is below 2");
+        } else {
+            tracing::warn!(target: "queen-app", version, "producerSub not stamped: the cluster writes log format {version} because a member runs an earlier build; pushes are stored without their producer until every member is upgraded");
+        }
+        None
+    }
+
+    /// The log format the cluster writes; on a cluster that has written none yet (it has just
+    /// started), waits up to `FIRST_FORMAT_WAIT` for the first (0 when none came).
+    pub(super) async fn cluster_format(&self) -> u32 {
         let deadline = Instant::now() + FIRST_FORMAT_WAIT;
         loop {
             let version = reads::cluster_version(&*self.state.view()).unwrap_or(0);
-            if version >= Command::AS_PRODUCER_FORMAT {
-                return Some(producer);
-            }
             if version > 0 || Instant::now() >= deadline {
-                if self.unstamped_warned.swap(true, Ordering::Relaxed) {
-                    tracing::debug!(target: "queen-app", version, "producerSub not stamped: the cluster's log format is below 2");
-                } else {
-                    tracing::warn!(target: "queen-app", version, "producerSub not stamped: the cluster writes log format {version} because a member runs an earlier build; pushes are stored without their producer until every member is upgraded");
-                }
-                return None;
+                return version;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
