@@ -181,6 +181,47 @@ fn malformed_and_invalid_requests_are_refused_with_named_fields() {
             404,
             "no_such_route",
         ),
+        // A streams cycle is read once, its lists item by item: each part is named.
+        ("POST", "/streams/v1/cycle", "{not json".into(), 400, "bad_json"),
+        ("POST", "/streams/v1/cycle", "[1]".into(), 400, "body"),
+        (
+            "POST",
+            "/streams/v1/cycle",
+            json!({"partition_id": "p"}).to_string(),
+            400,
+            "query_id",
+        ),
+        (
+            "POST",
+            "/streams/v1/cycle",
+            json!({"query_id": "q", "partition_id": "p", "push_items": {"queue": "x"}})
+                .to_string(),
+            400,
+            "push_items must be lists",
+        ),
+        (
+            "POST",
+            "/streams/v1/cycle",
+            json!({"query_id": "q", "partition_id": "p", "state_ops": [{"type": "upsert", "key": ""}]})
+                .to_string(),
+            400,
+            "state_ops[0].key",
+        ),
+        (
+            "POST",
+            "/streams/v1/cycle",
+            json!({"query_id": "q", "partition_id": "p", "push_items": [{"payload": 1}]})
+                .to_string(),
+            400,
+            "push_items[0].queue",
+        ),
+        (
+            "POST",
+            "/streams/v1/cycle",
+            json!({"query_id": "q", "partition_id": "p", "ack": 5}).to_string(),
+            400,
+            "ack",
+        ),
     ];
     for (method, path, body, status, needle) in &cases {
         let a = n.request(

@@ -177,6 +177,41 @@ fn payloads_come_back_byte_for_byte_from_pop_fetch_dlq_transactions_and_kv() {
     );
 }
 
+#[test]
+fn a_streams_cycle_keeps_its_pushes_and_state_values_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(&dir);
+    // A cycle without an ack (an idle flush): every payload pushed, every payload a state value.
+    let ops: Vec<String> = PAYLOADS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!(r#"{{"type":"upsert","key":"k{i}","value": {p} }}"#))
+        .collect();
+    let body = format!(
+        r#"{{"query_id":"agg","partition_id":"p1","state_ops":[{}],"push_items":{}}}"#,
+        ops.join(","),
+        push_items("sunk", "s")
+    );
+    let c = n.post_raw("/streams/v1/cycle", &body);
+    assert_eq!(c.status, 200, "{}", c.text);
+    assert_eq!(c.json["success"], true, "{}", c.text);
+    assert_eq!(c.json["pushed"], PAYLOADS.len(), "{}", c.text);
+    assert_eq!(c.json["state_ops"], PAYLOADS.len(), "{}", c.text);
+    let p = n.get("/api/v1/pop/queue/sunk?batch=100&wait=false");
+    assert_has_all(
+        &p.text,
+        r#""data":"#,
+        r#","producerSub""#,
+        "streams push, popped",
+    );
+    let rows = n.post_raw(
+        "/streams/v1/state/get",
+        r#"{"query_id":"agg","partition_id":"p1"}"#,
+    );
+    assert_eq!(rows.status, 200, "{}", rows.text);
+    assert_has_all(&rows.text, r#""value":"#, "}", "streams state");
+}
+
 /// The answer parsed with each payload after `before` replaced by 0.
 fn readable(text: &str, before: &str) -> Value {
     let mut t = text.to_owned();

@@ -200,13 +200,43 @@ fn shard(m: &Map<String, Value>) -> Result<(String, String), ApiError> {
     Ok((text(m, "query_id")?, text(m, "partition_id")?))
 }
 
-/// The body of `POST /streams/v1/cycle`.
-#[derive(Deserialize)]
+/// The body of `POST /streams/v1/cycle`, read once: its small fields as values, and its two lists
+/// (`state_ops`, `push_items`) as the raw text of each item, parsed later item by item (so a
+/// payload's numbers stay as the client wrote them).
 struct CycleIn<'a> {
-    #[serde(default, borrow)]
-    state_ops: Option<Vec<&'a RawValue>>,
-    #[serde(default, borrow)]
-    push_items: Option<Vec<&'a RawValue>>,
+    fields: Map<String, Value>,
+    state_ops: Vec<&'a RawValue>,
+    push_items: Vec<&'a RawValue>,
+}
+
+fn cycle_body(body: &[u8]) -> Result<CycleIn<'_>, ApiError> {
+    let Ok(top) = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(body)
+    else {
+        // Not an object: the same answer as every other route's body (read again only here).
+        crate::fields::object(body, false)?;
+        return Err(ApiError::bad_request("body", "must be a JSON object"));
+    };
+    let mut out = CycleIn {
+        fields: Map::new(),
+        state_ops: Vec::new(),
+        push_items: Vec::new(),
+    };
+    for (key, raw) in top {
+        let list = match key.as_str() {
+            "state_ops" => &mut out.state_ops,
+            "push_items" => &mut out.push_items,
+            _ => {
+                let v = serde_json::from_str(raw.get())
+                    .map_err(|_| ApiError::bad_request(&key, "is not valid JSON"))?;
+                out.fields.insert(key, v);
+                continue;
+            }
+        };
+        *list = serde_json::from_str::<Option<Vec<&RawValue>>>(raw.get())
+            .map_err(|_| ApiError::bad_request("body", "state_ops and push_items must be lists"))?
+            .unwrap_or_default();
+    }
+    Ok(out)
 }
 
 fn state_op(raw: &RawValue, i: usize) -> Result<StateOp, ApiError> {
@@ -251,18 +281,16 @@ async fn cycle<A: ClientApi>(
     scope: &Scope,
     body: &[u8],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let m = crate::fields::object(body, false)?;
-    let (query_id, partition_id) = shard(&m)?;
+    let parts = cycle_body(body)?;
+    let m = &parts.fields;
+    let (query_id, partition_id) = shard(m)?;
     let group = match m.get("consumer_group") {
         None | Some(Value::Null) => GroupName::queue_mode(),
         Some(Value::String(g)) => GroupName::or_queue_mode(Some(g.as_str()))
             .map_err(|e| ApiError::bad_request("consumer_group", &e.to_string()))?,
         Some(_) => return Err(ApiError::bad_request("consumer_group", "must be a string")),
     };
-    let parts: CycleIn<'_> = serde_json::from_slice(body)
-        .map_err(|_| ApiError::bad_request("body", "state_ops and push_items must be lists"))?;
-    let raw_ops = parts.state_ops.unwrap_or_default();
-    let raw_pushes = parts.push_items.unwrap_or_default();
+    let (raw_ops, raw_pushes) = (parts.state_ops, parts.push_items);
     if raw_ops.len() > MAX_CYCLE_ITEMS || raw_pushes.len() > MAX_CYCLE_ITEMS {
         return Err(ApiError::bad_request(
             "state_ops",
