@@ -406,6 +406,33 @@ fn two_tenants_and_the_default_share_names_and_nothing_else() {
             .all(|p| p["who"] == "from-default")
     );
 
+    // Ephemeral queues of A and B (in memory on their owner).
+    for t in [A, B] {
+        let pushed = call(
+            &n,
+            Some(t),
+            "POST",
+            "/api/v1/ephemeral/push",
+            Some(&json!({"queue": "rooms", "partition": "lobby", "messages": [{"payload": t}]})),
+        );
+        assert_eq!(pushed.status, 201, "{}", pushed.text);
+    }
+    let ephemeral = |t| {
+        let r = call(&n, Some(t), "GET", "/api/v1/ephemeral/queues", None);
+        r.json["queues"]
+            .as_array()
+            .unwrap_or(&Vec::new())
+            .iter()
+            .map(|q| {
+                (
+                    q["queue"].as_str().unwrap_or("").to_owned(),
+                    q["depth"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ephemeral(A), vec![("rooms".to_owned(), json!(1))]);
+
     // Purge A: a trusted proxy may name only the tenant it purges; the default tenant is never
     // purged; a pass deletes, the next confirms.
     let purge = |t: Option<&str>, which: &str| {
@@ -439,6 +466,9 @@ fn two_tenants_and_the_default_share_names_and_nothing_else() {
         "{}",
         second.text
     );
+    // A's ephemeral queue is gone from memory; B's keeps its message.
+    assert!(ephemeral(A).is_empty(), "{:?}", ephemeral(A));
+    assert_eq!(ephemeral(B), vec![("rooms".to_owned(), json!(1))]);
     let gone = call(&n, Some(A), "GET", "/api/v1/resources/queues", None);
     assert_eq!(
         gone.json["queues"].as_array().unwrap().len(),
