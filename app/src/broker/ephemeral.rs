@@ -29,6 +29,9 @@ const OPTIONS_KEPT: usize = 100_000;
 /// The rings of the ephemeral partitions this node owns, and the pops waiting on them.
 pub(crate) struct EphemeralRings {
     rings: Mutex<Rings>,
+    /// The node's bounds (fixed at start; the rings hold the same, this copy is read without
+    /// their lock).
+    limits: Limits,
     waiters: Waiters,
     /// Declared options as last read, and when.
     options: Mutex<std::collections::HashMap<String, (Instant, Option<Declared>)>>,
@@ -39,7 +42,8 @@ impl EphemeralRings {
     pub(crate) fn new(limits: Limits) -> Self {
         let epoch = uuid::Uuid::now_v7().as_u64_pair().1;
         Self {
-            rings: Mutex::new(Rings::new(epoch, limits)),
+            rings: Mutex::new(Rings::new(epoch, limits.clone())),
+            limits,
             waiters: Waiters::default(),
             options: Mutex::default(),
         }
@@ -50,6 +54,11 @@ impl EphemeralRings {
         self.rings
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The node's bounds.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Wake the pops waiting on `queue`.
@@ -78,7 +87,15 @@ impl Broker {
     /// The bounds `queue` works under on this node (its declared options read at most
     /// `OPTIONS_FRESH` ago).
     fn eph_options(&self, queue: &str) -> Result<Options, BrokerError> {
-        let limits = self.ephemeral.lock().limits().clone();
+        let declared = self.eph_declared_cached(queue)?;
+        Ok(declared
+            .unwrap_or_default()
+            .effective(self.ephemeral.limits()))
+    }
+
+    /// `queue`'s declared options as read at most `OPTIONS_FRESH` ago (from the store when the
+    /// copy in memory is older or missing).
+    fn eph_declared_cached(&self, queue: &str) -> Result<Option<Declared>, BrokerError> {
         let cached = {
             let m = self
                 .ephemeral
@@ -89,23 +106,20 @@ impl Broker {
                 .filter(|(at, _)| at.elapsed() < OPTIONS_FRESH)
                 .map(|(_, d)| d.clone())
         };
-        let declared = match cached {
-            Some(d) => d,
-            None => {
-                let d = self.eph_declared(queue)?;
-                let mut m = self
-                    .ephemeral
-                    .options
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if m.len() >= OPTIONS_KEPT {
-                    m.clear();
-                }
-                m.insert(queue.to_owned(), (Instant::now(), d.clone()));
-                d
-            }
-        };
-        Ok(declared.unwrap_or_default().effective(&limits))
+        if let Some(d) = cached {
+            return Ok(d);
+        }
+        let d = self.eph_declared(queue)?;
+        let mut m = self
+            .ephemeral
+            .options
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if m.len() >= OPTIONS_KEPT {
+            m.clear();
+        }
+        m.insert(queue.to_owned(), (Instant::now(), d.clone()));
+        Ok(d)
     }
 
     /// Forget `queue`'s options kept in memory (after this node changed them).
@@ -140,8 +154,8 @@ impl Broker {
                 )
                 .await?;
                 self.eph_forget_options(&queue);
-                let limits = self.ephemeral.lock().limits().clone();
-                Ok(EphemeralAnswer::Configured(declared.effective(&limits)))
+                let limits = self.ephemeral.limits();
+                Ok(EphemeralAnswer::Configured(declared.effective(limits)))
             }
             EphemeralOp::Reset { queue } => {
                 let dropped = self.ephemeral.lock().reset(&queue);
@@ -217,7 +231,7 @@ impl Broker {
             }
             EphemeralOp::Depth { queue, group } => {
                 let declared = self.eph_declared(&queue)?;
-                let limits = self.ephemeral.lock().limits().clone();
+                let limits = self.ephemeral.limits();
                 let view = self.ephemeral.lock().view(&queue, group.as_deref());
                 if declared.is_none() && view.is_none() {
                     return Err(BrokerError::EphemeralQueueNotFound {
@@ -225,7 +239,7 @@ impl Broker {
                     });
                 }
                 Ok(EphemeralAnswer::Depth(EphemeralQueue {
-                    options: declared.clone().unwrap_or_default().effective(&limits),
+                    options: declared.clone().unwrap_or_default().effective(limits),
                     declared: declared.is_some(),
                     queue,
                     view: view.unwrap_or_default(),
@@ -264,7 +278,7 @@ impl Broker {
         )
         .map_err(|e| Self::read_error(&e))?;
         let rings = self.ephemeral.lock();
-        let limits = rings.limits().clone();
+        let limits = self.ephemeral.limits();
         let mut out: std::collections::BTreeMap<String, EphemeralQueue> = declared
             .into_iter()
             .map(|(queue, d)| {
@@ -274,7 +288,7 @@ impl Broker {
                     EphemeralQueue {
                         queue,
                         declared: true,
-                        options: d.effective(&limits),
+                        options: d.effective(limits),
                         view,
                     },
                 )
@@ -289,7 +303,7 @@ impl Broker {
                 EphemeralQueue {
                     queue: q.to_owned(),
                     declared: false,
-                    options: Declared::default().effective(&limits),
+                    options: Declared::default().effective(limits),
                     view: rings.view(q, None).unwrap_or_default(),
                 },
             );
@@ -379,16 +393,13 @@ impl Broker {
             .queue_names()
             .map(str::to_owned)
             .collect();
-        let limits = self.ephemeral.lock().limits().clone();
+        let limits = self.ephemeral.limits();
         let mut known = std::collections::HashMap::with_capacity(names.len());
         for q in names {
-            let d = self.eph_declared(&q).ok().flatten();
+            let d = self.eph_declared_cached(&q).ok().flatten();
             known.insert(
                 q,
-                (
-                    d.clone().unwrap_or_default().effective(&limits),
-                    d.is_some(),
-                ),
+                (d.clone().unwrap_or_default().effective(limits), d.is_some()),
             );
         }
         let mut rings = self.ephemeral.lock();
@@ -396,7 +407,7 @@ impl Broker {
             known
                 .get(q)
                 .copied()
-                .unwrap_or_else(|| (Declared::default().effective(&limits), false))
+                .unwrap_or_else(|| (Declared::default().effective(limits), false))
         });
         drop(rings);
         let (bytes, messages, queues) = self.ephemeral.figures();

@@ -162,7 +162,7 @@ impl Broker {
     /// This node's ephemeral figures for `/status`.
     pub(crate) fn ephemeral_status(&self) -> serde_json::Value {
         let (bytes, messages, queues) = self.ephemeral.figures();
-        let budget = self.ephemeral.lock().limits().node_max_bytes;
+        let budget = self.ephemeral.limits().node_max_bytes;
         let losses: Vec<serde_json::Value> = lock(&self.eph_owners.losses)
             .iter()
             .map(|(node, messages, at)| {
