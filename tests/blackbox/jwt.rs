@@ -58,6 +58,25 @@ fn ed(claims: &Value, kid: Option<&str>) -> String {
     jsonwebtoken::encode(&h, claims, &key).expect("a token")
 }
 
+/// Sends `request` (its head, and no more) on a new connection to the node's port and answers
+/// the response's head.
+fn raw_head(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    c.write_all(request.as_bytes()).expect("send");
+    let mut got = Vec::new();
+    let mut buf = [0_u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 fn call(n: &Node, method: &str, path: &str, body: Option<&Value>, token: Option<&str>) -> Answer {
     let auth = token.map(|t| format!("Bearer {t}"));
     let headers: Vec<(&str, &str)> = auth
@@ -215,6 +234,25 @@ fn every_route_family_answers_each_role_at_its_level() {
             }
         }
     }
+    // A refusal sent before the body is read says the connection closes (hyper closes it, its
+    // body still unread); a refused request without a body keeps the connection.
+    let pending = "POST /api/v1/push HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n";
+    let head = raw_head(n.port, pending);
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    let bodiless = raw_head(
+        n.port,
+        "GET /api/v1/resources/queues HTTP/1.1\r\nhost: q\r\n\r\n",
+    );
+    assert!(bodiless.starts_with("HTTP/1.1 401"), "{bodiless}");
+    assert!(
+        !bodiless.to_ascii_lowercase().contains("connection: close"),
+        "{bodiless}"
+    );
+
     // What the write-only producer pushed is really stored: a consumer pops it.
     let rw = hs(&claims("read-write"));
     let wo = hs(&claims("write-only"));

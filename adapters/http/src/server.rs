@@ -150,6 +150,11 @@ async fn answer<A: ClientApi>(
     if crate::dashboard::is_dashboard(method, segs) {
         return crate::dashboard::answer(segs);
     }
+    // A request refused before its body is read leaves that body on the connection: the
+    // answer says the connection closes, so that no client sends its next request on it.
+    let unread = |r: Response<Full<Bytes>>| {
+        if has_body(&req) { closing(r) } else { r }
+    };
     // The cluster's raft token, checked once: the credential of a membership change, and of
     // any `/api/v1/system/*` request when broker JWT is on (an operator's or a peer's).
     let raft_token = matches!(segs, ["api", "v1", "system", ..]).then(|| {
@@ -173,7 +178,7 @@ async fn answer<A: ClientApi>(
             .await
         {
             Ok(p) => principal = Some(p),
-            Err(e) => return error_response(&e),
+            Err(e) => return unread(error_response(&e)),
         }
     }
     let scope = match tenancy::resolve(
@@ -182,13 +187,13 @@ async fn answer<A: ClientApi>(
         principal.as_ref(),
     ) {
         Ok(s) => s,
-        Err(e) => return error_response(&e),
+        Err(e) => return unread(error_response(&e)),
     };
     if is_admin_change(method, segs)
         && let Some(Err(e)) = &raft_token
     {
         tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
-        return error_response(e);
+        return unread(error_response(e));
     }
     let declared = req
         .headers()
@@ -210,8 +215,28 @@ async fn answer<A: ClientApi>(
         Ok(body) => {
             finish(handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await)
         }
-        Err(e) => error_response(&e),
+        // Too large, too slow or cut short: what is left of it may still be on its way.
+        Err(e) => closing(error_response(&e)),
     }
+}
+
+/// Whether `req` carries a body (a length above zero, or chunks).
+fn has_body<B>(req: &Request<B>) -> bool {
+    let h = req.headers();
+    h.contains_key(hyper::header::TRANSFER_ENCODING)
+        || h.get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+/// `r` with `connection: close`: hyper closes a connection whose request body was left unread,
+/// and this tells the client before it reuses it.
+fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 /// Serve the API on `listener` until `shutdown` resolves, then stop accepting and let the
