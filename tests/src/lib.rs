@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod netns;
 pub mod s3;
 pub mod sink;
 
@@ -98,6 +99,10 @@ pub struct Node {
     child: Option<Child>,
     agent: ureq::Agent,
     log: PathBuf,
+    /// The address it listens on and is reached at (127.0.0.1 unless in a namespace).
+    host: String,
+    /// The network namespace it runs in (`netns::Net`), when not the test's own.
+    netns: Option<PathBuf>,
 }
 
 impl Node {
@@ -131,7 +136,16 @@ impl Node {
             child: None,
             agent,
             log: dir.with_extension("log"),
+            host: "127.0.0.1".to_owned(),
+            netns: None,
         }
+    }
+
+    /// Run in the network namespace named by `ns` (a `netns::Net` node's), listening on `host`,
+    /// from the next start on; the test reaches it from `Net::as_client`.
+    pub fn in_netns(&mut self, ns: PathBuf, host: &str) {
+        self.netns = Some(ns);
+        host.clone_into(&mut self.host);
     }
 
     /// Set (or replace) an environment variable for the next start.
@@ -170,7 +184,7 @@ impl Node {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PORT", self.port.to_string())
-            .env("HOST", "127.0.0.1")
+            .env("HOST", &self.host)
             .env("QUEEN_RAFT_DIR", &self.dir)
             .env("RUST_LOG", "info")
             // The test machine's disk is shared with other builds: the gate (85% by default)
@@ -182,6 +196,27 @@ impl Node {
             .stderr(log);
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        // Opened here, entered in the child between fork and exec (the file closes at exec).
+        let ns = self
+            .netns
+            .as_ref()
+            .map(|p| std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
+        if let Some(f) = &ns {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = f.as_raw_fd();
+            // SAFETY: only the setns system call runs between fork and exec.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         self.child = Some(cmd.spawn().expect("spawn queen"));
     }
@@ -223,8 +258,10 @@ impl Node {
         self.child.as_ref().map(Child::id)
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+    /// The URL of `path` on this node.
+    #[must_use]
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}:{}{path}", self.host, self.port)
     }
 
     /// One request; transport errors are returned.
@@ -599,9 +636,17 @@ pub fn try_get_url(url: &str, limit: Duration) -> Result<(u16, String), String> 
 /// # Errors
 /// Transport errors, as text.
 pub fn post_url(url: &str, body: &str) -> Result<(u16, String), String> {
+    post_url_within(url, body, Duration::from_secs(60))
+}
+
+/// A one-off POST of JSON text on its own connection, within `limit`.
+///
+/// # Errors
+/// Transport errors (a timeout among them), as text.
+pub fn post_url_within(url: &str, body: &str, limit: Duration) -> Result<(u16, String), String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
+        .timeout_global(Some(limit))
         .build()
         .into();
     let mut r = agent

@@ -1,0 +1,257 @@
+//! Real network faults for black-box tests: every node in its own Linux network namespace,
+//! joined to a router namespace by a veth pair, and the test's client in one more. Nothing is
+//! addressed outside these namespaces (the root namespace gets no address and no route), and
+//! every namespace, with its links, is deleted when the `Net` is dropped.
+//!
+//! ```text
+//!   node 1 (10.77.1.2) ──veth── router (10.77.1.1, .2.1, .3.1, .9.1) ──veth── client (10.77.9.2)
+//!   node 2 (10.77.2.2) ──veth──┘          │
+//!   node 3 (10.77.3.2) ──veth─────────────┘
+//! ```
+//!
+//! The router forwards between the links; a fault is a routing-policy rule in the router
+//! (`ip rule add from A to B blackhole`), so a packet of a cut direction is dropped silently in
+//! flight, as on a real network: one rule is a one-way partition, a pair a full one, and any set
+//! of pairs makes majority/minority splits or a bridge node that sees both sides. This kernel's
+//! traffic-control modules (netem for loss, delay and reordering, and the classifiers) are not
+//! available to the tests, so those faults are not offered here.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, PoisonError};
+
+/// The client namespace's index (its link is 10.77.9.x).
+const CLIENT: usize = 9;
+
+/// A set of namespaces made for one test.
+pub struct Net {
+    prefix: String,
+    nodes: usize,
+    /// The cuts in place, as (from, to).
+    rules: Mutex<Vec<(usize, usize)>>,
+}
+
+/// Runs `ip args`; the error names the command and what it printed.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Net {
+    /// Namespaces for `nodes` nodes (at most 8), a router and a client, or why they cannot be
+    /// made here (not root, no `ip`, namespaces not allowed): the caller prints that and skips.
+    ///
+    /// # Errors
+    /// The first command that failed, with its message.
+    pub fn new(nodes: usize) -> Result<Net, String> {
+        assert!((1..CLIENT).contains(&nodes), "1 to 8 nodes");
+        let tag = std::process::id() % 100_000;
+        let seq = {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static SEQ: AtomicU32 = AtomicU32::new(0);
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        };
+        let net = Net {
+            prefix: format!("qf{tag}x{seq}"),
+            nodes,
+            rules: Mutex::new(Vec::new()),
+        };
+        net.build()?;
+        Ok(net)
+    }
+
+    fn build(&self) -> Result<(), String> {
+        let router = self.router();
+        ip(&["netns", "add", &router])?;
+        ip(&["-n", &router, "link", "set", "lo", "up"])?;
+        let forward = Command::new("ip")
+            .args(["netns", "exec", &router, "sysctl", "-q", "-w"])
+            .arg("net.ipv4.ip_forward=1")
+            .output()
+            .map_err(|e| format!("sysctl: {e}"))?;
+        if !forward.status.success() {
+            return Err(format!(
+                "sysctl net.ipv4.ip_forward=1 in {router}: {}",
+                String::from_utf8_lossy(&forward.stderr).trim()
+            ));
+        }
+        for i in (1..=self.nodes).chain([CLIENT]) {
+            let ns = self.ns(i);
+            ip(&["netns", "add", &ns])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            let far = format!("r{i}");
+            ip(&[
+                "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &far, "netns",
+                &router,
+            ])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", Self::addr_of(i)),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&[
+                "-n",
+                &router,
+                "addr",
+                "add",
+                &format!("10.77.{i}.1/24"),
+                "dev",
+                &far,
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &router, "link", "set", &far, "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("10.77.{i}.1"),
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn router(&self) -> String {
+        format!("{}r", self.prefix)
+    }
+
+    fn ns(&self, i: usize) -> String {
+        format!("{}n{i}", self.prefix)
+    }
+
+    fn addr_of(i: usize) -> String {
+        format!("10.77.{i}.2")
+    }
+
+    /// Node `i`'s address (1-based).
+    #[must_use]
+    pub fn addr(&self, i: usize) -> String {
+        Self::addr_of(i)
+    }
+
+    /// The file that names node `i`'s namespace, for `setns`.
+    #[must_use]
+    pub fn ns_path(&self, i: usize) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.ns(i)))
+    }
+
+    /// Runs `f` on a thread inside the client's namespace (every connection it opens starts
+    /// there) and answers what it answered; a panic in `f` is raised here.
+    ///
+    /// # Panics
+    /// When the namespace cannot be entered, or `f` panicked.
+    pub fn as_client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = PathBuf::from(format!("/var/run/netns/{}", self.ns(CLIENT)));
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                enter(&path).unwrap_or_else(|e| panic!("{e}"));
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Drop every packet from node `from` to node `to` in flight (a one-way cut).
+    ///
+    /// # Panics
+    /// When the rule cannot be added.
+    pub fn cut_one_way(&self, from: usize, to: usize) {
+        let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
+        if rules.contains(&(from, to)) {
+            return;
+        }
+        self.rule("add", from, to).unwrap_or_else(|e| panic!("{e}"));
+        rules.push((from, to));
+    }
+
+    /// Adds or deletes (`verb`) the router's rule that drops packets from `from` to `to`.
+    fn rule(&self, verb: &str, from: usize, to: usize) -> Result<(), String> {
+        let (a, b) = (Self::addr_of(from), Self::addr_of(to));
+        ip(&[
+            "-n",
+            &self.router(),
+            "rule",
+            verb,
+            "from",
+            &a,
+            "to",
+            &b,
+            "blackhole",
+        ])
+    }
+
+    /// Cut both directions between `a` and `b`.
+    pub fn cut(&self, a: usize, b: usize) {
+        self.cut_one_way(a, b);
+        self.cut_one_way(b, a);
+    }
+
+    /// Cut node `i` from every other node (the client still reaches it).
+    pub fn isolate(&self, i: usize) {
+        for j in 1..=self.nodes {
+            if j != i {
+                self.cut(i, j);
+            }
+        }
+    }
+
+    /// Remove every cut.
+    ///
+    /// # Panics
+    /// When a rule cannot be removed.
+    pub fn heal(&self) {
+        let taken = std::mem::take(&mut *self.rules.lock().unwrap_or_else(PoisonError::into_inner));
+        for (from, to) in taken {
+            self.rule("del", from, to).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of each veth, and so the pair.
+        for i in (1..=self.nodes).chain([CLIENT]) {
+            let _ = ip(&["netns", "del", &self.ns(i)]);
+        }
+        let _ = ip(&["netns", "del", &self.router()]);
+    }
+}
+
+/// Moves the calling thread into the network namespace named by `path`.
+///
+/// # Errors
+/// When the file cannot be opened or `setns` refuses.
+pub fn enter(path: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: setns on an open namespace file descriptor affects only the calling thread.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "setns {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ))
+    }
+}
