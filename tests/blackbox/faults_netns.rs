@@ -5,10 +5,12 @@
 //! one acknowledges it, while the test cuts the network under them, each fault held at least
 //! five seconds: the leader isolated from both followers (both directions), the leader's
 //! outgoing traffic cut (one way), a bridge (the leader cut from one follower only, the third
-//! node seeing both sides), and the leader paused with SIGSTOP. After each fault it heals and
-//! checks that writes went on. The checker then reads every partition from each node: the same
-//! records in the same order on all three, every acknowledged message exactly once, no
-//! transactionId twice, and each partition in its producer's order. An isolated leader's
+//! node seeing both sides), and the leader paused with SIGSTOP; two consumers of one group pop
+//! and ack throughout. After each fault it heals and checks that writes went on. The checkers
+//! then read every partition from each node: the same records in the same order on all three,
+//! every acknowledged message exactly once, no transactionId twice, and each partition in its
+//! producer's order; and the group: every acknowledged message consumed, none handed to a
+//! consumer inside another's valid lease or after a confirmed ack. An isolated leader's
 //! `/health` must turn non-200.
 //!
 //! Runs as root where `ip netns` works; elsewhere it prints a SKIPPED line and passes.
@@ -178,6 +180,160 @@ fn read_partition(n: &Node, part: u64) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+/// The lease a pop takes (the queue's `leaseTime`), short so that a delivery whose ack was lost
+/// is handed out again within the test.
+const LEASE: Duration = Duration::from_secs(3);
+/// The consumer group the consumers share.
+const GROUP: &str = "workers";
+/// Consumers in the group.
+const CONSUMERS: usize = 2;
+
+/// One message handed to one consumer.
+struct Delivery {
+    txn: String,
+    consumer: usize,
+    /// When the pop was sent and when its answer came: the lease began between the two.
+    sent: Instant,
+    got: Instant,
+    /// When the consumer sent the ack that the node confirmed (`success`, not a no-op), and
+    /// when the confirmation came: the ack took effect between the two.
+    acked: Option<(Instant, Instant)>,
+}
+
+/// A consumer of `GROUP`: pops up to 10 (no wait) from the node that answered it last, and acks
+/// them as completed in one batch; a failed request moves it to the next node. Every delivery
+/// and confirmed ack is kept in `seen`.
+fn consume(nodes: &[Node], stop: &AtomicBool, seen: &Mutex<Vec<Delivery>>, c: usize) {
+    let mut at = c;
+    let path = format!("/api/v1/pop/queue/{QUEUE}?consumerGroup={GROUP}&batch=10&wait=false");
+    while !stop.load(Ordering::SeqCst) {
+        let n = &nodes[at % nodes.len()];
+        let sent = Instant::now();
+        let answer = try_get_url(&n.url(&path), Duration::from_secs(2));
+        let got = Instant::now();
+        let popped = match answer {
+            Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+            Ok((204, _)) => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            _ => {
+                at += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let msgs = popped["messages"].as_array().cloned().unwrap_or_default();
+        let first = {
+            let mut s = seen.lock().unwrap();
+            let first = s.len();
+            s.extend(msgs.iter().map(|m| Delivery {
+                txn: m["transactionId"].as_str().unwrap_or_default().to_owned(),
+                consumer: c,
+                sent,
+                got,
+                acked: None,
+            }));
+            first
+        };
+        let acks: Vec<Value> = msgs
+            .iter()
+            .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": popped["leaseId"], "status": "completed"}))
+            .collect();
+        let ack_sent = Instant::now();
+        let body = json!({"acknowledgments": acks, "consumerGroup": GROUP}).to_string();
+        let answer = post_url_within(&n.url("/api/v1/ack/batch"), &body, Duration::from_secs(2));
+        let results = match answer {
+            Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+            _ => {
+                at += 1;
+                continue;
+            }
+        };
+        let confirmed = Instant::now();
+        let mut s = seen.lock().unwrap();
+        for (i, r) in results.as_array().into_iter().flatten().enumerate() {
+            if r["success"] == true
+                && r["noop"] != true
+                && let Some(d) = s.get_mut(first + i)
+            {
+                d.acked = Some((ack_sent, confirmed));
+            }
+        }
+    }
+}
+
+/// Each message's status for `GROUP` as node `n` browses it (`pending`, `processing`,
+/// `completed`, `dead_letter`), by transactionId.
+fn group_status(n: &Node) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for page in 0..100 {
+        let path = format!(
+            "/api/v1/messages?queue={QUEUE}&consumerGroup={GROUP}&limit=1000&offset={}",
+            page * 1000
+        );
+        let Ok((200, text)) = try_get_url(&n.url(&path), Duration::from_secs(10)) else {
+            break;
+        };
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        for m in &msgs {
+            out.insert(
+                m["transactionId"].as_str().unwrap_or_default().to_owned(),
+                m["status"].as_str().unwrap_or_default().to_owned(),
+            );
+        }
+        if msgs.len() < 1000 {
+            break;
+        }
+    }
+    out
+}
+
+/// The consumer group's anomalies: a message handed out while another consumer's lease on it
+/// was surely still valid and unacknowledged, and a message handed out after an ack of it was
+/// confirmed. (A lease begins between its pop's send and answer, so it surely lasts until the
+/// send plus `LEASE`; an ack ends it between its send and its confirmation. Every request is
+/// bounded to 2 s, less than `LEASE`, so a pair listed in the order their answers came cannot
+/// be a legitimate hand-over in the other order.)
+fn group_anomalies(seen: &[Delivery]) -> (Vec<String>, usize) {
+    let mut by_txn: BTreeMap<&str, Vec<&Delivery>> = BTreeMap::new();
+    for d in seen {
+        by_txn.entry(d.txn.as_str()).or_default().push(d);
+    }
+    let mut anomalies = Vec::new();
+    let mut redelivered = 0;
+    for (txn, ds) in &by_txn {
+        redelivered += ds.len() - 1;
+        for (i, a) in ds.iter().enumerate() {
+            for b in &ds[i + 1..] {
+                let lease_end = a
+                    .acked
+                    .map_or(a.sent + LEASE, |(sent, _)| sent.min(a.sent + LEASE));
+                if b.got < lease_end {
+                    anomalies.push(format!(
+                        "{txn}: consumer {} got it {:?} after consumer {} did, inside that lease",
+                        b.consumer,
+                        b.got.duration_since(a.sent),
+                        a.consumer
+                    ));
+                }
+                if let Some((_, t)) = a.acked
+                    && b.sent > t
+                {
+                    anomalies.push(format!(
+                        "{txn}: handed to consumer {} {:?} after consumer {}'s ack was confirmed",
+                        b.consumer,
+                        b.sent.duration_since(t),
+                        a.consumer
+                    ));
+                }
+            }
+        }
+    }
+    (anomalies, redelivered)
 }
 
 /// Waits until writes acknowledged grow by `more` (within `limit`); the count reached.
@@ -387,11 +543,18 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let nodes = cluster(&net, dir.path());
     let stop = AtomicBool::new(false);
+    let consumers_stop = AtomicBool::new(false);
     let log = Mutex::new(Log::default());
+    let seen: Mutex<Vec<Delivery>> = Mutex::new(Vec::new());
 
     // Everything below runs in the client's namespace: the producer (a thread of its own, which
     // starts there too), the checks, and the faults (made with `ip -n <router>`, from anywhere).
     let reads: Vec<BTreeMap<u64, Vec<String>>> = net.as_client(|| {
+        let configured = nodes[0].post(
+            "/api/v1/configure",
+            &json!({"queue": QUEUE, "options": {"leaseTime": LEASE.as_secs(), "retryLimit": 1000}}),
+        );
+        assert_eq!(configured.status, 200, "{}", configured.text);
         let outcome = std::thread::scope(|s| {
             let producers: Vec<_> = (0..PARTITIONS)
                 .map(|p| {
@@ -399,12 +562,99 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                     s.spawn(move || produce(nodes, stop, log, p))
                 })
                 .collect();
+            let consumers: Vec<_> = (0..CONSUMERS)
+                .map(|c| {
+                    let (nodes, stop, seen) = (&nodes, &consumers_stop, &seen);
+                    s.spawn(move || consume(nodes, stop, seen, c))
+                })
+                .collect();
             let outcome = faults(&net, &nodes, &log, started);
             stop.store(true, Ordering::SeqCst);
             for p in producers {
                 p.join().expect("a producer");
             }
-            outcome
+            // The group consumes every acknowledged message (bounded).
+            let want: HashSet<String> = log
+                .lock()
+                .unwrap()
+                .acked
+                .iter()
+                .map(|(k, _)| txn(*k))
+                .collect();
+            // A message counts as consumed when an ack of it was confirmed, or when the group's
+            // state says completed (an ack that took effect but whose answer was lost: it is
+            // never handed out again, and the consumer cannot know).
+            let unconfirmed = || -> Vec<String> {
+                let s = seen.lock().unwrap();
+                let done: HashSet<&str> = s
+                    .iter()
+                    .filter(|d| d.acked.is_some())
+                    .map(|d| d.txn.as_str())
+                    .collect();
+                want.iter()
+                    .filter(|t| !done.contains(t.as_str()))
+                    .cloned()
+                    .collect()
+            };
+            let mut lost_answers = Vec::new();
+            let mut missing = Vec::new();
+            let drained = eventually(Duration::from_secs(40), || {
+                let open = unconfirmed();
+                if open.is_empty() {
+                    return true;
+                }
+                let status = group_status(&nodes[0]);
+                (lost_answers, missing) = open
+                    .into_iter()
+                    .partition(|t| status.get(t).is_some_and(|s| s == "completed"));
+                missing.is_empty()
+            });
+            consumers_stop.store(true, Ordering::SeqCst);
+            for c in consumers {
+                c.join().expect("a consumer");
+            }
+            println!(
+                "acks that took effect with their answer lost: {} {lost_answers:?}",
+                lost_answers.len()
+            );
+            // What the group's state says of those left, and what the consumers saw of them.
+            let status = group_status(&nodes[0]);
+            let missing = missing
+                .iter()
+                .map(|t| {
+                    let s = seen.lock().unwrap();
+                    let got: Vec<String> = s
+                        .iter()
+                        .filter(|d| d.txn == *t)
+                        .map(|d| {
+                            format!(
+                                "consumer {} at {:.1} s, acked {}",
+                                d.consumer,
+                                d.got.duration_since(started).as_secs_f64(),
+                                d.acked.is_some()
+                            )
+                        })
+                        .collect();
+                    format!(
+                        "{t}: {} (deliveries: {got:?})",
+                        status.get(t).map_or("absent", String::as_str)
+                    )
+                })
+                .collect::<Vec<_>>();
+            outcome.and_then(|events| {
+                if drained {
+                    Ok(events)
+                } else {
+                    Err((
+                        format!(
+                            "the group did not consume {} acknowledged messages within 40 s:\n{}",
+                            missing.len(),
+                            missing.join("\n")
+                        ),
+                        events,
+                    ))
+                }
+            })
         });
         if let Err((e, events)) = outcome {
             panic!("{e}\n{}", events.join("\n"));
@@ -456,6 +706,14 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         let stored: Vec<&String> = got.iter().filter(|t| wanted.contains(t)).collect();
         reordered += stored.iter().zip(&want).filter(|(a, b)| **a != *b).count();
     }
+    let seen = seen.into_inner().unwrap();
+    let (anomalies, redelivered) = group_anomalies(&seen);
+    println!(
+        "group {GROUP}: {} deliveries to {CONSUMERS} consumers, {redelivered} redelivered after a lost ack or an expired lease, {} inside a valid lease or after a confirmed ack",
+        seen.len(),
+        anomalies.len()
+    );
+    assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
     println!(
         "acknowledged {}, abandoned {}, failed attempts {}: lost {lost}, doubled {doubled}, reordered {reordered}, unexpected {extra}, in {:?}",
         l.acked.len(),
