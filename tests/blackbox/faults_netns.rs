@@ -5,7 +5,8 @@
 //! one acknowledges it, while the test cuts the network under them, each fault held at least
 //! five seconds: the leader isolated from both followers (both directions), the leader's
 //! outgoing traffic cut (one way), a bridge (the leader cut from one follower only, the third
-//! node seeing both sides), and the leader paused with SIGSTOP; two consumers of one group pop
+//! node seeing both sides), the leader paused with SIGSTOP, and the leader killed with SIGKILL
+//! and started again on its data; two consumers of one group pop
 //! and ack throughout. After each fault it heals and checks that writes went on. The checkers
 //! then read every partition from each node: the same records in the same order on all three,
 //! every acknowledged message exactly once, no transactionId twice, and each partition in its
@@ -112,7 +113,7 @@ fn txn(k: u64) -> String {
 /// time, retrying each with the same transactionId on the next node until one acknowledges it
 /// (20 s at most), until `stop`. One producer per partition, so a partition's order is its
 /// producer's.
-fn produce(nodes: &[Node], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
+fn produce(nodes: &[String], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
     let mut k = part * 1_000_000;
     let mut last_ok = usize::try_from(part).unwrap_or(0);
     while !stop.load(Ordering::SeqCst) && k < part * 1_000_000 + 100_000 {
@@ -126,7 +127,7 @@ fn produce(nodes: &[Node], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
         let mut at = last_ok;
         loop {
             let n = &nodes[at % nodes.len()];
-            let ok = post_url_within(&n.url("/api/v1/push"), &body, Duration::from_secs(2))
+            let ok = post_url_within(&format!("{n}/api/v1/push"), &body, Duration::from_secs(2))
                 .ok()
                 .filter(|(s, _)| *s < 300)
                 .and_then(|(_, t)| serde_json::from_str::<Value>(&t).ok())
@@ -205,13 +206,13 @@ struct Delivery {
 /// A consumer of `GROUP`: pops up to 10 (no wait) from the node that answered it last, and acks
 /// them as completed in one batch; a failed request moves it to the next node. Every delivery
 /// and confirmed ack is kept in `seen`.
-fn consume(nodes: &[Node], stop: &AtomicBool, seen: &Mutex<Vec<Delivery>>, c: usize) {
+fn consume(nodes: &[String], stop: &AtomicBool, seen: &Mutex<Vec<Delivery>>, c: usize) {
     let mut at = c;
     let path = format!("/api/v1/pop/queue/{QUEUE}?consumerGroup={GROUP}&batch=10&wait=false");
     while !stop.load(Ordering::SeqCst) {
         let n = &nodes[at % nodes.len()];
         let sent = Instant::now();
-        let answer = try_get_url(&n.url(&path), Duration::from_secs(2));
+        let answer = try_get_url(&format!("{n}{path}"), Duration::from_secs(2));
         let got = Instant::now();
         let popped = match answer {
             Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
@@ -244,7 +245,11 @@ fn consume(nodes: &[Node], stop: &AtomicBool, seen: &Mutex<Vec<Delivery>>, c: us
             .collect();
         let ack_sent = Instant::now();
         let body = json!({"acknowledgments": acks, "consumerGroup": GROUP}).to_string();
-        let answer = post_url_within(&n.url("/api/v1/ack/batch"), &body, Duration::from_secs(2));
+        let answer = post_url_within(
+            &format!("{n}/api/v1/ack/batch"),
+            &body,
+            Duration::from_secs(2),
+        );
         let results = match answer {
             Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
             _ => {
@@ -406,7 +411,7 @@ struct Fault<'a> {
 /// events, or what failed with them.
 fn faults(
     net: &Net,
-    nodes: &[Node],
+    nodes: &Mutex<Vec<Node>>,
     log: &Mutex<Log>,
     started: Instant,
 ) -> Result<Vec<String>, (String, Vec<String>)> {
@@ -430,7 +435,9 @@ fn faults(
             },
             // A leader without a majority says so on /health.
             check: &|l| {
-                if eventually(Duration::from_secs(20), || health(&nodes[l - 1]).0 != 200) {
+                if eventually(Duration::from_secs(20), || {
+                    health(&nodes.lock().unwrap()[l - 1]).0 != 200
+                }) {
                     Ok(format!("node {l}'s /health is non-200"))
                 } else {
                     Err(format!(
@@ -464,23 +471,35 @@ fn faults(
         Fault {
             name: "the leader paused",
             make: &|l| {
-                signal(&nodes[l - 1], "-STOP");
+                signal(&nodes.lock().unwrap()[l - 1], "-STOP");
                 format!("SIGSTOP leader {l}")
             },
             check: &none,
             undo: &|l| {
-                signal(&nodes[l - 1], "-CONT");
+                signal(&nodes.lock().unwrap()[l - 1], "-CONT");
                 format!("SIGCONT {l}")
+            },
+        },
+        Fault {
+            name: "the leader killed",
+            make: &|l| {
+                nodes.lock().unwrap()[l - 1].kill9();
+                format!("kill -9 leader {l}")
+            },
+            check: &none,
+            undo: &|l| {
+                nodes.lock().unwrap()[l - 1].launch();
+                format!("node {l} started again on its data")
             },
         },
     ];
     let mut run = || -> Result<(), String> {
-        let l = wait_leader(nodes, Duration::from_secs(30));
+        let l = wait_leader(&nodes.lock().unwrap(), Duration::from_secs(30));
         progress(log, 20, Duration::from_secs(30))
             .map_err(|n| format!("no warm-up writes ({n})"))?;
         step(format!("warm: leader {l}"));
         for f in &list {
-            let l = wait_leader(nodes, Duration::from_secs(30));
+            let l = wait_leader(&nodes.lock().unwrap(), Duration::from_secs(30));
             let since = Instant::now();
             let (acked_before, failed_before) = {
                 let g = log.lock().unwrap();
@@ -508,7 +527,7 @@ fn faults(
                 f.name,
                 gap.as_secs_f64()
             ));
-            for (i, n) in nodes.iter().enumerate() {
+            for (i, n) in nodes.lock().unwrap().iter().enumerate() {
                 if !eventually(Duration::from_secs(30), || health(n).0 == 200) {
                     return Err(format!("node {} unhealthy 30 s after {}", i + 1, f.name));
                 }
@@ -542,6 +561,9 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("temp dir");
     let nodes = cluster(&net, dir.path());
+    // The workload reaches the nodes by address; the faults stop and start them.
+    let urls: Vec<String> = nodes.iter().map(|n| n.url("")).collect();
+    let nodes = Mutex::new(nodes);
     let stop = AtomicBool::new(false);
     let consumers_stop = AtomicBool::new(false);
     let log = Mutex::new(Log::default());
@@ -550,7 +572,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     // Everything below runs in the client's namespace: the producer (a thread of its own, which
     // starts there too), the checks, and the faults (made with `ip -n <router>`, from anywhere).
     let reads: Vec<BTreeMap<u64, Vec<String>>> = net.as_client(|| {
-        let configured = nodes[0].post(
+        let configured = nodes.lock().unwrap()[0].post(
             "/api/v1/configure",
             &json!({"queue": QUEUE, "options": {"leaseTime": LEASE.as_secs(), "retryLimit": 1000}}),
         );
@@ -558,13 +580,13 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         let outcome = std::thread::scope(|s| {
             let producers: Vec<_> = (0..PARTITIONS)
                 .map(|p| {
-                    let (nodes, stop, log) = (&nodes, &stop, &log);
+                    let (nodes, stop, log) = (&urls, &stop, &log);
                     s.spawn(move || produce(nodes, stop, log, p))
                 })
                 .collect();
             let consumers: Vec<_> = (0..CONSUMERS)
                 .map(|c| {
-                    let (nodes, stop, seen) = (&nodes, &consumers_stop, &seen);
+                    let (nodes, stop, seen) = (&urls, &consumers_stop, &seen);
                     s.spawn(move || consume(nodes, stop, seen, c))
                 })
                 .collect();
@@ -603,7 +625,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                 if open.is_empty() {
                     return true;
                 }
-                let status = group_status(&nodes[0]);
+                let status = group_status(&nodes.lock().unwrap()[0]);
                 (lost_answers, missing) = open
                     .into_iter()
                     .partition(|t| status.get(t).is_some_and(|s| s == "completed"));
@@ -618,7 +640,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                 lost_answers.len()
             );
             // What the group's state says of those left, and what the consumers saw of them.
-            let status = group_status(&nodes[0]);
+            let status = group_status(&nodes.lock().unwrap()[0]);
             let missing = missing
                 .iter()
                 .map(|t| {
@@ -664,6 +686,8 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         let mut reads = Vec::new();
         let settled = eventually(Duration::from_secs(30), || {
             reads = nodes
+                .lock()
+                .unwrap()
                 .iter()
                 .map(|n| {
                     (0..PARTITIONS)
