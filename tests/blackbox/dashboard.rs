@@ -200,7 +200,6 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
     );
 
     let shots = shots_dir();
-    let url = |n: &Node| format!("http://127.0.0.1:{}", n.port);
 
     // Two of three gone: the survivor has no quorum, and its page says so.
     nodes[1].kill9();
@@ -223,7 +222,13 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
         "{}",
         alone.text
     );
-    if let Some(stdout) = browser(&["banner", &url(&nodes[0]), "No quorum", &shots, "no-quorum"]) {
+    if let Some(stdout) = browser(&[
+        "banner",
+        &nodes[0].url(""),
+        "No quorum",
+        &shots,
+        "no-quorum",
+    ]) {
         assert!(stdout.contains("dashboard banner ok"), "{stdout}");
     }
     println!("with the no-quorum banner: {:?}", started.elapsed());
@@ -411,14 +416,13 @@ fn a_browser_walks_every_view_of_a_three_node_cluster_and_asks_for_a_token_under
     );
     let expect_file = dir.path().join("expect.json");
     std::fs::write(&expect_file, expect.to_string()).expect("expect file");
-    let url = |n: &Node| format!("http://127.0.0.1:{}", n.port);
     let stdout = browser(&[
-        &url(open),
-        &url(&guarded),
+        &open.url(""),
+        &guarded.url(""),
         &token("read-write"),
         &expect_file.display().to_string(),
         &shots_dir(),
-        &url(&full),
+        &full.url(""),
     ])
     .unwrap_or_default();
     assert!(stdout.contains("dashboard browser ok"), "{stdout}");

@@ -95,10 +95,8 @@ fn leader(nodes: &[Node]) -> Option<usize> {
 /// What the producer did.
 #[derive(Default)]
 struct Log {
-    /// (number, partition) of each acknowledged message, in acknowledgement order.
-    acked: Vec<(u64, u64)>,
-    /// When each was acknowledged.
-    at: Vec<Instant>,
+    /// (number, partition, when) of each acknowledged message, in acknowledgement order.
+    acked: Vec<(u64, u64, Instant)>,
     /// Messages given up on after their time bound (they may or may not be stored).
     abandoned: Vec<u64>,
     /// Failed attempts (timeouts, refusals), each retried.
@@ -135,8 +133,7 @@ fn produce(nodes: &[String], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
             let mut l = log.lock().unwrap();
             if ok {
                 last_ok = at % nodes.len();
-                l.acked.push((k, part));
-                l.at.push(Instant::now());
+                l.acked.push((k, part, Instant::now()));
                 break;
             }
             l.failures += 1;
@@ -365,13 +362,10 @@ fn longest_gap(log: &Mutex<Log>, since: Instant) -> Duration {
     let l = log.lock().unwrap();
     let mut last = since;
     let mut gap = Duration::ZERO;
-    for t in
-        l.at.iter()
-            .filter(|t| **t >= since)
-            .chain([&Instant::now()])
-    {
+    let acked = l.acked.iter().map(|(_, _, t)| *t).filter(|t| *t >= since);
+    for t in acked.chain([Instant::now()]) {
         gap = gap.max(t.duration_since(last));
-        last = *t;
+        last = t;
     }
     gap
 }
@@ -386,15 +380,6 @@ fn wait_leader(nodes: &[Node], limit: Duration) -> usize {
         "no leader that every node agrees on"
     );
     l.expect("a leader")
-}
-
-fn signal(n: &Node, sig: &str) {
-    let pid = n.pid().expect("running").to_string();
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
 }
 
 /// One fault under the producers: `make(leader)` makes it and names it, `check(leader)` may
@@ -471,12 +456,12 @@ fn faults(
         Fault {
             name: "the leader paused",
             make: &|l| {
-                signal(&nodes.lock().unwrap()[l - 1], "-STOP");
+                nodes.lock().unwrap()[l - 1].signal("-STOP");
                 format!("SIGSTOP leader {l}")
             },
             check: &none,
             undo: &|l| {
-                signal(&nodes.lock().unwrap()[l - 1], "-CONT");
+                nodes.lock().unwrap()[l - 1].signal("-CONT");
                 format!("SIGCONT {l}")
             },
         },
@@ -601,7 +586,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                 .unwrap()
                 .acked
                 .iter()
-                .map(|(k, _)| txn(*k))
+                .map(|(k, _, _)| txn(*k))
                 .collect();
             // A message counts as consumed when an ack of it was confirmed, or when the group's
             // state says completed (an ack that took effect but whose answer was lost: it is
@@ -713,8 +698,8 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         let want: Vec<String> = l
             .acked
             .iter()
-            .filter(|(_, q)| *q == p)
-            .map(|(k, _)| txn(*k))
+            .filter(|(_, q, _)| *q == p)
+            .map(|(k, _, _)| txn(*k))
             .collect();
         let wanted: HashSet<&String> = want.iter().collect();
         let got = &reads[0][&p];

@@ -62,7 +62,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     // and commits.
     push_batch(&nodes, &live);
     live[a] = false;
-    signal(&nodes[a], "-STOP");
+    nodes[a].signal("-STOP");
     let t = Instant::now();
     let mut taker = (None, 0);
     let ok = eventually(Duration::from_secs(60), || {
@@ -75,7 +75,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
             && t.elapsed() > TTL
     });
     if !ok {
-        signal(&nodes[a], "-CONT");
+        nodes[a].signal("-CONT");
     }
     assert!(
         ok,
@@ -91,7 +91,7 @@ fn a_stalled_owner_wakes_fenced_and_changes_no_committed_byte() {
     let before = manifest_objects(&server);
 
     // Wake it: it finds its lease gone, counts the lost precondition, and stops the queue.
-    signal(&nodes[a], "-CONT");
+    nodes[a].signal("-CONT");
     live[a] = true;
     let t = Instant::now();
     let mut last = Value::Null;

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -155,16 +154,4 @@ pub(crate) fn held_by(o: &BTreeMap<String, usize>, i: usize) -> BTreeSet<String>
         .filter(|(_, h)| **h == i)
         .map(|(q, _)| q.clone())
         .collect()
-}
-
-pub(crate) fn signal(n: &Node, sig: &str) {
-    let pid = n.pid().expect("a running node").to_string();
-    assert!(
-        Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("kill")
-            .success(),
-        "kill {sig} {pid}"
-    );
 }

@@ -136,17 +136,17 @@ NODES = "[data-nodes] tbody tr"
 
 def log_view(member_count):
     go("log", "log")
-    wait(f"{member_count} members", lambda: len(rows(MEMBERS)) == int(member_count))
+    wait(f"{member_count} members", lambda: len(rows(MEMBERS)) == member_count)
     members = rows(MEMBERS)
     roles = sorted(r[1] for r in members)
-    check(roles == ["follower"] * (int(member_count) - 1) + ["leader"], f"roles: {members}")
+    check(roles == ["follower"] * (member_count - 1) + ["leader"], f"roles: {members}")
     check(all(r[2] == "yes" for r in members), f"a voter that is not live: {members}")
     # Each node's own figures, gathered by this node over the raft port: all reachable, one
     # leader, every node's applied index shown.
-    wait(f"{member_count} nodes' figures", lambda: len(rows(NODES)) == int(member_count))
+    wait(f"{member_count} nodes' figures", lambda: len(rows(NODES)) == member_count)
     nodes = rows(NODES)
     check(all(r[1] == "yes" for r in nodes), f"a node did not answer: {nodes}")
-    check(sorted(r[3] for r in nodes) == ["follower"] * (int(member_count) - 1) + ["leader"], f"nodes: {nodes}")
+    check(sorted(r[3] for r in nodes) == ["follower"] * (member_count - 1) + ["leader"], f"nodes: {nodes}")
     check(all(r[6].replace(",", "").isdigit() and int(r[6].replace(",", "")) > 0 for r in nodes), f"applied: {nodes}")
     shot("cluster")
     print(f"dashboard cluster ok: {members} {nodes}", flush=True)

@@ -209,13 +209,7 @@ impl Node {
             // SAFETY: only the setns system call runs between fork and exec.
             #[allow(unsafe_code)]
             unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
+                cmd.pre_exec(move || netns::setns_fd(fd));
             }
         }
         self.child = Some(cmd.spawn().expect("spawn queen"));
@@ -250,6 +244,22 @@ impl Node {
     #[must_use]
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Send the signal `sig` (as `kill` takes it: `-STOP`, `-CONT`, ...) to the running process.
+    ///
+    /// # Panics
+    /// When the node is not running or `kill` fails.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("a running node").to_string();
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .expect("kill")
+                .success(),
+            "kill {sig} {pid}"
+        );
     }
 
     /// PID of the running process.

@@ -242,16 +242,21 @@ impl Drop for Net {
 pub fn enter(path: &std::path::Path) -> Result<(), String> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    setns_fd(f.as_raw_fd()).map_err(|e| format!("setns {}: {e}", path.display()))
+}
+
+/// Moves the calling thread into the network namespace of the open file `fd` (only the system
+/// call: safe to run between fork and exec).
+///
+/// # Errors
+/// What `setns` answered.
+pub fn setns_fd(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     // SAFETY: setns on an open namespace file descriptor affects only the calling thread.
     #[allow(unsafe_code)]
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
     if rc == 0 {
         Ok(())
     } else {
-        Err(format!(
-            "setns {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ))
+        Err(std::io::Error::last_os_error())
     }
 }
