@@ -22,7 +22,7 @@ use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
 use crate::router::{BodyKind, finish, handle, route_label, segments};
-use crate::tenancy::{self, TENANT_HEADER, Tenancy};
+use crate::tenancy::{self, Scope, TENANT_HEADER, Tenancy};
 use queen_ports::ClientApi;
 
 /// Listener settings.
@@ -150,51 +150,13 @@ async fn answer<A: ClientApi>(
     if crate::dashboard::is_dashboard(method, segs) {
         return crate::dashboard::answer(segs);
     }
-    // A request refused before its body is read leaves that body on the connection: the
-    // answer says the connection closes, so that no client sends its next request on it.
-    let unread = |r: Response<Full<Bytes>>| {
-        if has_body(&req) { closing(r) } else { r }
-    };
-    // The cluster's raft token, checked once: the credential of a membership change, and of
-    // any `/api/v1/system/*` request when broker JWT is on (an operator's or a peer's).
-    let raft_token = matches!(segs, ["api", "v1", "system", ..]).then(|| {
-        check_admin(
-            shared.admin_token.as_deref(),
-            req.headers().get(ADMIN_TOKEN_HEADER),
-        )
-    });
-    // Broker JWT, before anything else reads the request; a membership change needs the raft
-    // token whatever the JWT says.
-    let mut principal = None;
-    if let Some(auth) = &shared.auth
-        && !auth.skips(segs)
-        && !matches!(raft_token, Some(Ok(())))
-    {
-        match auth
-            .check(
-                req.headers().get(hyper::header::AUTHORIZATION),
-                routes::need(method, segs),
-            )
-            .await
-        {
-            Ok(p) => principal = Some(p),
-            Err(e) => return unread(error_response(&e)),
-        }
-    }
-    let scope = match tenancy::resolve(
-        shared.tenancy,
-        req.headers().get(TENANT_HEADER),
-        principal.as_ref(),
-    ) {
+    let scope = match admit(shared, method, segs, &req).await {
         Ok(s) => s,
-        Err(e) => return unread(error_response(&e)),
+        // Refused before its body is read: the body is still on the connection, so the answer
+        // says the connection closes, and no client sends its next request on it.
+        Err(e) if has_body(&req) => return closing(error_response(&e)),
+        Err(e) => return error_response(&e),
     };
-    if is_admin_change(method, segs)
-        && let Some(Err(e)) = &raft_token
-    {
-        tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
-        return unread(error_response(e));
-    }
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
@@ -218,6 +180,51 @@ async fn answer<A: ClientApi>(
         // Too large, too slow or cut short: what is left of it may still be on its way.
         Err(e) => closing(error_response(&e)),
     }
+}
+
+/// The checks made before any body byte is read: the raft token of a membership change, broker
+/// JWT, and the tenancy header. The request's scope, or the refusal.
+async fn admit<A: ClientApi>(
+    shared: &Shared<A>,
+    method: &hyper::Method,
+    segs: &[&str],
+    req: &Request<Incoming>,
+) -> Result<Scope, ApiError> {
+    // The cluster's raft token, checked once: the credential of a membership change, and of
+    // any `/api/v1/system/*` request when broker JWT is on (an operator's or a peer's).
+    let raft_token = matches!(segs, ["api", "v1", "system", ..]).then(|| {
+        check_admin(
+            shared.admin_token.as_deref(),
+            req.headers().get(ADMIN_TOKEN_HEADER),
+        )
+    });
+    // Broker JWT, before anything else reads the request; a membership change needs the raft
+    // token whatever the JWT says.
+    let mut principal = None;
+    if let Some(auth) = &shared.auth
+        && !auth.skips(segs)
+        && !matches!(raft_token, Some(Ok(())))
+    {
+        principal = Some(
+            auth.check(
+                req.headers().get(hyper::header::AUTHORIZATION),
+                routes::need(method, segs),
+            )
+            .await?,
+        );
+    }
+    let scope = tenancy::resolve(
+        shared.tenancy,
+        req.headers().get(TENANT_HEADER),
+        principal.as_ref(),
+    )?;
+    if is_admin_change(method, segs)
+        && let Some(Err(e)) = raft_token
+    {
+        tracing::warn!(target: "queen-http", %method, path = req.uri().path(), code = e.code, "admin request refused");
+        return Err(e);
+    }
+    Ok(scope)
 }
 
 /// Whether `req` carries a body (a length above zero, or chunks).
