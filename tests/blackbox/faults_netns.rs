@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use queen_tests::linearizable::{self, KvInput, KvOutput, KvRegister, Verdict};
 use queen_tests::netns::Net;
 use queen_tests::{Node, eventually, post_url_within, try_get_url};
 use serde_json::{Value, json};
@@ -338,6 +339,199 @@ fn group_anomalies(seen: &[Delivery]) -> (Vec<String>, usize) {
     (anomalies, redelivered)
 }
 
+/// KV registers the KV clients share, and the clients.
+const KV_KEYS: u64 = 4;
+const KV_CLIENTS: u64 = 3;
+
+/// What the KV clients did.
+#[derive(Default)]
+struct KvLog {
+    /// Each operation with its key.
+    ops: Vec<(u64, linearizable::Op<KvInput, KvOutput>)>,
+    /// (value, version) pairs the answers named.
+    versions: Vec<(i64, u64)>,
+}
+
+/// A small deterministic generator (xorshift64*): the workload needs no cryptographic randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// One KV operation through node `n`: its answer (the first result), or `None` when none came
+/// within 2 s or the node refused (the operation may or may not have taken effect).
+fn kv_call(n: &str, op: &Value, versions: &mut Vec<(i64, u64)>) -> Option<Value> {
+    let body = json!({"operations": [op]}).to_string();
+    let (status, text) =
+        post_url_within(&format!("{n}/api/v1/kv"), &body, Duration::from_secs(2)).ok()?;
+    if status != 200 {
+        return None;
+    }
+    let r = serde_json::from_str::<Value>(&text).ok()?["results"][0].take();
+    if let (Some(v), Some(ver)) = (r["value"].as_i64(), r["version"].as_u64()) {
+        versions.push((v, ver));
+    }
+    (r.is_object()).then_some(r)
+}
+
+/// A KV client: reads, upserts, creates, compare-and-sets and deletes (the last two with the
+/// version a read just gave) on `KV_KEYS` registers through the nodes, each value written once,
+/// moving to the next node after a failure and every seventh operation. Each operation is
+/// logged with when it was sent and when (and what) it was answered.
+fn kv_client(nodes: &[String], stop: &AtomicBool, log: &Mutex<KvLog>, c: u64) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c + 1));
+    let mut at = usize::try_from(c).unwrap_or(0);
+    let mut written = 0_i64;
+    let mut versions = Vec::new();
+    let mut count = 0_u64;
+    while !stop.load(Ordering::SeqCst) && count < 100_000 {
+        count += 1;
+        if count.is_multiple_of(7) {
+            at += 1;
+        }
+        let node = &nodes[at % nodes.len()];
+        let key = rng.below(KV_KEYS);
+        let k = format!("k{key}");
+        let choice = rng.below(10);
+        written += 1;
+        let value = i64::try_from(c + 1).unwrap_or(1) * 1_000_000_000 + written;
+        let mut ops = Vec::new();
+        // A compare-and-set or delete reads first, and expects what it read.
+        let mut read = None;
+        if choice >= 7 {
+            let call = Instant::now();
+            let r = kv_call(
+                node,
+                &json!({"op": "get", "ns": "lin", "key": k}),
+                &mut versions,
+            );
+            let Some(r) = r else {
+                at += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            let found = (r["found"] == true).then(|| r["value"].as_i64()).flatten();
+            ops.push((call, Some(KvOutput::Read(found)), KvInput::Get));
+            read = found.zip(r["version"].as_u64());
+        }
+        let (input, op) = match (choice, read) {
+            (0..=3, _) => (KvInput::Get, json!({"op": "get", "ns": "lin", "key": k})),
+            (4 | 5, _) => (
+                KvInput::Put(value),
+                json!({"op": "put", "ns": "lin", "key": k, "value": value, "forever": true}),
+            ),
+            (6..=8, None) => (
+                KvInput::PutIfAbsent(value),
+                json!({"op": "putIfAbsent", "ns": "lin", "key": k, "value": value, "forever": true}),
+            ),
+            (7 | 8, Some((expect, version))) => (
+                KvInput::Cas { expect, value },
+                json!({"op": "put", "ns": "lin", "key": k, "value": value, "expect": version, "forever": true}),
+            ),
+            (_, Some((expect, version))) => (
+                KvInput::Delete { expect },
+                json!({"op": "delete", "ns": "lin", "key": k, "expect": version}),
+            ),
+            (_, None) => (KvInput::Get, json!({"op": "get", "ns": "lin", "key": k})),
+        };
+        let call = Instant::now();
+        let answer = kv_call(node, &op, &mut versions).and_then(|r| match input {
+            KvInput::Get => Some(KvOutput::Read(
+                (r["found"] == true).then(|| r["value"].as_i64()).flatten(),
+            )),
+            _ => match r["applied"].as_bool()? {
+                true => Some(KvOutput::Applied),
+                false => Some(KvOutput::Refused(r["value"].as_i64())),
+            },
+        });
+        if answer.is_none() {
+            at += 1;
+        }
+        // A read without an answer tells nothing; a write without one may have happened.
+        if answer.is_some() || !matches!(input, KvInput::Get) {
+            ops.push((call, answer, input));
+        }
+        let done = Instant::now();
+        let mut l = log.lock().unwrap();
+        l.versions.append(&mut versions);
+        for (call, answer, input) in ops {
+            let ret = answer.map(|a| (done, a));
+            l.ops.push((key, linearizable::Op { call, ret, input }));
+        }
+        drop(l);
+        if answer.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The KV checkers: each register's history linearizable, and each value at one version (and
+/// each version one value). Counts, or what failed.
+fn kv_check(log: KvLog) -> Result<String, String> {
+    let mut failures = Vec::new();
+    let mut by_value: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut by_version: BTreeMap<u64, i64> = BTreeMap::new();
+    for (v, ver) in &log.versions {
+        if *by_value.entry(*v).or_insert(*ver) != *ver
+            || *by_version.entry(*ver).or_insert(*v) != *v
+        {
+            failures.push(format!(
+                "value {v} and version {ver} do not pair one to one"
+            ));
+        }
+    }
+    let answered = log.ops.iter().filter(|(_, o)| o.ret.is_some()).count();
+    // How many conditional writes won: a history of refusals alone would prove little.
+    let won = |f: fn(&KvInput) -> bool| {
+        log.ops
+            .iter()
+            .filter(|(_, o)| f(&o.input) && matches!(o.ret, Some((_, KvOutput::Applied))))
+            .count()
+    };
+    let kinds = format!(
+        "{} creations, {} compare-and-sets and {} deletes applied",
+        won(|i| matches!(i, KvInput::PutIfAbsent(_))),
+        won(|i| matches!(i, KvInput::Cas { .. })),
+        won(|i| matches!(i, KvInput::Delete { .. }))
+    );
+    let unanswered = log.ops.len() - answered;
+    for key in 0..KV_KEYS {
+        let ops: Vec<_> = log
+            .ops
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, o)| o.clone())
+            .collect();
+        let ops = linearizable::kv_without_unseen_writes(ops);
+        let started = Instant::now();
+        let verdict = linearizable::check(&KvRegister, &ops, Duration::from_secs(60), 5_000_000);
+        println!(
+            "KV register k{key}: {} operations checked in {:?}: {verdict:?}",
+            ops.len(),
+            started.elapsed()
+        );
+        if verdict != Verdict::Linearizable {
+            failures.push(format!("k{key}: {verdict:?}"));
+        }
+    }
+    let summary = format!(
+        "KV: {answered} operations answered ({kinds}), {unanswered} writes unanswered, {} values with versions, {} not linearizable",
+        by_value.len(),
+        failures.len()
+    );
+    if failures.is_empty() {
+        Ok(summary)
+    } else {
+        Err(format!("{summary}\n{}", failures.join("\n")))
+    }
+}
+
 /// Waits until writes acknowledged grow by `more` (within `limit`); the count reached.
 fn progress(log: &Mutex<Log>, more: usize, limit: Duration) -> Result<usize, usize> {
     let from = log.lock().unwrap().acked.len();
@@ -352,6 +546,9 @@ fn hold_since(since: Instant, hold: Duration) {
         std::thread::sleep(left);
     }
 }
+
+/// The share of packets dropped under the packet-loss fault.
+const LOSS_PERCENT: u8 = 10;
 
 /// How long each fault stays in place at least (past the election timeouts).
 const HOLD: Duration = Duration::from_secs(5);
@@ -466,6 +663,15 @@ fn faults(
             },
         },
         Fault {
+            name: "packet loss",
+            make: &|_| match net.lose(LOSS_PERCENT) {
+                Ok(()) => format!("drop {LOSS_PERCENT}% of all packets, in every direction"),
+                Err(e) => format!("SKIPPED packet loss: {e} (needs the nft command)"),
+            },
+            check: &none,
+            undo: &heal,
+        },
+        Fault {
             name: "the leader killed",
             make: &|l| {
                 nodes.lock().unwrap()[l - 1].kill9();
@@ -553,6 +759,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     let consumers_stop = AtomicBool::new(false);
     let log = Mutex::new(Log::default());
     let seen: Mutex<Vec<Delivery>> = Mutex::new(Vec::new());
+    let kv_log = Mutex::new(KvLog::default());
 
     // Everything below runs in the client's namespace: the producer (a thread of its own, which
     // starts there too), the checks, and the faults (made with `ip -n <router>`, from anywhere).
@@ -575,9 +782,15 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                     s.spawn(move || consume(nodes, stop, seen, c))
                 })
                 .collect();
+            let kv_clients: Vec<_> = (0..KV_CLIENTS)
+                .map(|c| {
+                    let (nodes, stop, log) = (&urls, &stop, &kv_log);
+                    s.spawn(move || kv_client(nodes, stop, log, c))
+                })
+                .collect();
             let outcome = faults(&net, &nodes, &log, started);
             stop.store(true, Ordering::SeqCst);
-            for p in producers {
+            for p in producers.into_iter().chain(kv_clients) {
                 p.join().expect("a producer");
             }
             // The group consumes every acknowledged message (bounded).
@@ -736,4 +949,9 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         "lost, doubled, reordered, unexpected"
     );
     assert!(l.acked.len() >= 100, "too few writes to mean anything");
+    let kv = kv_check(kv_log.into_inner().unwrap());
+    match kv {
+        Ok(summary) => println!("{summary}"),
+        Err(e) => panic!("{e}"),
+    }
 }

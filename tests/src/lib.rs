@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod linearizable;
 pub mod netns;
 pub mod s3;
 pub mod sink;

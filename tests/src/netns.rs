@@ -12,9 +12,11 @@
 //! The router forwards between the links; a fault is a routing-policy rule in the router
 //! (`ip rule add from A to B blackhole`), so a packet of a cut direction is dropped silently in
 //! flight, as on a real network: one rule is a one-way partition, a pair a full one, and any set
-//! of pairs makes majority/minority splits or a bridge node that sees both sides. This kernel's
-//! traffic-control modules (netem for loss, delay and reordering, and the classifiers) are not
-//! available to the tests, so those faults are not offered here.
+//! of pairs makes majority/minority splits or a bridge node that sees both sides. Packet loss is
+//! an nftables rule in the router's forward hook that drops a random share of every packet it
+//! forwards (`numgen random mod 100 < pct drop`), when the `nft` command is installed. This
+//! kernel's traffic-control modules (netem for delay and reordering, and the classifiers) are
+//! not available to the tests, so those faults are not offered here.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,7 +31,12 @@ pub struct Net {
     nodes: usize,
     /// The cuts in place, as (from, to).
     rules: Mutex<Vec<(usize, usize)>>,
+    /// Whether the packet-loss table is in place.
+    lossy: Mutex<bool>,
 }
+
+/// The router's nftables table that drops packets at random.
+const LOSS_TABLE: &str = "queen_faults";
 
 /// Runs `ip args`; the error names the command and what it printed.
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -66,6 +73,7 @@ impl Net {
             prefix: format!("qf{tag}x{seq}"),
             nodes,
             rules: Mutex::new(Vec::new()),
+            lossy: Mutex::new(false),
         };
         net.build()?;
         Ok(net)
@@ -213,11 +221,63 @@ impl Net {
         }
     }
 
-    /// Remove every cut.
+    /// Drop `percent` of the packets the router forwards, in every direction, at random; `Err`
+    /// says why it cannot (no `nft` command, or the kernel refuses the rule).
+    ///
+    /// # Errors
+    /// The command that failed, with its message.
+    pub fn lose(&self, percent: u8) -> Result<(), String> {
+        let mut lossy = self.lossy.lock().unwrap_or_else(PoisonError::into_inner);
+        if *lossy {
+            self.nft(&["delete", "table", "inet", LOSS_TABLE])?;
+            *lossy = false;
+        }
+        self.nft(&["add", "table", "inet", LOSS_TABLE])?;
+        *lossy = true;
+        self.nft(&[
+            "add",
+            "chain",
+            "inet",
+            LOSS_TABLE,
+            "forward",
+            "{ type filter hook forward priority 0; }",
+        ])?;
+        self.nft(&[
+            "add",
+            "rule",
+            "inet",
+            LOSS_TABLE,
+            "forward",
+            "numgen",
+            "random",
+            "mod",
+            "100",
+            "<",
+            &percent.to_string(),
+            "drop",
+        ])
+    }
+
+    /// Runs `nft args` in the router's namespace.
+    fn nft(&self, args: &[&str]) -> Result<(), String> {
+        let router = self.router();
+        let mut all = vec!["netns", "exec", router.as_str(), "nft"];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Remove every cut and the packet loss.
     ///
     /// # Panics
     /// When a rule cannot be removed.
     pub fn heal(&self) {
+        let mut lossy = self.lossy.lock().unwrap_or_else(PoisonError::into_inner);
+        if *lossy {
+            self.nft(&["delete", "table", "inet", LOSS_TABLE])
+                .unwrap_or_else(|e| panic!("{e}"));
+            *lossy = false;
+        }
+        drop(lossy);
         let taken = std::mem::take(&mut *self.rules.lock().unwrap_or_else(PoisonError::into_inner));
         for (from, to) in taken {
             self.rule("del", from, to).unwrap_or_else(|e| panic!("{e}"));
