@@ -42,6 +42,11 @@ pub enum AppError {
         /// The highest this build reads.
         reads: u32,
     },
+    /// The replicated log stopped on an error while the node ran (a full disk, say).
+    #[error(
+        "the replicated log stopped: {0}; the node stopped so that it can be started again on its data once the cause is fixed"
+    )]
+    LogStopped(String),
     /// The cluster version marker cannot be read.
     #[error("QUEEN_RAFT_DIR: cannot read the cluster version marker {path}")]
     FormatMarker {

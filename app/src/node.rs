@@ -249,12 +249,25 @@ where
     // On SIGTERM a leader hands leadership over first (openraft's transfer, at most ~3 s), so
     // the cluster has a new leader before this node stops listening; requests still in flight
     // here are forwarded to it while the listener drains.
+    // A raft core that stopped on an error (a write refused by a full disk, say) can no longer
+    // replicate or apply: the node stops at once with that error, so that a supervisor starts
+    // it again on its data once the cause is fixed (fail-stop, as after kill -9: every write it
+    // acknowledged is on a majority of disks), instead of answering 503 forever.
+    let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let handover = {
         let raft = raft.clone();
         let sink = sink.clone();
         let broker = broker.clone();
+        let failed = failed.clone();
         async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                reason = raft.core_failed() => {
+                    tracing::error!(target: "queen-app", error = %reason, "the replicated log stopped on an error; this node stops");
+                    *failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
+                    return;
+                }
+            }
             // Ephemeral rings go to their next owners first (at most 15 s), while this node
             // still serves and the others still reach it.
             broker.ephemeral_drain().await;
@@ -274,6 +287,15 @@ where
     })
     .await;
     tracing::info!(target: "queen-app", "listener closed, stopping");
+    let failed = failed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(reason) = failed {
+        // Nothing below can finish without the log (the sink's commits, the hand-offs).
+        let _ = stop_tx.send(true);
+        return Err(AppError::LogStopped(reason));
+    }
     if let Some(s) = &sink {
         s.finish().await;
     }

@@ -8,12 +8,12 @@
 //! keeps committing on a node whose gate is closed.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use queen_tests::{Node, eventually};
+use queen_tests::{Node, Tmpfs, eventually};
 use serde_json::json;
 
 /// Size of the test file system.
@@ -25,40 +25,6 @@ const HIGH_PCT: u64 = 85;
 const MARGIN_PCT: u64 = 3;
 /// One message's payload.
 const PAYLOAD_BYTES: usize = 1 << 20;
-
-/// A tmpfs mounted for the test; unmounted when dropped (also when the test fails).
-struct Tmpfs {
-    dir: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(dir: &Path, mib: u64) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -t tmpfs failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(Tmpfs {
-            dir: dir.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.dir)
-            .status();
-    }
-}
 
 /// (size, used) of the file system holding `dir`, in bytes, from `statvfs` (via `stat -f`), used
 /// counted as the node counts it: size minus what an unprivileged writer may still use.

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use queen_tests::{Node, eventually, get_url, three_nodes};
+use queen_tests::{eventually, three_nodes};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "skewed";
@@ -37,12 +37,6 @@ fn faketime() -> Option<PathBuf> {
     .iter()
     .map(|d| Path::new(d).join("libfaketimeMT.so.1"))
     .find(|p| p.exists())
-}
-
-fn leader_of(n: &Node) -> Option<u64> {
-    let (status, text) = get_url(&n.url("/health"));
-    let v: Value = serde_json::from_str(&text).ok()?;
-    (status == 200).then(|| v["raft"]["leaderId"].as_u64())?
 }
 
 /// What one run measured.
@@ -74,7 +68,7 @@ fn run(lib: &Path, ahead: &str, dir: &Path) -> Run {
     let mut leader = 0;
     assert!(
         eventually(Duration::from_secs(30), || {
-            leader = leader_of(&nodes[0]).unwrap_or(0);
+            leader = nodes[0].leader_id().unwrap_or(0);
             (1..=3).contains(&leader)
         }),
         "no leader"
@@ -85,7 +79,7 @@ fn run(lib: &Path, ahead: &str, dir: &Path) -> Run {
         nodes[2].launch();
         nodes[2].wait_healthy(Duration::from_secs(60));
         assert!(eventually(Duration::from_secs(30), || {
-            leader = leader_of(&nodes[0]).unwrap_or(0);
+            leader = nodes[0].leader_id().unwrap_or(0);
             leader == 1 || leader == 2
         }));
     }
@@ -117,7 +111,7 @@ fn run(lib: &Path, ahead: &str, dir: &Path) -> Run {
     let mut again: Vec<Duration> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while again.len() < MESSAGES && Instant::now() < deadline {
-        if led_after == Duration::MAX && leader_of(&nodes[other]) == Some(3) {
+        if led_after == Duration::MAX && nodes[other].leader_id() == Some(3) {
             led_after = sent.elapsed();
         }
         let second = nodes[other].get(&path);

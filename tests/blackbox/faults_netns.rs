@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use queen_tests::linearizable::{self, KvInput, KvOutput, KvRegister, Verdict};
 use queen_tests::netns::Net;
-use queen_tests::{Node, eventually, post_url_within, try_get_url};
+use queen_tests::{Node, eventually, partition_txns, post_url_within, try_get_url};
 use serde_json::{Value, json};
 
 const HTTP: u16 = 6632;
@@ -148,37 +148,6 @@ fn produce(nodes: &[String], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
         }
         k += 1;
     }
-}
-
-/// A partition's transactionIds as node `n` reads them, from offset 0 to its end.
-fn read_partition(n: &Node, part: u64) -> Option<Vec<String>> {
-    let mut out = Vec::new();
-    let mut offset = 0_u64;
-    for _ in 0..1000 {
-        let body = json!({"entries": [{"queue": QUEUE, "partition": format!("p{part}"), "offset": offset, "maxBytes": 4_000_000}]}).to_string();
-        let (status, text) =
-            post_url_within(&n.url("/api/v1/fetch"), &body, Duration::from_secs(10)).ok()?;
-        if status != 200 {
-            return None;
-        }
-        let v: Value = serde_json::from_str(&text).ok()?;
-        let e = &v["entries"][0];
-        if e["error"] == "OFFSET_OUT_OF_RANGE" {
-            return Some(out);
-        }
-        let records = e["records"].as_array()?;
-        if records.is_empty() {
-            return Some(out);
-        }
-        for r in records {
-            out.push(r["transactionId"].as_str()?.to_owned());
-            offset = r["offset"].as_u64()? + 1;
-        }
-        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
-            return Some(out);
-        }
-    }
-    None
 }
 
 /// The lease a pop takes (the queue's `leaseTime`), short so that a delivery whose ack was lost
@@ -889,7 +858,12 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                 .iter()
                 .map(|n| {
                     (0..PARTITIONS)
-                        .map(|p| (p, read_partition(n, p).unwrap_or_default()))
+                        .map(|p| {
+                            (
+                                p,
+                                partition_txns(n, QUEUE, &format!("p{p}")).unwrap_or_default(),
+                            )
+                        })
                         .collect::<BTreeMap<_, _>>()
                 })
                 .collect::<Vec<_>>();

@@ -269,6 +269,21 @@ impl Node {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the process was started and has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The leader this node names on a 200 `/health` (within 2 s), if any.
+    #[must_use]
+    pub fn leader_id(&self) -> Option<u64> {
+        let (status, text) = try_get_url(&self.url("/health"), Duration::from_secs(2)).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        (status == 200).then(|| v["raft"]["leaderId"].as_u64())?
+    }
+
     /// The URL of `path` on this node.
     #[must_use]
     pub fn url(&self, path: &str) -> String {
@@ -574,6 +589,78 @@ pub fn three_nodes(
         n.wait_healthy(Duration::from_secs(60));
     }
     nodes
+}
+
+/// A tmpfs mounted for the test; unmounted when dropped (also when the test fails).
+pub struct Tmpfs {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `mib` MiB at `dir` (made if missing).
+    ///
+    /// # Errors
+    /// Why it cannot (not root, no `mount`): the caller prints it and skips.
+    pub fn mount(dir: &Path, mib: u64) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// A partition's transactionIds as node `n` reads them (`POST /api/v1/fetch` from offset 0 to
+/// its end); `None` when a read fails.
+#[must_use]
+pub fn partition_txns(n: &Node, queue: &str, partition: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut offset = 0_u64;
+    for _ in 0..1000 {
+        let body = serde_json::json!({"entries": [{"queue": queue, "partition": partition, "offset": offset, "maxBytes": 4_000_000}]}).to_string();
+        let (status, text) =
+            post_url_within(&n.url("/api/v1/fetch"), &body, Duration::from_secs(10)).ok()?;
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&text).ok()?;
+        let e = &v["entries"][0];
+        if e["error"] == "OFFSET_OUT_OF_RANGE" {
+            return Some(out);
+        }
+        let records = e["records"].as_array()?;
+        if records.is_empty() {
+            return Some(out);
+        }
+        for r in records {
+            out.push(r["transactionId"].as_str()?.to_owned());
+            offset = r["offset"].as_u64()? + 1;
+        }
+        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
+            return Some(out);
+        }
+    }
+    None
 }
 
 /// Wait until `check` is true, polling; false after `limit`.

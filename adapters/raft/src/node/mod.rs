@@ -431,6 +431,37 @@ impl RaftNode {
         Ok(())
     }
 
+    /// Resolves when the raft core has stopped on an error (a storage write that failed, a
+    /// full disk among them), with the error; never after a deliberate `shutdown`. A node whose
+    /// core stopped can no longer replicate or apply anything: the application stops it, so that
+    /// a supervisor starts it again on its data once the cause is fixed.
+    pub async fn core_failed(&self) -> String {
+        use openraft::errors::Fatal;
+        let mut rx = self.inner.raft.metrics();
+        loop {
+            // `Some(None)`: stopped on purpose; `Some(Some(e))`: stopped on an error.
+            let stopped = match &rx.borrow_watched().running_state {
+                Ok(()) => None,
+                Err(Fatal::Stopped) => Some(None),
+                Err(e) => Some(Some(e.to_string())),
+            };
+            match stopped {
+                Some(Some(e)) => return e,
+                Some(None) => return std::future::pending().await,
+                None => {}
+            }
+            if rx.changed().await.is_err() {
+                // The core's task ended without saying why (a panic): a deliberate stop sets
+                // `Stopped` first.
+                let on_purpose = matches!(rx.borrow_watched().running_state, Err(Fatal::Stopped));
+                if on_purpose {
+                    return std::future::pending().await;
+                }
+                return "the raft core ended".to_owned();
+            }
+        }
+    }
+
     /// Number of fdatasync/fsync calls the log store made since it opened (for benchmarks).
     pub fn fsync_count(&self) -> u64 {
         self.inner.fsyncs.load(Ordering::Relaxed)
