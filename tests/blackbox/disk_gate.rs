@@ -294,7 +294,8 @@ fn with_the_gate_at_100_percent_the_reserve_stops_writes_before_the_store_fails(
         }
     };
     // The default reserve (32 MiB). Without it (QUEEN_RAFT_DISK_RESERVE_BYTES=0) this disk fills
-    // and the state store fails a write: /health 503 and 500 for every write until a restart.
+    // and the state store fails a write: the node stops (exit status 1) until it is restarted
+    // with room (tests/blackbox/faults_disk.rs).
     let mut n = Node::start(
         Path::new(env!("CARGO_BIN_EXE_queen")),
         &data,
