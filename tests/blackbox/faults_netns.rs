@@ -356,7 +356,7 @@ fn kv_call(n: &str, op: &Value, versions: &mut Vec<(i64, u64)>) -> Option<Value>
 /// moving to the next node after a failure and every seventh operation. Each operation is
 /// logged with when it was sent and when (and what) it was answered.
 fn kv_client(nodes: &[String], stop: &AtomicBool, log: &Mutex<KvLog>, c: u64) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c + 1));
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c + 1) ^ knobs().seed.wrapping_mul(0x1000_0001));
     let mut at = usize::try_from(c).unwrap_or(0);
     let mut written = 0_i64;
     let mut versions = Vec::new();
@@ -524,6 +524,26 @@ const LOSS_PERCENT: u8 = 10;
 /// How long each fault stays in place at least (past the election timeouts).
 const HOLD: Duration = Duration::from_secs(5);
 
+/// The campaign's knobs (`bench/faults.sh` sets them; CI runs the defaults): `QUEEN_FAULTS_SEED`
+/// shuffles the faults' order and seeds the KV clients (0, the default, keeps the order above),
+/// `QUEEN_FAULTS_HOLD_S` holds each fault longer than `HOLD`, and `QUEEN_FAULTS_ROUNDS` runs the
+/// whole list that many times (1 to 20).
+struct Knobs {
+    seed: u64,
+    hold: Duration,
+    rounds: usize,
+}
+
+fn knobs() -> Knobs {
+    let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    Knobs {
+        seed: num("QUEEN_FAULTS_SEED").unwrap_or(0),
+        hold: num("QUEEN_FAULTS_HOLD_S").map_or(HOLD, |s| Duration::from_secs(s.clamp(5, 600))),
+        rounds: num("QUEEN_FAULTS_ROUNDS")
+            .map_or(1, |r| usize::try_from(r.clamp(1, 20)).unwrap_or(1)),
+    }
+}
+
 /// The longest time without an acknowledgement since `since` (from `since` to the first one,
 /// and between any two after it), to now.
 fn longest_gap(log: &Mutex<Log>, since: Instant) -> Duration {
@@ -575,6 +595,20 @@ fn faults(
         events.push(line);
     };
     let none = |_: usize| Ok(String::new());
+    // A node cut off from the majority must say so on /health within 20 s.
+    let unhealthy = |i: usize, what: &str| {
+        let since = Instant::now();
+        if eventually(Duration::from_secs(20), || {
+            health(&nodes.lock().unwrap()[i - 1]).0 != 200
+        }) {
+            Ok(format!(
+                "the {what} {i}'s /health is non-200 after {:.1} s",
+                since.elapsed().as_secs_f64()
+            ))
+        } else {
+            Err(format!("the {what} {i} kept answering 200 on /health"))
+        }
+    };
     let heal = |_: usize| {
         net.heal();
         "healed".to_owned()
@@ -587,17 +621,17 @@ fn faults(
                 format!("isolate leader {l} from both followers")
             },
             // A leader without a majority says so on /health.
-            check: &|l| {
-                if eventually(Duration::from_secs(20), || {
-                    health(&nodes.lock().unwrap()[l - 1]).0 != 200
-                }) {
-                    Ok(format!("node {l}'s /health is non-200"))
-                } else {
-                    Err(format!(
-                        "the isolated leader {l} kept answering 200 on /health"
-                    ))
-                }
+            check: &|l| unhealthy(l, "isolated leader"),
+            undo: &heal,
+        },
+        Fault {
+            name: "a follower isolated",
+            make: &|l| {
+                let f = l % 3 + 1;
+                net.isolate(f);
+                format!("isolate follower {f} from both other nodes")
             },
+            check: &|l| unhealthy(l % 3 + 1, "isolated follower"),
             undo: &heal,
         },
         Fault {
@@ -608,7 +642,10 @@ fn faults(
                 }
                 format!("cut leader {l}'s outgoing traffic (it still hears the others)")
             },
-            check: &none,
+            check: &|l| {
+                // It hears the others but they do not hear it: cut off, it must say so.
+                unhealthy(l, "muted leader")
+            },
             undo: &heal,
         },
         Fault {
@@ -655,12 +692,31 @@ fn faults(
             },
         },
     ];
+    let k = knobs();
+    // The order: as listed for seed 0, else a shuffle of each round by the seed.
+    let mut order = Vec::new();
+    let mut rng = Rng(k.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    for _ in 0..k.rounds {
+        let mut round: Vec<usize> = (0..list.len()).collect();
+        if k.seed != 0 {
+            for i in (1..round.len()).rev() {
+                let j = usize::try_from(rng.below(i as u64 + 1)).unwrap_or(0);
+                round.swap(i, j);
+            }
+        }
+        order.extend(round);
+    }
     let mut run = || -> Result<(), String> {
         let l = wait_leader(&nodes.lock().unwrap(), Duration::from_secs(30));
         progress(log, 20, Duration::from_secs(30))
             .map_err(|n| format!("no warm-up writes ({n})"))?;
-        step(format!("warm: leader {l}"));
-        for f in &list {
+        step(format!(
+            "warm: leader {l}; seed {}, {} faults, each held {:?} at least",
+            k.seed,
+            order.len(),
+            k.hold
+        ));
+        for f in order.iter().map(|i| &list[*i]) {
             let l = wait_leader(&nodes.lock().unwrap(), Duration::from_secs(30));
             let since = Instant::now();
             let (acked_before, failed_before) = {
@@ -676,7 +732,7 @@ fn faults(
                 progress(log, 60, Duration::from_secs(60))
                     .map_err(|n| format!("no writes under {} ({n} in all)", f.name))
             });
-            hold_since(since, HOLD);
+            hold_since(since, k.hold);
             let gap = longest_gap(log, since);
             let (acked, failed) = {
                 let g = log.lock().unwrap();
