@@ -110,15 +110,20 @@ fn txn(k: u64) -> String {
     format!("m{k:07}")
 }
 
-/// Pushes to partition `p<part>` the messages `m<part>000000`, `m<part>000001`, ... one at a
-/// time, retrying each with the same transactionId on the next node until one acknowledges it
-/// (20 s at most), until `stop`. One producer per partition, so a partition's order is its
-/// producer's.
-fn produce(nodes: &[String], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
+/// Pushes to partition `p<part>` of `queue` the messages `m<part>000000`, `m<part>000001`, ...
+/// one at a time, `pace` apart, retrying each with the same transactionId on the next node until
+/// one acknowledges it (20 s at most), until `stop`. One producer per partition, so a
+/// partition's order is its producer's.
+fn produce(
+    (nodes, queue, pace): (&[String], &str, Duration),
+    stop: &AtomicBool,
+    log: &Mutex<Log>,
+    part: u64,
+) {
     let mut k = part * 1_000_000;
     let mut last_ok = usize::try_from(part).unwrap_or(0);
     while !stop.load(Ordering::SeqCst) && k < part * 1_000_000 + 100_000 {
-        let body = json!({"items": [{"queue": QUEUE, "partition": format!("p{part}"), "transactionId": txn(k), "payload": {"k": k}}]}).to_string();
+        let body = json!({"items": [{"queue": queue, "partition": format!("p{part}"), "transactionId": txn(k), "payload": {"k": k}}]}).to_string();
         let until = Instant::now() + Duration::from_secs(20);
         // The node that took the last one, as a client with failover does; every tenth message
         // starts at the next node in turn, so that every node keeps being tried.
@@ -149,6 +154,7 @@ fn produce(nodes: &[String], stop: &AtomicBool, log: &Mutex<Log>, part: u64) {
             std::thread::sleep(Duration::from_millis(50));
         }
         k += 1;
+        std::thread::sleep(pace);
     }
 }
 
@@ -237,6 +243,155 @@ fn consume(nodes: &[String], stop: &AtomicBool, seen: &Mutex<Vec<Delivery>>, c: 
             }
         }
     }
+}
+
+/// The queue whose consumer fails every message, its group, and its `retryLimit`.
+const DLQ_QUEUE: &str = "faults-dlq";
+const DLQ_GROUP: &str = "failing";
+const RETRY_LIMIT: usize = 2;
+/// The dead-letter producer's partition (`p9`, messages `m9000000`, ...).
+const DLQ_PART: u64 = 9;
+
+/// What the failing consumer saw of one message.
+#[derive(Default)]
+struct Failing {
+    /// When each pop that handed it out was sent.
+    delivered: Vec<Instant>,
+    /// When each `failed` ack the node confirmed (success, not a no-op) was answered.
+    confirmed: Vec<Instant>,
+    /// `failed` acks sent whose answer never came (they may have counted).
+    unanswered: usize,
+}
+
+/// A consumer of `DLQ_GROUP` that pops one message at a time and acks it `failed`, so that every
+/// message is dead-lettered after `RETRY_LIMIT` retries; a failed request moves it to the next
+/// node.
+fn fail_everything(nodes: &[String], stop: &AtomicBool, seen: &Mutex<BTreeMap<String, Failing>>) {
+    let mut at = 1;
+    let path =
+        format!("/api/v1/pop/queue/{DLQ_QUEUE}?consumerGroup={DLQ_GROUP}&batch=1&wait=false");
+    while !stop.load(Ordering::SeqCst) {
+        let n = &nodes[at % nodes.len()];
+        let sent = Instant::now();
+        let popped = match try_get_url(&format!("{n}{path}"), Duration::from_secs(2)) {
+            Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+            Ok((204, _)) => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            _ => {
+                at += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let Some(m) = popped["messages"].get(0) else {
+            continue;
+        };
+        let txn = m["transactionId"].as_str().unwrap_or_default().to_owned();
+        seen.lock()
+            .unwrap()
+            .entry(txn.clone())
+            .or_default()
+            .delivered
+            .push(sent);
+        let body = json!({"transactionId": txn, "partitionId": m["partitionId"], "leaseId": popped["leaseId"], "status": "failed", "consumerGroup": DLQ_GROUP}).to_string();
+        let answer = post_url_within(&format!("{n}/api/v1/ack"), &body, Duration::from_secs(2));
+        let confirmed = Instant::now();
+        let mut s = seen.lock().unwrap();
+        let f = s.entry(txn).or_default();
+        match answer
+            .ok()
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, t)| serde_json::from_str::<Value>(&t).ok())
+        {
+            // An array of one item.
+            Some(v) => {
+                if v[0]["success"] == true && v[0]["noop"] != true {
+                    f.confirmed.push(confirmed);
+                }
+            }
+            None => {
+                f.unanswered += 1;
+                at += 1;
+            }
+        }
+    }
+}
+
+/// The dead letters of `DLQ_GROUP`, by transactionId, as node `n` lists them (each id as many
+/// times as it is listed).
+fn dead_letters(n: &Node) -> Vec<String> {
+    let mut out = Vec::new();
+    for page in 0..100 {
+        let path = format!(
+            "/api/v1/dlq?queue={DLQ_QUEUE}&consumerGroup={DLQ_GROUP}&limit=1000&offset={}",
+            page * 1000
+        );
+        let Ok((200, text)) = try_get_url(&n.url(&path), Duration::from_secs(10)) else {
+            break;
+        };
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        out.extend(
+            msgs.iter()
+                .map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned()),
+        );
+        if msgs.len() < 1000 {
+            break;
+        }
+    }
+    out
+}
+
+/// The dead-letter checker: every acknowledged push dead-lettered exactly once, nothing else
+/// dead-lettered, none before `RETRY_LIMIT + 1` failed acks were sent for it, no more than that
+/// many confirmed, and none handed out again after its last allowed failure was confirmed.
+fn dlq_anomalies(
+    acked: &[String],
+    dead: &[String],
+    seen: &BTreeMap<String, Failing>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in dead {
+        *counts.entry(d.as_str()).or_default() += 1;
+    }
+    let wanted: HashSet<&str> = acked.iter().map(String::as_str).collect();
+    for (t, n) in &counts {
+        if *n > 1 {
+            out.push(format!("{t} dead-lettered {n} times"));
+        }
+        if !wanted.contains(t) {
+            out.push(format!(
+                "{t} dead-lettered but never acknowledged as pushed"
+            ));
+        }
+        let f = seen.get(*t);
+        let sent = f.map_or(0, |f| f.confirmed.len() + f.unanswered);
+        if sent <= RETRY_LIMIT {
+            out.push(format!("{t} dead-lettered after only {sent} failed acks"));
+        }
+    }
+    for t in acked {
+        if !counts.contains_key(t.as_str()) {
+            out.push(format!("{t} acknowledged but not dead-lettered"));
+        }
+    }
+    for (t, f) in seen {
+        if f.confirmed.len() > RETRY_LIMIT + 1 {
+            out.push(format!("{t}: {} failed acks confirmed", f.confirmed.len()));
+        }
+        if let Some(last) = f.confirmed.get(RETRY_LIMIT)
+            && let Some(after) = f.delivered.iter().find(|d| *d > last)
+        {
+            out.push(format!(
+                "{t} handed out {:?} after its last allowed failure was confirmed",
+                after.duration_since(*last)
+            ));
+        }
+    }
+    out
 }
 
 /// Each message's status for `GROUP` as node `n` browses it (`pending`, `processing`,
@@ -788,6 +943,9 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     let log = Mutex::new(Log::default());
     let seen: Mutex<Vec<Delivery>> = Mutex::new(Vec::new());
     let kv_log = Mutex::new(KvLog::default());
+    let dlq_log = Mutex::new(Log::default());
+    let failing: Mutex<BTreeMap<String, Failing>> = Mutex::new(BTreeMap::new());
+    let mut dead = Vec::new();
 
     // Everything below runs in the client's namespace: the producer (a thread of its own, which
     // starts there too), the checks, and the faults (made with `ip -n <router>`, from anywhere).
@@ -797,11 +955,27 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
             &json!({"queue": QUEUE, "options": {"leaseTime": LEASE.as_secs(), "retryLimit": 1000}}),
         );
         assert_eq!(configured.status, 200, "{}", configured.text);
+        let configured = nodes.lock().unwrap()[0].post(
+            "/api/v1/configure",
+            &json!({"queue": DLQ_QUEUE, "options": {"leaseTime": LEASE.as_secs(), "retryLimit": RETRY_LIMIT, "dlqAfterMaxRetries": true}}),
+        );
+        assert_eq!(configured.status, 200, "{}", configured.text);
         let outcome = std::thread::scope(|s| {
+            // A slower producer of messages that one consumer fails every time.
+            let dlq_producer = {
+                let (nodes, stop, log) = (&urls, &stop, &dlq_log);
+                s.spawn(move || {
+                    produce((nodes, DLQ_QUEUE, Duration::from_millis(150)), stop, log, DLQ_PART);
+                })
+            };
+            let failer = {
+                let (nodes, stop, seen) = (&urls, &consumers_stop, &failing);
+                s.spawn(move || fail_everything(nodes, stop, seen))
+            };
             let producers: Vec<_> = (0..PARTITIONS)
                 .map(|p| {
                     let (nodes, stop, log) = (&urls, &stop, &log);
-                    s.spawn(move || produce(nodes, stop, log, p))
+                    s.spawn(move || produce((nodes, QUEUE, Duration::ZERO), stop, log, p))
                 })
                 .collect();
             let consumers: Vec<_> = (0..CONSUMERS)
@@ -818,7 +992,7 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                 .collect();
             let outcome = faults(&net, &nodes, &log, started);
             stop.store(true, Ordering::SeqCst);
-            for p in producers.into_iter().chain(kv_clients) {
+            for p in producers.into_iter().chain(kv_clients).chain([dlq_producer]) {
                 p.join().expect("a producer");
             }
             // The group consumes every acknowledged message (bounded).
@@ -857,7 +1031,15 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
                     .partition(|t| status.get(t).is_some_and(|s| s == "completed"));
                 missing.is_empty()
             });
+            // Every message of the failing consumer's queue dead-lettered (bounded).
+            let dlq_want: HashSet<String> =
+                dlq_log.lock().unwrap().acked.iter().map(|(k, _, _)| txn(*k)).collect();
+            eventually(Duration::from_secs(60), || {
+                dead = dead_letters(&nodes.lock().unwrap()[0]);
+                dlq_want.iter().all(|t| dead.contains(t))
+            });
             consumers_stop.store(true, Ordering::SeqCst);
+            failer.join().expect("the failing consumer");
             for c in consumers {
                 c.join().expect("a consumer");
             }
@@ -987,6 +1169,24 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
         Ok(summary) => println!("{summary}"),
         Err(e) => panic!("{e}"),
     }
+    let dlq_acked: Vec<String> = dlq_log
+        .into_inner()
+        .unwrap()
+        .acked
+        .iter()
+        .map(|(k, _, _)| txn(*k))
+        .collect();
+    let failing = failing.into_inner().unwrap();
+    let anomalies = dlq_anomalies(&dlq_acked, &dead, &failing);
+    println!(
+        "dead letters: {} pushed, {} dead-lettered after {} deliveries and {} confirmed failed acks, {} anomalies",
+        dlq_acked.len(),
+        dead.len(),
+        failing.values().map(|f| f.delivered.len()).sum::<usize>(),
+        failing.values().map(|f| f.confirmed.len()).sum::<usize>(),
+        anomalies.len()
+    );
+    assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
     let stored: Vec<String> = reads[0].values().flatten().cloned().collect();
     println!("{}", lake_check(&lake, &stored));
 }
