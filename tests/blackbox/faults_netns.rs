@@ -319,29 +319,36 @@ fn fail_everything(nodes: &[String], stop: &AtomicBool, seen: &Mutex<BTreeMap<St
     }
 }
 
-/// The dead letters of `DLQ_GROUP`, by transactionId, as node `n` lists them (each id as many
-/// times as it is listed).
-fn dead_letters(n: &Node) -> Vec<String> {
+/// Every item of `messages` a listing route answers on node `n`, page by page (1000 a page,
+/// 100 pages at most; `path` carries the route and its filters).
+fn listed(n: &Node, path: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for page in 0..100 {
-        let path = format!(
-            "/api/v1/dlq?queue={DLQ_QUEUE}&consumerGroup={DLQ_GROUP}&limit=1000&offset={}",
-            page * 1000
-        );
-        let Ok((200, text)) = try_get_url(&n.url(&path), Duration::from_secs(10)) else {
+        let url = n.url(&format!("{path}&limit=1000&offset={}", page * 1000));
+        let Ok((200, text)) = try_get_url(&url, Duration::from_secs(10)) else {
             break;
         };
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let msgs = v["messages"].as_array().cloned().unwrap_or_default();
-        out.extend(
-            msgs.iter()
-                .map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned()),
-        );
-        if msgs.len() < 1000 {
+        let full = msgs.len() == 1000;
+        out.extend(msgs);
+        if !full {
             break;
         }
     }
     out
+}
+
+/// The dead letters of `DLQ_GROUP`, by transactionId, as node `n` lists them (each id as many
+/// times as it is listed).
+fn dead_letters(n: &Node) -> Vec<String> {
+    listed(
+        n,
+        &format!("/api/v1/dlq?queue={DLQ_QUEUE}&consumerGroup={DLQ_GROUP}"),
+    )
+    .iter()
+    .map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned())
+    .collect()
 }
 
 /// The dead-letter checker: every acknowledged push dead-lettered exactly once, nothing else
@@ -397,28 +404,18 @@ fn dlq_anomalies(
 /// Each message's status for `GROUP` as node `n` browses it (`pending`, `processing`,
 /// `completed`, `dead_letter`), by transactionId.
 fn group_status(n: &Node) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for page in 0..100 {
-        let path = format!(
-            "/api/v1/messages?queue={QUEUE}&consumerGroup={GROUP}&limit=1000&offset={}",
-            page * 1000
-        );
-        let Ok((200, text)) = try_get_url(&n.url(&path), Duration::from_secs(10)) else {
-            break;
-        };
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
-        for m in &msgs {
-            out.insert(
-                m["transactionId"].as_str().unwrap_or_default().to_owned(),
-                m["status"].as_str().unwrap_or_default().to_owned(),
-            );
-        }
-        if msgs.len() < 1000 {
-            break;
-        }
-    }
-    out
+    listed(
+        n,
+        &format!("/api/v1/messages?queue={QUEUE}&consumerGroup={GROUP}"),
+    )
+    .iter()
+    .map(|m| {
+        (
+            m["transactionId"].as_str().unwrap_or_default().to_owned(),
+            m["status"].as_str().unwrap_or_default().to_owned(),
+        )
+    })
+    .collect()
 }
 
 /// The consumer group's anomalies: a message handed out while another consumer's lease on it
