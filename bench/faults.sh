@@ -3,9 +3,10 @@
 # with a new seed (which shuffles the faults' order and seeds the KV clients), every fault held
 # longer than in CI, and writes a table of operations, faults injected and anomalies found:
 #
-#   tests/blackbox/faults_netns.rs  nodes in network namespaces: the leader isolated, muted one
-#                                   way, a bridge, SIGSTOP, 10% packet loss, kill -9; checkers
-#                                   for the log, the consumer group, KV linearizability, the lake
+#   tests/blackbox/faults_netns.rs  nodes in network namespaces: the leader isolated, a follower
+#                                   isolated, the leader muted one way, a bridge, SIGSTOP, 10%
+#                                   packet loss, kill -9; checkers for the log, the consumer
+#                                   group, KV linearizability, dead letters and the lake
 #   tests/blackbox/faults_disk.rs   a follower's and the leader's disk filled to the last byte
 #   tests/blackbox/faults_clock.rs  a leader's clock ahead, inside and past the skew bound
 #
@@ -32,8 +33,8 @@ after() { grep -m1 -E "^acknowledged " "$2" | grep -oE "$1 [0-9]+" | grep -oE "[
 {
   echo "# Fault campaign $stamp: ${minutes} min, faults held ${hold} s, ${rounds} rounds of the list per run"
   echo
-  echo "| run | seed | result | faults | writes acked | lost | doubled | reordered | unexpected | group deliveries | inside a valid lease | KV ops | not linearizable | lake | disk | clock | seconds |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| run | seed | result | faults | writes acked | lost | doubled | reordered | unexpected | group deliveries | inside a valid lease | KV ops | not linearizable | dead letters | their anomalies | lake | disk | clock | seconds |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 cat "$table"
 
@@ -59,7 +60,7 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   faults=$(grep -cE "^ *[0-9.]+ s  under " "$log" || true)
   acked=$(grep -m1 -oE "^acknowledged [0-9]+" "$log" | grep -oE "[0-9]+" || echo "?")
   lake=$(grep -q "^lake: verify clean" "$log" && echo clean || echo "?")
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
     "$run" "$seed" "$result" "$faults" "$acked" \
     "$(after lost "$log")" "$(after doubled "$log")" "$(after reordered "$log")" \
     "$(after unexpected "$log")" \
@@ -67,6 +68,7 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
     "$(field '^group ' 'inside a valid lease' "$log")" \
     "$(field '^KV: ' 'operations answered' "$log")" \
     "$(field '^KV: ' 'not linearizable' "$log")" \
+    "$(field '^dead letters: ' 'dead-lettered' "$log")" "$(field '^dead letters: ' 'anomalies' "$log")" \
     "$lake" "$disk" "$clock" "$(( $(date +%s) - started ))" | tee -a "$table"
 done
 echo
