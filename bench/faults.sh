@@ -33,8 +33,8 @@ after() { grep -m1 -E "^acknowledged " "$2" | grep -oE "$1 [0-9]+" | grep -oE "[
 {
   echo "# Fault campaign $stamp: ${minutes} min, faults held ${hold} s, ${rounds} rounds of the list per run"
   echo
-  echo "| run | seed | result | faults | writes acked | lost | doubled | reordered | unexpected | group deliveries | inside a valid lease | KV ops | not linearizable | dead letters | their anomalies | lake | disk | clock | seconds |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| run | seed | result | faults | writes acked | lost | doubled | reordered | unexpected | group deliveries | inside a valid lease | KV ops | not linearizable | dead letters | their anomalies | lake | longest wait for a write (s) | disk | clock | seconds |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 cat "$table"
 
@@ -47,8 +47,13 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   log="$out/run-$run-netns.log"
   started=$(date +%s)
   result=pass
-  QUEEN_FAULTS_SEED=$seed QUEEN_FAULTS_HOLD_S=$hold QUEEN_FAULTS_ROUNDS=$rounds \
+  QUEEN_FAULTS_SEED=$seed QUEEN_FAULTS_HOLD_S=$hold QUEEN_FAULTS_ROUNDS=$rounds QUEEN_FAULTS_KEEP=1 \
     timeout 1800 cargo test -q -p queen --test faults_netns -- --nocapture > "$log" 2>&1 || result=FAIL
+  # The nodes' directories (data, logs, lake) are kept for a failed run only.
+  kept=$(grep -m1 -oE "keeping the nodes' directories in .*" "$log" | sed 's/.* in //' || true)
+  if [ -n "$kept" ] && [ -d "$kept" ]; then
+    if [ "$result" = pass ]; then rm -rf "$kept"; else mv "$kept" "$out/run-$run-dirs"; fi
+  fi
   grep -q "SKIPPED" "$log" && result=skipped
   # Every run also fills disks and skews a clock (both take seconds).
   disk=pass; clock=pass
@@ -60,7 +65,8 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   faults=$(grep -cE "^ *[0-9.]+ s  under " "$log" || true)
   acked=$(grep -m1 -oE "^acknowledged [0-9]+" "$log" | grep -oE "[0-9]+" || echo "?")
   lake=$(grep -q "^lake: verify clean" "$log" && echo clean || echo "?")
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+  wait=$(grep -oE "longest wait between acknowledgements [0-9.]+" "$log" | grep -oE "[0-9.]+$" | sort -n | tail -1 || true)
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
     "$run" "$seed" "$result" "$faults" "$acked" \
     "$(after lost "$log")" "$(after doubled "$log")" "$(after reordered "$log")" \
     "$(after unexpected "$log")" \
@@ -69,7 +75,7 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
     "$(field '^KV: ' 'operations answered' "$log")" \
     "$(field '^KV: ' 'not linearizable' "$log")" \
     "$(field '^dead letters: ' 'dead-lettered' "$log")" "$(field '^dead letters: ' 'anomalies' "$log")" \
-    "$lake" "$disk" "$clock" "$(( $(date +%s) - started ))" | tee -a "$table"
+    "$lake" "${wait:-?}" "$disk" "$clock" "$(( $(date +%s) - started ))" | tee -a "$table"
 done
 echo
 echo "$run runs, $failed with a failure; table: $table"
