@@ -49,10 +49,16 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   result=pass
   QUEEN_FAULTS_SEED=$seed QUEEN_FAULTS_HOLD_S=$hold QUEEN_FAULTS_ROUNDS=$rounds QUEEN_FAULTS_KEEP=1 \
     timeout 1800 cargo test -q -p queen --test faults_netns -- --nocapture > "$log" 2>&1 || result=FAIL
-  # The nodes' directories (data, logs, lake) are kept for a failed run only.
+  # The nodes' directories (data, logs, lake) are kept for a failed run, or one where writes
+  # waited longer than 10 s (an outage to explain).
+  wait=$(grep -oE "longest wait between acknowledgements [0-9.]+" "$log" | grep -oE "[0-9.]+$" | sort -n | tail -1 || true)
   kept=$(grep -m1 -oE "keeping the nodes' directories in .*" "$log" | sed 's/.* in //' || true)
   if [ -n "$kept" ] && [ -d "$kept" ]; then
-    if [ "$result" = pass ]; then rm -rf "$kept"; else mv "$kept" "$out/run-$run-dirs"; fi
+    if [ "$result" = pass ] && awk -v w="${wait:-0}" 'BEGIN { exit !(w <= 10) }'; then
+      rm -rf "$kept"
+    else
+      mv "$kept" "$out/run-$run-dirs"
+    fi
   fi
   grep -q "SKIPPED" "$log" && result=skipped
   # Every run also fills disks and skews a clock (both take seconds).
@@ -65,7 +71,6 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   faults=$(grep -cE "^ *[0-9.]+ s  under " "$log" || true)
   acked=$(grep -m1 -oE "^acknowledged [0-9]+" "$log" | grep -oE "[0-9]+" || echo "?")
   lake=$(grep -q "^lake: verify clean" "$log" && echo clean || echo "?")
-  wait=$(grep -oE "longest wait between acknowledgements [0-9.]+" "$log" | grep -oE "[0-9.]+$" | sort -n | tail -1 || true)
   printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
     "$run" "$seed" "$result" "$faults" "$acked" \
     "$(after lost "$log")" "$(after doubled "$log")" "$(after reordered "$log")" \
