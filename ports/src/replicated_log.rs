@@ -43,6 +43,9 @@ pub struct LogProgress {
     pub storage_ready: bool,
     /// On a leader: milliseconds since a majority last acknowledged it (None elsewhere).
     pub quorum_ack_ms: Option<u64>,
+    /// On a follower or learner of several nodes: milliseconds since it last accepted an
+    /// append from a leader (None before the first, and on other roles).
+    pub leader_contact_ms: Option<u64>,
 }
 
 /// Why a proposal did not produce an outcome.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use queen_tests::{Node, eventually};
+use queen_tests::{Node, eventually, post_url_within};
 use serde_json::json;
 
 #[path = "cluster_support.rs"]
@@ -451,4 +451,82 @@ fn a_leader_without_a_quorum_stops_promptly_on_sigterm() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// A leader that stops answering (SIGSTOP) while a follower forwards writes to it: once a new
+/// leader takes over, those forwards are given up at once (their outcome is unknown; a retry
+/// with the same transactionId is safe), so they do not hold the follower's push lane, which
+/// has a few entries in flight at most, for the forward's whole timeout. Found by the fault
+/// campaign: every push on such a node waited about 20 s, even once the node led itself.
+#[test]
+fn forwards_to_a_paused_leader_do_not_hold_pushes_once_another_leads() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let paused = leader_index(&nodes, None).expect("a leader");
+    let f = (paused + 1) % 3;
+    push(&nodes[f], "paused", "warm");
+    nodes[paused].signal("-STOP");
+    // More pushes than the lane has entries in flight, one after another so that each goes
+    // alone, all before the election timeout (400 ms at least): each is forwarded to the
+    // paused leader and waits for it.
+    let url = nodes[f].url("/api/v1/push");
+    let stuck: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            let body = json!({"items": [{"queue": "paused", "transactionId": format!("stuck-{i}"), "payload": i}]})
+                .to_string();
+            let t = std::thread::spawn(move || post_url_within(&url, &body, Duration::from_secs(3)));
+            std::thread::sleep(Duration::from_millis(25));
+            t
+        })
+        .collect();
+    let mut new = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            new = leader_index(&nodes, Some(paused));
+            new.is_some()
+        }),
+        "no new leader while the old one is paused"
+    );
+    // Through the follower that holds the stuck forwards (it may be the new leader itself).
+    let since = Instant::now();
+    let body =
+        json!({"items": [{"queue": "paused", "transactionId": "after", "payload": 0}]}).to_string();
+    let mut last = String::new();
+    let acked = eventually(Duration::from_secs(15), || {
+        match post_url_within(&url, &body, Duration::from_secs(2)) {
+            Ok((200, _)) => true,
+            Ok((s, t)) => {
+                last = format!("{s}: {t}");
+                false
+            }
+            Err(e) => {
+                last = e;
+                false
+            }
+        }
+    });
+    let took = since.elapsed();
+    nodes[paused].signal("-CONT");
+    let answered = stuck
+        .into_iter()
+        .filter_map(|t| t.join().ok())
+        .filter(|r| matches!(r, Ok((200, _))))
+        .count();
+    eprintln!(
+        "new leader {}: a push through node {} acknowledged {took:?} after it was known ({answered} of 8 stuck pushes answered 200)",
+        new.map_or(0, |n| n + 1),
+        f + 1
+    );
+    assert!(acked, "no push through node {} in 15 s: {last}", f + 1);
+    // The lane was free at once; 5 s is generous for a loaded 2-core machine (the forwards'
+    // timeout, which held it before, is 30 s).
+    assert!(took < Duration::from_secs(5), "the push waited {took:?}");
+    let acked: Vec<String> = vec!["warm".into(), "after".into()];
+    for n in &nodes {
+        assert!(eventually(Duration::from_secs(30), || n
+            .try_request("GET", "/health", None)
+            .is_ok_and(|a| a.status == 200)));
+    }
+    assert_all_once(&nodes, "paused", &acked);
 }

@@ -407,6 +407,7 @@ pub(crate) async fn handle<A: ClientApi>(
                     "commit": p.commit,
                     "lag": p.commit.saturating_sub(p.applied),
                     "storageReady": p.storage_ready,
+                    "leaderContactMs": p.leader_contact_ms,
                     "clusterVersion": h.cluster_version,
                     "kinds": h.kinds,
                     "apply": {"failure": h.apply_failure, "skipped": []},

@@ -193,6 +193,10 @@ impl RaftNodeConfig {
             election_timeout_min: self.election_min_ms,
             election_timeout_max: self.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            // A node that cannot reach a majority does not raise its term: it asks first
+            // whether it could win (pre-vote), so a follower cut off and back does not depose a
+            // healthy leader.
+            enable_pre_vote: Some(true),
             // Never keep more than one snapshot span below a snapshot (small spans in tests).
             max_in_snapshot_log_to_keep: self.log_kept_below_snapshot(),
             purge_batch_size: PURGE_BATCH_SIZE,

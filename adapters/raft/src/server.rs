@@ -70,12 +70,59 @@ struct Ctx {
     transport: Arc<Transport>,
     /// The highest log format this node reads (`/info`).
     log_kinds: u32,
-    /// The application's handler of calls from other nodes, once it registered one.
-    app: AppHandler,
+    /// The application's handler of peer calls, and when a leader last reached this node.
+    shared: Shared,
 }
 
 /// Where the application's handler of peer calls is put once the application runs.
 pub(crate) type AppHandler = Arc<std::sync::OnceLock<Arc<dyn queen_ports::PeerHandler>>>;
+
+/// When this node last accepted an append (entries or a heartbeat) from a leader: a follower
+/// that has not for longer than an election timeout is cut off, whatever leader it remembers
+/// (with pre-vote, a cut-off follower keeps its term and its leader's id).
+#[derive(Debug)]
+pub(crate) struct LeaderContact {
+    /// The origin of `last_ms`.
+    base: std::time::Instant,
+    /// Milliseconds from `base` to the last contact; `u64::MAX` before the first.
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Default for LeaderContact {
+    fn default() -> Self {
+        Self {
+            base: std::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl LeaderContact {
+    /// A leader's append was accepted now.
+    pub(crate) fn touch(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the last contact, `None` before the first.
+    pub(crate) fn since_ms(&self) -> Option<u64> {
+        let last = self.last_ms.load(std::sync::atomic::Ordering::Relaxed);
+        (last != u64::MAX).then(|| {
+            u64::try_from(self.base.elapsed().as_millis())
+                .unwrap_or(u64::MAX)
+                .saturating_sub(last)
+        })
+    }
+}
+
+/// What the raft port shares with the rest of the node.
+#[derive(Clone, Default)]
+pub(crate) struct Shared {
+    /// The application's handler of calls from other nodes, once it registered one.
+    pub(crate) app: AppHandler,
+    /// When a leader's append was last accepted here.
+    pub(crate) contact: Arc<LeaderContact>,
+}
 
 /// A running raft-port server.
 pub(crate) struct RaftServer {
@@ -94,7 +141,7 @@ impl RaftServer {
         transport: Arc<Transport>,
         log_kinds: u32,
         limits: BodyLimits,
-        app: AppHandler,
+        shared: Shared,
     ) -> std::io::Result<RaftServer> {
         // The port expects the secret its own node sends.
         let token = transport.token();
@@ -107,7 +154,7 @@ impl RaftServer {
             node_id,
             transport,
             log_kinds,
-            app,
+            shared,
         });
         let (stop, stop_rx) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, ctx, stop_rx));
@@ -206,7 +253,13 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
     match path.as_str() {
         wire::APPEND => match wire::decode(&body) {
             Ok(rpc) => match raft.append_entries(rpc).await {
-                Ok(r) => ok(wire::encode(&r)),
+                Ok(r) => {
+                    // A stale leader's append (answered with our higher vote) is no contact.
+                    if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_)) {
+                        ctx.shared.contact.touch();
+                    }
+                    ok(wire::encode(&r))
+                }
                 Err(e) => fail(StatusCode::SERVICE_UNAVAILABLE, e),
             },
             Err(e) => fail(StatusCode::BAD_REQUEST, e),
@@ -261,7 +314,7 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
             }
             Err(e) => fail(StatusCode::BAD_REQUEST, e),
         },
-        p if p.starts_with(wire::APP_PREFIX) => match ctx.app.get() {
+        p if p.starts_with(wire::APP_PREFIX) => match ctx.shared.app.get() {
             Some(h) => {
                 let route = p[wire::APP_PREFIX.len()..].to_owned();
                 ok(Ok(Bytes::from(h.handle(route, body.to_vec()).await)))

@@ -25,11 +25,15 @@ impl Broker {
         let age_ms = reads::safe_time(&*view)
             .map(|s| self.clock.now_micros().saturating_sub(s.0) / 1000)
             .unwrap_or(u64::MAX);
-        // A leader that no majority acknowledged within an election timeout has lost its quorum.
+        // A leader that no majority acknowledged within an election timeout has lost its quorum;
+        // a follower that no leader reached for as long is cut off (with pre-vote it keeps its
+        // term and the leader it knew, so the known leader alone does not tell).
         let leader_alone = p.quorum_ack_ms.is_some_and(|ms| ms > LEADER_QUORUM_MS);
+        let follower_alone = matches!(p.role, RaftRole::Follower | RaftRole::Learner)
+            && p.leader_contact_ms.is_none_or(|ms| ms > LEADER_QUORUM_MS);
         let not_ready = if !p.storage_ready {
             Some(NotReady::Settling)
-        } else if p.leader.is_none() || leader_alone {
+        } else if p.leader.is_none() || leader_alone || follower_alone {
             Some(NotReady::NoQuorum)
         } else if lag > self.ready_lag_entries && age_ms > self.ready_lag_ms {
             Some(NotReady::Settling)
@@ -133,6 +137,25 @@ mod tests {
         let log = FakeLog::follower(MemState::default(), None);
         let b = broker(&log, Arc::new(ManualClock::at(T0)), Duration::from_secs(5));
         assert_eq!(b.health().not_ready, Some(NotReady::NoQuorum));
+    }
+
+    #[tokio::test]
+    async fn a_follower_no_leader_reached_for_an_election_timeout_reports_no_quorum() {
+        let log = FakeLog::follower(MemState::default(), Some(1));
+        let clock = Arc::new(ManualClock::at(T0));
+        let b = broker(&log, clock, Duration::from_secs(5));
+        b.propose(Command::Tick).await.unwrap();
+        log.set_leader_contact(Some(100));
+        assert_eq!(b.health().not_ready, None, "heard 100 ms ago");
+        // It still knows a leader and its term (pre-vote keeps both), but nobody reached it.
+        log.set_leader_contact(Some(LEADER_QUORUM_MS + 1));
+        assert_eq!(b.health().not_ready, Some(NotReady::NoQuorum));
+        log.set_leader_contact(None);
+        assert_eq!(
+            b.health().not_ready,
+            Some(NotReady::NoQuorum),
+            "never reached"
+        );
     }
 
     #[tokio::test]

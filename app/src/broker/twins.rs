@@ -73,6 +73,8 @@ pub(crate) struct FakeLog {
     index: AtomicU64,
     attempts: AtomicU64,
     failures: Mutex<(u32, Option<ProposeError>)>,
+    /// A follower's milliseconds since a leader's last append (`u64::MAX`: never).
+    contact_ms: AtomicU64,
 }
 
 impl FakeLog {
@@ -94,7 +96,14 @@ impl FakeLog {
             index: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             failures: Mutex::new((0, None)),
+            contact_ms: AtomicU64::new(0),
         })
+    }
+
+    /// A follower last heard from its leader `ms` ago (`None`: never).
+    pub(crate) fn set_leader_contact(&self, ms: Option<u64>) {
+        self.contact_ms
+            .store(ms.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// The state the log applies to.
@@ -166,6 +175,9 @@ impl ReplicatedLog for FakeLog {
             last_log: applied,
             storage_ready: true,
             quorum_ack_ms: (self.role == RaftRole::Leader).then_some(0),
+            leader_contact_ms: (self.role == RaftRole::Follower)
+                .then(|| self.contact_ms.load(Ordering::Relaxed))
+                .filter(|ms| *ms != u64::MAX),
         }
     }
 

@@ -28,26 +28,57 @@ impl RaftNode {
         self.inner.raft.metrics().borrow_watched().current_leader
     }
 
+    /// This node's term now.
+    fn term(&self) -> u64 {
+        self.inner.raft.metrics().borrow_watched().current_term
+    }
+
+    /// Resolves once `leader`'s leadership of `term` is over as this node sees it: a newer term
+    /// began here (an election, whoever wins it) or another node leads. A call to that leader
+    /// still waiting then will most likely never be answered (it stopped, or lost its
+    /// majority), and what it carried is decided by the next leader.
+    async fn leadership_over(&self, leader: u64, term: u64) {
+        let mut rx = self.inner.raft.metrics();
+        loop {
+            {
+                let m = rx.borrow_watched();
+                if m.current_term > term || m.current_leader.is_some_and(|l| l != leader) {
+                    return;
+                }
+            }
+            if rx.changed().await.is_err() {
+                // The core stopped; the call's own timeout ends it.
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Hand a command to `leader` over the raft port and wait until this node has applied the
-    /// entry that carried it.
+    /// entry that carried it. A call still waiting when the leader's term ends here is given up
+    /// with an unknown outcome at once, not after `FORWARD_TIMEOUT`: a leader stopped (SIGSTOP,
+    /// a hung machine) answers nothing, and every forward to it would otherwise hold its
+    /// request, and the push lane's slots, for the whole timeout after a new leader took over.
     async fn forward(
         &self,
         leader: u64,
         addr: &str,
         command: &[u8],
     ) -> Result<Vec<u8>, ProposeError> {
-        let bytes = self
-            .inner
-            .transport
-            .post(
-                leader,
-                addr,
-                wire::FORWARD,
-                full(bytes::Bytes::copy_from_slice(command)),
-                FORWARD_TIMEOUT,
-            )
-            .await
-            .map_err(|e| forward_call_error(leader, e))?;
+        let term = self.term();
+        let call = self.inner.transport.post(
+            leader,
+            addr,
+            wire::FORWARD,
+            full(bytes::Bytes::copy_from_slice(command)),
+            FORWARD_TIMEOUT,
+        );
+        let bytes = tokio::select! {
+            r = call => r.map_err(|e| forward_call_error(leader, e))?,
+            () = self.leadership_over(leader, term) => {
+                tracing::debug!(leader, term, "leadership ended during a forward; outcome unknown");
+                return Err(ProposeError::OutcomeUnknown);
+            }
+        };
         let reply: wire::ForwardReply = wire::decode(&bytes).map_err(|e| {
             tracing::warn!(leader, error = %e, "undecodable forward reply");
             ProposeError::OutcomeUnknown
@@ -133,18 +164,22 @@ impl RaftNode {
                 leader: Some(leader),
             });
         };
-        let bytes = self
-            .inner
-            .transport
-            .post(
-                leader,
-                &addr,
-                wire::READ_INDEX,
-                full(bytes::Bytes::new()),
-                READ_INDEX_TIMEOUT,
-            )
-            .await
-            .map_err(|e| ProposeError::Unavailable(format!("read index from {leader}: {e}")))?;
+        let term = self.term();
+        let call = self.inner.transport.post(
+            leader,
+            &addr,
+            wire::READ_INDEX,
+            full(bytes::Bytes::new()),
+            READ_INDEX_TIMEOUT,
+        );
+        let bytes = tokio::select! {
+            r = call => r.map_err(|e| ProposeError::Unavailable(format!("read index from {leader}: {e}")))?,
+            () = self.leadership_over(leader, term) => {
+                return Err(ProposeError::Unavailable(format!(
+                    "leader {leader} lost its term {term} while asked for a read index"
+                )));
+            }
+        };
         let reply: wire::ReadIndexReply =
             wire::decode(&bytes).map_err(ProposeError::Unavailable)?;
         let index = reply.map_err(ProposeError::from)?;
@@ -237,6 +272,12 @@ impl ReplicatedLog for RaftNode {
                     .last_quorum_acked
                     .as_ref()
                     .map(|t| openraft::Instant::elapsed(&**t).as_millis() as u64),
+                _ => None,
+            },
+            leader_contact_ms: match m.state {
+                ServerState::Follower | ServerState::Learner if self.inner.multi => {
+                    self.inner.shared.contact.since_ms()
+                }
                 _ => None,
             },
         }

@@ -93,8 +93,9 @@ struct NodeInner {
     server: tokio::sync::Mutex<Option<RaftServer>>,
     /// The highest log format this node reads.
     log_kinds: u32,
-    /// The application's handler of calls from other nodes (`PeerCalls::serve`).
-    app: crate::server::AppHandler,
+    /// The application's handler of calls from other nodes (`PeerCalls::serve`), and when a
+    /// leader last reached this node.
+    shared: crate::server::Shared,
 }
 
 impl RaftNode {
@@ -179,7 +180,7 @@ impl RaftNode {
 
         let faults = cfg.faults_file.clone().map(crate::network::Faults::new);
         let transport = Transport::new(cfg.token.clone(), faults);
-        let app: crate::server::AppHandler = Arc::default();
+        let shared = crate::server::Shared::default();
         let factory = NetworkFactory {
             transport: transport.clone(),
         };
@@ -208,7 +209,7 @@ impl RaftNode {
                 transport.clone(),
                 cfg.log_kinds,
                 limits,
-                app.clone(),
+                shared.clone(),
             )
             .await
             {
@@ -232,7 +233,7 @@ impl RaftNode {
                 transport,
                 server: tokio::sync::Mutex::new(server),
                 log_kinds: cfg.log_kinds,
-                app,
+                shared,
             }),
         };
         if multi {
@@ -584,6 +585,6 @@ impl queen_ports::PeerCalls for RaftNode {
     }
 
     fn serve(&self, handler: Arc<dyn queen_ports::PeerHandler>) {
-        let _ = self.inner.app.set(handler);
+        let _ = self.inner.shared.app.set(handler);
     }
 }
