@@ -69,6 +69,15 @@ fn cluster(net: &Net, dir: &Path, lake: &Path) -> Vec<Node> {
         for n in &mut nodes {
             n.wait_healthy(Duration::from_secs(60));
         }
+        // Healthy is not enough: a node still joining is a learner, which no isolation makes
+        // unhealthy and no election needs. The faults start once all three vote.
+        assert!(
+            eventually(Duration::from_secs(60), || nodes.iter().all(|n| matches!(
+                health(n).1["raft"]["role"].as_str(),
+                Some("leader" | "follower")
+            ))),
+            "the three nodes never all became voters"
+        );
     });
     nodes
 }
@@ -672,17 +681,24 @@ fn hold_since(since: Instant, hold: Duration) {
 /// The share of packets dropped under the packet-loss fault.
 const LOSS_PERCENT: u8 = 10;
 
+/// The longest time without an acknowledged write under any fault: an election and a client's
+/// retries on the other nodes (2 s per attempt) take a few seconds on a loaded machine.
+const MAX_WAIT: Duration = Duration::from_secs(12);
+
 /// How long each fault stays in place at least (past the election timeouts).
 const HOLD: Duration = Duration::from_secs(5);
 
 /// The campaign's knobs (`bench/faults.sh` sets them; CI runs the defaults): `QUEEN_FAULTS_SEED`
 /// shuffles the faults' order and seeds the KV clients (0, the default, keeps the order above),
 /// `QUEEN_FAULTS_HOLD_S` holds each fault longer than `HOLD`, `QUEEN_FAULTS_ROUNDS` runs the
-/// whole list that many times (1 to 20), and `QUEEN_FAULTS_KEEP=1` keeps the directories.
+/// whole list that many times (1 to 20), `QUEEN_FAULTS_ONLY` runs only the faults named there
+/// (comma-separated names as printed, such as `a follower isolated,the leader paused`), in that
+/// order, and `QUEEN_FAULTS_KEEP=1` keeps the directories.
 struct Knobs {
     seed: u64,
     hold: Duration,
     rounds: usize,
+    only: Option<Vec<String>>,
 }
 
 fn knobs() -> Knobs {
@@ -692,6 +708,10 @@ fn knobs() -> Knobs {
         hold: num("QUEEN_FAULTS_HOLD_S").map_or(HOLD, |s| Duration::from_secs(s.clamp(5, 600))),
         rounds: num("QUEEN_FAULTS_ROUNDS")
             .map_or(1, |r| usize::try_from(r.clamp(1, 20)).unwrap_or(1)),
+        only: std::env::var("QUEEN_FAULTS_ONLY")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| v.split(',').map(|n| n.trim().to_owned()).collect()),
     }
 }
 
@@ -723,12 +743,14 @@ fn wait_leader(nodes: &[Node], limit: Duration) -> usize {
 
 /// One fault under the producers: `make(leader)` makes it and names it, `check(leader)` may
 /// look at the cluster under it; then at least 60 more acknowledged writes and `HOLD` from its
-/// start, and `undo(leader)` ends it. Each step is printed and kept in `events`.
+/// start, and `undo(leader)` ends it; once every node is healthy again, `after(leader)` may
+/// check how the cluster came back. Each step is printed and kept in `events`.
 struct Fault<'a> {
     name: &'a str,
     make: &'a dyn Fn(usize) -> String,
     check: &'a dyn Fn(usize) -> Result<String, String>,
     undo: &'a dyn Fn(usize) -> String,
+    after: &'a dyn Fn(usize) -> Result<String, String>,
 }
 
 /// The faults, one after another under the producers; after each, writes must go on. The
@@ -764,6 +786,10 @@ fn faults(
         net.heal();
         "healed".to_owned()
     };
+    // The leader's term when a follower was cut off: with pre-vote, the follower cannot raise
+    // the term while alone, so its return must not depose the leader.
+    let term_before = Mutex::new(None::<(usize, u64)>);
+    let term_of = |i: usize| health(&nodes.lock().unwrap()[i - 1]).1["raft"]["term"].as_u64();
     let list = [
         Fault {
             name: "the leader isolated",
@@ -774,16 +800,35 @@ fn faults(
             // A leader without a majority says so on /health.
             check: &|l| unhealthy(l, "isolated leader"),
             undo: &heal,
+            after: &none,
         },
         Fault {
             name: "a follower isolated",
             make: &|l| {
                 let f = l % 3 + 1;
+                *term_before.lock().unwrap() = term_of(l).map(|t| (l, t));
                 net.isolate(f);
                 format!("isolate follower {f} from both other nodes")
             },
             check: &|l| unhealthy(l % 3 + 1, "isolated follower"),
             undo: &heal,
+            after: &|_| {
+                let Some((l, t)) = *term_before.lock().unwrap() else {
+                    return Ok(String::new());
+                };
+                // Give a disruptive return time to show: a few election timeouts.
+                std::thread::sleep(Duration::from_secs(3));
+                let now_leader = leader(&nodes.lock().unwrap());
+                let now = (now_leader, term_of(l));
+                if now == (Some(l), Some(t)) {
+                    Ok(format!("the follower rejoined; leader {l} kept term {t}"))
+                } else {
+                    Err(format!(
+                        "the follower's return disrupted leader {l} of term {t}: now leader {:?}, term {:?}",
+                        now.0, now.1
+                    ))
+                }
+            },
         },
         Fault {
             name: "the leader mute",
@@ -798,6 +843,7 @@ fn faults(
                 unhealthy(l, "muted leader")
             },
             undo: &heal,
+            after: &none,
         },
         Fault {
             name: "a bridge",
@@ -808,6 +854,7 @@ fn faults(
             },
             check: &none,
             undo: &heal,
+            after: &none,
         },
         Fault {
             name: "the leader paused",
@@ -820,6 +867,7 @@ fn faults(
                 nodes.lock().unwrap()[l - 1].signal("-CONT");
                 format!("SIGCONT {l}")
             },
+            after: &none,
         },
         Fault {
             name: "packet loss",
@@ -829,6 +877,7 @@ fn faults(
             },
             check: &none,
             undo: &heal,
+            after: &none,
         },
         Fault {
             name: "the leader killed",
@@ -841,6 +890,7 @@ fn faults(
                 nodes.lock().unwrap()[l - 1].launch();
                 format!("node {l} started again on its data")
             },
+            after: &none,
         },
     ];
     let k = knobs();
@@ -849,7 +899,16 @@ fn faults(
     let mut rng = Rng(k.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     for _ in 0..k.rounds {
         let mut round: Vec<usize> = (0..list.len()).collect();
-        if k.seed != 0 {
+        if let Some(only) = &k.only {
+            round = only
+                .iter()
+                .map(|n| {
+                    list.iter()
+                        .position(|f| f.name == n)
+                        .unwrap_or_else(|| panic!("QUEEN_FAULTS_ONLY: no fault named {n:?}"))
+                })
+                .collect();
+        } else if k.seed != 0 {
             for i in (1..round.len()).rev() {
                 let j = usize::try_from(rng.below(i as u64 + 1)).unwrap_or(0);
                 round.swap(i, j);
@@ -891,6 +950,16 @@ fn faults(
             };
             let undone = (f.undo)(l);
             more?;
+            // Writes must go on under every fault, not merely come back after it: a stall of a
+            // healthy majority (about 20 s, found by the long campaign: forwards held by a
+            // paused leader) fails the run.
+            if gap > MAX_WAIT {
+                return Err(format!(
+                    "under {}: no write acknowledged for {:.1} s (at most {MAX_WAIT:?})",
+                    f.name,
+                    gap.as_secs_f64()
+                ));
+            }
             step(format!(
                 "under {}: {acked} writes acknowledged, {failed} attempts failed, longest wait between acknowledgements {:.1} s; {undone}",
                 f.name,
@@ -900,6 +969,10 @@ fn faults(
                 if !eventually(Duration::from_secs(30), || health(n).0 == 200) {
                     return Err(format!("node {} unhealthy 30 s after {}", i + 1, f.name));
                 }
+            }
+            let back = (f.after)(l)?;
+            if !back.is_empty() {
+                step(back);
             }
         }
         progress(log, 20, Duration::from_secs(30))

@@ -187,7 +187,12 @@ impl Node {
             .env("PORT", self.port.to_string())
             .env("HOST", &self.host)
             .env("QUEEN_RAFT_DIR", &self.dir)
-            .env("RUST_LOG", "info")
+            // QUEEN_NODE_LOG sets the nodes' log filter for a post-mortem (for example
+            // `info,openraft=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("QUEEN_NODE_LOG").unwrap_or_else(|_| "info".to_owned()),
+            )
             // The test machine's disk is shared with other builds: the gate (85% by default)
             // would answer 507 for reasons that have nothing to do with the test. The disk-gate
             // test sets its own threshold, which replaces this one.
