@@ -55,6 +55,20 @@ async fn openraft_storage_suite_tiny_segments() -> Result<(), StorageError<TypeC
             flush_batch_max: 2,
             // A cache of about one entry: reads cross from the segments to the cache.
             cache_max_bytes: 100,
+            inline_flush: false,
+        },
+    })
+    .await
+}
+
+/// The inline flush the deterministic simulation uses keeps every guarantee of the flusher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite_inline_flush() -> Result<(), StorageError<TypeConfig>> {
+    Suite::test_all(Builder {
+        opts: LogStoreOptions {
+            segment_max_bytes: 256,
+            inline_flush: true,
+            ..LogStoreOptions::default()
         },
     })
     .await

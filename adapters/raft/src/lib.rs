@@ -16,6 +16,7 @@ mod log_store;
 mod membership;
 mod network;
 mod node;
+mod runtime;
 mod server;
 mod snapshot_spool;
 mod state_machine;
@@ -27,6 +28,8 @@ mod conformance;
 #[cfg(test)]
 #[path = "../tests/common/mem_backend.rs"]
 mod mem_backend;
+#[cfg(test)]
+mod sim;
 
 pub use config::DEFAULT_ELECTION_MAX_MS;
 pub use config::DEFAULT_ELECTION_MIN_MS;

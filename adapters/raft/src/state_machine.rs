@@ -246,6 +246,9 @@ pub(crate) struct StateMachineStore {
     last_membership: StoredMembership,
     /// The latest snapshot, shared with snapshot builders (which run in their own task).
     current: Arc<Mutex<Option<CurrentSnapshot>>>,
+    /// Call the backend on the caller's task instead of a blocking thread (the deterministic
+    /// simulation runs everything on one thread; never set in the product).
+    inline: bool,
 }
 
 impl StateMachineStore {
@@ -254,12 +257,22 @@ impl StateMachineStore {
         backend: Arc<dyn StateMachineBackend>,
         files: Option<LogHandles>,
     ) -> io::Result<Self> {
+        Self::open_with(backend, files, false).await
+    }
+
+    /// `open`, choosing whether backend calls run inline (see `inline`).
+    pub(crate) async fn open_with(
+        backend: Arc<dyn StateMachineBackend>,
+        files: Option<LogHandles>,
+        inline: bool,
+    ) -> io::Result<Self> {
         if let Some(f) = &files {
             let (handle, b) = (f.files.clone(), backend.clone());
-            blocking(move || b.attach_log(handle)).await?;
+            blocking(inline, move || b.attach_log(handle)).await?;
         }
-        let meta = load_meta(&backend).await?;
+        let meta = load_meta(&backend, inline).await?;
         Ok(Self {
+            inline,
             backend,
             files,
             last_membership: meta.last_membership,
@@ -306,7 +319,7 @@ impl StateMachineStore {
 
         let count = entries.len();
         let backend = self.backend.clone();
-        let responses = blocking(move || backend.apply(entries, meta)).await?;
+        let responses = blocking(self.inline, move || backend.apply(entries, meta)).await?;
         if responses.len() != count {
             return Err(io::Error::other(format!(
                 "state machine returned {} responses for {count} entries",
@@ -323,20 +336,26 @@ impl StateMachineStore {
 }
 
 /// Run a blocking backend call off the async workers; map its error to `io::Error`.
-async fn blocking<T, F>(f: F) -> io::Result<T>
+async fn blocking<T, F>(inline: bool, f: F) -> io::Result<T>
 where
     F: FnOnce() -> Result<T, BackendError> + Send + 'static,
     T: Send + 'static,
 {
+    if inline {
+        return f().map_err(io::Error::other);
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| io::Error::other(format!("state machine task failed: {e}")))?
         .map_err(io::Error::other)
 }
 
-async fn load_meta(backend: &Arc<dyn StateMachineBackend>) -> io::Result<AppliedMeta> {
+async fn load_meta(
+    backend: &Arc<dyn StateMachineBackend>,
+    inline: bool,
+) -> io::Result<AppliedMeta> {
     let backend = backend.clone();
-    let bytes = blocking(move || backend.load_meta()).await?;
+    let bytes = blocking(inline, move || backend.load_meta()).await?;
     AppliedMeta::decode(bytes.as_deref().unwrap_or_default())
 }
 
@@ -345,7 +364,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        let meta = load_meta(&self.backend).await?;
+        let meta = load_meta(&self.backend, self.inline).await?;
         self.last_membership = meta.last_membership.clone();
         Ok((meta.last_applied, meta.last_membership))
     }
@@ -387,8 +406,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         // Called by the state-machine worker between batches, so the view matches the meta.
         let backend = self.backend.clone();
-        let view = blocking(move || backend.snapshot()).await;
+        let view = blocking(self.inline, move || backend.snapshot()).await;
         SnapshotBuilder {
+            inline: self.inline,
             backend: self.backend.clone(),
             view: view.map(PinnedSnapshot::new),
             current: self.current.clone(),
@@ -409,7 +429,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // The chunks are read one at a time as the backend takes them, from the spooled file or
         // a cursor of our own view; the spool file is deleted when `snapshot` drops, installed
         // or not.
-        blocking(move || match snapshot {
+        blocking(self.inline, move || match snapshot {
             SnapshotData::Received(spooled) => {
                 let mut chunks = spooled
                     .reader()
@@ -435,7 +455,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             return Ok(None);
         }
         let backend = self.backend.clone();
-        let view = blocking(move || backend.snapshot()).await?;
+        let view = blocking(self.inline, move || backend.snapshot()).await?;
         let view = PinnedSnapshot::new(view);
         let applied = AppliedMeta::decode(&view.meta)?;
         let meta = SnapshotMeta {
@@ -463,6 +483,8 @@ pub(crate) struct SnapshotBuilder {
     backend: Arc<dyn StateMachineBackend>,
     /// The pinned view, or why pinning failed.
     view: io::Result<PinnedSnapshot>,
+    /// Call the backend inline (see `StateMachineStore::inline`).
+    inline: bool,
     /// Where the built snapshot becomes the current one.
     current: Arc<Mutex<Option<CurrentSnapshot>>>,
 }
@@ -478,7 +500,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // Everything up to (and past) the view must be durable before openraft may purge the
         // log below it.
         let backend = self.backend.clone();
-        blocking(move || backend.persist()).await?;
+        blocking(self.inline, move || backend.persist()).await?;
 
         let applied = AppliedMeta::decode(&view.meta)?;
         let meta = SnapshotMeta {

@@ -43,6 +43,7 @@ openraft::declare_raft_types!(
         R = Vec<u8>,
         NodeId = u64,
         Node = NodeInfo,
+        AsyncRuntime = crate::runtime::QueenRuntime,
 );
 
 /// A log id (leader id + index).

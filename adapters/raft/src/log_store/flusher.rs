@@ -78,27 +78,36 @@ pub(crate) fn run(rx: Receiver<FlushRequest>, stats: FlushStats, max_batch: usiz
             }
         }
 
-        let result = if stats.poisoned.load(Ordering::Acquire) {
-            Err(io::Error::other(
-                "raft log is poisoned by an earlier failed fdatasync",
-            ))
-        } else {
-            sync_distinct(&batch, &stats)
-        };
-        if let Err(e) = &result {
-            stats.poisoned.store(true, Ordering::Release);
-            tracing::error!(error = %e, requests = batch.len(), "raft log fdatasync failed");
-        }
-
-        for req in batch {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            };
-            req.completion.complete(r);
-        }
+        flush_batch(batch, &stats);
     }
     tracing::debug!("raft log flusher stopped");
+}
+
+/// Make a batch of requests durable with one fdatasync per distinct file, then complete them in
+/// order; a failed sync poisons the log for good.
+pub(crate) fn flush_batch(batch: Vec<FlushRequest>, stats: &FlushStats) {
+    if batch.is_empty() {
+        return;
+    }
+    let result = if stats.poisoned.load(Ordering::Acquire) {
+        Err(io::Error::other(
+            "raft log is poisoned by an earlier failed fdatasync",
+        ))
+    } else {
+        sync_distinct(&batch, stats)
+    };
+    if let Err(e) = &result {
+        stats.poisoned.store(true, Ordering::Release);
+        tracing::error!(error = %e, requests = batch.len(), "raft log fdatasync failed");
+    }
+
+    for req in batch {
+        let r = match &result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        req.completion.complete(r);
+    }
 }
 
 fn sync_distinct(batch: &[FlushRequest], stats: &FlushStats) -> io::Result<()> {

@@ -166,18 +166,15 @@ impl LogInner {
                             format!("raft log has a hole before index {idx}"),
                         ));
                     }
-                } else if let Some(p) = self.last_purged {
-                    if idx <= p.index {
-                        // Left behind in a segment that is not yet deleted.
-                        return Ok(());
-                    }
-                    if idx != p.index + 1 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!("raft log has a hole before index {idx}"),
-                        ));
-                    }
+                } else if let Some(p) = self.last_purged
+                    && idx <= p.index
+                {
+                    // Left behind in a segment that is not yet deleted.
+                    return Ok(());
                 }
+                // An entry past `last_purged + 1` with nothing before it is no hole yet: an
+                // older purge record can sit in a segment before entries whose predecessors a
+                // later purge (recorded further on) deleted. `recover` checks the final state.
                 self.entries.push_back(EntryLoc {
                     log_id,
                     seq,
@@ -268,7 +265,12 @@ impl LogInner {
             .ok_or_else(|| io::Error::other("raft log has no active segment"))?;
         self.flush_tx
             .send(FlushRequest { file, completion })
-            .map_err(|_| io::Error::other("raft log flusher stopped"))
+            .map_err(|_| io::Error::other("raft log flusher stopped"))?;
+        if let Some((rx, stats)) = &self.inline_rx {
+            let batch: Vec<FlushRequest> = rx.try_iter().collect();
+            super::flusher::flush_batch(batch, stats);
+        }
+        Ok(())
     }
 
     /// Remove the segments (oldest first, never the active one) whose entries are all purged.

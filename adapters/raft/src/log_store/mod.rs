@@ -91,6 +91,9 @@ pub(crate) struct LogStoreOptions {
     /// which read what was just appended, take them from there instead of reading the segment
     /// back and decoding it again.
     pub(crate) cache_max_bytes: usize,
+    /// Flush in the writer's own call instead of on the flusher thread (the deterministic
+    /// simulation runs everything on one thread; never set in the product).
+    pub(crate) inline_flush: bool,
 }
 
 impl Default for LogStoreOptions {
@@ -99,6 +102,7 @@ impl Default for LogStoreOptions {
             segment_max_bytes: 64 * 1024 * 1024,
             flush_batch_max: 4096,
             cache_max_bytes: 4 * 1024 * 1024,
+            inline_flush: false,
         }
     }
 }
@@ -182,6 +186,8 @@ struct LogInner {
     segments: BTreeMap<u64, Segment>,
     /// Queue to the flusher. Sent under the lock, so flushes are queued in write order.
     flush_tx: mpsc::Sender<FlushRequest>,
+    /// With `inline_flush`: the flusher's queue, drained by the writer right after it queues.
+    inline_rx: Option<(mpsc::Receiver<FlushRequest>, FlushStats)>,
     /// The latest live entries (a suffix of `entries`, contiguous), sharing their command
     /// buffers with what was written.
     cache: VecDeque<Entry>,
@@ -243,6 +249,7 @@ impl LogStore {
             entries: VecDeque::new(),
             segments: BTreeMap::new(),
             flush_tx,
+            inline_rx: None,
             cache: VecDeque::new(),
             cache_bytes: 0,
             cache_max_bytes: opts.cache_max_bytes,
@@ -256,9 +263,13 @@ impl LogStore {
 
         let thread_stats = stats.clone();
         let max_batch = opts.flush_batch_max.max(1);
-        std::thread::Builder::new()
-            .name("raft-log-flush".into())
-            .spawn(move || flusher::run(flush_rx, thread_stats, max_batch))?;
+        if opts.inline_flush {
+            inner.inline_rx = Some((flush_rx, thread_stats));
+        } else {
+            std::thread::Builder::new()
+                .name("raft-log-flush".into())
+                .spawn(move || flusher::run(flush_rx, thread_stats, max_batch))?;
+        }
 
         tracing::info!(
             dir = %dir.display(),

@@ -113,6 +113,18 @@ pub(super) fn recover(dir: &Path, inner: &mut LogInner, stats: &FlushStats) -> i
             tracing::warn!(segment = %path.display(), "removed a raft log segment whose creation was cut short");
         }
     }
+    // Once every purge record is read, the first entry must follow the last purge point.
+    if let (Some(first), Some(p)) = (inner.entries.front(), inner.last_purged)
+        && first.log_id.index != p.index + 1
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "raft log has a hole: purged up to {} but the first entry is {}",
+                p.index, first.log_id.index
+            ),
+        ));
+    }
     Ok(())
 }
 

@@ -40,6 +40,7 @@ fn open_cached(dir: &Path, segment_max_bytes: u64, cache_max_bytes: usize) -> Lo
             segment_max_bytes,
             flush_batch_max: 4096,
             cache_max_bytes,
+            inline_flush: false,
         },
     )
     .expect("open log store")
@@ -217,6 +218,36 @@ async fn purge_survives_reopen_even_with_no_entries_left() {
     drop(s);
     let mut s = open(&dir, 256);
     assert_eq!(indexes(&mut s).await, vec![41, 42]);
+}
+
+/// Found by the deterministic simulation (seed 1): a purge record written in a segment before
+/// later entries, and a later purge that deletes the segments between them, made the next open
+/// see "a hole" between the old purge point and the first entry left.
+#[tokio::test]
+async fn an_old_purge_record_before_entries_a_later_purge_freed_is_no_hole() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("log");
+    {
+        let mut s = open(&dir, 256);
+        for i in 1..=20 {
+            append_range(&mut s, 1, i, i).await;
+        }
+        // The record of this purge lands in the active segment, before entries 21..
+        s.purge(log_id::<TypeConfig>(1, 1, 5)).await.expect("purge");
+        for i in 21..=60 {
+            append_range(&mut s, 1, i, i).await;
+        }
+        // This purge deletes the segments holding 6..=40 but not the one holding the old
+        // purge record and the entries after it.
+        s.purge(log_id::<TypeConfig>(1, 1, 40))
+            .await
+            .expect("purge");
+        assert_eq!(indexes(&mut s).await, (41..=60).collect::<Vec<_>>());
+    }
+    let mut s = open(&dir, 256);
+    let st = s.get_log_state().await.expect("state");
+    assert_eq!(st.last_purged_log_id, Some(log_id::<TypeConfig>(1, 1, 40)));
+    assert_eq!(indexes(&mut s).await, (41..=60).collect::<Vec<_>>());
 }
 
 #[tokio::test]
