@@ -9,14 +9,17 @@
 #                                   group, KV linearizability, dead letters and the lake
 #   tests/blackbox/faults_disk.rs   a follower's and the leader's disk filled to the last byte
 #   tests/blackbox/faults_clock.rs  a leader's clock ahead, inside and past the skew bound
+#   adapters/raft/src/sim           the deterministic simulation of the replicated log, over
+#                                   SIM_SEEDS new seeds (about 0.45 s each), before the runs
 #
-# Usage (as root, like the tests):  bench/faults.sh [MINUTES=60] [HOLD_SECONDS=10] [ROUNDS=2]
+# Usage (as root, like the tests):  bench/faults.sh [MINUTES=60] [HOLD_SECONDS=10] [ROUNDS=2] [SIM_SEEDS=500]
 # Output: target/faults-campaign/<time>/table.md and one log per run beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-60}
 hold=${2:-10}
 rounds=${3:-2}
+sim_seeds=${4:-500}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 out="target/faults-campaign/$stamp"
 mkdir -p "$out"
@@ -41,6 +44,17 @@ cat "$table"
 deadline=$(( $(date +%s) + minutes * 60 ))
 run=0
 failed=0
+
+# The simulation first, from a first seed that differs per campaign (its line names it).
+sim_first=$(( (RANDOM << 15 | RANDOM) + 1000 ))
+sim_log="$out/simulation.log"
+echo "== simulation: $sim_seeds seeds from $sim_first"
+sim=pass
+QUEEN_RAFT_SIM_FIRST=$sim_first QUEEN_RAFT_SIM_SEEDS=$sim_seeds \
+  timeout 3600 cargo test -q -p queen-raft --lib sim::tests::every -- --nocapture > "$sim_log" 2>&1 || sim=FAIL
+[ "$sim" = pass ] || failed=$((failed + 1))
+sim_line="Simulation ($sim, seeds $sim_first to $(( sim_first + sim_seeds - 1 ))): $(grep -m1 -oE '^all seeds .*' "$sim_log" || grep -m1 -E 'replay:' "$sim_log" || echo '?')"
+echo "$sim_line"
 while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   run=$((run + 1))
   seed=$(( (RANDOM << 15 | RANDOM) + 1 ))
@@ -82,6 +96,8 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
     "$(field '^dead letters: ' 'dead-lettered' "$log")" "$(field '^dead letters: ' 'anomalies' "$log")" \
     "$lake" "${wait:-?}" "$disk" "$clock" "$(( $(date +%s) - started ))" | tee -a "$table"
 done
+{ echo; echo "$sim_line"; } >> "$table"
 echo
+echo "$sim_line"
 echo "$run runs, $failed with a failure; table: $table"
 [ "$failed" -eq 0 ]

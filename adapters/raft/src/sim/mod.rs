@@ -698,15 +698,19 @@ fn check(nodes: &Nodes, log: &Log, report: &mut Report) {
 }
 
 impl Report {
-    /// One line of figures.
+    /// One line of figures, named by the seed.
     fn summary(&self) -> String {
+        format!("seed {}: {}", self.seed, self.figures())
+    }
+
+    /// The figures alone.
+    fn figures(&self) -> String {
         let mut faults = String::new();
         for (k, v) in &self.faults {
             let _ = write!(faults, "{k} {v}, ");
         }
         format!(
-            "seed {}: {} acked, {} refused, {} unknown, {} reads, {} applied, term {}, {} crashes, {} snapshots installed, faults [{}], messages {} ({} lost, {} cut), {} anomalies",
-            self.seed,
+            "{} acked, {} refused, {} unknown, {} reads, {} applied, highest term {}, {} crashes, {} snapshots installed, faults [{}], messages {} ({} lost, {} cut), {} anomalies",
             self.acked,
             self.refused,
             self.unknown,
