@@ -681,6 +681,11 @@ fn hold_since(since: Instant, hold: Duration) {
 /// The share of packets dropped under the packet-loss fault.
 const LOSS_PERCENT: u8 = 10;
 
+/// The slow-link fault: the leader's link carries this many kbit/s each way and queues up to
+/// `SLOW_LATENCY_MS` before dropping.
+const SLOW_KBIT: u32 = 256;
+const SLOW_LATENCY_MS: u32 = 400;
+
 /// The longest time without an acknowledged write under any fault: an election and a client's
 /// retries on the other nodes (2 s per attempt) take a few seconds on a loaded machine.
 const MAX_WAIT: Duration = Duration::from_secs(12);
@@ -874,6 +879,18 @@ fn faults(
             make: &|_| match net.lose(LOSS_PERCENT) {
                 Ok(()) => format!("drop {LOSS_PERCENT}% of all packets, in every direction"),
                 Err(e) => format!("SKIPPED packet loss: {e} (needs the nft command)"),
+            },
+            check: &none,
+            undo: &heal,
+            after: &none,
+        },
+        Fault {
+            name: "the leader's link slow",
+            make: &|l| match net.slow(l, SLOW_KBIT, SLOW_LATENCY_MS) {
+                Ok(()) => format!(
+                    "slow leader {l}'s link to {SLOW_KBIT} kbit/s each way, queueing up to {SLOW_LATENCY_MS} ms"
+                ),
+                Err(e) => format!("SKIPPED slow link: {e} (needs tc with tbf)"),
             },
             check: &none,
             undo: &heal,

@@ -33,6 +33,8 @@ pub struct Net {
     rules: Mutex<Vec<(usize, usize)>>,
     /// Whether the packet-loss table is in place.
     lossy: Mutex<bool>,
+    /// Nodes whose link is slowed (a token bucket on both ends of their veth).
+    slowed: Mutex<Vec<usize>>,
 }
 
 /// The router's nftables table that drops packets at random.
@@ -74,6 +76,7 @@ impl Net {
             nodes,
             rules: Mutex::new(Vec::new()),
             lossy: Mutex::new(false),
+            slowed: Mutex::new(Vec::new()),
         };
         net.build()?;
         Ok(net)
@@ -258,6 +261,44 @@ impl Net {
         ])
     }
 
+    /// Slow node `i`'s link both ways to `rate_kbit`, queueing up to `latency_ms` before
+    /// dropping (a token bucket, `tc ... tbf`, on both ends of its veth): a congested link,
+    /// whose packets wait longer the more is sent. The kernel of the project's machine has no
+    /// `netem`, so this is how the tests delay packets on the real network. `Err` says why it
+    /// cannot (no `tc` command, or no `tbf` in the kernel).
+    ///
+    /// # Errors
+    /// The command that failed, with its message.
+    pub fn slow(&self, i: usize, rate_kbit: u32, latency_ms: u32) -> Result<(), String> {
+        let mut slowed = self.slowed.lock().unwrap_or_else(PoisonError::into_inner);
+        let rate = format!("{rate_kbit}kbit");
+        let latency = format!("{latency_ms}ms");
+        let tbf = |ns: &str, dev: &str| {
+            ip(&[
+                "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                &rate, "burst", "16kbit", "latency", &latency,
+            ])
+        };
+        tbf(&self.ns(i), "eth0")?;
+        if !slowed.contains(&i) {
+            slowed.push(i);
+        }
+        tbf(&self.router(), &format!("r{i}"))
+    }
+
+    /// Removes the token buckets of node `i`'s link.
+    fn unslow(&self, i: usize) -> Result<(), String> {
+        let del = |ns: &str, dev: &str| {
+            ip(&[
+                "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root",
+            ])
+        };
+        let a = del(&self.ns(i), "eth0");
+        // The router's end may not have been set if the first command failed.
+        let _ = del(&self.router(), &format!("r{i}"));
+        a
+    }
+
     /// Runs `nft args` in the router's namespace.
     fn nft(&self, args: &[&str]) -> Result<(), String> {
         let router = self.router();
@@ -266,7 +307,7 @@ impl Net {
         ip(&all)
     }
 
-    /// Remove every cut and the packet loss.
+    /// Remove every cut, the packet loss and the slowed links.
     ///
     /// # Panics
     /// When a rule cannot be removed.
@@ -278,6 +319,11 @@ impl Net {
             *lossy = false;
         }
         drop(lossy);
+        let slowed =
+            std::mem::take(&mut *self.slowed.lock().unwrap_or_else(PoisonError::into_inner));
+        for i in slowed {
+            self.unslow(i).unwrap_or_else(|e| panic!("{e}"));
+        }
         let taken = std::mem::take(&mut *self.rules.lock().unwrap_or_else(PoisonError::into_inner));
         for (from, to) in taken {
             self.rule("del", from, to).unwrap_or_else(|e| panic!("{e}"));

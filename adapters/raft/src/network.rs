@@ -2,9 +2,11 @@
 //! hyper client, plus the app-level calls a follower makes to the leader (`/forward`,
 //! `/read_index`).
 //!
-//! Every request carries the shared token (when set). Timeouts come from openraft's
-//! `RPCOption::soft_ttl`. Transport failures become `Unreachable` (openraft backs off and
-//! retries); a reply that cannot be decoded becomes `NetworkError`.
+//! Every request carries the shared token (when set). Timeouts come from `rpc_timeout`:
+//! openraft's budget, never under a second, plus time for an append's bytes; appends to a target
+//! shrink after a failure and grow back after successes. Transport failures become
+//! `Unreachable` (openraft backs off and retries); a reply that cannot be decoded becomes
+//! `NetworkError`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -56,6 +58,36 @@ const POOL_IDLE_PER_HOST: usize = 128;
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Upper bound of a whole snapshot transfer (chunks also time out one by one).
 const SNAPSHOT_TOTAL_TIMEOUT: Duration = Duration::from_secs(600);
+/// The least time a raft RPC is given. openraft offers appends and heartbeats a budget of one
+/// heartbeat interval (100 ms, 75 ms of it to us): on a link whose packets queue for longer
+/// (a congested or distant link), every append and heartbeat timed out, was retried, and timed
+/// out again, and no write committed for as long as the link stayed slow (48 s in the fault
+/// test's slow link). A late answer is still an answer: the next heartbeat waits for it.
+pub(crate) const RPC_TIMEOUT_FLOOR: Duration = Duration::from_secs(1);
+/// Bytes per second an append is allowed on top of the floor, so a large catch-up append is not
+/// cut off by a deadline meant for a heartbeat.
+const APPEND_BYTES_PER_SECOND: u64 = 1 << 20;
+/// The smallest byte budget an append is cut to after timeouts (it always carries one entry).
+const MIN_APPEND_BUDGET: usize = 16 << 10;
+
+/// The deadline of a raft RPC carrying `bytes` of commands: openraft's budget, at least
+/// [`RPC_TIMEOUT_FLOOR`], plus time to move the bytes at [`APPEND_BYTES_PER_SECOND`].
+pub(crate) fn rpc_timeout(option: &RPCOption, bytes: usize) -> Duration {
+    let transfer =
+        Duration::from_millis((bytes as u64).saturating_mul(1000) / APPEND_BYTES_PER_SECOND);
+    option.soft_ttl().max(RPC_TIMEOUT_FLOOR) + transfer
+}
+
+/// The next byte budget of appends to one target: halved after a failure (down to
+/// [`MIN_APPEND_BUDGET`]), so a slow link still moves entries, and doubled after a success (up
+/// to [`MAX_APPEND_BYTES`]).
+pub(crate) fn next_append_budget(budget: usize, ok: bool) -> usize {
+    if ok {
+        budget.saturating_mul(2).min(MAX_APPEND_BYTES)
+    } else {
+        (budget / 2).max(MIN_APPEND_BUDGET)
+    }
+}
 
 /// Why a call over the raft port failed.
 #[derive(Debug)]
@@ -271,6 +303,8 @@ pub(crate) struct NetworkClient {
     addr: String,
     /// The shared transport.
     transport: Arc<Transport>,
+    /// Bytes of commands the next append may carry (see [`next_append_budget`]).
+    append_budget: usize,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -282,6 +316,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.raft_addr.clone(),
             transport: self.transport.clone(),
+            append_budget: MAX_APPEND_BYTES,
         }
     }
 }
@@ -294,26 +329,30 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        // Bodies on the raft port are bounded: send the entries that fit in MAX_APPEND_BYTES
-        // (at least one) and tell openraft how far this append went; it sends the rest next.
-        let (keep, bytes) = entries_within(&rpc.entries, MAX_APPEND_BYTES);
+        // Bodies on the raft port are bounded: send the entries that fit in the budget (at most
+        // MAX_APPEND_BYTES, at least one entry) and tell openraft how far this append went; it
+        // sends the rest next.
+        let (keep, bytes) = entries_within(&rpc.entries, self.append_budget);
         let cut = keep < rpc.entries.len();
         if cut {
             rpc.entries.truncate(keep);
         }
         let last = rpc.entries.last().map(|e| e.log_id);
-        let resp: AppendEntriesResponse<TypeConfig> = self
+        let sent: Result<AppendEntriesResponse<TypeConfig>, _> = self
             .transport
             .call(
                 self.target,
                 &self.addr,
                 wire::APPEND,
                 &rpc,
-                option.soft_ttl(),
+                rpc_timeout(&option, bytes),
                 bytes + 64 * keep + 256,
             )
-            .await?;
-        Ok(match resp {
+            .await;
+        if keep > 0 {
+            self.append_budget = next_append_budget(self.append_budget, sent.is_ok());
+        }
+        Ok(match sent? {
             AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
             other => other,
         })
@@ -330,7 +369,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
                 &self.addr,
                 wire::VOTE,
                 &rpc,
-                option.soft_ttl(),
+                rpc_timeout(&option, 0),
                 256,
             )
             .await
@@ -347,7 +386,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
                 &self.addr,
                 wire::PRE_VOTE,
                 &rpc,
-                option.soft_ttl(),
+                rpc_timeout(&option, 0),
                 256,
             )
             .await
@@ -364,7 +403,7 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
                 &self.addr,
                 wire::TRANSFER_LEADER,
                 &req,
-                option.soft_ttl(),
+                rpc_timeout(&option, 0),
                 256,
             )
             .await
@@ -447,5 +486,35 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
             )))
         })?;
         wire::decode(&bytes).map_err(|e| StreamingError::Network(NetworkError::from_string(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpcs_get_at_least_the_floor_and_appends_time_for_their_bytes() {
+        let heartbeat = RPCOption::new(Duration::from_millis(100));
+        assert_eq!(rpc_timeout(&heartbeat, 0), RPC_TIMEOUT_FLOOR);
+        assert_eq!(
+            rpc_timeout(&heartbeat, 4 << 20),
+            RPC_TIMEOUT_FLOOR + Duration::from_secs(4)
+        );
+        let long = RPCOption::new(Duration::from_secs(8));
+        assert_eq!(rpc_timeout(&long, 0), Duration::from_secs(6));
+    }
+
+    #[test]
+    fn the_append_budget_halves_on_failure_and_doubles_back() {
+        let mut b = MAX_APPEND_BYTES;
+        for _ in 0..20 {
+            b = next_append_budget(b, false);
+        }
+        assert_eq!(b, MIN_APPEND_BUDGET);
+        for _ in 0..20 {
+            b = next_append_budget(b, true);
+        }
+        assert_eq!(b, MAX_APPEND_BYTES);
     }
 }
