@@ -147,6 +147,50 @@ struct ServeArgs {
     log_format: Option<String>,
 }
 
+/// Serve the client port, and the embedded proxy's own port when it has one, until the node
+/// stops accepting.
+async fn serve_fronts(
+    s: queen_app::Serving,
+    front: queen_http::ServeConfig,
+    proxy: Option<(std::sync::Arc<queen_http::Proxy>, std::net::TcpListener)>,
+) {
+    let front = queen_http::ServeConfig {
+        drain: s.drain,
+        ..front
+    };
+    let Some((proxy, listener)) = proxy else {
+        return queen_http::serve(s.listener, s.broker, front, s.stop).await;
+    };
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(target: "queen", error = %e, "the proxy's listener cannot be used");
+            return queen_http::serve(s.listener, s.broker, front, s.stop).await;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(target: "queen", %addr, "proxy listening");
+    }
+    // One stop for both listeners.
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let stop = s.stop;
+    tokio::spawn(async move {
+        stop.await;
+        let _ = tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let proxied = queen_http::ServeConfig {
+        proxy: Some(proxy),
+        ..front.clone()
+    };
+    tokio::join!(
+        queen_http::serve(s.listener, s.broker.clone(), front, stopped(rx.clone())),
+        queen_http::serve(listener, s.broker, proxied, stopped(rx)),
+    );
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
@@ -238,6 +282,31 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The embedded proxy (QUEEN_PROXY_EMBEDDED), and its own listener when QUEEN_PROXY_PORT
+    // names another port than PORT: bound now, so a taken port stops the boot with one line.
+    let proxy = match queen_http::ProxySettings::from_env(&|k| std::env::var(k).ok(), config.port) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ERROR boot: FATAL: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let proxy_listener = match proxy.as_ref().and_then(|p| p.port) {
+        None => None,
+        Some(port) => match std::net::TcpListener::bind((config.host, port))
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!(
+                    "ERROR boot: FATAL: QUEEN_PROXY_PORT {port} cannot be bound on {}: {e}",
+                    config.host
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let proxy = proxy.map(queen_http::Proxy::new);
     let sink = match queen_app::sink_from_env(&|k| std::env::var(k).ok(), config.node_id) {
         Ok(boot) => boot,
         Err(e) => {
@@ -299,23 +368,15 @@ fn main() -> ExitCode {
             claims: auth.is_some(),
         },
         auth,
+        // The proxy fronts the client port itself unless it has a port of its own.
+        proxy: proxy.clone().filter(|_| proxy_listener.is_none()),
     };
     let result = runtime.block_on(queen_app::run(
         config,
         sink.settings,
         telemetry.clone(),
         shutdown_signal(),
-        move |s: queen_app::Serving| {
-            queen_http::serve(
-                s.listener,
-                s.broker,
-                queen_http::ServeConfig {
-                    drain: s.drain,
-                    ..front
-                },
-                s.stop,
-            )
-        },
+        move |s: queen_app::Serving| serve_fronts(s, front, proxy.zip(proxy_listener)),
     ));
     telemetry.shutdown();
     match result {

@@ -24,6 +24,7 @@ pub mod kv;
 pub mod machine;
 pub mod model;
 pub mod names;
+pub mod proxy;
 pub mod pushed;
 pub mod reads;
 pub mod sink;

@@ -21,6 +21,7 @@ use crate::api::ApiError;
 use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::error_response;
+use crate::proxy::{Gate, Proxy};
 use crate::router::{BodyKind, finish, handle, route_label, segments};
 use crate::tenancy::{self, Scope, TENANT_HEADER, Tenancy};
 use queen_ports::ClientApi;
@@ -44,6 +45,9 @@ pub struct ServeConfig {
     /// How a request names its tenant (`QUEEN_TENANCY_HEADER`; a token's tenant claim when
     /// JWT is on).
     pub tenancy: Tenancy,
+    /// The embedded proxy (`QUEEN_PROXY_EMBEDDED`): when set, this listener serves clients
+    /// through it (API keys, clusters, the control plane) instead of the settings above.
+    pub proxy: Option<Arc<Proxy>>,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -56,6 +60,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("drain", &self.drain)
             .field("auth", &self.auth)
             .field("tenancy", &self.tenancy)
+            .field("proxy", &self.proxy)
             .finish()
     }
 }
@@ -71,6 +76,7 @@ struct Shared<A> {
     admin_token: Option<String>,
     auth: Option<Arc<Auth>>,
     tenancy: Tenancy,
+    proxy: Option<Arc<Proxy>>,
 }
 
 /// Whether a route changes the cluster's administration (membership): those need the admin
@@ -150,12 +156,30 @@ async fn answer<A: ClientApi>(
     if crate::dashboard::is_dashboard(method, segs) {
         return crate::dashboard::answer(segs);
     }
-    let scope = match admit(shared, method, segs, &req).await {
+    let admitted = match &shared.proxy {
+        Some(proxy) => match proxy.gate(&*shared.api, method, segs, req.headers()) {
+            Gate::Pass(scope) => Ok(scope),
+            Gate::Refuse(e) => Err(e),
+            Gate::ControlPlane => {
+                return crate::proxy::cp::answer(
+                    &shared.api,
+                    proxy,
+                    method,
+                    segs,
+                    query,
+                    req,
+                    (shared.limits, &shared.budget),
+                )
+                .await;
+            }
+        },
+        None => admit(shared, method, segs, &req).await,
+    };
+    let scope = match admitted {
         Ok(s) => s,
         // Refused before its body is read: the body is still on the connection, so the answer
         // says the connection closes, and no client sends its next request on it.
-        Err(e) if has_body(&req) => return closing(error_response(&e)),
-        Err(e) => return error_response(&e),
+        Err(e) => return closing_if_body(&req, error_response(&e)),
     };
     let declared = req
         .headers()
@@ -236,9 +260,17 @@ fn has_body<B>(req: &Request<B>) -> bool {
             .is_some_and(|v| v.trim() != "0")
 }
 
+/// `r`, with `connection: close` when `req` carries a body that was not read.
+pub(crate) fn closing_if_body<B>(
+    req: &Request<B>,
+    r: Response<Full<Bytes>>,
+) -> Response<Full<Bytes>> {
+    if has_body(req) { closing(r) } else { r }
+}
+
 /// `r` with `connection: close`: hyper closes a connection whose request body was left unread,
 /// and this tells the client before it reuses it.
-fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+pub(crate) fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
     r.headers_mut().insert(
         hyper::header::CONNECTION,
         hyper::header::HeaderValue::from_static("close"),
@@ -264,9 +296,13 @@ pub async fn serve<A: ClientApi>(
         admin_token: cfg.admin_token.clone(),
         auth: cfg.auth.clone(),
         tenancy: cfg.tenancy,
+        proxy: cfg.proxy.clone(),
     });
     if let Some(a) = &shared.auth {
         a.warm().await;
+    }
+    if let Some(p) = &shared.proxy {
+        p.start(shared.api.clone());
     }
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -127,6 +127,17 @@ pub(crate) fn resolve(
 }
 
 impl Scope {
+    /// The scope of a request the embedded proxy let through for a cluster whose data lives
+    /// under `tenant`.
+    pub(crate) fn proxied(tenant: Tenant) -> Self {
+        Self {
+            tenant,
+            guard: true,
+            via: Via::Header,
+            producer: None,
+        }
+    }
+
     /// A client's queue name, validated, under this tenant.
     pub(crate) fn queue(&self, text: &str, field: &str) -> Result<QueueName, ApiError> {
         self.tenant

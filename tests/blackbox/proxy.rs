@@ -1,0 +1,523 @@
+//! The embedded proxy on real nodes: API keys bound to clusters, route classes, statuses, the
+//! control plane's token and routes, revocation on every node of three within about a second,
+//! and no secret in any answer or log line.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use queen_tests::{Answer, Node, eventually, free_port};
+use serde_json::{Value, json};
+
+const CP: &str = "cp-token-for-the-proxy-tests-0123456789";
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_queen"))
+}
+
+/// A key of the documented form, different per `seed`.
+fn key(seed: char) -> String {
+    format!("qk_test_{}", seed.to_string().repeat(43))
+}
+
+fn sha256_hex(text: &str) -> String {
+    // The proxy stores sha256(key); the test computes it with the system's sha256sum.
+    let out = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a hash")
+        .to_owned()
+}
+
+/// A request through `via` with a bearer key (or none) and a `Host`.
+fn call(
+    via: &Node,
+    key: Option<&str>,
+    host: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Answer {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut headers: Vec<(&str, &str)> = Vec::new();
+    if let Some(a) = &auth {
+        headers.push(("authorization", a));
+    }
+    if let Some(h) = host {
+        headers.push(("host", h));
+    }
+    let text = body.map(Value::to_string);
+    via.try_request_with(method, path, text.as_deref(), &headers)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+fn cp(via: &Node, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let text = body.map(Value::to_string);
+    via.try_request_with(method, path, text.as_deref(), &[("x-queen-cp-token", CP)])
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+fn push(via: &Node, key: Option<&str>, host: Option<&str>, queue: &str, n: u64) -> Answer {
+    call(
+        via,
+        key,
+        host,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": queue, "payload": {"n": n}}]})),
+    )
+}
+
+fn pop(via: &Node, key: Option<&str>, host: Option<&str>, queue: &str) -> Answer {
+    call(
+        via,
+        key,
+        host,
+        "GET",
+        &format!("/api/v1/pop/queue/{queue}?wait=false&batch=10"),
+        None,
+    )
+}
+
+/// Whether `f` answers `status` within `secs` seconds.
+fn becomes(secs: u64, status: u16, mut f: impl FnMut() -> Answer) -> bool {
+    eventually(Duration::from_secs(secs), || f().status == status)
+}
+
+fn assert_code(a: &Answer, status: u16, code: &str) {
+    assert_eq!(a.status, status, "{}", a.text);
+    assert_eq!(a.json["code"], code, "{}", a.text);
+}
+
+#[test]
+fn keys_clusters_routes_and_statuses_through_the_proxy_port() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy_port = free_port();
+    let k1 = key('A');
+    let k2 = key('B');
+    let pp = proxy_port.to_string();
+    let node = Node::start(
+        bin(),
+        dir.path(),
+        &[
+            ("QUEEN_PROXY_EMBEDDED", "true"),
+            ("QUEEN_PROXY_PORT", &pp),
+            ("QUEEN_PROXY_CP_TOKEN", CP),
+            ("QUEEN_PROXY_DEFAULT_CLUSTER", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY", &k1),
+            ("QUEEN_PROXY_INVAL_POLL_MS", "200"),
+        ],
+    );
+    // The proxy's listener: the same process, another port.
+    let px = Node::prepare(bin(), dir.path(), proxy_port, &[]);
+    let acme = Some("acme.queen.test");
+
+    // The bootstrap key works once the boot-time bootstrap is applied.
+    assert!(
+        becomes(20, 200, || push(&px, Some(&k1), acme, "orders", 1)),
+        "the bootstrap key never pushed"
+    );
+    // Credentials.
+    assert_code(&push(&px, None, acme, "orders", 2), 401, "unauthorized");
+    assert_code(
+        &push(&px, Some("not-a-key"), acme, "orders", 2),
+        401,
+        "unauthorized",
+    );
+    assert_code(
+        &push(&px, Some(&key('Z')), acme, "orders", 2),
+        401,
+        "unauthorized",
+    );
+    // A tenant header from the client is not read: the push lands in the cluster's tenant.
+    let spoof = px
+        .try_request_with(
+            "POST",
+            "/api/v1/push",
+            Some(&json!({"items": [{"queue": "orders", "payload": {"n": 3}}]}).to_string()),
+            &[
+                ("authorization", &format!("Bearer {k1}")),
+                ("x-queen-tenant", "b2b2b2b2-0000-4000-8000-00000000000b"),
+                ("x-queen-raft-token", "whatever"),
+            ],
+        )
+        .expect("push");
+    assert_eq!(spoof.status, 200, "{}", spoof.text);
+    let popped = pop(&px, Some(&k1), acme, "orders");
+    assert_eq!(popped.status, 200, "{}", popped.text);
+    let ns: Vec<u64> = popped.json["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["data"]["n"].as_u64().expect("n"))
+        .collect();
+    assert_eq!(ns, [1, 3], "{}", popped.text);
+    // The bare client port serves the default tenant, which has none of the cluster's queues.
+    let bare = node.get("/api/v1/resources/queues");
+    assert_eq!(bare.status, 200, "{}", bare.text);
+    assert_eq!(bare.json["queues"], json!([]), "{}", bare.text);
+
+    // Route classes: blocked and operator routes, whatever the key.
+    for (method, path) in [
+        ("GET", "/api/v1/system/raft/membership"),
+        (
+            "DELETE",
+            "/api/v1/resources/tenant?tenant=b2b2b2b2-0000-4000-8000-00000000000b",
+        ),
+        ("GET", "/status"),
+        ("GET", "/api/v1/status"),
+        ("GET", "/api/v1/pop?namespace=x&wait=false"),
+        ("POST", "/api/v1/stats/refresh"),
+        ("GET", "/internal/x"),
+        ("GET", "/api/v1/no-such-route"),
+    ] {
+        let a = call(&px, Some(&k1), acme, method, path, None);
+        assert_code(&a, 404, "route_blocked");
+    }
+    // Health passes; metrics need the control-plane token.
+    assert_eq!(px.get("/health").status, 200);
+    assert_code(&px.get("/metrics/prometheus"), 404, "not_found");
+    let m = cp(&px, "GET", "/metrics/prometheus", None);
+    assert_eq!(m.status, 200, "{}", m.text);
+
+    // The control plane: its token, checked first.
+    assert_code(&px.get("/api/cp/clusters"), 401, "unauthorized");
+    let wrong = px
+        .try_request_with(
+            "GET",
+            "/api/cp/clusters",
+            None,
+            &[("x-queen-cp-token", "nope")],
+        )
+        .expect("cp");
+    assert_code(&wrong, 401, "unauthorized");
+    // A second cluster, repeated: the same id.
+    let made = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters",
+        Some(&json!({"tenant_slug": "beta-co", "slug": "beta", "plan": "pro"})),
+    );
+    assert_eq!(made.status, 201, "{}", made.text);
+    let again = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters",
+        Some(&json!({"tenant_slug": "beta-co", "slug": "beta", "plan": "pro"})),
+    );
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(made.json["id"], again.json["id"]);
+    assert_eq!(made.json["tenant_slug"], "beta-co");
+    let beta_id = made.json["id"].as_str().expect("id").to_owned();
+    // Another tenant cannot take the slug.
+    let taken = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters",
+        Some(&json!({"tenant_slug": "acme", "slug": "beta"})),
+    );
+    assert_code(&taken, 409, "conflict");
+    // Validation names the field.
+    let bad = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters",
+        Some(&json!({"tenant_slug": "Bad_Slug", "slug": "x"})),
+    );
+    assert_code(&bad, 400, "invalid");
+    assert!(
+        bad.json["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tenant_slug")
+    );
+    let h2 = sha256_hex(&k2);
+    for body in [
+        json!({"cluster_id": beta_id, "name": "c", "key_hash": "ABC", "scopes": ["consume"]}),
+        json!({"cluster_id": beta_id, "name": "c", "key_hash": h2, "scopes": []}),
+        json!({"cluster_id": beta_id, "name": "c", "key_hash": h2, "scopes": ["write"]}),
+        json!({"cluster_id": "nope", "name": "c", "key_hash": h2, "scopes": ["consume"]}),
+    ] {
+        assert_code(
+            &cp(&px, "POST", "/api/cp/keys", Some(&body)),
+            400,
+            "invalid",
+        );
+    }
+    let big = "x".repeat(1_100_000);
+    let too_big = px.try_request_with(
+        "POST",
+        "/api/cp/tenants",
+        Some(&json!({"slug": "big", "name": big}).to_string()),
+        &[("x-queen-cp-token", CP)],
+    );
+    // Refused from its declared length: a 413, or the connection closed while the client was
+    // still sending what the node will not read.
+    match too_big {
+        Ok(a) => assert_eq!(a.status, 413, "{}", a.text),
+        Err(e) => assert!(
+            e.contains("reset")
+                || e.contains("closed")
+                || e.contains("Broken pipe")
+                || e.contains("os error"),
+            "{e}"
+        ),
+    }
+    // A consume-only key for beta.
+    let body =
+        json!({"cluster_id": beta_id, "name": "consumer", "key_hash": h2, "scopes": ["consume"]});
+    let k2_made = cp(&px, "POST", "/api/cp/keys", Some(&body));
+    assert_eq!(k2_made.status, 201, "{}", k2_made.text);
+    let k2_again = cp(&px, "POST", "/api/cp/keys", Some(&body));
+    assert_eq!(k2_again.status, 200, "{}", k2_again.text);
+    assert_eq!(k2_again.json["existed"], true);
+    assert_eq!(k2_again.json["id"], k2_made.json["id"]);
+    let k2_id = k2_made.json["id"].as_str().expect("id").to_owned();
+    let beta = Some("beta.queen.test:443");
+    // Scopes per class, and a key on another cluster's host.
+    assert!(eventually(Duration::from_secs(5), || pop(
+        &px,
+        Some(&k2),
+        beta,
+        "orders"
+    )
+    .status
+        != 401));
+    let beta_pop = pop(&px, Some(&k2), beta, "orders");
+    // beta has no messages: acme's queue is not beta's.
+    assert!(
+        beta_pop.status == 204 || beta_pop.json["messages"] == json!([]),
+        "{}",
+        beta_pop.text
+    );
+    assert_code(&push(&px, Some(&k2), beta, "orders", 9), 403, "forbidden");
+    assert_code(
+        &call(
+            &px,
+            Some(&k2),
+            beta,
+            "GET",
+            "/api/v1/resources/queues",
+            None,
+        ),
+        403,
+        "forbidden",
+    );
+    let mismatch = pop(&px, Some(&k2), acme, "orders");
+    assert_code(&mismatch, 403, "forbidden");
+    assert!(mismatch.text.contains("mismatch"), "{}", mismatch.text);
+    // An unknown host falls back to the default cluster (acme).
+    assert_eq!(
+        push(&px, Some(&k1), Some("nowhere.test"), "drain", 4).status,
+        200
+    );
+
+    // Statuses: push_blocked lets consumers drain; the tenant's suspension refuses everything.
+    let acme_row = cp(&px, "GET", "/api/cp/clusters/acme", None);
+    assert_eq!(acme_row.status, 200, "{}", acme_row.text);
+    let acme_id = acme_row.json["id"].as_str().expect("id").to_owned();
+    let blocked = cp(
+        &px,
+        "PUT",
+        &format!("/api/cp/clusters/{acme_id}/status"),
+        Some(&json!({"status": "push_blocked"})),
+    );
+    assert_eq!(blocked.status, 200, "{}", blocked.text);
+    assert!(becomes(5, 403, || push(&px, Some(&k1), acme, "orders", 5)));
+    assert_code(
+        &push(&px, Some(&k1), acme, "orders", 5),
+        403,
+        "push_blocked",
+    );
+    // Without a key, too: the status is the cluster's, not the caller's.
+    assert_code(&push(&px, None, acme, "orders", 5), 403, "push_blocked");
+    let drained = pop(&px, Some(&k1), acme, "drain");
+    assert_eq!(drained.status, 200, "{}", drained.text);
+    assert_eq!(
+        drained.json["messages"][0]["data"]["n"], 4,
+        "{}",
+        drained.text
+    );
+    let suspended = cp(
+        &px,
+        "PUT",
+        "/api/cp/tenants/acme/status",
+        Some(&json!({"status": "suspended"})),
+    );
+    assert_eq!(suspended.status, 200, "{}", suspended.text);
+    assert_eq!(suspended.json["clusters"][0]["id"], acme_id.as_str());
+    assert!(becomes(5, 403, || pop(&px, Some(&k1), acme, "orders")));
+    assert_code(
+        &pop(&px, Some(&k1), acme, "orders"),
+        403,
+        "cluster_suspended",
+    );
+    assert_eq!(px.get("/health").status, 200);
+    let bad_status = cp(
+        &px,
+        "PUT",
+        "/api/cp/tenants/acme/status",
+        Some(&json!({"status": "gone"})),
+    );
+    assert_code(&bad_status, 400, "invalid");
+    for (path, status) in [
+        ("/api/cp/tenants/acme/status", "active"),
+        (&*format!("/api/cp/clusters/{acme_id}/status"), "active"),
+    ] {
+        let a = cp(&px, "PUT", path, Some(&json!({ "status": status })));
+        assert_eq!(a.status, 200, "{}", a.text);
+    }
+    assert!(becomes(5, 200, || push(&px, Some(&k1), acme, "orders", 6)));
+
+    // Revocation: refused within about a second.
+    let revoked = cp(&px, "DELETE", &format!("/api/cp/keys/{k2_id}"), None);
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    assert_eq!(revoked.json["already_revoked"], false);
+    let t = Instant::now();
+    assert!(becomes(5, 401, || pop(&px, Some(&k2), beta, "orders")));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let twice = cp(&px, "DELETE", &format!("/api/cp/keys/{k2_id}"), None);
+    assert_eq!(twice.json["already_revoked"], true, "{}", twice.text);
+    // A revoked hash is never handed out again.
+    assert_code(
+        &cp(&px, "POST", "/api/cp/keys", Some(&body)),
+        409,
+        "conflict",
+    );
+
+    // The bootstrap route: a key in the answer once, the same ids on a retry.
+    let b = json!({"tenant_slug": "gamma", "admin_email": "ops@gamma.test", "plan": "dev"});
+    let first = cp(&px, "POST", "/api/cp/bootstrap", Some(&b));
+    assert_eq!(first.status, 200, "{}", first.text);
+    let k3 = first.json["key"].as_str().expect("a key").to_owned();
+    assert!(k3.starts_with("qk_live_"), "{k3}");
+    let second = cp(&px, "POST", "/api/cp/bootstrap", Some(&b));
+    assert_eq!(second.json["key"], Value::Null, "{}", second.text);
+    assert_eq!(second.json["key_id"], first.json["key_id"]);
+    assert_eq!(second.json["cluster_id"], first.json["cluster_id"]);
+    assert!(becomes(5, 200, || push(
+        &px,
+        Some(&k3),
+        Some("gamma.queen.test"),
+        "jobs",
+        1
+    )));
+    let list = cp(&px, "GET", "/api/cp/clusters?plan=dev", None);
+    let slugs: Vec<&str> = list.json["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .filter_map(|c| c["slug"].as_str())
+        .collect();
+    assert!(slugs.contains(&"acme") && slugs.contains(&"gamma") && !slugs.contains(&"beta"));
+
+    // No secret in the node's log.
+    let log = node.log_text();
+    for secret in [k1.as_str(), k2.as_str(), k3.as_str(), CP] {
+        assert!(!log.contains(secret), "a secret reached the log");
+    }
+    drop(px);
+}
+
+#[test]
+fn three_nodes_share_the_directory_and_a_revocation_reaches_each_within_a_second() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k1 = key('C');
+    let mut nodes = queen_tests::three_nodes(bin(), dir.path(), "proxy-cluster-token", |_| {
+        vec![
+            ("QUEEN_PROXY_EMBEDDED".into(), "1".into()),
+            ("QUEEN_PROXY_CP_TOKEN".into(), CP.into()),
+            ("QUEEN_PROXY_DEFAULT_CLUSTER".into(), "shop".into()),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT".into(), "shop".into()),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY".into(), k1.clone()),
+        ]
+    });
+    for n in &nodes {
+        assert!(
+            becomes(20, 200, || push(n, Some(&k1), None, "q", 1)),
+            "node {} never took the bootstrap key",
+            n.port
+        );
+    }
+    // The proxy fronts the client port itself here: membership is blocked on it.
+    assert_code(
+        &call(
+            &nodes[0],
+            Some(&k1),
+            None,
+            "GET",
+            "/api/v1/system/raft/membership",
+            None,
+        ),
+        404,
+        "route_blocked",
+    );
+    // Three nodes bootstrapped the same names: one tenant, one cluster.
+    let list = cp(&nodes[1], "GET", "/api/cp/clusters", None);
+    assert_eq!(
+        list.json["clusters"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        list.text
+    );
+    let shop_id = list.json["clusters"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // A key made through node 2 works on all three; push on 1, pop on 3.
+    let k2 = key('D');
+    let made = cp(
+        &nodes[1],
+        "POST",
+        "/api/cp/keys",
+        Some(
+            &json!({"cluster_id": shop_id, "name": "app", "key_hash": sha256_hex(&k2), "scopes": ["produce", "consume"]}),
+        ),
+    );
+    assert_eq!(made.status, 201, "{}", made.text);
+    let k2_id = made.json["id"].as_str().expect("id").to_owned();
+    for n in &nodes {
+        assert!(becomes(5, 200, || push(n, Some(&k2), None, "jobs", 7)));
+    }
+    let got = pop(&nodes[2], Some(&k2), None, "jobs");
+    assert_eq!(got.status, 200, "{}", got.text);
+    assert_eq!(
+        got.json["messages"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        got.text
+    );
+    // Revoke through node 3; every node refuses the key within about a second.
+    let revoked = cp(&nodes[2], "DELETE", &format!("/api/cp/keys/{k2_id}"), None);
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    let t = Instant::now();
+    let mut last = Duration::ZERO;
+    for n in &nodes {
+        assert!(
+            becomes(10, 401, || pop(n, Some(&k2), None, "jobs")),
+            "node {} still takes a revoked key",
+            n.port
+        );
+        last = t.elapsed();
+    }
+    eprintln!("revocation reached every node within {last:?}");
+    assert!(last < Duration::from_secs(4), "{last:?}");
+    // The bootstrap key still works everywhere.
+    for n in &nodes {
+        assert_eq!(push(n, Some(&k1), None, "q", 2).status, 200);
+    }
+    for n in &mut nodes {
+        let log = n.log_text();
+        assert!(!log.contains(&k1) && !log.contains(&k2) && !log.contains(CP));
+    }
+}
