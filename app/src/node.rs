@@ -131,6 +131,7 @@ where
             cfg.encryption.is_some(),
         )
         .with_ephemeral_limits(cfg.ephemeral.clone())
+        .with_sink_settings(sink.clone())
         .with_samples_if(analytics_log(&cfg)?)
         .with_peers(Arc::new(raft.clone()) as Arc<dyn queen_ports::PeerCalls>)
         .with_push_lane(),
@@ -140,17 +141,37 @@ where
     sample_disk(&broker, &cfg.raft_dir);
     // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
     tokio::spawn(broker.clone().run_push_lane());
-    let sink = match sink {
+    let (tenant_stop, tenant_stop_rx) = tokio::sync::watch::channel(false);
+    let (sink, tenant_sinks) = match sink {
         Some(settings) => {
             let handle = Arc::new(crate::sink::SinkHandle::start(
-                settings,
+                settings.clone(),
                 broker.clone(),
                 telemetry.clone(),
             )?);
-            broker.set_s3_status(handle.status_source());
-            Some(handle)
+            // The control plane's tenant sinks run beside the node's own.
+            let tenants = crate::sink::tenants::TenantSinks::new(
+                broker.clone(),
+                Arc::new(settings),
+                telemetry.clone(),
+            );
+            tokio::spawn(tenants.clone().run(tenant_stop_rx));
+            let own = handle.status_source();
+            let weak = Arc::downgrade(&tenants);
+            broker.set_s3_status(Box::new(move || {
+                let mut block = own();
+                if let Some(t) = weak.upgrade() {
+                    let (rows, cp_error) = t.status();
+                    if let Some(sinks) = block["sinks"].as_array_mut() {
+                        sinks.extend(rows);
+                    }
+                    block["cpError"] = serde_json::json!(cp_error);
+                }
+                block
+            }));
+            (Some(handle), Some(tenants))
         }
-        None => None,
+        None => (None, None),
     };
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), settings = %cfg.describe(), "listening");
 
@@ -257,6 +278,7 @@ where
     let handover = {
         let raft = raft.clone();
         let sink = sink.clone();
+        let tenant_sinks = tenant_sinks.clone();
         let broker = broker.clone();
         let failed = failed.clone();
         async move {
@@ -273,6 +295,9 @@ where
             broker.ephemeral_drain().await;
             if let Some(s) = &sink {
                 s.begin_drain();
+            }
+            if let Some(t) = &tenant_sinks {
+                t.begin_drain();
             }
             if let Some((to, ms)) = raft.transfer_leadership().await {
                 tracing::info!(target: "queen-app", to, ms, "leadership handed off before draining");
@@ -299,6 +324,10 @@ where
     if let Some(s) = &sink {
         s.finish().await;
     }
+    if let Some(t) = &tenant_sinks {
+        t.finish().await;
+    }
+    let _ = tenant_stop.send(true);
     let _ = stop_tx.send(true);
     let _ = ticker.await;
     let _ = disk_sampler.await;

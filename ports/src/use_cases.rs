@@ -430,6 +430,30 @@ pub trait ClientApi: Send + Sync + 'static {
     fn open_payload<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
         std::borrow::Cow::Borrowed(stored)
     }
+    /// Whether this node runs the embedded S3 sink (`QUEEN_S3_EMBEDDED`), without which no
+    /// tenant sink runs and the control plane's S3 routes are unavailable.
+    fn tenant_sinks_available(&self) -> bool {
+        false
+    }
+    /// Check a tenant sink's settings (the control plane's document, without `secretKey` and
+    /// `enabled`) with the sink's own rules; the first problem, naming the field.
+    ///
+    /// # Errors
+    /// The problem, as a sentence that never holds a secret.
+    fn check_tenant_sink(
+        &self,
+        _config: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        Err("this node runs no S3 sink".to_owned())
+    }
+    /// `secret` sealed under this node's `QUEEN_ENCRYPTION_KEY` (the payload envelope), or
+    /// `None` when the node has no key.
+    ///
+    /// # Errors
+    /// The crypto library failed.
+    fn seal_secret(&self, _secret: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(None)
+    }
 }
 
 /// What the node's own S3 sink needs from the broker: fenced KV batches (its leases, intents,

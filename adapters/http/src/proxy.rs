@@ -452,6 +452,11 @@ impl Proxy {
         //    what a cluster refuses, it refuses to everyone.
         let mut cluster = None;
         if !shared {
+            // A cluster made a moment ago on another node: read the directory once more.
+            if self.cluster_of_host(&dir, host).is_err() {
+                self.reload_after_miss(api);
+                dir = self.directory();
+            }
             let c = self.cluster_of_host(&dir, host)?;
             gate_refusal(routes::status_gate(class, c.effective(), true))?;
             cluster = Some(c.doc.id.clone());

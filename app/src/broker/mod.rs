@@ -93,6 +93,9 @@ pub struct Broker {
     samples: Option<Arc<dyn queen_ports::SampleLog>>,
     /// Requests served and those answered 5xx, for the worker series.
     requests: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
+    /// The node's own sink settings (`QUEEN_S3_*`), when the embedded sink runs: tenant sinks
+    /// take their node-wide settings from it.
+    sink_node: Option<Arc<crate::SinkSettings>>,
 }
 
 impl Broker {
@@ -138,6 +141,7 @@ impl Broker {
             eph_ship_lock: tokio::sync::RwLock::new(()),
             samples: None,
             requests: Default::default(),
+            sink_node: None,
         }
     }
 
@@ -613,5 +617,45 @@ impl ClientApi for Broker {
             queen_ports::Opened::Plain(p) => std::borrow::Cow::Owned(p),
             _ => std::borrow::Cow::Borrowed(stored),
         }
+    }
+
+    fn tenant_sinks_available(&self) -> bool {
+        self.sink_node.is_some()
+    }
+
+    fn check_tenant_sink(
+        &self,
+        config: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        let Some(node) = &self.sink_node else {
+            return Err("this node runs no S3 sink".to_owned());
+        };
+        // A placeholder secret and tenant: only the settings are checked here.
+        crate::sink::config::tenant_settings(config, "unchecked", node, DEFAULT_TENANT_ID)
+            .map(|_| ())
+    }
+
+    fn seal_secret(&self, secret: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        if !self.has_key {
+            return Ok(None);
+        }
+        self.cipher.seal(secret).map(Some)
+    }
+}
+
+const DEFAULT_TENANT_ID: &str = queen_domain::tenant::DEFAULT_TENANT;
+
+impl Broker {
+    /// The node's own sink settings, when the embedded sink runs (tenant sinks need it).
+    #[must_use]
+    pub fn with_sink_settings(mut self, settings: Option<crate::SinkSettings>) -> Self {
+        self.sink_node = settings.map(Arc::new);
+        self
+    }
+
+    /// The node's own sink settings, when the embedded sink runs.
+    #[must_use]
+    pub fn sink_settings(&self) -> Option<Arc<crate::SinkSettings>> {
+        self.sink_node.clone()
     }
 }

@@ -131,6 +131,9 @@ pub struct SinkSettings {
     pub shutdown_grace_ms: u64,
     /// Name written in leases.
     pub instance: String,
+    /// A tenant's own sink (the control plane's): mirrors that tenant's queues only. The
+    /// node's own sink (`QUEEN_S3_*`) mirrors every tenant that has no sink of its own.
+    pub own_tenant: bool,
 }
 
 /// A setting that stops the boot.
@@ -420,6 +423,7 @@ pub fn from_env(
             instance: env
                 .get("QUEEN_S3_INSTANCE")
                 .unwrap_or_else(|| format!("node-{node_id}")),
+            own_tenant: false,
         }),
         warnings,
     })
@@ -484,3 +488,129 @@ fn low(v: &dyn fmt::Debug) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The fields of a tenant sink's document (the control plane's `PUT .../s3`) and the variable
+/// each stands for: the per-sink settings, with the environment's defaults and ranges.
+const TENANT_FIELDS: [(&str, &str); 18] = [
+    ("endpoint", "QUEEN_S3_ENDPOINT"),
+    ("region", "QUEEN_S3_REGION"),
+    ("pathStyle", "QUEEN_S3_PATH_STYLE"),
+    ("bucket", "QUEEN_S3_BUCKET"),
+    ("accessKey", "QUEEN_S3_ACCESS_KEY"),
+    ("sse", "QUEEN_S3_SSE"),
+    ("queues", "QUEEN_S3_QUEUES"),
+    ("prefix", "QUEEN_S3_PREFIX"),
+    ("format", "QUEEN_S3_FORMAT"),
+    ("compression", "QUEEN_S3_COMPRESSION"),
+    ("parquetCodec", "QUEEN_S3_PARQUET_CODEC"),
+    ("layout", "QUEEN_S3_LAYOUT"),
+    ("start", "QUEEN_S3_START"),
+    ("maxWindowMs", "QUEEN_S3_MAX_WINDOW_MS"),
+    ("targetMb", "QUEEN_S3_TARGET_MB"),
+    ("align", "QUEEN_S3_ALIGN"),
+    ("safeGuardMs", "QUEEN_S3_SAFE_GUARD_MS"),
+    ("checkpointEvery", "QUEEN_S3_CHECKPOINT_EVERY"),
+];
+
+/// Node-wide settings: environment only, shared by every sink of the node; a tenant document
+/// that names one is refused.
+const NODE_WIDE_FIELDS: [&str; 9] = [
+    "memoryMb",
+    "leaseTtlMs",
+    "fetchConcurrency",
+    "shutdownGraceMs",
+    "instance",
+    "embedded",
+    "partitions",
+    "listen",
+    "logFormat",
+];
+
+/// The most bytes a tenant sink's settings may take, as JSON.
+pub const TENANT_CONFIG_MAX_BYTES: usize = 32 * 1024;
+
+/// A tenant sink's settings from its document, checked with the same rules, defaults and
+/// ranges as the environment's; the node-wide settings come from `node` (the node's own
+/// sink), the tenant is `tenant` (its broker tenant id). Only S3 endpoints are taken (a tenant
+/// never writes into the node's own folders).
+///
+/// # Errors
+/// The first problem, naming the document's field: an unknown field, a node-wide one, another
+/// field named like a secret, a value outside its range, a missing bucket or access key.
+pub fn tenant_settings(
+    doc: &serde_json::Map<String, serde_json::Value>,
+    secret: &str,
+    node: &SinkSettings,
+    tenant: &str,
+) -> Result<SinkSettings, String> {
+    if serde_json::to_vec(doc).map_or(0, |v| v.len()) > TENANT_CONFIG_MAX_BYTES {
+        return Err("the sink's settings take more than 32 KiB".to_owned());
+    }
+    for (field, value) in doc {
+        if NODE_WIDE_FIELDS.contains(&field.as_str()) {
+            return Err(format!(
+                "{field} is a node-wide setting: it comes from the node's environment and cannot be set per tenant"
+            ));
+        }
+        let lower = field.to_ascii_lowercase();
+        if ["secret", "password", "token", "credential", "private"]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            return Err(format!(
+                "{field} is named like a secret; the only secret a sink takes is secretKey, which is stored sealed"
+            ));
+        }
+        if !TENANT_FIELDS.iter().any(|(f, _)| f == field) {
+            let known: Vec<&str> = TENANT_FIELDS.iter().map(|(f, _)| *f).collect();
+            return Err(format!(
+                "{field} is not a sink setting (one of {})",
+                known.join(", ")
+            ));
+        }
+        if !(value.is_string() || value.is_number() || value.is_boolean() || value.is_null()) {
+            return Err(format!("{field} must be a string, a number or a boolean"));
+        }
+    }
+    match doc.get("endpoint").and_then(serde_json::Value::as_str) {
+        Some(e) if e.starts_with("http://") || e.starts_with("https://") => {}
+        _ => {
+            return Err(
+                "endpoint is required and must be an http:// or https:// URL (a tenant's sink writes to S3)"
+                    .to_owned(),
+            );
+        }
+    }
+    let get = |var: &str| -> Option<String> {
+        match var {
+            "QUEEN_S3_EMBEDDED" => Some("true".to_owned()),
+            "QUEEN_S3_SECRET_KEY" => Some(secret.to_owned()),
+            _ => {
+                let (field, _) = TENANT_FIELDS.iter().find(|(_, v)| *v == var)?;
+                match doc.get(*field)? {
+                    serde_json::Value::String(s) => Some(s.clone()),
+                    serde_json::Value::Null => None,
+                    other => Some(other.to_string()),
+                }
+            }
+        }
+    };
+    let boot = from_env(&get, 0).map_err(|e| {
+        // The environment's sentence, with the document's field names.
+        let mut text = e.0;
+        for (field, var) in TENANT_FIELDS {
+            text = text.replace(var, field);
+        }
+        text.replace("QUEEN_S3_SECRET_KEY", "secretKey")
+    })?;
+    let mut s = boot
+        .settings
+        .ok_or_else(|| "the sink's settings are incomplete".to_owned())?;
+    s.tenant = tenant.to_owned();
+    s.memory_mb = node.memory_mb;
+    s.lease_ttl_ms = node.lease_ttl_ms;
+    s.fetch_concurrency = node.fetch_concurrency;
+    s.shutdown_grace_ms = node.shutdown_grace_ms;
+    s.instance.clone_from(&node.instance);
+    Ok(s)
+}

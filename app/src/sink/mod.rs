@@ -8,6 +8,7 @@
 pub mod config;
 mod queue;
 mod supervise;
+pub(crate) mod tenants;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

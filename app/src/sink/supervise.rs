@@ -168,16 +168,37 @@ pub(super) struct Found {
 
 pub(super) fn discover(shared: &Shared) -> Found {
     let state = shared.log.applied();
-    let existing: Vec<String> = reads::queues(&*state, usize::MAX)
+    let mut existing: Vec<String> = reads::queues(&*state, usize::MAX)
         .map(|v| v.into_iter().map(|q| q.name).collect())
         .unwrap_or_default();
+    let own = queen_domain::tenant::Tenant::any(&shared.settings.tenant).unwrap_or_default();
+    if shared.settings.own_tenant {
+        // A tenant's sink: that tenant's queues, by the names its clients use.
+        existing.retain(|q| own.owns(q));
+    } else {
+        // The node's sink: every tenant but those with a sink of their own.
+        let others = queen_domain::proxy::directory::sink_tenants(&*state, shared.log.wall_clock())
+            .unwrap_or_default();
+        if !others.is_empty() {
+            existing.retain(|q| !others.iter().any(|t| t.owns(q)));
+        }
+    }
     match &shared.settings.queues {
         Queues::All => Found {
             present: existing,
             missing: Vec::new(),
         },
         Queues::Named(names) => {
-            let (present, missing) = names.iter().cloned().partition(|n| existing.contains(n));
+            let (present, missing) = names
+                .iter()
+                .map(|n| {
+                    if shared.settings.own_tenant {
+                        own.name(n)
+                    } else {
+                        n.clone()
+                    }
+                })
+                .partition(|n| existing.contains(n));
             Found { present, missing }
         }
     }

@@ -31,6 +31,8 @@ pub const CLUSTER_SLUGS: &str = "px.clusters.slug";
 pub const KEYS: &str = "px.keys";
 /// The unique index of key hashes.
 pub const KEY_HASHES: &str = "px.keys.key_hash";
+/// The tenant sinks (one per cluster, keyed by the cluster's id).
+pub const S3_SINKS: &str = "px.s3sinks";
 /// The change marker's table.
 pub const META: &str = "px.meta";
 /// The audit rows.
@@ -117,6 +119,24 @@ pub struct KeyDoc {
     /// When it was revoked, epoch µs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_us: Option<u64>,
+}
+
+/// A cluster's S3 sink: its settings and its secret, sealed under the nodes'
+/// `QUEEN_ENCRYPTION_KEY` (never in the clear in the log, a snapshot or the store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct S3SinkDoc {
+    /// The cluster.
+    pub cluster_id: String,
+    /// The broker tenant it mirrors.
+    pub tenant: String,
+    /// Runs while true (and the cluster's status lets it).
+    pub enabled: bool,
+    /// The per-sink settings, by their document field names.
+    pub config: serde_json::Map<String, serde_json::Value>,
+    /// The secret key's envelope.
+    pub secret_key_sealed: String,
+    /// Last write, epoch µs: every node rebuilds the sink when it moves.
+    pub updated_us: u64,
 }
 
 /// An index entry.
@@ -256,6 +276,8 @@ pub struct Directory {
     pub cluster_ids: HashMap<String, String>,
     /// Keys by hash.
     pub keys: HashMap<String, KeyEntry>,
+    /// Tenant sinks by cluster id.
+    pub sinks: HashMap<String, S3SinkDoc>,
 }
 
 /// The change marker's version in `s` (0 when nothing was ever written).
@@ -302,6 +324,18 @@ fn rows<T: for<'de> Deserialize<'de>>(
     }
 }
 
+/// The tenants that have a sink row of their own (enabled or not): the node's own sink leaves
+/// their queues to it.
+///
+/// # Errors
+/// When the store cannot be read.
+pub fn sink_tenants(s: &dyn StateRead, now: Stamp) -> Result<Vec<Tenant>, StoreError> {
+    Ok(rows::<S3SinkDoc>(s, S3_SINKS, now)?
+        .into_iter()
+        .filter_map(|d| Tenant::parse(&d.tenant).ok())
+        .collect())
+}
+
 impl Directory {
     /// Read every tenant, cluster and key from `s`.
     ///
@@ -344,6 +378,9 @@ impl Directory {
                     revoked: k.revoked_us.is_some(),
                 },
             );
+        }
+        for sink in rows::<S3SinkDoc>(s, S3_SINKS, now)? {
+            dir.sinks.insert(sink.cluster_id.clone(), sink);
         }
         Ok(dir)
     }
