@@ -25,11 +25,28 @@ fn the_official_python_client_passes_with_a_bearer_token() {
     );
 }
 
-/// The two runs share tests/client/.venv, which the first run on a fresh machine creates: they
+/// The same suite through the embedded proxy on the node's client port: every client carries
+/// the bootstrap cluster's API key (`qk_...`) as its `bearer_token`, so the whole suite runs
+/// under that cluster's tenant; a request without the key is refused, and the node-wide
+/// metrics are the operator's (404 `route_blocked`).
+#[test]
+fn the_official_python_client_passes_through_the_embedded_proxy() {
+    let stdout = suite_with(None, true);
+    assert!(
+        !stdout.contains("skipped"),
+        "the credential test must run in this run:\n{stdout}"
+    );
+}
+
+/// The runs share tests/client/.venv, which the first run on a fresh machine creates: they
 /// take turns.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn suite(jwt_secret: Option<&str>) -> String {
+    suite_with(jwt_secret, false)
+}
+
+fn suite_with(jwt_secret: Option<&str>, proxy: bool) -> String {
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -37,7 +54,11 @@ fn suite(jwt_secret: Option<&str>) -> String {
     let mut cmd = Command::new("bash");
     cmd.arg(&script)
         .env("QUEEN_BIN", env!("CARGO_BIN_EXE_queen"))
-        .env_remove("QUEEN_SUITE_JWT_SECRET");
+        .env_remove("QUEEN_SUITE_JWT_SECRET")
+        .env_remove("QUEEN_SUITE_PROXY");
+    if proxy {
+        cmd.env("QUEEN_SUITE_PROXY", "1");
+    }
     if let Some(s) = jwt_secret {
         cmd.env("QUEEN_SUITE_JWT_SECRET", s);
     }

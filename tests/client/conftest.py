@@ -32,6 +32,10 @@ STOP_LIMIT_S = 30.0
 # With QUEEN_SUITE_JWT_SECRET set, the node runs with broker JWT on (HS256 with that secret)
 # and every client of the suite carries a read-write token as its `bearer_token`.
 JWT_SECRET = os.environ.get("QUEEN_SUITE_JWT_SECRET") or None
+# With QUEEN_SUITE_PROXY=1, the node runs the embedded proxy on its client port with a
+# bootstrap cluster, and every client of the suite carries that cluster's API key
+# (qk_...) as its `bearer_token`: the suite runs through the proxy, under the cluster's tenant.
+PROXY = os.environ.get("QUEEN_SUITE_PROXY") == "1"
 
 
 def _b64url(b: bytes) -> str:
@@ -74,7 +78,9 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.token: str | None = None
-        if JWT_SECRET:
+        if PROXY:
+            self.token = "qk_suite_" + _b64url(os.urandom(32))
+        elif JWT_SECRET:
             self.token = hs256_token(
                 JWT_SECRET,
                 {"sub": "client-suite", "role": "read-write", "exp": int(time.time()) + 3600},
@@ -96,8 +102,17 @@ class Node:
             # Analytics samples every half second, so the admin analytics calls see figures.
             "QUEEN_ANALYTICS_INTERVAL_MS": "500",
         }
-        if JWT_SECRET:
+        if JWT_SECRET and not PROXY:
             env.update({"JWT_ENABLED": "true", "JWT_ALGORITHM": "HS256", "JWT_SECRET": JWT_SECRET})
+        if PROXY:
+            env.update(
+                {
+                    "QUEEN_PROXY_EMBEDDED": "true",
+                    "QUEEN_PROXY_DEFAULT_CLUSTER": "suite",
+                    "QUEEN_PROXY_BOOTSTRAP_TENANT": "suite",
+                    "QUEEN_PROXY_BOOTSTRAP_API_KEY": self.token,
+                }
+            )
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(self.binary)],
@@ -115,6 +130,12 @@ class Node:
                 raise RuntimeError(f"queen exited early with status {code}:\n{self.log_text()}")
             try:
                 r = httpx.get(f"{self.url}/health", timeout=2.0)
+                if r.status_code == 200 and PROXY:
+                    # The boot-time bootstrap is applied once the log has a leader: the key
+                    # works from then on.
+                    r = httpx.get(
+                        f"{self.url}/api/v1/resources/queues", headers=self.headers(), timeout=2.0
+                    )
                 if r.status_code == 200:
                     return
                 last = f"HTTP {r.status_code}: {r.text[:200]}"
