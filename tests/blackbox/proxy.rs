@@ -421,6 +421,78 @@ fn keys_clusters_routes_and_statuses_through_the_proxy_port() {
         .collect();
     assert!(slugs.contains(&"acme") && slugs.contains(&"gamma") && !slugs.contains(&"beta"));
 
+    // A tenant's way out: deleting, purge until done, delete; its key then opens nothing.
+    assert_code(
+        &cp(&px, "POST", "/api/cp/tenants/gamma/purge", None),
+        409,
+        "not_deleting",
+    );
+    assert_code(
+        &cp(&px, "DELETE", "/api/cp/tenants/gamma", None),
+        409,
+        "not_deleting",
+    );
+    let deleting = cp(
+        &px,
+        "PUT",
+        "/api/cp/tenants/gamma/status",
+        Some(&json!({"status": "deleting"})),
+    );
+    assert_eq!(deleting.status, 200, "{}", deleting.text);
+    assert!(becomes(5, 403, || push(
+        &px,
+        Some(&k3),
+        Some("gamma.queen.test"),
+        "jobs",
+        2
+    )));
+    assert_code(
+        &cp(&px, "DELETE", "/api/cp/tenants/gamma", None),
+        409,
+        "not_purged",
+    );
+    let mut passes = 0;
+    let mut last = Value::Null;
+    while passes < 20 {
+        passes += 1;
+        let p = cp(&px, "POST", "/api/cp/tenants/gamma/purge", None);
+        assert_eq!(p.status, 200, "{}", p.text);
+        last = p.json;
+        if last["done"] == true {
+            break;
+        }
+    }
+    assert_eq!(last["done"], true, "{last}");
+    assert!(
+        passes >= 2,
+        "the pass that deletes is followed by one that confirms: {last}"
+    );
+    let deleted = cp(&px, "DELETE", "/api/cp/tenants/gamma", None);
+    assert_eq!(deleted.status, 200, "{}", deleted.text);
+    assert_eq!(deleted.json["existed"], true);
+    assert_code(
+        &cp(&px, "GET", "/api/cp/clusters/gamma", None),
+        404,
+        "cluster_unknown",
+    );
+    let again = cp(&px, "DELETE", "/api/cp/tenants/gamma", None);
+    assert_eq!(again.json, json!({"existed": false, "clusters": []}));
+    assert!(
+        becomes(5, 401, || push(
+            &px,
+            Some(&k3),
+            Some("gamma.queen.test"),
+            "jobs",
+            3
+        )) || becomes(5, 421, || push(
+            &px,
+            Some(&k3),
+            Some("gamma.queen.test"),
+            "jobs",
+            3
+        ))
+    );
+
     // No secret in the node's log.
     let log = node.log_text();
     for secret in [k1.as_str(), k2.as_str(), k3.as_str(), CP] {

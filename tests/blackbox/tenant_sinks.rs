@@ -307,6 +307,32 @@ fn a_bucket_per_tenant_through_the_control_plane() {
         assert!(rows.iter().all(|s| s["phase"] == "running"), "{rows:#?}");
     }
 
+    // A suspended cluster ships nothing: its sink stops on every node, and runs again once
+    // the cluster is active.
+    let acme_id = cp(&px[0], "GET", "/api/cp/clusters/acme", None).json["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let phase_on_both = |phase: &str| {
+        eventually(Duration::from_secs(20), || {
+            nodes[..2].iter().all(|n| {
+                cp_sinks(n)
+                    .iter()
+                    .any(|s| s["cluster"] == "acme" && s["phase"] == phase)
+            })
+        })
+    };
+    for (status, phase) in [("suspended", "stopped"), ("active", "running")] {
+        let a = cp(
+            &px[0],
+            "PUT",
+            &format!("/api/cp/clusters/{acme_id}/status"),
+            Some(&json!({ "status": status })),
+        );
+        assert_eq!(a.status, 200, "{}", a.text);
+        assert!(phase_on_both(phase), "{status}: {:#?}", cp_sinks(&nodes[0]));
+    }
+
     // A rotated secret: the row moves and the sink keeps writing.
     let rotated = cp(
         &px[0],

@@ -214,6 +214,23 @@ impl<A: ClientApi> Cp<'_, A> {
                 let s = slug(s, "slug")?;
                 self.tenant_status(&s, &object(body)?).await
             }
+            ("POST", ["tenants", s, "purge"]) => {
+                let s = slug(s, "slug")?;
+                self.purge(&s).await
+            }
+            ("DELETE", ["tenants", s]) => {
+                let s = slug(s, "slug")?;
+                let force = match crate::pop_query::parse_query(query)
+                    .iter()
+                    .find(|(k, _)| k == "force")
+                    .map(|(_, v)| v.as_str())
+                {
+                    None | Some("false") => false,
+                    Some("true") => true,
+                    Some(_) => return Err(invalid("force", "must be true or false")),
+                };
+                self.delete_tenant(&s, force).await
+            }
             ("GET", ["clusters"]) => self.clusters(query).await,
             ("POST", ["clusters"]) => self.create_cluster(&object(body)?).await,
             ("GET", ["clusters", s]) => {
@@ -846,6 +863,153 @@ impl<A: ClientApi> Cp<'_, A> {
         Ok(())
     }
 
+    /// A tenant by slug with its row's version, and its clusters.
+    async fn tenant_with_clusters(
+        &self,
+        slug: &str,
+    ) -> Result<Option<(TenantDoc, u64, Vec<(ClusterDoc, u64)>)>, ApiError> {
+        let Some(id) = self.lookup(TENANT_SLUGS, slug).await? else {
+            return Ok(None);
+        };
+        let Some((t, version)) = self.get::<TenantDoc>(TENANTS, &id).await? else {
+            return Ok(None);
+        };
+        let mut clusters = Vec::new();
+        for c in self.list::<ClusterDoc>(CLUSTERS).await? {
+            if c.tenant_id == t.id
+                && let Some(found) = self.get::<ClusterDoc>(CLUSTERS, &c.id).await?
+            {
+                clusters.push(found);
+            }
+        }
+        Ok(Some((t, version, clusters)))
+    }
+
+    /// `POST /api/cp/tenants/:slug/purge`: one pass over a deleting tenant: its sinks' rows
+    /// first, then a bounded pass of the broker's purge per cluster. A cluster is done when a
+    /// pass deleted nothing and found nothing left, so the pass that deletes is always
+    /// followed by one that confirms.
+    async fn purge(&self, slug: &str) -> Result<(u16, Value), ApiError> {
+        let Some((t, _, clusters)) = self.tenant_with_clusters(slug).await? else {
+            return Ok((200, json!({"existed": false, "done": true, "clusters": []})));
+        };
+        if t.status != TenantStatus::Deleting {
+            return Err(not_deleting());
+        }
+        let mut rows = Vec::new();
+        let mut all_done = true;
+        for (c, _) in &clusters {
+            if let Some((_, version)) = self.get::<S3SinkDoc>(S3_SINKS, &c.id).await? {
+                let delete = KvOp::Delete {
+                    ns: d::ns(S3_SINKS),
+                    key: d::key(&c.id),
+                    expect: Some(version),
+                    required: false,
+                };
+                self.commit(
+                    vec![delete],
+                    &self.op("s3.delete", &c.id, json!({"purge": true})),
+                )
+                .await?;
+            }
+            let tenant =
+                queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
+                    ApiError::new(
+                        500,
+                        "internal",
+                        "a cluster's broker tenant is not a tenant id",
+                    )
+                })?;
+            match self.api.purge_tenant(tenant).await {
+                Ok(r) => {
+                    let done = r.done && r.partitions_deleted == 0;
+                    all_done &= done;
+                    rows.push(json!({"slug": c.slug, "broker_tenant_uuid": c.broker_tenant_uuid, "done": done, "partitions_deleted": r.partitions_deleted}));
+                }
+                Err(e) => {
+                    all_done = false;
+                    rows.push(json!({"slug": c.slug, "broker_tenant_uuid": c.broker_tenant_uuid, "done": false, "partitions_deleted": 0, "error": ApiError::from(e).message}));
+                }
+            }
+        }
+        Ok((
+            200,
+            json!({"existed": true, "done": all_done, "clusters": rows}),
+        ))
+    }
+
+    /// `DELETE /api/cp/tenants/:slug`: the tenant, its clusters, their keys and sinks, in one
+    /// batch, once it is deleting and (unless `force`) purged.
+    async fn delete_tenant(&self, slug: &str, force: bool) -> Result<(u16, Value), ApiError> {
+        let Some((t, version, clusters)) = self.tenant_with_clusters(slug).await? else {
+            return Ok((200, json!({"existed": false, "clusters": []})));
+        };
+        if t.status != TenantStatus::Deleting {
+            return Err(not_deleting());
+        }
+        if !force {
+            let state = self.api.state();
+            for (c, _) in &clusters {
+                let tenant =
+                    queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
+                        ApiError::new(
+                            500,
+                            "internal",
+                            "a cluster's broker tenant is not a tenant id",
+                        )
+                    })?;
+                let left =
+                    queen_domain::reads::tenant_queues(&*state, &tenant, 1).map_err(|_| {
+                        ApiError::new(
+                            503,
+                            "unavailable",
+                            "the broker's queue listing cannot be read",
+                        )
+                    })?;
+                if !left.is_empty() {
+                    return Err(ApiError::new(
+                        409,
+                        "not_purged",
+                        format!(
+                            "cluster '{}' still has queues: purge the tenant first",
+                            c.slug
+                        ),
+                    ));
+                }
+            }
+        }
+        let keys = self.list::<KeyDoc>(KEYS).await?;
+        let mut ops = Vec::new();
+        let del = |table: &str, id: &str, expect: Option<u64>| KvOp::Delete {
+            ns: d::ns(table),
+            key: d::key(id),
+            expect,
+            required: expect.is_some(),
+        };
+        ops.push(del(TENANTS, &t.id, Some(version)));
+        ops.push(del(TENANT_SLUGS, &t.slug, None));
+        let mut rows = Vec::new();
+        for (c, v) in &clusters {
+            ops.push(del(CLUSTERS, &c.id, Some(*v)));
+            ops.push(del(CLUSTER_SLUGS, &c.slug, None));
+            ops.push(del(S3_SINKS, &c.id, None));
+            for k in keys.iter().filter(|k| k.cluster_id == c.id) {
+                ops.push(del(KEYS, &k.id, None));
+                ops.push(del(KEY_HASHES, &k.key_hash, None));
+            }
+            rows.push(json!({"cluster_id": c.id, "slug": c.slug, "broker_tenant_uuid": c.broker_tenant_uuid}));
+        }
+        let op = self.op(
+            "tenant.delete",
+            &t.id,
+            json!({"slug": t.slug, "force": force}),
+        );
+        if !self.commit(ops, &op).await? {
+            return Err(race());
+        }
+        Ok((200, json!({"existed": true, "clusters": rows})))
+    }
+
     /// `POST /api/cp/bootstrap`: a tenant, a cluster and a key with every scope. The key is in
     /// the answer once, when it is made; a retry finds the tenant, the cluster and the live key
     /// of that name and answers their ids with `key: null`.
@@ -979,6 +1143,14 @@ fn cluster_unknown() -> ApiError {
 
 fn tenant_unknown() -> ApiError {
     ApiError::new(404, "tenant_unknown", "no tenant has this slug")
+}
+
+fn not_deleting() -> ApiError {
+    ApiError::new(
+        409,
+        "not_deleting",
+        "set the tenant's status to deleting first",
+    )
 }
 
 fn race() -> ApiError {
