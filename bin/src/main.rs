@@ -153,6 +153,7 @@ async fn serve_fronts(
     s: queen_app::Serving,
     front: queen_http::ServeConfig,
     proxy: Option<(std::sync::Arc<queen_http::Proxy>, std::net::TcpListener)>,
+    tls: Option<queen_http::Tls>,
 ) {
     let front = queen_http::ServeConfig {
         drain: s.drain,
@@ -183,6 +184,7 @@ async fn serve_fronts(
     };
     let proxied = queen_http::ServeConfig {
         proxy: Some(proxy),
+        tls,
         ..front.clone()
     };
     tokio::join!(
@@ -306,6 +308,19 @@ fn main() -> ExitCode {
             }
         },
     };
+    let tls = match queen_http::Tls::from_env(&|k| std::env::var(k).ok()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ERROR boot: FATAL: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if tls.is_some() && proxy.is_none() {
+        eprintln!(
+            "ERROR boot: FATAL: QUEEN_TLS_CERT is set without QUEEN_PROXY_EMBEDDED: TLS is served on the embedded proxy's listener"
+        );
+        return ExitCode::from(2);
+    }
     let proxy = proxy.map(queen_http::Proxy::new);
     let sink = match queen_app::sink_from_env(&|k| std::env::var(k).ok(), config.node_id) {
         Ok(boot) => boot,
@@ -370,13 +385,14 @@ fn main() -> ExitCode {
         auth,
         // The proxy fronts the client port itself unless it has a port of its own.
         proxy: proxy.clone().filter(|_| proxy_listener.is_none()),
+        tls: tls.clone().filter(|_| proxy_listener.is_none()),
     };
     let result = runtime.block_on(queen_app::run(
         config,
         sink.settings,
         telemetry.clone(),
         shutdown_signal(),
-        move |s: queen_app::Serving| serve_fronts(s, front, proxy.zip(proxy_listener)),
+        move |s: queen_app::Serving| serve_fronts(s, front, proxy.zip(proxy_listener), tls),
     ));
     telemetry.shutdown();
     match result {

@@ -581,3 +581,159 @@ fn three_nodes_share_the_directory_and_a_revocation_reaches_each_within_a_second
         assert!(!log.contains(&k1) && !log.contains(&k2) && !log.contains(CP));
     }
 }
+
+/// `curl` with the test's CA over TLS; (status, body), or the transport error.
+fn curl_tls(
+    ca: &Path,
+    host: &str,
+    port: u16,
+    path: &str,
+    key: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), String> {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+        .args(["-H", &format!("authorization: Bearer {key}")])
+        .args(["-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        cmd.args(["-H", "content-type: application/json", "--data", b]);
+    }
+    cmd.arg(format!("https://{host}:{port}{path}"));
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').ok_or("no status")?;
+    Ok((
+        code.trim().parse().map_err(|_| "bad status")?,
+        body.to_owned(),
+    ))
+}
+
+#[test]
+fn tls_on_the_proxy_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = dir.path().join("cert.pem");
+    let key_file = dir.path().join("key.pem");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=acme.queen.test",
+            "-addext",
+            "subjectAltName=DNS:acme.queen.test",
+        ])
+        .arg("-keyout")
+        .arg(&key_file)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let (cert_s, key_s) = (
+        cert.to_string_lossy().into_owned(),
+        key_file.to_string_lossy().into_owned(),
+    );
+
+    // Boot refusals: one line naming what is wrong.
+    for (env, names) in [
+        (
+            vec![
+                ("QUEEN_PROXY_EMBEDDED", "1"),
+                ("QUEEN_TLS_CERT", cert_s.as_str()),
+            ],
+            "QUEEN_TLS_KEY",
+        ),
+        (
+            vec![
+                ("QUEEN_TLS_CERT", cert_s.as_str()),
+                ("QUEEN_TLS_KEY", key_s.as_str()),
+            ],
+            "QUEEN_PROXY_EMBEDDED",
+        ),
+        (
+            vec![
+                ("QUEEN_PROXY_EMBEDDED", "1"),
+                ("QUEEN_TLS_CERT", key_s.as_str()),
+                ("QUEEN_TLS_KEY", key_s.as_str()),
+            ],
+            "QUEEN_TLS_CERT",
+        ),
+    ] {
+        let out = std::process::Command::new(bin())
+            .env("QUEEN_RAFT_DIR", dir.path().join("refused"))
+            .env("PORT", free_port().to_string())
+            .envs(env)
+            .output()
+            .expect("queen");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(names) && err.lines().count() == 1, "{err}");
+    }
+
+    let proxy_port = free_port();
+    let k1 = key('T');
+    let pp = proxy_port.to_string();
+    let node = Node::start(
+        bin(),
+        &dir.path().join("node"),
+        &[
+            ("QUEEN_PROXY_EMBEDDED", "1"),
+            ("QUEEN_PROXY_PORT", &pp),
+            ("QUEEN_TLS_CERT", &cert_s),
+            ("QUEEN_TLS_KEY", &key_s),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY", &k1),
+        ],
+    );
+    let body = json!({"items": [{"queue": "tls", "payload": {"n": 1}}]}).to_string();
+    let mut last = Err(String::new());
+    let ok = eventually(Duration::from_secs(20), || {
+        last = curl_tls(
+            &cert,
+            "acme.queen.test",
+            proxy_port,
+            "/api/v1/push",
+            &k1,
+            Some(&body),
+        );
+        matches!(&last, Ok((200, _)))
+    });
+    assert!(ok, "{last:?}");
+    let (status, text) = curl_tls(
+        &cert,
+        "acme.queen.test",
+        proxy_port,
+        "/api/v1/pop/queue/tls?wait=false",
+        &k1,
+        None,
+    )
+    .expect("pop");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"n\":1"), "{text}");
+    // Plain HTTP on the TLS listener gets no answer; the client port stays plain HTTP.
+    let px = Node::prepare(bin(), dir.path(), proxy_port, &[]);
+    assert!(
+        px.try_request("GET", "/health", None)
+            .map_or(true, |a| a.status != 200)
+    );
+    assert_eq!(node.get("/health").status, 200);
+    drop(px);
+}

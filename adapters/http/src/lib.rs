@@ -36,6 +36,7 @@ mod server;
 mod streams_json;
 mod tenancy;
 mod timers_json;
+mod tls;
 mod traces_json;
 
 pub use api::ApiError;
@@ -44,3 +45,4 @@ pub use body::BodyBudget;
 pub use proxy::{Bootstrap, CP_TOKEN_HEADER, Proxy, ProxyConfigError, ProxySettings};
 pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};
 pub use tenancy::{TENANT_HEADER, Tenancy};
+pub use tls::Tls;

@@ -48,6 +48,8 @@ pub struct ServeConfig {
     /// The embedded proxy (`QUEEN_PROXY_EMBEDDED`): when set, this listener serves clients
     /// through it (API keys, clusters, the control plane) instead of the settings above.
     pub proxy: Option<Arc<Proxy>>,
+    /// TLS on this listener (the proxy's, with `QUEEN_TLS_CERT` and `QUEEN_TLS_KEY`).
+    pub tls: Option<crate::Tls>,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -61,9 +63,13 @@ impl std::fmt::Debug for ServeConfig {
             .field("auth", &self.auth)
             .field("tenancy", &self.tenancy)
             .field("proxy", &self.proxy)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
+
+/// How long a client may take to finish its TLS handshake.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// The header that carries the admin credential (the raft token).
 pub const ADMIN_TOKEN_HEADER: &str = "x-queen-raft-token";
@@ -328,11 +334,32 @@ pub async fn serve<A: ClientApi>(
                     async move { Ok::<_, Infallible>(serve_one(shared, req).await) }
                 });
                 let svc = tower::ServiceBuilder::new().concurrency_limit(1024).service(svc);
-                let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
+                let svc = TowerToHyperService::new(svc);
+                match &cfg.tls {
+                    None => {
+                        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                    }
+                    Some(tls) => {
+                        // The handshake runs in the connection's own task, bounded in time, so a
+                        // client that never finishes it holds nothing else up.
+                        let acceptor = tls.acceptor().clone();
+                        let http = http.clone();
+                        let watcher = graceful.watcher();
+                        tokio::spawn(async move {
+                            let Ok(Ok(stream)) =
+                                tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream)).await
+                            else {
+                                return;
+                            };
+                            let _ = watcher
+                                .watch(http.serve_connection(TokioIo::new(stream), svc))
+                                .await;
+                        });
+                    }
+                }
             }
             () = &mut shutdown => break,
         }
