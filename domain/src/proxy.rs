@@ -12,6 +12,7 @@
 use sha2::{Digest, Sha256};
 
 pub mod directory;
+pub mod plans;
 pub mod routes;
 
 /// The plans a cluster may be on.

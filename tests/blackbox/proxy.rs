@@ -737,3 +737,187 @@ fn tls_on_the_proxy_listener() {
     assert_eq!(node.get("/health").status, 200);
     drop(px);
 }
+
+#[test]
+fn plans_limits_quotas_and_usage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k1 = key('L');
+    let node = Node::start(
+        bin(),
+        &dir.path().join("enforced"),
+        &[
+            ("QUEEN_PROXY_EMBEDDED", "1"),
+            ("QUEEN_PROXY_ENFORCE", "true"),
+            ("QUEEN_PROXY_METER_FLUSH_MS", "200"),
+            ("QUEEN_PROXY_CP_TOKEN", CP),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_PLAN", "free"),
+            ("QUEEN_PROXY_DEFAULT_CLUSTER", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY", &k1),
+            ("QUEEN_PROXY_INVAL_POLL_MS", "100"),
+        ],
+    );
+    let list = |k: &str| {
+        call(
+            &node,
+            Some(k),
+            None,
+            "GET",
+            "/api/v1/resources/queues",
+            None,
+        )
+    };
+    // Retrying a limited call spends the tokens it waits for: wait on the control plane.
+    assert!(becomes(20, 200, || cp(
+        &node,
+        "GET",
+        "/api/cp/clusters/acme",
+        None
+    )));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(list(&k1).status, 200);
+    // The free plan: 5 requests a second, a burst of 25.
+    let answers: Vec<Answer> = (0..40).map(|_| list(&k1)).collect();
+    let limited: Vec<&Answer> = answers.iter().filter(|a| a.status == 429).collect();
+    assert!(
+        !limited.is_empty(),
+        "40 requests at once within a burst of 25"
+    );
+    assert_eq!(
+        limited[0].json["code"], "rate_limited",
+        "{}",
+        limited[0].text
+    );
+    let wait: u32 = limited[0]
+        .retry_after
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .expect("retry-after");
+    assert!((1..=60).contains(&wait), "{wait}");
+
+    // Overrides: unlimited rates, small caps, a monthly quota, no KV.
+    let id = cp(&node, "GET", "/api/cp/clusters/acme", None).json["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let bad = cp(
+        &node,
+        "PUT",
+        &format!("/api/cp/clusters/{id}/overrides"),
+        Some(&json!({"max_colour": 3})),
+    );
+    assert_code(&bad, 400, "invalid");
+    let set = cp(
+        &node,
+        "PUT",
+        &format!("/api/cp/clusters/{id}/overrides"),
+        Some(&json!({
+            "max_req_per_sec": null, "max_msgs_per_sec": null, "max_batch_items": 3,
+            "max_payload_bytes": 100, "max_queues": 2, "max_retention_seconds": 3600,
+            "monthly_msgs_quota": 6, "features": {"kv": false}
+        })),
+    );
+    assert_eq!(set.status, 200, "{}", set.text);
+    let items = |n: usize, queue: &str, size: usize| json!({"items": (0..n).map(|_| json!({"queue": queue, "payload": "x".repeat(size)})).collect::<Vec<_>>()});
+    let push_items =
+        |body: &Value| call(&node, Some(&k1), None, "POST", "/api/v1/push", Some(body));
+    assert!(becomes(5, 413, || push_items(&items(4, "q1", 1))));
+    let a = push_items(&items(4, "q1", 1));
+    assert_code(&a, 413, "payload_too_large");
+    assert!(a.text.contains("items"), "{}", a.text);
+    let a = push_items(&items(1, "q1", 200));
+    assert_code(&a, 413, "payload_too_large");
+    assert!(a.text.contains("items[0].payload"), "{}", a.text);
+    // Two queues, not a third.
+    assert_eq!(push_items(&items(1, "q1", 1)).status, 200);
+    assert_eq!(push_items(&items(1, "q2", 1)).status, 200);
+    assert_code(&push_items(&items(1, "q3", 1)), 403, "quota_exceeded");
+    // The retention ceiling and the feature gate.
+    let conf = call(
+        &node,
+        Some(&k1),
+        None,
+        "POST",
+        "/api/v1/configure",
+        Some(&json!({"queue": "q1", "options": {"retentionSeconds": 7200}})),
+    );
+    assert_code(&conf, 403, "quota_exceeded");
+    let kv = call(
+        &node,
+        Some(&k1),
+        None,
+        "PUT",
+        "/api/v1/kv/ns/k",
+        Some(&json!({"value": 1})),
+    );
+    assert_code(&kv, 403, "feature_gated");
+    // The monthly quota: 6 messages, 2 pushed; 4 more, then refused.
+    let mut pushed = 2;
+    for _ in 0..4 {
+        assert_eq!(push_items(&items(1, "q1", 1)).status, 200);
+        pushed += 1;
+    }
+    assert_eq!(pushed, 6);
+    assert!(becomes(5, 403, || push_items(&items(1, "q1", 1))));
+    assert_code(&push_items(&items(1, "q1", 1)), 403, "quota_exceeded");
+    // Consumers are not held by the quota.
+    let popped = call(
+        &node,
+        Some(&k1),
+        None,
+        "GET",
+        "/api/v1/pop/queue/q1?wait=false&batch=10",
+        None,
+    );
+    assert_eq!(popped.status, 200, "{}", popped.text);
+
+    // Usage: the last hour by minute and op class.
+    let mut usage = Value::Null;
+    let ok = eventually(Duration::from_secs(10), || {
+        usage = cp(&node, "GET", &format!("/api/cp/clusters/{id}/usage"), None).json;
+        let sum = |op: &str, f: &str| -> u64 {
+            usage["minutes"]
+                .as_array()
+                .map(|m| {
+                    m.iter()
+                        .filter(|r| r["op"] == op)
+                        .map(|r| r[f].as_u64().unwrap_or(0))
+                        .sum()
+                })
+                .unwrap_or(0)
+        };
+        sum("push", "msgs") == 6 && sum("read", "reqs") >= 25 && sum("delivery", "reqs") >= 1
+    });
+    assert!(ok, "{usage:#}");
+
+    // Shadow mode (the default): the same burst is only logged.
+    let k2 = key('M');
+    let shadow = Node::start(
+        bin(),
+        &dir.path().join("shadow"),
+        &[
+            ("QUEEN_PROXY_EMBEDDED", "1"),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_PLAN", "free"),
+            ("QUEEN_PROXY_DEFAULT_CLUSTER", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY", &k2),
+        ],
+    );
+    let list = |k: &str| {
+        call(
+            &shadow,
+            Some(k),
+            None,
+            "GET",
+            "/api/v1/resources/queues",
+            None,
+        )
+    };
+    assert!(becomes(20, 200, || list(&k2)));
+    assert!((0..40).all(|_| list(&k2).status == 200));
+    assert!(
+        shadow.log_text().contains("would_block"),
+        "{}",
+        shadow.log_text()
+    );
+}

@@ -110,6 +110,8 @@ class Node:
                     "QUEEN_PROXY_EMBEDDED": "true",
                     "QUEEN_PROXY_DEFAULT_CLUSTER": "suite",
                     "QUEEN_PROXY_BOOTSTRAP_TENANT": "suite",
+                    # The suite drives streams and traces too: a plan that includes them.
+                    "QUEEN_PROXY_BOOTSTRAP_PLAN": "pro",
                     "QUEEN_PROXY_BOOTSTRAP_API_KEY": self.token,
                 }
             )

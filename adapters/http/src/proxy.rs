@@ -25,6 +25,7 @@ use crate::api::ApiError;
 use crate::tenancy::Scope;
 
 pub(crate) mod cp;
+pub(crate) mod limits;
 
 /// The header that carries the control-plane token.
 pub const CP_TOKEN_HEADER: &str = "x-queen-cp-token";
@@ -71,6 +72,11 @@ pub struct ProxySettings {
     pub key_env: String,
     /// `QUEEN_PROXY_BOOTSTRAP_*`.
     pub bootstrap: Option<Bootstrap>,
+    /// `QUEEN_PROXY_ENFORCE`: refuse what the rate, cap and parked limits would block (off:
+    /// shadow mode, only logged).
+    pub enforce: bool,
+    /// `QUEEN_PROXY_METER_FLUSH_MS`: how often usage is written.
+    pub meter_flush: Duration,
 }
 
 impl std::fmt::Debug for ProxySettings {
@@ -82,6 +88,8 @@ impl std::fmt::Debug for ProxySettings {
             .field("shared_hosts", &self.shared_hosts)
             .field("poll", &self.poll)
             .field("key_env", &self.key_env)
+            .field("enforce", &self.enforce)
+            .field("meter_flush", &self.meter_flush)
             .field(
                 "bootstrap",
                 &self
@@ -206,7 +214,32 @@ impl ProxySettings {
                 })
             }
         };
+        let enforce = match set("QUEEN_PROXY_ENFORCE").map(|v| v.to_ascii_lowercase()) {
+            None => false,
+            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => true,
+            Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => false,
+            Some(_) => {
+                return Err(bad(
+                    "QUEEN_PROXY_ENFORCE",
+                    "must be one of 1, true, yes, on, 0, false, no, off",
+                ));
+            }
+        };
+        let meter_flush = match set("QUEEN_PROXY_METER_FLUSH_MS") {
+            None => Duration::from_secs(15),
+            Some(v) => match v.parse::<u64>() {
+                Ok(ms @ 100..=600_000) => Duration::from_millis(ms),
+                _ => {
+                    return Err(bad(
+                        "QUEEN_PROXY_METER_FLUSH_MS",
+                        "must be a number of milliseconds in 100..=600000",
+                    ));
+                }
+            },
+        };
         Ok(Some(Self {
+            enforce,
+            meter_flush,
             port,
             cp_token: set("QUEEN_PROXY_CP_TOKEN"),
             default_cluster,
@@ -221,6 +254,7 @@ impl ProxySettings {
 /// The proxy of one node: its settings and its copy of the directory.
 pub struct Proxy {
     settings: ProxySettings,
+    pub(crate) limits: limits::Limits,
     dir: RwLock<Arc<Directory>>,
     /// When the directory was last read (a missed key reads it again at most this often).
     reloaded: Mutex<Option<Instant>>,
@@ -240,8 +274,9 @@ const MISS_RELOAD: Duration = Duration::from_millis(250);
 
 /// What the gate decided about one request.
 pub(crate) enum Gate {
-    /// On to the broker's router with this scope.
-    Pass(Scope),
+    /// On to the broker's router with this scope (and, for a cluster's request, what its
+    /// body check and metering need).
+    Pass(Scope, Option<limits::Ticket>),
     /// The control plane.
     ControlPlane,
     /// Refused (before any body byte was read).
@@ -253,6 +288,7 @@ impl Proxy {
     #[must_use]
     pub fn new(settings: ProxySettings) -> Arc<Self> {
         Arc::new(Self {
+            limits: limits::Limits::new(settings.enforce, settings.meter_flush),
             settings,
             dir: RwLock::new(Arc::new(Directory::default())),
             reloaded: Mutex::new(None),
@@ -346,6 +382,7 @@ impl Proxy {
                     }
                 }
                 proxy.refresh(&*api);
+                proxy.limits.flush(&*api).await;
                 tokio::time::sleep(proxy.settings.poll).await;
             }
         });
@@ -411,9 +448,10 @@ impl Proxy {
         api: &A,
         method: &hyper::Method,
         segs: &[&str],
+        query: &str,
         headers: &hyper::HeaderMap,
     ) -> Gate {
-        match self.check(api, method, segs, headers) {
+        match self.check(api, method, segs, query, headers) {
             Ok(g) => g,
             Err(e) => Gate::Refuse(e),
         }
@@ -424,15 +462,16 @@ impl Proxy {
         api: &A,
         method: &hyper::Method,
         segs: &[&str],
+        query: &str,
         headers: &hyper::HeaderMap,
     ) -> Result<Gate, ApiError> {
         let class = routes::classify(method.as_str(), segs);
         match class {
-            Class::Health | Class::Dashboard => return Ok(Gate::Pass(Scope::default())),
+            Class::Health | Class::Dashboard => return Ok(Gate::Pass(Scope::default(), None)),
             Class::ControlPlane => return Ok(Gate::ControlPlane),
             Class::Metrics => {
                 return if self.cp_token_ok(headers) {
-                    Ok(Gate::Pass(Scope::default()))
+                    Ok(Gate::Pass(Scope::default(), None))
                 } else {
                     Err(ApiError::new(404, "not_found", "not found"))
                 };
@@ -503,8 +542,9 @@ impl Proxy {
         if shared {
             gate_refusal(routes::status_gate(class, entry.effective(), true))?;
         }
-        // 3. The key's scopes.
+        // 3. The key's scopes, then the plan's limits.
         gate_refusal(routes::authorize(class, key.scopes))?;
+        let ticket = self.limits.admit(api, entry, class, segs, query)?;
         let tenant = Tenant::parse(&entry.doc.broker_tenant_uuid).map_err(|_| {
             ApiError::new(
                 500,
@@ -512,7 +552,7 @@ impl Proxy {
                 "the cluster's broker tenant is not a valid tenant id",
             )
         })?;
-        Ok(Gate::Pass(Scope::proxied(tenant)))
+        Ok(Gate::Pass(Scope::proxied(tenant), Some(ticket)))
     }
 }
 

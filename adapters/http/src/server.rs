@@ -162,9 +162,13 @@ async fn answer<A: ClientApi>(
     if crate::dashboard::is_dashboard(method, segs) {
         return crate::dashboard::answer(segs);
     }
+    let mut ticket = None;
     let admitted = match &shared.proxy {
-        Some(proxy) => match proxy.gate(&*shared.api, method, segs, req.headers()) {
-            Gate::Pass(scope) => Ok(scope),
+        Some(proxy) => match proxy.gate(&*shared.api, method, segs, query, req.headers()) {
+            Gate::Pass(scope, t) => {
+                ticket = t;
+                Ok(scope)
+            }
             Gate::Refuse(e) => Err(e),
             Gate::ControlPlane => {
                 return crate::proxy::cp::answer(
@@ -205,7 +209,30 @@ async fn answer<A: ClientApi>(
     match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
         // The body's budget is held until the answer is built.
         Ok(body) => {
-            finish(handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await)
+            if let (Some(proxy), Some(t)) = (&shared.proxy, ticket.as_mut()) {
+                let binary = matches!(kind, BodyKind::Binary { .. });
+                if let Err(e) = proxy
+                    .limits
+                    .check_body(&*shared.api, t, segs, binary, &body.bytes)
+                {
+                    return error_response(&e);
+                }
+            }
+            let response =
+                finish(handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await);
+            if let (Some(proxy), Some(t)) = (&shared.proxy, ticket.as_ref()) {
+                let out = hyper::body::Body::size_hint(response.body())
+                    .exact()
+                    .unwrap_or(0);
+                proxy.limits.meter(
+                    t,
+                    response.status().as_u16(),
+                    body.bytes.len() as u64,
+                    out,
+                    shared.api.now().0,
+                );
+            }
+            response
         }
         // Too large, too slow or cut short: what is left of it may still be on its way.
         Err(e) => closing(error_response(&e)),

@@ -33,6 +33,10 @@ pub const KEYS: &str = "px.keys";
 pub const KEY_HASHES: &str = "px.keys.key_hash";
 /// The tenant sinks (one per cluster, keyed by the cluster's id).
 pub const S3_SINKS: &str = "px.s3sinks";
+/// Usage per cluster, minute, op class and process (rows the processes overwrite).
+pub const USAGE_MIN: &str = "px.usage.min";
+/// Messages pushed per cluster and calendar month (UTC), summed over processes by `incr`.
+pub const USAGE_MONTH: &str = "px.usage.month";
 /// The change marker's table.
 pub const META: &str = "px.meta";
 /// The audit rows.
@@ -334,6 +338,35 @@ pub fn sink_tenants(s: &dyn StateRead, now: Stamp) -> Result<Vec<Tenant>, StoreE
         .into_iter()
         .filter_map(|d| Tenant::parse(&d.tenant).ok())
         .collect())
+}
+
+/// The key of a cluster's month counter (`month` as `YYYY-MM`).
+#[must_use]
+pub fn month_key(cluster: &str, month: &str) -> String {
+    format!("#{cluster}/{month}")
+}
+
+/// Messages a cluster pushed in `month`, as this node's applied state has them.
+///
+/// # Errors
+/// When the store cannot be read.
+pub fn month_count(
+    s: &dyn StateRead,
+    cluster: &str,
+    month: &str,
+    now: Stamp,
+) -> Result<u64, StoreError> {
+    Ok(
+        crate::machine::kv::live_row(s, &ns(USAGE_MONTH), &month_key(cluster, month), now)?
+            .and_then(|r| {
+                std::str::from_utf8(&r.value)
+                    .ok()?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0, |n| n.max(0.0) as u64),
+    )
 }
 
 impl Directory {

@@ -257,6 +257,10 @@ impl<A: ClientApi> Cp<'_, A> {
                 let id = uuid(id, "id")?;
                 self.cluster_status(&id, &object(body)?).await
             }
+            ("GET", ["clusters", id, "usage"]) => {
+                let id = uuid(id, "id")?;
+                self.usage(&id).await
+            }
             ("PUT", ["clusters", id, "overrides"]) => {
                 let id = uuid(id, "id")?;
                 self.overrides(&id, body).await
@@ -1008,6 +1012,79 @@ impl<A: ClientApi> Cp<'_, A> {
             return Err(race());
         }
         Ok((200, json!({"existed": true, "clusters": rows})))
+    }
+
+    /// `GET /api/cp/clusters/:id/usage`: the last hour by minute and op class, summed over the
+    /// nodes' rows.
+    async fn usage(&self, id: &str) -> Result<(u16, Value), ApiError> {
+        if self.get::<ClusterDoc>(CLUSTERS, id).await?.is_none() {
+            return Err(cluster_unknown());
+        }
+        let now = self.api.now().0;
+        let since = (now / 60_000_000).saturating_sub(60) * 60_000_000;
+        let mut sums: std::collections::BTreeMap<(u64, String), super::limits::Counters> =
+            std::collections::BTreeMap::new();
+        let mut after = Some(format!("#{id}/{since:020}"));
+        loop {
+            let page = self
+                .api
+                .kv(vec![KvOp::GetPrefix {
+                    ns: d::ns(d::USAGE_MIN),
+                    prefix: format!("#{id}/"),
+                    after: after.take(),
+                    limit: queen_domain::kv::MAX_PREFIX_LIMIT,
+                    keys_only: false,
+                }])
+                .await?;
+            let Some(KvResult::Prefix {
+                rows,
+                truncated,
+                next_after,
+                ..
+            }) = page.results.into_iter().next()
+            else {
+                break;
+            };
+            for r in rows {
+                // #<cluster>/<minute>/<op>/<process>
+                let mut parts = r.key.split('/').skip(1);
+                let (Some(minute), Some(op)) = (parts.next(), parts.next()) else {
+                    continue;
+                };
+                let (Ok(minute), Ok(c)) = (
+                    minute.parse::<u64>(),
+                    serde_json::from_slice::<super::limits::Counters>(&r.value),
+                ) else {
+                    continue;
+                };
+                if minute < since {
+                    continue;
+                }
+                let sum = sums.entry((minute, op.to_owned())).or_default();
+                sum.reqs += c.reqs;
+                sum.msgs += c.msgs;
+                sum.bytes_in += c.bytes_in;
+                sum.bytes_out += c.bytes_out;
+            }
+            if !truncated || next_after.is_none() {
+                break;
+            }
+            after = next_after;
+        }
+        let minutes: Vec<Value> = sums
+            .into_iter()
+            .map(|((minute, op), c)| {
+                json!({
+                    "minute": queen_domain::time::Stamp(minute).iso_millis(),
+                    "op": op,
+                    "reqs": c.reqs,
+                    "msgs": c.msgs,
+                    "bytes_in": c.bytes_in,
+                    "bytes_out": c.bytes_out,
+                })
+            })
+            .collect();
+        Ok((200, json!({ "minutes": minutes })))
     }
 
     /// `POST /api/cp/bootstrap`: a tenant, a cluster and a key with every scope. The key is in
