@@ -101,6 +101,18 @@ impl std::fmt::Debug for ProxySettings {
     }
 }
 
+/// A yes-or-no setting (unset: no).
+fn flag(value: Option<String>, variable: &'static str) -> Result<bool, ProxyConfigError> {
+    match value.map(|v| v.to_ascii_lowercase()).as_deref() {
+        None | Some("0" | "false" | "no" | "off") => Ok(false),
+        Some("1" | "true" | "yes" | "on") => Ok(true),
+        Some(_) => Err(bad(
+            variable,
+            "must be one of 1, true, yes, on, 0, false, no, off",
+        )),
+    }
+}
+
 fn bad(variable: &'static str, problem: impl Into<String>) -> ProxyConfigError {
     ProxyConfigError {
         variable,
@@ -123,17 +135,7 @@ impl ProxySettings {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         };
-        let on = match set("QUEEN_PROXY_EMBEDDED").map(|v| v.to_ascii_lowercase()) {
-            None => false,
-            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => true,
-            Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => false,
-            Some(_) => {
-                return Err(bad(
-                    "QUEEN_PROXY_EMBEDDED",
-                    "must be one of 1, true, yes, on, 0, false, no, off",
-                ));
-            }
-        };
+        let on = flag(set("QUEEN_PROXY_EMBEDDED"), "QUEEN_PROXY_EMBEDDED")?;
         if !on {
             return Ok(None);
         }
@@ -214,17 +216,7 @@ impl ProxySettings {
                 })
             }
         };
-        let enforce = match set("QUEEN_PROXY_ENFORCE").map(|v| v.to_ascii_lowercase()) {
-            None => false,
-            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => true,
-            Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => false,
-            Some(_) => {
-                return Err(bad(
-                    "QUEEN_PROXY_ENFORCE",
-                    "must be one of 1, true, yes, on, 0, false, no, off",
-                ));
-            }
-        };
+        let enforce = flag(set("QUEEN_PROXY_ENFORCE"), "QUEEN_PROXY_ENFORCE")?;
         let meter_flush = match set("QUEEN_PROXY_METER_FLUSH_MS") {
             None => Duration::from_secs(15),
             Some(v) => match v.parse::<u64>() {
