@@ -219,6 +219,31 @@ fn keys_clusters_routes_and_statuses_through_the_proxy_port() {
     assert_eq!(made.json["id"], again.json["id"]);
     assert_eq!(made.json["tenant_slug"], "beta-co");
     let beta_id = made.json["id"].as_str().expect("id").to_owned();
+    // The relays act as the cluster's tenant.
+    let conf = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters/beta/configure",
+        Some(&json!({"queue": "cfg", "options": {"leaseTime": 30}})),
+    );
+    assert_eq!(conf.status, 200, "{}", conf.text);
+    assert_eq!(conf.json["queue"], "cfg", "{}", conf.text);
+    let empty = cp(
+        &px,
+        "POST",
+        "/api/cp/clusters/beta/configure",
+        Some(&json!({"queue": " ", "options": {}})),
+    );
+    assert_code(&empty, 400, "invalid");
+    let queues = cp(&px, "GET", "/api/cp/clusters/beta/queues", None);
+    assert_eq!(queues.status, 200, "{}", queues.text);
+    let names: Vec<&str> = queues.json["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .filter_map(|q| q["name"].as_str().or(q["queue"].as_str()))
+        .collect();
+    assert_eq!(names, ["cfg"], "{}", queues.text);
     // Another tenant cannot take the slug.
     let taken = cp(
         &px,

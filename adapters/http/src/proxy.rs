@@ -362,7 +362,7 @@ impl Proxy {
             let mut failures = 0u32;
             loop {
                 if !bootstrapped {
-                    match cp::bootstrap_at_boot(&*api, &proxy.settings).await {
+                    match cp::bootstrap_at_boot(&api, &proxy.settings).await {
                         Ok(()) => bootstrapped = true,
                         Err(e) => {
                             failures += 1;

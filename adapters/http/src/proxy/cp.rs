@@ -94,9 +94,18 @@ pub(crate) async fn answer<A: ClientApi>(
         Err(e) => return crate::server::closing(error_response(&e)),
     };
     let cp = Cp {
-        api: &**api,
+        api,
         settings: &proxy.settings,
     };
+    // The two relays answer as the broker does, for the cluster's tenant.
+    if let (m @ ("GET" | "POST"), ["api", "cp", "clusters", s, rest @ ("queues" | "configure")]) =
+        (method.as_str(), segs)
+    {
+        return match cp.relay(m, s, rest, query, &body.bytes).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     let result = cp.route(method.as_str(), segs, query, &body.bytes).await;
     match result {
         Ok((status, v)) => json_response(status, &v),
@@ -183,7 +192,7 @@ fn doc<T: DeserializeOwned>(value: &[u8]) -> Result<T, ApiError> {
 
 /// One control-plane call's view of the store.
 struct Cp<'a, A> {
-    api: &'a A,
+    api: &'a Arc<A>,
     settings: &'a ProxySettings,
 }
 
@@ -1014,6 +1023,58 @@ impl<A: ClientApi> Cp<'_, A> {
         Ok((200, json!({"existed": true, "clusters": rows})))
     }
 
+    /// `GET /api/cp/clusters/:slug/queues` (the broker's queue listing, query passed through)
+    /// and `POST /api/cp/clusters/:slug/configure` (`{queue, options}`), as the cluster's
+    /// tenant.
+    async fn relay(
+        &self,
+        method: &str,
+        slug_text: &str,
+        what: &str,
+        query: &str,
+        body: &[u8],
+    ) -> Result<Response<Full<Bytes>>, ApiError> {
+        let (path, want): (&[&str], &str) = match what {
+            "queues" => (&["api", "v1", "resources", "queues"], "GET"),
+            _ => (&["api", "v1", "configure"], "POST"),
+        };
+        if method != want {
+            return Err(not_found());
+        }
+        let s = slug(slug_text, "slug")?;
+        let c = self
+            .cluster_by_slug(&s)
+            .await?
+            .ok_or_else(cluster_unknown)?;
+        if what == "configure" {
+            self.refuse_deleting(&c).await?;
+            let m = object(body)?;
+            if text(&m, "queue")?.is_none_or(|q| q.trim().is_empty()) {
+                return Err(invalid("queue", "is required"));
+            }
+        }
+        let tenant = queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
+            ApiError::new(
+                500,
+                "internal",
+                "a cluster's broker tenant is not a tenant id",
+            )
+        })?;
+        let scope = crate::tenancy::Scope::proxied(tenant);
+        let method = hyper::Method::from_bytes(want.as_bytes())
+            .map_err(|_| ApiError::new(500, "internal", "bad method"))?;
+        crate::router::handle(
+            self.api,
+            &scope,
+            &method,
+            path,
+            query,
+            body,
+            crate::router::BodyKind::Json,
+        )
+        .await
+    }
+
     /// `GET /api/cp/clusters/:id/usage`: the last hour by minute and op class, summed over the
     /// nodes' rows.
     async fn usage(&self, id: &str) -> Result<(u16, Value), ApiError> {
@@ -1145,7 +1206,7 @@ impl<A: ClientApi> Cp<'_, A> {
 /// The boot-time bootstrap of `QUEEN_PROXY_BOOTSTRAP_*`: the tenant and a cluster of the same
 /// slug, and the configured key (by its hash) if it is not registered yet.
 pub(crate) async fn bootstrap_at_boot<A: ClientApi>(
-    api: &A,
+    api: &Arc<A>,
     settings: &ProxySettings,
 ) -> Result<(), ApiError> {
     let Some(b) = &settings.bootstrap else {
