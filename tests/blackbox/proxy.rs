@@ -915,6 +915,82 @@ fn plans_limits_quotas_and_usage() {
     });
     assert!(ok, "{usage:#}");
 
+    // Activity: from the nodes' rows; unknown figures are null.
+    let act = cp(
+        &node,
+        "POST",
+        "/api/cp/activity",
+        Some(&json!({"clusters": ["acme", "nope"]})),
+    );
+    assert_eq!(act.status, 200, "{}", act.text);
+    let acme = &act.json["clusters"][0];
+    assert!(
+        acme["found"] == true
+            && acme["last_activity_at"].is_string()
+            && acme["first_push_at"].is_string(),
+        "{}",
+        act.text
+    );
+    assert!(acme["retained_bytes"].is_null(), "{}", act.text);
+    assert_eq!(act.json["clusters"][1]["found"], false, "{}", act.text);
+    assert!(act.json["clusters"][1]["last_activity_at"].is_null());
+
+    // Provision: everything at once, the same ids on a retry, its overrides in force.
+    let k5 = key('P');
+    let user = "5d0c9a8e-1f7b-4c2e-9a55-2b7a0f3c1d42";
+    let body = json!({
+        "tenant_slug": "delta", "cluster_slug": "delta-main", "plan": "pro",
+        "user_id": user, "email": "Ops@Delta.test", "role": "producer",
+        "key_name": "app", "key_hash": sha256_hex(&k5), "scopes": ["produce"],
+        "overrides": {"max_batch_items": 2}
+    });
+    let first = cp(&node, "POST", "/api/cp/provision", Some(&body));
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(
+        first.json["created"],
+        json!({"tenant": true, "cluster": true, "user": true, "key": true})
+    );
+    let again = cp(&node, "POST", "/api/cp/provision", Some(&body));
+    assert_eq!(
+        again.json["created"],
+        json!({"tenant": false, "cluster": false, "user": false, "key": false}),
+        "{}",
+        again.text
+    );
+    for f in [
+        "tenant_id",
+        "cluster_id",
+        "broker_tenant_uuid",
+        "user_id",
+        "key_id",
+    ] {
+        assert_eq!(first.json[f], again.json[f], "{f}");
+    }
+    let mut other = body.clone();
+    other["user_id"] = json!("6d0c9a8e-1f7b-4c2e-9a55-2b7a0f3c1d42");
+    assert_code(
+        &cp(&node, "POST", "/api/cp/provision", Some(&other)),
+        409,
+        "conflict",
+    );
+    let mut bad_role = body.clone();
+    bad_role["role"] = json!("owner");
+    assert_code(
+        &cp(&node, "POST", "/api/cp/provision", Some(&bad_role)),
+        400,
+        "invalid",
+    );
+    let three = json!({"items": [{"queue": "d", "payload": 1}, {"queue": "d", "payload": 2}, {"queue": "d", "payload": 3}]});
+    let host = Some("delta-main.queen.test");
+    assert!(becomes(5, 413, || call(
+        &node,
+        Some(&k5),
+        host,
+        "POST",
+        "/api/v1/push",
+        Some(&three)
+    )));
+
     // Shadow mode (the default): the same burst is only logged.
     let k2 = key('M');
     let shadow = Node::start(

@@ -33,6 +33,12 @@ pub const KEYS: &str = "px.keys";
 pub const KEY_HASHES: &str = "px.keys.key_hash";
 /// The tenant sinks (one per cluster, keyed by the cluster's id).
 pub const S3_SINKS: &str = "px.s3sinks";
+/// People of a tenant (records for the control plane; this proxy has no console sign-in).
+pub const USERS: &str = "px.users";
+/// The unique index of user emails.
+pub const USER_EMAILS: &str = "px.users.email";
+/// Per cluster and process: when it was last used and first pushed to.
+pub const ACTIVITY: &str = "px.activity";
 /// Usage per cluster, minute, op class and process (rows the processes overwrite).
 pub const USAGE_MIN: &str = "px.usage.min";
 /// Messages pushed per cluster and calendar month (UTC), summed over processes by `incr`.
@@ -141,6 +147,31 @@ pub struct S3SinkDoc {
     pub secret_key_sealed: String,
     /// Last write, epoch µs: every node rebuilds the sink when it moves.
     pub updated_us: u64,
+}
+
+/// A person of a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserDoc {
+    /// A UUID (the caller's).
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Unique email.
+    pub email: String,
+    /// `admin`, `producer`, `consumer` or `viewer`.
+    pub role: String,
+    /// Created, epoch µs.
+    pub created_us: u64,
+}
+
+/// One process's view of a cluster's activity (the control plane takes the latest and
+/// earliest over the processes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActivityDoc {
+    /// The last request a key of the cluster made, epoch µs.
+    pub last_activity_us: u64,
+    /// The first accepted push, epoch µs (0: none).
+    pub first_push_us: u64,
 }
 
 /// An index entry.

@@ -213,6 +213,8 @@ impl<A: ClientApi> Cp<'_, A> {
         let rest = &segs[2..];
         match (method, rest) {
             ("POST", ["bootstrap"]) => self.bootstrap(&object(body)?).await,
+            ("POST", ["provision"]) => self.provision(&object(body)?).await,
+            ("POST", ["activity"]) => self.activity(&object(body)?).await,
             ("POST", ["tenants"]) => {
                 let m = object(body)?;
                 let slug = slug(required(&m, "slug")?, "slug")?;
@@ -557,36 +559,206 @@ impl<A: ClientApi> Cp<'_, A> {
     async fn overrides(&self, id: &str, body: &[u8]) -> Result<(u16, Value), ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| invalid("body", &format!("is not JSON ({e})")))?;
-        let overrides = match value {
-            Value::Null => Map::new(),
-            Value::Object(m) => m,
-            _ => return Err(invalid("body", "must be a JSON object or null")),
-        };
-        for (k, v) in &overrides {
-            if !PLAN_FIELDS.contains(&k.as_str()) {
-                return Err(invalid(
-                    k,
-                    &format!("is not a plan field ({})", PLAN_FIELDS.join(", ")),
-                ));
-            }
-            let ok = match k.as_str() {
-                "features" => v.is_object() || v.is_null(),
-                "cell_class" => v.is_string() || v.is_null(),
-                _ => v.is_null() || v.as_u64().is_some(),
-            };
-            if !ok {
-                return Err(invalid(
-                    k,
-                    "must be a non-negative integer or null (features: an object; cell_class: a string)",
-                ));
-            }
-        }
+        let overrides = check_overrides(value, "body")?;
         let keys: Vec<&String> = overrides.keys().collect();
         let meta = json!({"fields": keys});
         self.change_cluster(id, "cluster.overrides", meta, |c| {
             c.overrides = overrides.clone();
         })
         .await
+    }
+
+    /// `POST /api/cp/provision`: a tenant, its cluster on a plan with overrides, a user and a
+    /// key (by its hash), each made if missing; a retry answers the same ids, nothing created.
+    async fn provision(&self, m: &Map<String, Value>) -> Result<(u16, Value), ApiError> {
+        let tenant_slug = slug(required(m, "tenant_slug")?, "tenant_slug")?;
+        let cluster_slug = slug(required(m, "cluster_slug")?, "cluster_slug")?;
+        let plan = plan(Some(required(m, "plan")?), "free")?;
+        let user_id = uuid(required(m, "user_id")?, "user_id")?;
+        if user_id == "00000000-0000-0000-0000-000000000000" {
+            return Err(invalid("user_id", "must not be the nil UUID"));
+        }
+        let email = required(m, "email")?.to_ascii_lowercase();
+        if !email.contains('@') || email.len() > 254 {
+            return Err(invalid("email", "must be an email address"));
+        }
+        let role = required(m, "role")?;
+        if !["admin", "producer", "consumer", "viewer"].contains(&role) {
+            return Err(invalid(
+                "role",
+                "must be one of admin, producer, consumer, viewer",
+            ));
+        }
+        let key_name = required(m, "key_name")?;
+        let hash = required(m, "key_hash")?;
+        if !rules::is_hash(hash) {
+            return Err(invalid(
+                "key_hash",
+                "must be the SHA-256 of the key in 64 lowercase hexadecimal digits",
+            ));
+        }
+        let scopes = scopes_of(m.get("scopes"))?;
+        let overrides = check_overrides(
+            m.get("overrides").cloned().unwrap_or(Value::Null),
+            "overrides",
+        )?;
+        let t = self
+            .ensure_tenant(&tenant_slug, text(m, "tenant_name")?, None)
+            .await?;
+        let c = self.ensure_cluster(&t.doc, &cluster_slug, &plan).await?;
+        if c.doc.overrides != overrides || c.doc.plan_code != plan {
+            let (o, p) = (overrides.clone(), plan.clone());
+            self.change_cluster(
+                &c.doc.id,
+                "cluster.provision",
+                json!({"plan": plan}),
+                move |d| {
+                    d.overrides = o.clone();
+                    d.plan_code = p.clone();
+                },
+            )
+            .await?;
+        }
+        let user = self.ensure_user(&t.doc, &user_id, &email, role).await?;
+        let key = self
+            .ensure_key(&c.doc.id, key_name, hash, scopes, "control_plane")
+            .await?;
+        Ok((
+            200,
+            json!({
+                "tenant_id": t.doc.id,
+                "cluster_id": c.doc.id,
+                "broker_tenant_uuid": c.doc.broker_tenant_uuid,
+                "user_id": user.doc.id,
+                "key_id": key.doc.id,
+                "plan_code": plan,
+                "overrides": overrides,
+                "created": {"tenant": t.created, "cluster": c.created, "user": user.created, "key": key.created},
+            }),
+        ))
+    }
+
+    async fn ensure_user(
+        &self,
+        tenant: &TenantDoc,
+        id: &str,
+        email: &str,
+        role: &str,
+    ) -> Result<Made<d::UserDoc>, ApiError> {
+        for _ in 0..RACES {
+            if let Some((u, _)) = self.get::<d::UserDoc>(d::USERS, id).await? {
+                if u.tenant_id != tenant.id {
+                    return Err(ApiError::new(
+                        409,
+                        "conflict",
+                        "user_id is a user of another tenant",
+                    ));
+                }
+                if u.email != email {
+                    return Err(ApiError::new(
+                        409,
+                        "conflict",
+                        "user_id already has another email",
+                    ));
+                }
+                return Ok(Made {
+                    doc: u,
+                    created: false,
+                });
+            }
+            if self.lookup(d::USER_EMAILS, email).await?.is_some() {
+                return Err(ApiError::new(
+                    409,
+                    "conflict",
+                    "email belongs to another user",
+                ));
+            }
+            let u = d::UserDoc {
+                id: id.to_owned(),
+                tenant_id: tenant.id.clone(),
+                email: email.to_owned(),
+                role: role.to_owned(),
+                created_us: d::micros(self.api.now()),
+            };
+            let ops = d::create(d::USERS, id, &u, &[(d::USER_EMAILS, email)]);
+            if self
+                .commit(
+                    ops,
+                    &self.op(
+                        "user.create",
+                        id,
+                        json!({"tenant_id": tenant.id, "role": role}),
+                    ),
+                )
+                .await?
+            {
+                return Ok(Made {
+                    doc: u,
+                    created: true,
+                });
+            }
+        }
+        Err(race())
+    }
+
+    /// `POST /api/cp/activity`: for each cluster slug, when a key last used it and when it was
+    /// first pushed to (the latest and earliest over the nodes' rows); what is not known is
+    /// null, never 0.
+    async fn activity(&self, m: &Map<String, Value>) -> Result<(u16, Value), ApiError> {
+        let Some(Value::Array(slugs)) = m.get("clusters") else {
+            return Err(invalid("clusters", "must be a list of cluster slugs"));
+        };
+        if slugs.len() > 256 {
+            return Err(invalid("clusters", "holds more than 256 slugs"));
+        }
+        let mut out = Vec::with_capacity(slugs.len());
+        for s in slugs {
+            let Some(text) = s.as_str() else {
+                return Err(invalid("clusters", "must be a list of strings"));
+            };
+            let Some(c) = self.cluster_by_slug(text).await? else {
+                out.push(json!({"slug": text, "found": false, "cluster_id": null, "last_activity_at": null, "first_push_at": null, "last_key_used_at": null, "retained_bytes": null}));
+                continue;
+            };
+            let page = self
+                .api
+                .kv(vec![KvOp::GetPrefix {
+                    ns: d::ns(d::ACTIVITY),
+                    prefix: format!("#{}/", c.id),
+                    after: None,
+                    limit: queen_domain::kv::MAX_PREFIX_LIMIT,
+                    keys_only: false,
+                }])
+                .await?;
+            let rows: Vec<d::ActivityDoc> = match page.results.into_iter().next() {
+                Some(KvResult::Prefix { rows, .. }) => rows
+                    .iter()
+                    .filter_map(|r| serde_json::from_slice(&r.value).ok())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let at = |us: Option<u64>| {
+                us.filter(|u| *u > 0)
+                    .map(|u| queen_domain::time::Stamp(u).iso_millis())
+            };
+            let last = at(rows.iter().map(|a| a.last_activity_us).max());
+            let first = at(rows
+                .iter()
+                .map(|a| a.first_push_us)
+                .filter(|u| *u > 0)
+                .min());
+            out.push(json!({
+                "slug": c.slug,
+                "found": true,
+                "cluster_id": c.id,
+                "last_activity_at": last,
+                "first_push_at": first,
+                "last_key_used_at": last,
+                // Not tracked by the broker yet (see docs/tenants.md): unknown, not zero.
+                "retained_bytes": null,
+            }));
+        }
+        Ok((200, json!({ "clusters": out })))
     }
 
     async fn change_cluster(
@@ -627,16 +799,7 @@ impl<A: ClientApi> Cp<'_, A> {
                 "must be the SHA-256 of the key in 64 lowercase hexadecimal digits",
             ));
         }
-        let scopes = match m.get("scopes") {
-            Some(Value::Array(a)) => {
-                let names: Vec<&str> = a.iter().filter_map(Value::as_str).collect();
-                if names.len() != a.len() {
-                    return Err(invalid("scopes", "must be a list of strings"));
-                }
-                Scopes::parse(&names).map_err(|e| invalid("scopes", &e))?
-            }
-            _ => return Err(invalid("scopes", "must be a non-empty list")),
-        };
+        let scopes = scopes_of(m.get("scopes"))?;
         if self
             .get::<ClusterDoc>(CLUSTERS, &cluster_id)
             .await?
@@ -1261,6 +1424,50 @@ fn row(c: &ClusterDoc, t: Option<&TenantDoc>) -> Value {
         overrides: &c.overrides,
     })
     .unwrap_or(Value::Null)
+}
+
+/// Scopes from a body's list of names.
+fn scopes_of(v: Option<&Value>) -> Result<Scopes, ApiError> {
+    match v {
+        Some(Value::Array(a)) => {
+            let names: Vec<&str> = a.iter().filter_map(Value::as_str).collect();
+            if names.len() != a.len() {
+                return Err(invalid("scopes", "must be a list of strings"));
+            }
+            Scopes::parse(&names).map_err(|e| invalid("scopes", &e))
+        }
+        _ => Err(invalid("scopes", "must be a non-empty list")),
+    }
+}
+
+/// A cluster's overrides: an object of plan fields (`null` clears them all); each value a
+/// non-negative integer or `null` (unlimited), `features` an object, `cell_class` a string.
+fn check_overrides(value: Value, field: &str) -> Result<Map<String, Value>, ApiError> {
+    let overrides = match value {
+        Value::Null => Map::new(),
+        Value::Object(m) => m,
+        _ => return Err(invalid(field, "must be a JSON object or null")),
+    };
+    for (k, v) in &overrides {
+        if !PLAN_FIELDS.contains(&k.as_str()) {
+            return Err(invalid(
+                k,
+                &format!("is not a plan field ({})", PLAN_FIELDS.join(", ")),
+            ));
+        }
+        let ok = match k.as_str() {
+            "features" => v.is_object() || v.is_null(),
+            "cell_class" => v.is_string() || v.is_null(),
+            _ => v.is_null() || v.as_u64().is_some(),
+        };
+        if !ok {
+            return Err(invalid(
+                k,
+                "must be a non-negative integer or null (features: an object; cell_class: a string)",
+            ));
+        }
+    }
+    Ok(overrides)
 }
 
 /// A sink as answered: everything but the secret.

@@ -84,6 +84,9 @@ struct Meter {
     minutes: HashMap<(String, u64, &'static str), Counters>,
     dirty: std::collections::HashSet<(String, u64, &'static str)>,
     month: HashMap<String, u64>,
+    /// This process's activity per cluster, and which changed since the last flush.
+    activity: HashMap<String, d::ActivityDoc>,
+    activity_dirty: std::collections::HashSet<String>,
     flushed_at: Option<Instant>,
 }
 
@@ -402,12 +405,18 @@ impl Limits {
         if msgs > 0 {
             *m.month.entry(t.cluster.clone()).or_default() += msgs;
         }
+        let a = m.activity.entry(t.cluster.clone()).or_default();
+        a.last_activity_us = a.last_activity_us.max(now);
+        if msgs > 0 && t.op == "push" && a.first_push_us == 0 {
+            a.first_push_us = now;
+        }
+        m.activity_dirty.insert(t.cluster.clone());
     }
 
     /// Write what changed since the last flush, when a flush is due.
     pub(crate) async fn flush<A: ClientApi>(&self, api: &A) {
         let now = api.now();
-        let (rows, months) = {
+        let taken = {
             let mut m = self.meter.lock().unwrap_or_else(PoisonError::into_inner);
             if m.flushed_at.is_some_and(|t| t.elapsed() < self.flush_every) {
                 return;
@@ -422,13 +431,23 @@ impl Limits {
             let current = now.0 / 60_000_000 * 60_000_000;
             m.minutes.retain(|(_, minute, _), _| *minute >= current);
             let months: Vec<(String, u64)> = m.month.drain().collect();
-            (rows, months)
+            let changed: Vec<String> = m.activity_dirty.drain().collect();
+            let activity: Vec<(String, d::ActivityDoc)> = changed
+                .into_iter()
+                .filter_map(|c| m.activity.get(&c).map(|a| (c, *a)))
+                .collect();
+            Taken {
+                rows,
+                months,
+                activity,
+            }
         };
-        if rows.is_empty() && months.is_empty() {
+        if taken.rows.is_empty() && taken.months.is_empty() && taken.activity.is_empty() {
             return;
         }
         let month = month(now);
-        let mut ops: Vec<KvOp> = rows
+        let mut ops: Vec<KvOp> = taken
+            .rows
             .iter()
             .map(|((cluster, minute, op), c)| KvOp::Put {
                 ns: d::ns(USAGE_MIN),
@@ -439,7 +458,7 @@ impl Limits {
                 required: false,
             })
             .collect();
-        ops.extend(months.iter().map(|(cluster, n)| KvOp::Incr {
+        ops.extend(taken.months.iter().map(|(cluster, n)| KvOp::Incr {
             ns: d::ns(USAGE_MONTH),
             key: d::month_key(cluster, &month),
             delta: Num::Int(i64::try_from(*n).unwrap_or(i64::MAX)),
@@ -448,10 +467,18 @@ impl Limits {
             expiry: Expiry::Ttl(MONTH_KEEP),
             required: false,
         }));
+        ops.extend(taken.activity.iter().map(|(cluster, a)| KvOp::Put {
+            ns: d::ns(d::ACTIVITY),
+            key: format!("#{cluster}/{}", self.instance),
+            value: serde_json::to_vec(a).unwrap_or_default(),
+            expiry: Expiry::Ttl(USAGE_KEEP),
+            expect: None,
+            required: false,
+        }));
         if let Err(e) = api.kv(ops).await {
             tracing::warn!(target: "queen-proxy", error = %e, "usage not written; counted again at the next flush");
             let mut m = self.meter.lock().unwrap_or_else(PoisonError::into_inner);
-            for ((cluster, minute, op), c) in rows {
+            for ((cluster, minute, op), c) in taken.rows {
                 let key = (cluster, minute, op);
                 let slot = m.minutes.entry(key.clone()).or_default();
                 // The row holds the minute's total: keep the larger count.
@@ -460,9 +487,19 @@ impl Limits {
                 }
                 m.dirty.insert(key);
             }
-            for (cluster, n) in months {
+            for (cluster, n) in taken.months {
                 *m.month.entry(cluster).or_default() += n;
+            }
+            for (cluster, _) in taken.activity {
+                m.activity_dirty.insert(cluster);
             }
         }
     }
+}
+
+/// What one flush writes.
+struct Taken {
+    rows: Vec<((String, u64, &'static str), Counters)>,
+    months: Vec<(String, u64)>,
+    activity: Vec<(String, d::ActivityDoc)>,
 }
