@@ -590,14 +590,7 @@ impl<A: ClientApi> Cp<'_, A> {
             ));
         }
         let key_name = required(m, "key_name")?;
-        let hash = required(m, "key_hash")?;
-        if !rules::is_hash(hash) {
-            return Err(invalid(
-                "key_hash",
-                "must be the SHA-256 of the key in 64 lowercase hexadecimal digits",
-            ));
-        }
-        let scopes = scopes_of(m.get("scopes"))?;
+        let (hash, scopes) = hash_and_scopes(m)?;
         let overrides = check_overrides(
             m.get("overrides").cloned().unwrap_or(Value::Null),
             "overrides",
@@ -792,14 +785,7 @@ impl<A: ClientApi> Cp<'_, A> {
     async fn create_key(&self, m: &Map<String, Value>) -> Result<(u16, Value), ApiError> {
         let cluster_id = uuid(required(m, "cluster_id")?, "cluster_id")?;
         let name = required(m, "name")?.to_owned();
-        let hash = required(m, "key_hash")?;
-        if !rules::is_hash(hash) {
-            return Err(invalid(
-                "key_hash",
-                "must be the SHA-256 of the key in 64 lowercase hexadecimal digits",
-            ));
-        }
-        let scopes = scopes_of(m.get("scopes"))?;
+        let (hash, scopes) = hash_and_scopes(m)?;
         if self
             .get::<ClusterDoc>(CLUSTERS, &cluster_id)
             .await?
@@ -1424,6 +1410,18 @@ fn row(c: &ClusterDoc, t: Option<&TenantDoc>) -> Value {
         overrides: &c.overrides,
     })
     .unwrap_or(Value::Null)
+}
+
+/// A body's `key_hash` (64 lowercase hexadecimal digits) and `scopes`.
+fn hash_and_scopes(m: &Map<String, Value>) -> Result<(&str, Scopes), ApiError> {
+    let hash = required(m, "key_hash")?;
+    if !rules::is_hash(hash) {
+        return Err(invalid(
+            "key_hash",
+            "must be the SHA-256 of the key in 64 lowercase hexadecimal digits",
+        ));
+    }
+    Ok((hash, scopes_of(m.get("scopes"))?))
 }
 
 /// Scopes from a body's list of names.
