@@ -287,6 +287,28 @@ fn a_bucket_per_tenant_through_the_control_plane() {
         [("00000000-0000-0000-0000-000000000001".to_owned(), 100)]
     );
 
+    // The sink's metrics carry tenant="<id>" for every tenant but the default one.
+    let ok = eventually(Duration::from_secs(10), || {
+        nodes.iter().any(|n| {
+            let text = n.get("/metrics/prometheus").text;
+            text.lines().any(|l| {
+                l.starts_with("queen_s3_windows_committed_total")
+                    && l.contains(&format!("tenant=\"{}\"", tenants[0]))
+            })
+        })
+    });
+    assert!(ok, "no tenant label on a tenant sink's series");
+    assert!(
+        nodes.iter().any(|n| n
+            .get("/metrics/prometheus")
+            .text
+            .lines()
+            .any(|l| l.starts_with("queen_s3_windows_committed_total")
+                && l.contains("queue=\"orders\"")
+                && !l.contains("tenant="))),
+        "the default tenant's series has no tenant label"
+    );
+
     // Node 3 cannot open the secrets: phase error there, running on the others.
     let ok = eventually(Duration::from_secs(20), || {
         let third = cp_sinks(&nodes[2]);

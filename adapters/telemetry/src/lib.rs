@@ -28,5 +28,5 @@ mod telemetry;
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use error::TelemetryError;
 pub use metrics::{EphemeralTotals, Metrics};
-pub use s3::{S3Metrics, S3QueueGauges};
+pub use s3::{QueueKey, S3Metrics, S3QueueGauges};
 pub use telemetry::Telemetry;

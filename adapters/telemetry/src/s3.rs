@@ -26,7 +26,36 @@ pub struct S3QueueGauges {
     pub window_seconds: f64,
 }
 
-type Table = Arc<Mutex<BTreeMap<String, S3QueueGauges>>>;
+type Table = Arc<Mutex<BTreeMap<QueueKey, S3QueueGauges>>>;
+
+/// A queue as the sink's metrics name it: `queue` and, for every tenant but the default one,
+/// `tenant="<id>"`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    /// The tenant, `None` for the default tenant.
+    pub tenant: Option<String>,
+    /// The queue's name as its clients know it.
+    pub queue: String,
+}
+
+impl QueueKey {
+    /// The key of `queue` of `tenant` (`None`: the default tenant).
+    #[must_use]
+    pub fn new(tenant: Option<&str>, queue: &str) -> Self {
+        Self {
+            tenant: tenant.map(str::to_owned),
+            queue: queue.to_owned(),
+        }
+    }
+
+    fn labels(&self) -> Vec<KeyValue> {
+        let mut l = vec![KeyValue::new("queue", self.queue.clone())];
+        if let Some(t) = &self.tenant {
+            l.push(KeyValue::new("tenant", t.clone()));
+        }
+        l
+    }
+}
 
 /// The sink's instruments.
 #[derive(Debug)]
@@ -54,7 +83,7 @@ fn per_queue<T: 'static>(
     let table = Arc::clone(table);
     move |o| {
         for (queue, g) in table.lock().unwrap_or_else(PoisonError::into_inner).iter() {
-            o.observe(pick(g), &[KeyValue::new("queue", queue.clone())]);
+            o.observe(pick(g), &queue.labels());
         }
     }
 }
@@ -196,8 +225,8 @@ impl S3Metrics {
 
     /// A committed window: `queen_s3_windows_committed_total`, `..._records_written_total`,
     /// `..._bytes_written_total` and the two window histograms.
-    pub fn window_committed(&self, queue: &str, records: u64, bytes: u64) {
-        let l = [KeyValue::new("queue", queue.to_owned())];
+    pub fn window_committed(&self, queue: &QueueKey, records: u64, bytes: u64) {
+        let l = queue.labels();
         self.windows_committed.add(1, &l);
         self.records_written.add(records, &l);
         self.bytes_written.add(bytes, &l);
@@ -206,15 +235,13 @@ impl S3Metrics {
     }
 
     /// `queen_s3_records_lost_total`.
-    pub fn records_lost(&self, queue: &str, n: u64) {
-        self.records_lost
-            .add(n, &[KeyValue::new("queue", queue.to_owned())]);
+    pub fn records_lost(&self, queue: &QueueKey, n: u64) {
+        self.records_lost.add(n, &queue.labels());
     }
 
     /// `queen_s3_fetch_calls_total`.
-    pub fn fetch_call(&self, queue: &str) {
-        self.fetch_calls
-            .add(1, &[KeyValue::new("queue", queue.to_owned())]);
+    pub fn fetch_call(&self, queue: &QueueKey) {
+        self.fetch_calls.add(1, &queue.labels());
     }
 
     /// `queen_s3_s3_requests_total{operation,status}`.
@@ -229,9 +256,8 @@ impl S3Metrics {
     }
 
     /// `queen_s3_commit_precondition_lost_total`.
-    pub fn precondition_lost(&self, queue: &str) {
-        self.commit_precondition_lost
-            .add(1, &[KeyValue::new("queue", queue.to_owned())]);
+    pub fn precondition_lost(&self, queue: &QueueKey) {
+        self.commit_precondition_lost.add(1, &queue.labels());
     }
 
     /// `queen_s3_queues_given_back_total`.
@@ -240,14 +266,14 @@ impl S3Metrics {
     }
 
     /// Replace one queue's gauges (`None` stops exporting them).
-    pub fn set_queue(&self, queue: &str, gauges: Option<S3QueueGauges>) {
+    pub fn set_queue(&self, queue: &QueueKey, gauges: Option<S3QueueGauges>) {
         let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         match gauges {
             Some(g) => {
-                if t.insert(queue.to_owned(), g).is_none() {
+                if t.insert(queue.clone(), g).is_none() {
                     // A queue's counters exist from the moment its sink runs, at zero, so that
                     // rates and `increase()` in alert rules see them before the first event.
-                    let l = [KeyValue::new("queue", queue.to_owned())];
+                    let l = queue.labels();
                     for c in [
                         &self.windows_committed,
                         &self.records_written,

@@ -127,7 +127,7 @@ impl Shared {
         self.telemetry
             .metrics()
             .s3()
-            .set_queue(&queen_domain::tenant::display(queue), gauges);
+            .set_queue(&queue::metric_key(queue), gauges);
     }
 
     fn set_buffered(&self, queue: &str, bytes: u64) {

@@ -149,9 +149,9 @@ impl QueueTask {
         let bytes: u64 = objects.iter().map(|o| o.bytes).sum();
         let lost: u64 = p.lost.iter().map(|l| l.to - l.from + 1).sum();
         let metrics = self.shared.telemetry.metrics();
-        metrics.s3().window_committed(&self.shown, records, bytes);
+        metrics.s3().window_committed(&self.metric, records, bytes);
         if lost > 0 {
-            metrics.s3().records_lost(&self.shown, lost);
+            metrics.s3().records_lost(&self.metric, lost);
             tracing::warn!(target: "queen-s3", queue = %self.shown, k, lost, ranges = ?p.lost, "window committed with lost records");
         }
         tracing::info!(target: "queen-s3", queue = %self.shown, k, records, bytes, t_start = intent.t_start, t_end = intent.t_end, "window committed");

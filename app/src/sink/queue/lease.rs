@@ -108,7 +108,7 @@ impl QueueTask {
                 .telemetry
                 .metrics()
                 .s3()
-                .precondition_lost(&self.queue);
+                .precondition_lost(&self.metric);
             return Err(BatchError::Fenced);
         }
         if let Some(i) = out.failed {

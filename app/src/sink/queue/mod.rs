@@ -120,8 +120,10 @@ pub(super) struct QueueTask {
     shared: Arc<Shared>,
     /// The queue's stored name (its tenant's scope in front of a tenant's queue).
     queue: String,
-    /// The name logs and metrics show (`<tenant id>/<queue>` for a tenant's queue).
+    /// The name logs show (`<tenant id>/<queue>` for a tenant's queue).
     shown: String,
+    /// The queue as metrics label it (`tenant` for every tenant but the default one).
+    metric: queen_telemetry::QueueKey,
     lease_version: u64,
     lease_refreshed: Instant,
     /// Last committed window and its end.
@@ -164,12 +166,19 @@ pub(super) fn wall_iso() -> String {
     Stamp(u64::try_from(micros).unwrap_or(u64::MAX)).iso_micros()
 }
 
+/// The metrics' key of a stored queue name.
+pub(super) fn metric_key(stored: &str) -> queen_telemetry::QueueKey {
+    let (tenant, local) = queen_domain::tenant::split(stored);
+    queen_telemetry::QueueKey::new(tenant, local)
+}
+
 impl QueueTask {
     pub(super) fn new(shared: Arc<Shared>, queue: String) -> Self {
         let r = rules(&shared.settings);
         Self {
             shared,
             shown: queen_domain::tenant::display(&queue).into_owned(),
+            metric: metric_key(&queue),
             queue,
             lease_version: 0,
             lease_refreshed: Instant::now(),

@@ -13,7 +13,7 @@ impl QueueTask {
         let Some(view) = reads::queue_view(&*state, &self.queue).map_err(err)? else {
             return Ok(false);
         };
-        shared.telemetry.metrics().s3().fetch_call(&self.shown);
+        shared.telemetry.metrics().s3().fetch_call(&self.metric);
         // A window being redone must be read whole, whatever the budget says now (it closed
         // within the budget of its first run), and nothing past its end is needed yet.
         let redo_end = self
