@@ -839,7 +839,7 @@ fn plans_limits_quotas_and_usage() {
         Some(&json!({
             "max_req_per_sec": null, "max_msgs_per_sec": null, "max_batch_items": 3,
             "max_payload_bytes": 100, "max_queues": 2, "max_retention_seconds": 3600,
-            "monthly_msgs_quota": 6, "features": {"kv": false}
+            "monthly_msgs_quota": 7, "features": {"kv": false}, "max_partitions_per_queue": 2
         })),
     );
     assert_eq!(set.status, 200, "{}", set.text);
@@ -857,6 +857,10 @@ fn plans_limits_quotas_and_usage() {
     assert_eq!(push_items(&items(1, "q1", 1)).status, 200);
     assert_eq!(push_items(&items(1, "q2", 1)).status, 200);
     assert_code(&push_items(&items(1, "q3", 1)), 403, "quota_exceeded");
+    // Two partitions of a queue, not a third (q2 has its default one).
+    let part = |p: &str| json!({"items": [{"queue": "q2", "partition": p, "payload": 1}]});
+    assert_eq!(push_items(&part("p2")).status, 200);
+    assert_code(&push_items(&part("p3")), 403, "quota_exceeded");
     // The retention ceiling and the feature gate.
     let conf = call(
         &node,
@@ -876,13 +880,13 @@ fn plans_limits_quotas_and_usage() {
         Some(&json!({"value": 1})),
     );
     assert_code(&kv, 403, "feature_gated");
-    // The monthly quota: 6 messages, 2 pushed; 4 more, then refused.
-    let mut pushed = 2;
+    // The monthly quota: 7 messages, 3 pushed; 4 more, then refused.
+    let mut pushed = 3;
     for _ in 0..4 {
         assert_eq!(push_items(&items(1, "q1", 1)).status, 200);
         pushed += 1;
     }
-    assert_eq!(pushed, 6);
+    assert_eq!(pushed, 7);
     assert!(becomes(5, 403, || push_items(&items(1, "q1", 1))));
     assert_code(&push_items(&items(1, "q1", 1)), 403, "quota_exceeded");
     // Consumers are not held by the quota.
@@ -911,7 +915,7 @@ fn plans_limits_quotas_and_usage() {
                 })
                 .unwrap_or(0)
         };
-        sum("push", "msgs") == 6 && sum("read", "reqs") >= 25 && sum("delivery", "reqs") >= 1
+        sum("push", "msgs") == 7 && sum("read", "reqs") >= 25 && sum("delivery", "reqs") >= 1
     });
     assert!(ok, "{usage:#}");
 

@@ -351,41 +351,82 @@ impl Limits {
         }
     }
 
-    /// A push that would make a queue beyond the plan's count.
+    /// A push that would make a queue, or a partition of a queue, beyond the plan's counts.
     fn queue_cap<A: ClientApi>(
         &self,
         api: &A,
         t: &Ticket,
         items: &[Value],
     ) -> Result<(), ApiError> {
-        let Some(max) = t.plan.max_queues else {
+        let (max_queues, max_parts) = (t.plan.max_queues, t.plan.max_partitions_per_queue);
+        if max_queues.is_none() && max_parts.is_none() {
             return Ok(());
-        };
+        }
         let Ok(tenant) = queen_domain::tenant::Tenant::parse(&t.tenant) else {
             return Ok(());
         };
         let state = api.state();
-        let new = items
-            .iter()
-            .filter_map(|i| i.get("queue").and_then(Value::as_str))
-            .any(|q| {
-                queen_domain::reads::queue(&*state, &tenant.name(q))
-                    .is_ok_and(|found| found.is_none())
-            });
-        if !new {
-            return Ok(());
+        let mut new_queue = false;
+        let mut full_queue = None;
+        let mut seen = std::collections::HashSet::new();
+        for item in items {
+            let Some(q) = item.get("queue").and_then(Value::as_str) else {
+                continue;
+            };
+            let p = item
+                .get("partition")
+                .and_then(Value::as_str)
+                .unwrap_or("Default");
+            if !seen.insert((q, p)) {
+                continue;
+            }
+            let stored = tenant.name(q);
+            match queen_domain::reads::queue(&*state, &stored) {
+                Ok(None) => new_queue = true,
+                Ok(Some(_)) => {
+                    let Some(max) = max_parts else { continue };
+                    if queen_domain::reads::partition_by_name(&*state, &stored, p)
+                        .is_ok_and(|found| found.is_none())
+                    {
+                        // Read only when a partition is about to be made.
+                        let count = queen_domain::reads::queue_view(&*state, &stored)
+                            .ok()
+                            .flatten()
+                            .map_or(0, |v| v.partitions.len() as u64);
+                        if count >= max {
+                            full_queue = Some((q.to_owned(), max));
+                        }
+                    }
+                }
+                Err(_) => {}
+            }
         }
-        let limit = usize::try_from(max).unwrap_or(usize::MAX);
-        let count = queen_domain::reads::tenant_queues(&*state, &tenant, limit.saturating_add(1))
-            .map_or(0, |q| q.len());
+        let count = match (new_queue, max_queues) {
+            (true, Some(max)) => {
+                let limit = usize::try_from(max).unwrap_or(usize::MAX);
+                queen_domain::reads::tenant_queues(&*state, &tenant, limit.saturating_add(1))
+                    .map_or(0, |q| q.len() as u64)
+            }
+            _ => 0,
+        };
         drop(state);
-        if count >= limit {
+        if let (true, Some(max)) = (new_queue, max_queues)
+            && count >= max
+        {
             let e = ApiError::new(
                 403,
                 "quota_exceeded",
                 format!("this cluster's plan allows {max} queues"),
             );
-            return self.shadow(&t.cluster, e);
+            self.shadow(&t.cluster, e)?;
+        }
+        if let Some((q, max)) = full_queue {
+            let e = ApiError::new(
+                403,
+                "quota_exceeded",
+                format!("queue '{q}' has the {max} partitions this cluster's plan allows"),
+            );
+            self.shadow(&t.cluster, e)?;
         }
         Ok(())
     }
