@@ -1,4 +1,5 @@
-//! A bucket per tenant, end to end on three nodes: the control plane stores each cluster's sink
+//! A bucket per tenant, end to end on three nodes (two tenants in buckets of their own, two
+//! sharing one): the control plane stores each cluster's sink
 //! with its secret sealed, every node runs one sink per tenant from those rows, the objects land
 //! in each cluster's own bucket under its broker tenant, the node's own sink keeps the default
 //! tenant, a node with another encryption key shows that tenant's sink in phase `error` while
@@ -17,6 +18,7 @@ const KEY_B: &str = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba98765
 const ACME_SECRET: &str = "acme-secret-that-must-never-show-0001";
 const ACME_SECRET_2: &str = "acme-secret-rotated-never-shown-0002";
 const BETA_SECRET: &str = "beta-secret-that-must-never-show-0003";
+const GAMMA_SECRET: &str = "gamma-secret-that-must-never-show-004";
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_queen"))
@@ -141,10 +143,10 @@ fn a_bucket_per_tenant_through_the_control_plane() {
         .map(|p| Node::prepare(bin(), dir.path(), *p, &[]))
         .collect();
 
-    // Two clusters with a key each.
+    // Three clusters with a key each; gamma shares acme's bucket.
     let mut keys = Vec::new();
     let mut tenants = Vec::new();
-    for slug in ["acme", "beta"] {
+    for slug in ["acme", "beta", "gamma"] {
         let b = cp(
             &px[0],
             "POST",
@@ -245,6 +247,20 @@ fn a_bucket_per_tenant_through_the_control_plane() {
         )),
     );
     assert_eq!(beta.status, 200, "{}", beta.text);
+    // Sealed by node 1 (node 3 seals with its own key, which the others could not open).
+    let gamma = cp(
+        &px[0],
+        "PUT",
+        "/api/cp/clusters/gamma/s3",
+        Some(&sink_body(
+            &server,
+            "acme-lake",
+            Some(GAMMA_SECRET),
+            "jsonl",
+        )),
+    );
+    assert_eq!(gamma.status, 200, "{}", gamma.text);
+    answers.push(gamma.text.clone());
     let got = cp(&px[2], "GET", "/api/cp/clusters/acme/s3", None);
     assert_eq!(got.status, 200, "{}", got.text);
     assert_eq!(got.json["config"]["bucket"], "acme-lake");
@@ -256,6 +272,9 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     }
     for n in 1..=2 {
         push(&px[0], &keys[1], "beta.queen.test", 10 + n);
+    }
+    for n in 1..=2 {
+        push(&px[1], &keys[2], "gamma.queen.test", 20 + n);
     }
     let d = nodes[1].post(
         "/api/v1/push",
@@ -270,7 +289,7 @@ fn a_bucket_per_tenant_through_the_control_plane() {
             records(&server, "beta-lake"),
             records(&server, "lake"),
         );
-        seen.0.len() == 3 && seen.1.len() == 2 && seen.2.len() == 1
+        seen.0.len() == 5 && seen.1.len() == 2 && seen.2.len() == 1
     });
     let status: Vec<Value> = nodes
         .iter()
@@ -279,8 +298,10 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     assert!(ok, "lakes: {seen:?}\nstatus: {status:#?}");
     // Each cluster's records in its own bucket under its broker tenant; the default tenant's in
     // the node's own lake.
-    assert!(seen.0.iter().all(|(t, _)| *t == tenants[0]), "{seen:?}");
-    assert_eq!(seen.0.iter().map(|r| r.1).collect::<Vec<_>>(), [1, 2, 3]);
+    // acme and gamma share a bucket, each under its own tenant.
+    let of = |t: &str| -> Vec<u64> { seen.0.iter().filter(|r| r.0 == t).map(|r| r.1).collect() };
+    assert_eq!(of(&tenants[0]), [1, 2, 3], "{seen:?}");
+    assert_eq!(of(&tenants[2]), [21, 22], "{seen:?}");
     assert!(seen.1.iter().all(|(t, _)| *t == tenants[1]), "{seen:?}");
     assert_eq!(
         seen.2,
@@ -312,7 +333,7 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     // Node 3 cannot open the secrets: phase error there, running on the others.
     let ok = eventually(Duration::from_secs(20), || {
         let third = cp_sinks(&nodes[2]);
-        third.len() == 2 && third.iter().all(|s| s["phase"] == "error")
+        third.len() == 3 && third.iter().all(|s| s["phase"] == "error")
     });
     assert!(ok, "{:#?}", cp_sinks(&nodes[2]));
     let third = cp_sinks(&nodes[2]);
@@ -325,7 +346,7 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     );
     for n in &nodes[..2] {
         let rows = cp_sinks(n);
-        assert_eq!(rows.len(), 2, "{rows:#?}");
+        assert_eq!(rows.len(), 3, "{rows:#?}");
         assert!(rows.iter().all(|s| s["phase"] == "running"), "{rows:#?}");
     }
 
@@ -373,7 +394,9 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     push(&px[1], &keys[0], "acme.queen.test", 4);
     assert!(
         eventually(Duration::from_secs(60), || records(&server, "acme-lake")
-            .len()
+            .iter()
+            .filter(|r| r.0 == tenants[0])
+            .count()
             == 4),
         "{:?}",
         records(&server, "acme-lake")
@@ -391,17 +414,25 @@ fn a_bucket_per_tenant_through_the_control_plane() {
     assert_eq!(del.json["removed"], false, "{}", del.text);
     assert!(eventually(Duration::from_secs(15), || nodes
         .iter()
-        .all(|n| cp_sinks(n).len() == 1)));
+        .all(|n| cp_sinks(n).len() == 2)));
 
     // No secret anywhere: answers, logs, data directories (the raft log holds it sealed).
-    for secret in [ACME_SECRET, ACME_SECRET_2, BETA_SECRET, KEY_A, KEY_B, CP] {
+    for secret in [
+        ACME_SECRET,
+        ACME_SECRET_2,
+        BETA_SECRET,
+        GAMMA_SECRET,
+        KEY_A,
+        KEY_B,
+        CP,
+    ] {
         for a in &answers {
             assert!(!a.contains(secret), "an answer holds a secret");
         }
         for n in &nodes {
             assert!(!n.log_text().contains(secret), "a log holds a secret");
         }
-        if secret != CP && secret != KEY_A && secret != KEY_B {
+        if ![CP, KEY_A, KEY_B].contains(&secret) {
             let found = files_holding(dir.path(), secret.as_bytes());
             assert!(found.is_empty(), "in clear in {found:?}");
         }
