@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::Response;
+use hyper::{Request, Response};
 
 use crate::api::ApiError;
 
@@ -81,4 +81,31 @@ pub(crate) fn no_content() -> Response<Full<Bytes>> {
         .status(204)
         .body(Full::new(Bytes::new()))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Whether `req` carries a body (a length above zero, or chunks).
+pub(crate) fn has_body<B>(req: &Request<B>) -> bool {
+    let h = req.headers();
+    h.contains_key(hyper::header::TRANSFER_ENCODING)
+        || h.get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+/// `r`, with `connection: close` when `req` carries a body that was not read.
+pub(crate) fn closing_if_body<B>(
+    req: &Request<B>,
+    r: Response<Full<Bytes>>,
+) -> Response<Full<Bytes>> {
+    if has_body(req) { closing(r) } else { r }
+}
+
+/// `r` with `connection: close`: hyper closes a connection whose request body was left unread,
+/// and this tells the client before it reuses it.
+pub(crate) fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    r
 }

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use crate::api::ApiError;
 use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
-use crate::error::error_response;
+use crate::error::{closing, closing_if_body, error_response};
 use crate::proxy::{Gate, Proxy};
 use crate::router::{BodyKind, finish, handle, route_label, segments};
 use crate::tenancy::{self, Scope, TENANT_HEADER, Tenancy};
@@ -282,33 +282,6 @@ async fn admit<A: ClientApi>(
         return Err(e);
     }
     Ok(scope)
-}
-
-/// Whether `req` carries a body (a length above zero, or chunks).
-fn has_body<B>(req: &Request<B>) -> bool {
-    let h = req.headers();
-    h.contains_key(hyper::header::TRANSFER_ENCODING)
-        || h.get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim() != "0")
-}
-
-/// `r`, with `connection: close` when `req` carries a body that was not read.
-pub(crate) fn closing_if_body<B>(
-    req: &Request<B>,
-    r: Response<Full<Bytes>>,
-) -> Response<Full<Bytes>> {
-    if has_body(req) { closing(r) } else { r }
-}
-
-/// `r` with `connection: close`: hyper closes a connection whose request body was left unread,
-/// and this tells the client before it reuses it.
-pub(crate) fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
-    r.headers_mut().insert(
-        hyper::header::CONNECTION,
-        hyper::header::HeaderValue::from_static("close"),
-    );
-    r
 }
 
 /// Serve the API on `listener` until `shutdown` resolves, then stop accepting and let the

@@ -71,7 +71,7 @@ pub(crate) async fn answer<A: ClientApi>(
         return error_response(&not_found());
     }
     if !proxy.cp_token_ok(req.headers()) {
-        return crate::server::closing_if_body(
+        return crate::error::closing_if_body(
             &req,
             error_response(&ApiError::new(
                 401,
@@ -91,7 +91,7 @@ pub(crate) async fn answer<A: ClientApi>(
     };
     let body = match body::read(req.into_body(), declared, limits, budget).await {
         Ok(b) => b,
-        Err(e) => return crate::server::closing(error_response(&e)),
+        Err(e) => return crate::error::closing(error_response(&e)),
     };
     let cp = Cp {
         api,
