@@ -40,6 +40,11 @@ pub trait StateReader: Send + Sync + 'static {
     fn figures(&self) -> StoreFigures;
     /// Bytes in the memtables alone (read on every proposal by the disk gate: cheap).
     fn memtable_bytes(&self) -> u64;
+    /// Bytes the stored messages of these partitions take (what a storage quota counts); one
+    /// read per stored record, so callers keep it off hot paths.
+    fn stored_bytes(&self, _pids: &[u64]) -> u64 {
+        0
+    }
     /// Give the space of deleted rows back now (flush and compact); blocking, seconds.
     ///
     /// # Errors

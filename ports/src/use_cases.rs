@@ -430,6 +430,11 @@ pub trait ClientApi: Send + Sync + 'static {
     fn open_payload<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
         std::borrow::Cow::Borrowed(stored)
     }
+    /// Bytes a tenant's stored messages take on this node (its storage quota's count), or
+    /// `None` when this node cannot tell. Reads one row per stored record: not for hot paths.
+    fn retained_bytes(&self, _tenant: &queen_domain::tenant::Tenant) -> Option<u64> {
+        None
+    }
     /// Whether this node runs the embedded S3 sink (`QUEEN_S3_EMBEDDED`), without which no
     /// tenant sink runs and the control plane's S3 routes are unavailable.
     fn tenant_sinks_available(&self) -> bool {

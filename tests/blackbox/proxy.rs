@@ -774,6 +774,7 @@ fn plans_limits_quotas_and_usage() {
             ("QUEEN_PROXY_EMBEDDED", "1"),
             ("QUEEN_PROXY_ENFORCE", "true"),
             ("QUEEN_PROXY_METER_FLUSH_MS", "200"),
+            ("QUEEN_PROXY_RECONCILE_MS", "200"),
             ("QUEEN_PROXY_CP_TOKEN", CP),
             ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
             ("QUEEN_PROXY_BOOTSTRAP_PLAN", "free"),
@@ -935,7 +936,11 @@ fn plans_limits_quotas_and_usage() {
         "{}",
         act.text
     );
-    assert!(acme["retained_bytes"].is_null(), "{}", act.text);
+    assert!(
+        acme["retained_bytes"].as_u64().is_some_and(|b| b > 0),
+        "{}",
+        act.text
+    );
     assert_eq!(act.json["clusters"][1]["found"], false, "{}", act.text);
     assert!(act.json["clusters"][1]["last_activity_at"].is_null());
 
@@ -994,6 +999,60 @@ fn plans_limits_quotas_and_usage() {
         "/api/v1/push",
         Some(&three)
     )));
+
+    // The storage quota: counted from what the cluster stores, blocked above the cap, released
+    // at 90% of it once the queue is deleted.
+    let k6 = key('S');
+    let store = json!({
+        "tenant_slug": "store-co", "cluster_slug": "store", "plan": "pro",
+        "user_id": "7d0c9a8e-1f7b-4c2e-9a55-2b7a0f3c1d42", "email": "ops@store.test",
+        "role": "admin", "key_name": "app", "key_hash": sha256_hex(&k6),
+        "scopes": ["produce", "consume", "admin"], "overrides": {"max_retained_bytes": 3000}
+    });
+    assert_eq!(
+        cp(&node, "POST", "/api/cp/provision", Some(&store)).status,
+        200
+    );
+    let host = Some("store.queen.test");
+    let big = json!({"items": [{"queue": "big", "payload": "y".repeat(500)}]});
+    let push_big = || call(&node, Some(&k6), host, "POST", "/api/v1/push", Some(&big));
+    assert!(becomes(5, 200, push_big));
+    let mut accepted = 1;
+    while accepted < 20 && push_big().status == 200 {
+        accepted += 1;
+    }
+    let refused = push_big();
+    assert_code(&refused, 403, "storage_quota_exceeded");
+    assert!(
+        (5..=8).contains(&accepted),
+        "{accepted} pushes of 500 bytes under a 3000-byte cap"
+    );
+    // The count, not only the estimate, keeps it blocked.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_code(&push_big(), 403, "storage_quota_exceeded");
+    // Consuming is never blocked; deleting the queue releases it.
+    assert_eq!(
+        call(
+            &node,
+            Some(&k6),
+            host,
+            "GET",
+            "/api/v1/pop/queue/big?wait=false",
+            None
+        )
+        .status,
+        200
+    );
+    let del = call(
+        &node,
+        Some(&k6),
+        host,
+        "DELETE",
+        "/api/v1/resources/queues/big",
+        None,
+    );
+    assert_eq!(del.status, 200, "{}", del.text);
+    assert!(becomes(10, 200, push_big), "released after the delete");
 
     // Shadow mode (the default): the same burst is only logged.
     let k2 = key('M');

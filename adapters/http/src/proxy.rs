@@ -77,6 +77,9 @@ pub struct ProxySettings {
     pub enforce: bool,
     /// `QUEEN_PROXY_METER_FLUSH_MS`: how often usage is written.
     pub meter_flush: Duration,
+    /// `QUEEN_PROXY_RECONCILE_MS`: how often a cluster's stored bytes are counted again for
+    /// its storage quota.
+    pub reconcile: Duration,
 }
 
 impl std::fmt::Debug for ProxySettings {
@@ -90,6 +93,7 @@ impl std::fmt::Debug for ProxySettings {
             .field("key_env", &self.key_env)
             .field("enforce", &self.enforce)
             .field("meter_flush", &self.meter_flush)
+            .field("reconcile", &self.reconcile)
             .field(
                 "bootstrap",
                 &self
@@ -229,7 +233,20 @@ impl ProxySettings {
                 }
             },
         };
+        let reconcile = match set("QUEEN_PROXY_RECONCILE_MS") {
+            None => Duration::from_secs(60),
+            Some(v) => match v.parse::<u64>() {
+                Ok(ms @ 100..=3_600_000) => Duration::from_millis(ms),
+                _ => {
+                    return Err(bad(
+                        "QUEEN_PROXY_RECONCILE_MS",
+                        "must be a number of milliseconds in 100..=3600000",
+                    ));
+                }
+            },
+        };
         Ok(Some(Self {
+            reconcile,
             enforce,
             meter_flush,
             port,
@@ -280,7 +297,7 @@ impl Proxy {
     #[must_use]
     pub fn new(settings: ProxySettings) -> Arc<Self> {
         Arc::new(Self {
-            limits: limits::Limits::new(settings.enforce, settings.meter_flush),
+            limits: limits::Limits::new(settings.enforce, settings.meter_flush, settings.reconcile),
             settings,
             dir: RwLock::new(Arc::new(Directory::default())),
             reloaded: Mutex::new(None),
@@ -375,6 +392,7 @@ impl Proxy {
                 }
                 proxy.refresh(&*api);
                 proxy.limits.flush(&*api).await;
+                proxy.limits.reconcile(&api, &proxy.directory()).await;
                 tokio::time::sleep(proxy.settings.poll).await;
             }
         });

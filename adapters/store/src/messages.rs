@@ -231,6 +231,27 @@ pub(crate) fn first_live(idx: &dyn EngineRead, pid: u64) -> Result<Option<u64>, 
     Ok(None)
 }
 
+/// The bytes `pid`'s stored messages take in their records: each record's length, in
+/// proportion to the messages of it not yet deleted. One index row is read per record.
+///
+/// # Errors
+/// The engine failed.
+pub(crate) fn stored_bytes(idx: &dyn EngineRead, pid: u64) -> Result<u64, StoreError> {
+    let prefix = keys::pid_prefix(table::SEGMENT_INDEX, pid);
+    let hi = keys::prefix_end(&prefix);
+    let mut total = 0u64;
+    for g in idx.range(&prefix, &hi) {
+        let (k, v) = g.into_inner().map_err(read_err)?;
+        let v = IndexVal::decode(&k, &v)?;
+        if v.count == 0 || v.skip >= v.count {
+            continue;
+        }
+        let live = u64::from(v.count - v.skip);
+        total += u64::from(v.loc.len) * live / u64::from(v.count);
+    }
+    Ok(total)
+}
+
 /// The stored value of a message key.
 pub(crate) fn get(
     idx: &dyn EngineRead,

@@ -327,6 +327,13 @@ impl queen_ports::StateReader for FjallStore {
         self.db.write_buffer_size()
     }
 
+    fn stored_bytes(&self, pids: &[u64]) -> u64 {
+        let slot = self.slot();
+        pids.iter()
+            .map(|p| crate::messages::stored_bytes(&slot.state, *p).unwrap_or(0))
+            .sum()
+    }
+
     fn reclaim(&self) -> Result<(), queen_ports::BackendError> {
         FjallStore::reclaim(self).map_err(|e| queen_ports::BackendError::Storage(e.to_string()))
     }

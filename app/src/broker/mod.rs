@@ -623,6 +623,21 @@ impl ClientApi for Broker {
         self.sink_node.is_some()
     }
 
+    fn retained_bytes(&self, tenant: &queen_domain::tenant::Tenant) -> Option<u64> {
+        let pids: Vec<u64> = {
+            let view = self.state.view();
+            let queues = queen_domain::reads::tenant_queues(&*view, tenant, usize::MAX).ok()?;
+            let mut pids = Vec::new();
+            for q in queues {
+                if let Ok(Some(v)) = queen_domain::reads::queue_view(&*view, &q.name) {
+                    pids.extend(v.partitions.iter().map(|p| p.pid));
+                }
+            }
+            pids
+        };
+        Some(self.state.stored_bytes(&pids))
+    }
+
     fn check_tenant_sink(
         &self,
         config: &serde_json::Map<String, serde_json::Value>,

@@ -47,6 +47,29 @@ struct ClusterState {
     parked: Arc<AtomicU64>,
     shadow_logged: Option<Instant>,
     shadow_count: u64,
+    storage: Storage,
+}
+
+/// A cluster's storage quota on this node: the bytes its stored messages took at the last
+/// count, the bytes pushed since (an estimate of what the next count adds), and whether pushes
+/// are blocked (strictly above the cap; released at 90% of it).
+#[derive(Default)]
+struct Storage {
+    counted: u64,
+    since: u64,
+    at: Option<Instant>,
+    blocked: bool,
+}
+
+impl Storage {
+    fn judge(&mut self, cap: u64) {
+        let now = self.counted.saturating_add(self.since);
+        if self.blocked {
+            self.blocked = now.saturating_mul(10) > cap.saturating_mul(9);
+        } else {
+            self.blocked = now > cap;
+        }
+    }
 }
 
 /// One admitted request: what its body check and its metering need.
@@ -73,6 +96,7 @@ impl Drop for Parked {
 pub(crate) struct Limits {
     enforce: bool,
     flush_every: Duration,
+    reconcile_every: Duration,
     instance: String,
     clusters: Mutex<HashMap<String, ClusterState>>,
     /// (cluster, minute µs, op) -> this process's counters; the month deltas not flushed yet.
@@ -110,10 +134,11 @@ fn too_large(what: String) -> ApiError {
 }
 
 impl Limits {
-    pub(crate) fn new(enforce: bool, flush_every: Duration) -> Self {
+    pub(crate) fn new(enforce: bool, flush_every: Duration, reconcile_every: Duration) -> Self {
         Self {
             enforce,
             flush_every,
+            reconcile_every,
             instance: uuid::Builder::from_random_bytes(rand::random())
                 .into_uuid()
                 .simple()
@@ -153,7 +178,7 @@ impl Limits {
     ) -> Result<Ticket, ApiError> {
         let now = api.now();
         let id = entry.doc.id.clone();
-        let (plan, req_ok, parked) = {
+        let (plan, req_ok, parked, storage_blocked) = {
             let mut all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
             let st = all.entry(id.clone()).or_default();
             if st.plan_at != entry.doc.updated_us || st.plan_at == 0 {
@@ -170,8 +195,17 @@ impl Limits {
                 }
                 (None, _) => Ok(()),
             };
-            (plan, req_ok, st.parked.clone())
+            let grows = matches!(class, Class::Produce | Class::Gated(_, GatedOp::Grow));
+            let storage_blocked = grows && plan.max_retained_bytes.is_some() && st.storage.blocked;
+            (plan, req_ok, st.parked.clone(), storage_blocked)
         };
+        if storage_blocked {
+            return Err(ApiError::new(
+                403,
+                "storage_quota_exceeded",
+                "this cluster stores more than its plan allows; consume or delete to push again",
+            ));
+        }
         if let Class::Gated(f, _) = class
             && !plan.has(f)
         {
@@ -435,6 +469,14 @@ impl Limits {
     pub(crate) fn meter(&self, t: &Ticket, status: u16, bytes_in: u64, bytes_out: u64, now: u64) {
         let minute = now / 60_000_000 * 60_000_000;
         let msgs = if status < 300 { t.msgs } else { 0 };
+        if msgs > 0
+            && let Some(cap) = t.plan.max_retained_bytes
+        {
+            let mut all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+            let st = &mut all.entry(t.cluster.clone()).or_default().storage;
+            st.since = st.since.saturating_add(bytes_in);
+            st.judge(cap);
+        }
         let key = (t.cluster.clone(), minute, t.op);
         let mut m = self.meter.lock().unwrap_or_else(PoisonError::into_inner);
         let c = m.minutes.entry(key.clone()).or_default();
@@ -452,6 +494,46 @@ impl Limits {
             a.first_push_us = now;
         }
         m.activity_dirty.insert(t.cluster.clone());
+    }
+
+    /// Count again, when due, the stored bytes of every cluster whose plan has a storage cap
+    /// (off the runtime's threads: one read per stored record).
+    pub(crate) async fn reconcile<A: ClientApi>(&self, api: &Arc<A>, dir: &d::Directory) {
+        for entry in dir.clusters.values() {
+            let plan = plans::effective(&entry.doc.plan_code, &entry.doc.overrides);
+            let Some(cap) = plan.max_retained_bytes else {
+                continue;
+            };
+            let due = {
+                let all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+                all.get(&entry.doc.id)
+                    .and_then(|st| st.storage.at)
+                    .is_none_or(|t| t.elapsed() >= self.reconcile_every)
+            };
+            if !due {
+                continue;
+            }
+            let Ok(tenant) = queen_domain::tenant::Tenant::parse(&entry.doc.broker_tenant_uuid)
+            else {
+                continue;
+            };
+            let counting = api.clone();
+            let counted =
+                tokio::task::spawn_blocking(move || counting.retained_bytes(&tenant)).await;
+            let Ok(Some(bytes)) = counted else {
+                continue;
+            };
+            let mut all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+            let st = &mut all.entry(entry.doc.id.clone()).or_default().storage;
+            st.counted = bytes;
+            st.since = 0;
+            st.at = Some(Instant::now());
+            let was = st.blocked;
+            st.judge(cap);
+            if st.blocked != was {
+                tracing::info!(target: "limits", cluster = %entry.doc.slug, bytes, cap, blocked = st.blocked, "storage quota");
+            }
+        }
     }
 
     /// Write what changed since the last flush, when a flush is due.

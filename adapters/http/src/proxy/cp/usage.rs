@@ -122,6 +122,15 @@ impl<A: ClientApi> Cp<'_, A> {
                 .map(|a| a.first_push_us)
                 .filter(|u| *u > 0)
                 .min());
+            // What this node stores for the cluster; null when it cannot tell.
+            let counting = self.api.clone();
+            let retained = match queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid) {
+                Ok(t) => tokio::task::spawn_blocking(move || counting.retained_bytes(&t))
+                    .await
+                    .ok()
+                    .flatten(),
+                Err(_) => None,
+            };
             out.push(json!({
                 "slug": c.slug,
                 "found": true,
@@ -129,8 +138,7 @@ impl<A: ClientApi> Cp<'_, A> {
                 "last_activity_at": last,
                 "first_push_at": first,
                 "last_key_used_at": last,
-                // Not tracked by the broker yet (see docs/tenants.md): unknown, not zero.
-                "retained_bytes": null,
+                "retained_bytes": retained,
             }));
         }
         Ok((200, json!({ "clusters": out })))
