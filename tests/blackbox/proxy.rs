@@ -1085,3 +1085,41 @@ fn plans_limits_quotas_and_usage() {
         shadow.log_text()
     );
 }
+
+#[test]
+fn tenant_header_off_puts_every_cluster_in_the_default_tenant() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k1 = key('H');
+    let node = Node::start(
+        bin(),
+        dir.path(),
+        &[
+            ("QUEEN_PROXY_EMBEDDED", "1"),
+            ("QUEEN_PROXY_PORT", &free_port().to_string()),
+            ("QUEEN_PROXY_TENANT_HEADER", "false"),
+            ("QUEEN_PROXY_CP_TOKEN", CP),
+            ("QUEEN_PROXY_DEFAULT_CLUSTER", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_TENANT", "acme"),
+            ("QUEEN_PROXY_BOOTSTRAP_API_KEY", &k1),
+        ],
+    );
+    let port: u16 = node
+        .env_value("QUEEN_PROXY_PORT")
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let px = Node::prepare(bin(), dir.path(), port, &[]);
+    assert!(becomes(20, 200, || push(&px, Some(&k1), None, "shared", 1)));
+    // The bare port (the default tenant) sees the cluster's queue.
+    let bare = node.get("/api/v1/resources/queues");
+    assert!(bare.text.contains("\"shared\""), "{}", bare.text);
+    // What would act on one cluster's broker data would act on all of them.
+    for (method, path) in [
+        ("GET", "/api/cp/clusters/acme/queues"),
+        ("POST", "/api/cp/clusters/acme/configure"),
+    ] {
+        let body = json!({"queue": "shared", "options": {}});
+        let a = cp(&px, method, path, (method == "POST").then_some(&body));
+        assert_code(&a, 409, "system_tenant");
+    }
+    drop(px);
+}

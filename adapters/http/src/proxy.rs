@@ -80,6 +80,10 @@ pub struct ProxySettings {
     /// `QUEEN_PROXY_RECONCILE_MS`: how often a cluster's stored bytes are counted again for
     /// its storage quota.
     pub reconcile: Duration,
+    /// `QUEEN_PROXY_TENANT_HEADER` (on by default): each cluster under its own broker tenant.
+    /// Off, every cluster shares the broker's default tenant, and the control-plane routes that
+    /// act on a cluster's broker data answer 409 `system_tenant`.
+    pub tenant_header: bool,
 }
 
 impl std::fmt::Debug for ProxySettings {
@@ -94,6 +98,7 @@ impl std::fmt::Debug for ProxySettings {
             .field("enforce", &self.enforce)
             .field("meter_flush", &self.meter_flush)
             .field("reconcile", &self.reconcile)
+            .field("tenant_header", &self.tenant_header)
             .field(
                 "bootstrap",
                 &self
@@ -245,7 +250,12 @@ impl ProxySettings {
                 }
             },
         };
+        let tenant_header = match set("QUEEN_PROXY_TENANT_HEADER") {
+            None => true,
+            v => flag(v, "QUEEN_PROXY_TENANT_HEADER")?,
+        };
         Ok(Some(Self {
+            tenant_header,
             reconcile,
             enforce,
             meter_flush,
@@ -562,7 +572,12 @@ impl Proxy {
                 "the cluster's broker tenant is not a valid tenant id",
             )
         })?;
-        Ok(Gate::Pass(Scope::proxied(tenant), Some(ticket)))
+        let scope = if self.settings.tenant_header {
+            Scope::proxied(tenant)
+        } else {
+            Scope::default()
+        };
+        Ok(Gate::Pass(scope, Some(ticket)))
     }
 }
 

@@ -290,6 +290,21 @@ impl<A: ClientApi> Cp<'_, A> {
         }
     }
 
+    /// 409 `system_tenant` when every cluster shares the broker's default tenant
+    /// (`QUEEN_PROXY_TENANT_HEADER=false`): a route acting on one cluster's broker data would
+    /// act on all of them.
+    fn own_broker_data(&self) -> Result<(), ApiError> {
+        if self.settings.tenant_header {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                409,
+                "system_tenant",
+                "QUEEN_PROXY_TENANT_HEADER=false puts every cluster in the broker's default tenant: this route would act on all of them",
+            ))
+        }
+    }
+
     fn op(&self, action: &str, target: &str, meta: Value) -> OperationDoc {
         OperationDoc {
             actor: "control_plane".to_owned(),
@@ -839,6 +854,7 @@ impl<A: ClientApi> Cp<'_, A> {
         if method != want {
             return Err(not_found());
         }
+        self.own_broker_data()?;
         let s = slug(slug_text, "slug")?;
         let c = self
             .cluster_by_slug(&s)

@@ -37,6 +37,7 @@ impl<A: ClientApi> Cp<'_, A> {
             return Err(not_deleting());
         }
         let mut rows = Vec::new();
+        self.own_broker_data()?;
         let mut all_done = true;
         for (c, _) in &clusters {
             if let Some((_, version)) = self.get::<S3SinkDoc>(S3_SINKS, &c.id).await? {

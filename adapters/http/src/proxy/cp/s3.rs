@@ -29,6 +29,7 @@ impl<A: ClientApi> Cp<'_, A> {
             .await?
             .ok_or_else(cluster_unknown)?;
         self.refuse_deleting(&c).await?;
+        self.own_broker_data()?;
         let mut config = m.clone();
         let secret = match config.remove("secretKey") {
             None | Some(Value::Null) => None,
