@@ -110,6 +110,29 @@ impl std::fmt::Debug for ProxySettings {
     }
 }
 
+/// A duration in milliseconds within `range` (unset: `default`).
+fn millis(
+    value: Option<String>,
+    variable: &'static str,
+    default: Duration,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Duration, ProxyConfigError> {
+    match value {
+        None => Ok(default),
+        Some(v) => match v.parse::<u64>() {
+            Ok(ms) if range.contains(&ms) => Ok(Duration::from_millis(ms)),
+            _ => Err(bad(
+                variable,
+                format!(
+                    "must be a number of milliseconds in {}..={}",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+        },
+    }
+}
+
 /// A yes-or-no setting (unset: no).
 fn flag(value: Option<String>, variable: &'static str) -> Result<bool, ProxyConfigError> {
     match value.map(|v| v.to_ascii_lowercase()).as_deref() {
@@ -180,18 +203,12 @@ impl ProxySettings {
                     .collect()
             })
             .unwrap_or_default();
-        let poll = match set("QUEEN_PROXY_INVAL_POLL_MS") {
-            None => Duration::from_millis(1000),
-            Some(v) => match v.parse::<u64>() {
-                Ok(ms @ 50..=60_000) => Duration::from_millis(ms),
-                _ => {
-                    return Err(bad(
-                        "QUEEN_PROXY_INVAL_POLL_MS",
-                        "must be a number of milliseconds in 50..=60000",
-                    ));
-                }
-            },
-        };
+        let poll = millis(
+            set("QUEEN_PROXY_INVAL_POLL_MS"),
+            "QUEEN_PROXY_INVAL_POLL_MS",
+            Duration::from_millis(1000),
+            50..=60_000,
+        )?;
         let key_env = set("QUEEN_PROXY_KEY_ENV").unwrap_or_else(|| "live".to_owned());
         if !rules::is_api_key(&rules::format_key(&key_env, &[0; 32])) {
             return Err(bad(
@@ -226,30 +243,18 @@ impl ProxySettings {
             }
         };
         let enforce = flag(set("QUEEN_PROXY_ENFORCE"), "QUEEN_PROXY_ENFORCE")?;
-        let meter_flush = match set("QUEEN_PROXY_METER_FLUSH_MS") {
-            None => Duration::from_secs(15),
-            Some(v) => match v.parse::<u64>() {
-                Ok(ms @ 100..=600_000) => Duration::from_millis(ms),
-                _ => {
-                    return Err(bad(
-                        "QUEEN_PROXY_METER_FLUSH_MS",
-                        "must be a number of milliseconds in 100..=600000",
-                    ));
-                }
-            },
-        };
-        let reconcile = match set("QUEEN_PROXY_RECONCILE_MS") {
-            None => Duration::from_secs(60),
-            Some(v) => match v.parse::<u64>() {
-                Ok(ms @ 100..=3_600_000) => Duration::from_millis(ms),
-                _ => {
-                    return Err(bad(
-                        "QUEEN_PROXY_RECONCILE_MS",
-                        "must be a number of milliseconds in 100..=3600000",
-                    ));
-                }
-            },
-        };
+        let meter_flush = millis(
+            set("QUEEN_PROXY_METER_FLUSH_MS"),
+            "QUEEN_PROXY_METER_FLUSH_MS",
+            Duration::from_secs(15),
+            100..=600_000,
+        )?;
+        let reconcile = millis(
+            set("QUEEN_PROXY_RECONCILE_MS"),
+            "QUEEN_PROXY_RECONCILE_MS",
+            Duration::from_secs(60),
+            100..=3_600_000,
+        )?;
         let tenant_header = match set("QUEEN_PROXY_TENANT_HEADER") {
             None => true,
             v => flag(v, "QUEEN_PROXY_TENANT_HEADER")?,

@@ -650,13 +650,7 @@ impl<A: ClientApi> Cp<'_, A> {
                 return Err(invalid("queue", "is required"));
             }
         }
-        let tenant = queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
-            ApiError::new(
-                500,
-                "internal",
-                "a cluster's broker tenant is not a tenant id",
-            )
-        })?;
+        let tenant = broker_tenant(&c)?;
         let scope = crate::tenancy::Scope::proxied(tenant);
         let method = hyper::Method::from_bytes(want.as_bytes())
             .map_err(|_| ApiError::new(500, "internal", "bad method"))?;
@@ -729,6 +723,17 @@ fn check_overrides(value: Value, field: &str) -> Result<Map<String, Value>, ApiE
         }
     }
     Ok(overrides)
+}
+
+/// The broker tenant a cluster's data lives under (a UUID the control plane minted).
+fn broker_tenant(c: &ClusterDoc) -> Result<queen_domain::tenant::Tenant, ApiError> {
+    queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
+        ApiError::new(
+            500,
+            "internal",
+            "a cluster's broker tenant is not a tenant id",
+        )
+    })
 }
 
 fn cluster_unknown() -> ApiError {

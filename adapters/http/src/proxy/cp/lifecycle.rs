@@ -53,14 +53,7 @@ impl<A: ClientApi> Cp<'_, A> {
                 )
                 .await?;
             }
-            let tenant =
-                queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
-                    ApiError::new(
-                        500,
-                        "internal",
-                        "a cluster's broker tenant is not a tenant id",
-                    )
-                })?;
+            let tenant = broker_tenant(c)?;
             match self.api.purge_tenant(tenant).await {
                 Ok(r) => {
                     let done = r.done && r.partitions_deleted == 0;
@@ -95,14 +88,7 @@ impl<A: ClientApi> Cp<'_, A> {
         if !force {
             let state = self.api.state();
             for (c, _) in &clusters {
-                let tenant =
-                    queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid).map_err(|_| {
-                        ApiError::new(
-                            500,
-                            "internal",
-                            "a cluster's broker tenant is not a tenant id",
-                        )
-                    })?;
+                let tenant = broker_tenant(c)?;
                 let left =
                     queen_domain::reads::tenant_queues(&*state, &tenant, 1).map_err(|_| {
                         ApiError::new(
