@@ -108,6 +108,13 @@ def go(fragment, view):
     wait(f"the {view} view", lambda: driver.find_elements(By.CSS_SELECTOR, f"#view [data-view='{view}']"))
 
 
+def reload(view):
+    """Load the page again on the fragment it shows: going to the fragment it is already on is
+    no navigation (no hashchange), so the view would keep the figures it rendered first."""
+    driver.refresh()
+    wait(f"the {view} view, reloaded", lambda: driver.find_elements(By.CSS_SELECTOR, f"#view [data-view='{view}']"))
+
+
 def rows(css="#view table tbody tr"):
     return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in driver.find_elements(By.CSS_SELECTOR, css)]
 
@@ -284,14 +291,15 @@ try:
     # Columns: queue, state, held by, figures from, last window, complete through, lag, windows,
     # records, bytes, lost, last error.
     blank = [""] * 12
+    go("sink", "sink")
     for _ in range(30):
-        go("sink", "sink")
         sunk = {r[0]: r for r in rows()}
         # orders keeps its deleted message in the log (and so in the lake); jobs holds the dead
         # letter and its retried copy.
         if sunk.get("orders", blank)[8] == "3" and sunk.get("jobs", blank)[8] == "2":
             break
         time.sleep(1)
+        reload("sink")
     for q, want in [("orders", "3"), ("jobs", "2")]:
         r = sunk.get(q, blank)
         check(r[8] == want, f"sink rows: {sunk}")
