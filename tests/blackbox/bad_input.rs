@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use queen_tests::Node;
+use queen_tests::{Node, qpb1_txn};
 use serde_json::json;
 
 #[test]
@@ -309,30 +309,6 @@ fn above_the_disk_gate_writes_answer_507_and_consumers_still_drain() {
     let a = gated.post("/api/v1/ack", &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}));
     assert_eq!(a.json[0]["success"], true, "acks go on");
     gated.kill9();
-}
-
-/// One group of a QPB1 body in the TXN layout: queue, partition, (transactionId, payload)s.
-type TxnGroup<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
-
-/// A QPB1 body (`Content-Type: application/x-queen-push`) in the TXN layout.
-fn qpb1_txn(groups: &[TxnGroup<'_>]) -> Vec<u8> {
-    let str16 = |b: &mut Vec<u8>, s: &str| {
-        b.extend_from_slice(&u16::try_from(s.len()).unwrap().to_le_bytes());
-        b.extend_from_slice(s.as_bytes());
-    };
-    let mut b = b"QPB1\x04".to_vec();
-    b.extend_from_slice(&u32::try_from(groups.len()).unwrap().to_le_bytes());
-    for (queue, partition, items) in groups {
-        str16(&mut b, queue);
-        str16(&mut b, partition);
-        b.extend_from_slice(&u32::try_from(items.len()).unwrap().to_le_bytes());
-        for (txn, payload) in *items {
-            str16(&mut b, txn);
-            b.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
-            b.extend_from_slice(payload.as_bytes());
-        }
-    }
-    b
 }
 
 #[test]

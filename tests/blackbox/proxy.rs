@@ -854,10 +854,33 @@ fn plans_limits_quotas_and_usage() {
     let a = push_items(&items(1, "q1", 200));
     assert_code(&a, 413, "payload_too_large");
     assert!(a.text.contains("items[0].payload"), "{}", a.text);
+    // QPB1 bodies meet the same caps, counted on the messages they carry.
+    let binary = |groups: &[queen_tests::TxnGroup<'_>]| {
+        let auth = format!("Bearer {k1}");
+        node.post_bytes_with(
+            "/api/v1/push",
+            "application/x-queen-push",
+            &queen_tests::qpb1_txn(groups),
+            &[("authorization", &auth)],
+        )
+    };
+    let four = [("t1", "1"), ("t2", "2"), ("t3", "3"), ("t4", "4")];
+    let a = binary(&[("q1", "Default", &four[..2]), ("q1", "p", &four[2..])]);
+    assert_code(&a, 413, "payload_too_large");
+    assert!(a.text.contains("items holds 4"), "{}", a.text);
+    let big = format!("\"{}\"", "x".repeat(200));
+    let a = binary(&[("q1", "Default", &[("t5", big.as_str())])]);
+    assert_code(&a, 413, "payload_too_large");
+    assert!(a.text.contains("items[0].payload"), "{}", a.text);
     // Two queues, not a third.
     assert_eq!(push_items(&items(1, "q1", 1)).status, 200);
     assert_eq!(push_items(&items(1, "q2", 1)).status, 200);
     assert_code(&push_items(&items(1, "q3", 1)), 403, "quota_exceeded");
+    assert_code(
+        &binary(&[("q3", "Default", &four[..1])]),
+        403,
+        "quota_exceeded",
+    );
     // Two partitions of a queue, not a third (q2 has its default one).
     let part = |p: &str| json!({"items": [{"queue": "q2", "partition": p, "payload": 1}]});
     assert_eq!(push_items(&part("p2")).status, 200);

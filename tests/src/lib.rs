@@ -414,11 +414,28 @@ impl Node {
     /// # Panics
     /// On a transport error.
     pub fn post_bytes(&self, path: &str, content_type: &str, body: &[u8]) -> Answer {
-        let resp = self
+        self.post_bytes_with(path, content_type, body, &[])
+    }
+
+    /// POST bytes with a content type and more headers.
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub fn post_bytes_with(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut req = self
             .agent
             .post(&self.url(path))
-            .header("content-type", content_type)
-            .send(body);
+            .header("content-type", content_type);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send(body);
         let mut resp = resp.unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let status = resp.status().as_u16();
         let header = |name: &str| {
@@ -759,4 +776,33 @@ pub fn post_url_within(url: &str, body: &str, limit: Duration) -> Result<(u16, S
         .map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
     Ok((status, r.body_mut().read_to_string().unwrap_or_default()))
+}
+
+/// One group of a QPB1 body in the TXN layout: queue, partition, (transactionId, payload)s.
+pub type TxnGroup<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+/// A QPB1 body (`Content-Type: application/x-queen-push`, `shared/spec/API.md` 4.6) in the
+/// TXN layout.
+///
+/// # Panics
+/// When a name, a payload or a count does not fit its length field.
+#[must_use]
+pub fn qpb1_txn(groups: &[TxnGroup<'_>]) -> Vec<u8> {
+    let str16 = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&u16::try_from(s.len()).expect("a str16").to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    let mut b = b"QPB1\x04".to_vec();
+    b.extend_from_slice(&u32::try_from(groups.len()).expect("a u32").to_le_bytes());
+    for (queue, partition, items) in groups {
+        str16(&mut b, queue);
+        str16(&mut b, partition);
+        b.extend_from_slice(&u32::try_from(items.len()).expect("a u32").to_le_bytes());
+        for (txn, payload) in *items {
+            str16(&mut b, txn);
+            b.extend_from_slice(&u32::try_from(payload.len()).expect("a u32").to_le_bytes());
+            b.extend_from_slice(payload.as_bytes());
+        }
+    }
+    b
 }

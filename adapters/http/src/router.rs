@@ -114,20 +114,7 @@ pub(crate) async fn handle<A: ClientApi>(
         ));
     }
     match (method.as_str(), segs) {
-        ("POST", ["api", "v1", "push"]) => {
-            let mut items = json::push_items(body)?;
-            if items.is_empty() {
-                return Ok(json_response(200, &json!([])));
-            }
-            scope.push(&mut items);
-            let mut out = api.push(items, scope.producer.clone()).await?;
-            scope.push_answers(&mut out);
-            Ok(json_answer_sized(
-                200,
-                &render::push(&out),
-                render::push_len_hint(&out),
-            ))
-        }
+        ("POST", ["api", "v1", "push"]) => push(api, scope, push_body(body, kind)?).await,
         ("GET", ["api", "v1", "pop", "queue", queue]) => pop(api, scope, queue, None, query).await,
         ("GET", ["api", "v1", "pop"]) => {
             let q = pop_query::parse_query(query);
@@ -565,20 +552,12 @@ async fn binary<A: ClientApi>(
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     match (method.as_str(), segs) {
         ("POST", ["api", "v1", "push"]) => {
-            let mut push = push_binary::push(body, max_decoded)?;
-            let out = if push.items.is_empty() {
-                Vec::new()
-            } else {
-                scope.push(&mut push.items);
-                let mut out = api.push(push.items, scope.producer.clone()).await?;
-                scope.push_answers(&mut out);
-                out
-            };
-            Ok(if push.counts {
-                json_response(200, &render::push_counts(&out))
-            } else {
-                json_answer_sized(200, &render::push(&out), render::push_len_hint(&out))
-            })
+            push(
+                api,
+                scope,
+                push_body(body, BodyKind::Binary { max_decoded })?,
+            )
+            .await
         }
         ("POST", ["api", "v1", "transaction"]) => {
             let txn = push_binary::transaction(body, max_decoded)?;
@@ -602,6 +581,53 @@ async fn binary<A: ClientApi>(
             ),
         )),
     }
+}
+
+/// A push body, read and checked: its items as the client named them, in wire order.
+pub(crate) struct PushBody {
+    pub(crate) items: Vec<queen_domain::command::PushItem>,
+    /// Answer `{"count", "queued", "duplicate", "error"}` instead of one object per item (QPB1).
+    counts: bool,
+}
+
+/// Read a push body of either kind: a body that is not valid is refused here, before anything
+/// is proposed. The embedded proxy reads it with this too and checks the plan on the items, so
+/// a body is parsed once whoever looks at it.
+pub(crate) fn push_body(body: &[u8], kind: BodyKind) -> Result<PushBody, ApiError> {
+    Ok(match kind {
+        BodyKind::Json => PushBody {
+            items: json::push_items(body)?,
+            counts: false,
+        },
+        BodyKind::Binary { max_decoded } => {
+            let b = push_binary::push(body, max_decoded)?;
+            PushBody {
+                items: b.items,
+                counts: b.counts,
+            }
+        }
+    })
+}
+
+/// Push the items of a body under the request's tenant and answer as the body asked.
+pub(crate) async fn push<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    mut b: PushBody,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let out = if b.items.is_empty() {
+        Vec::new()
+    } else {
+        scope.push(&mut b.items);
+        let mut out = api.push(b.items, scope.producer.clone()).await?;
+        scope.push_answers(&mut out);
+        out
+    };
+    Ok(if b.counts {
+        json_response(200, &render::push_counts(&out))
+    } else {
+        json_answer_sized(200, &render::push(&out), render::push_len_hint(&out))
+    })
 }
 
 /// A transaction under the request's tenant; its answer names things as the client did.

@@ -22,7 +22,7 @@ use crate::auth::{Auth, routes};
 use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::{closing, closing_if_body, error_response};
 use crate::proxy::{Gate, Proxy};
-use crate::router::{BodyKind, finish, handle, route_label, segments};
+use crate::router::{self, BodyKind, finish, handle, route_label, segments};
 use crate::tenancy::{self, Scope, TENANT_HEADER, Tenancy};
 use queen_ports::ClientApi;
 
@@ -209,17 +209,31 @@ async fn answer<A: ClientApi>(
     match body::read(req.into_body(), declared, shared.limits, &shared.budget).await {
         // The body's budget is held until the answer is built.
         Ok(body) => {
-            if let (Some(proxy), Some(t)) = (&shared.proxy, ticket.as_mut()) {
-                let binary = matches!(kind, BodyKind::Binary { .. });
-                if let Err(e) = proxy
-                    .limits
-                    .check_body(&*shared.api, t, segs, binary, &body.bytes)
+            let result = match (&shared.proxy, ticket.as_mut()) {
+                // A push through the proxy is read once: the plan's checks look at the items
+                // the handler then stores. A refusal of the plan is not metered.
+                (Some(proxy), Some(t))
+                    if *method == hyper::Method::POST && segs == ["api", "v1", "push"] =>
                 {
-                    return error_response(&e);
+                    match router::push_body(&body.bytes, kind) {
+                        Ok(b) => {
+                            if let Err(e) = proxy.limits.check_push(&*shared.api, t, &b.items) {
+                                return error_response(&e);
+                            }
+                            router::push(&shared.api, &scope, b).await
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
-            }
-            let response =
-                finish(handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await);
+                (Some(proxy), Some(t)) => {
+                    if let Err(e) = proxy.limits.check_body(t, segs, &body.bytes) {
+                        return error_response(&e);
+                    }
+                    handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await
+                }
+                _ => handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await,
+            };
+            let response = finish(result);
             if let (Some(proxy), Some(t)) = (&shared.proxy, ticket.as_ref()) {
                 let out = hyper::body::Body::size_hint(response.body())
                     .exact()

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use queen_domain::command::PushItem;
 use queen_domain::kv::{Expiry, KvOp, Num};
 use queen_domain::proxy::directory::{self as d, ClusterEntry, USAGE_MIN, USAGE_MONTH};
 use queen_domain::proxy::plans::{self, Bucket, Plan};
@@ -278,59 +279,48 @@ impl Limits {
         })
     }
 
-    /// The checks of the body: size caps, message rate, the queue cap, the retention ceiling.
-    pub(crate) fn check_body<A: ClientApi>(
+    /// The checks of a push, on the items its handler read (JSON or QPB1 alike): the batch and
+    /// payload size caps, the message rate and the queue and partition caps.
+    pub(crate) fn check_push<A: ClientApi>(
         &self,
         api: &A,
         t: &mut Ticket,
-        segs: &[&str],
-        binary: bool,
-        body: &[u8],
+        items: &[PushItem],
     ) -> Result<(), ApiError> {
         let plan = t.plan.clone();
+        if let Some(max) = plan.max_batch_items
+            && items.len() as u64 > max
+        {
+            return Err(too_large(format!(
+                "items holds {} messages; this cluster's plan takes at most {max} per push",
+                items.len()
+            )));
+        }
+        if let Some(max) = plan.max_payload_bytes
+            && let Some((i, len)) = items
+                .iter()
+                .map(|item| item.payload.len() as u64)
+                .enumerate()
+                .find(|(_, len)| *len > max)
+        {
+            return Err(too_large(format!(
+                "items[{i}].payload takes {len} bytes; this cluster's plan takes at most {max}"
+            )));
+        }
+        t.msgs = items.len() as u64;
+        self.take_msgs(api, t, t.msgs)?;
+        self.queue_cap(api, t, items)
+    }
+
+    /// The checks of any other body: the retention ceiling of a queue's configuration.
+    pub(crate) fn check_body(
+        &self,
+        t: &Ticket,
+        segs: &[&str],
+        body: &[u8],
+    ) -> Result<(), ApiError> {
+        let plan = &t.plan;
         match (t.class, segs) {
-            (Class::Produce, ["api", "v1", "push"]) if binary => {
-                if let (Some(items), Some(payload)) = (plan.max_batch_items, plan.max_payload_bytes)
-                    && body.len() as u64 > items.saturating_mul(payload)
-                {
-                    return Err(too_large(format!(
-                        "a binary push of this cluster's plan is at most {} bytes",
-                        items.saturating_mul(payload)
-                    )));
-                }
-                t.msgs = 1;
-                self.take_msgs(api, t, 1)
-            }
-            (Class::Produce, ["api", "v1", "push"]) => {
-                let Ok(v) = serde_json::from_slice::<Value>(body) else {
-                    // The handler answers the 400 naming what is wrong.
-                    return Ok(());
-                };
-                let Some(items) = v.get("items").and_then(Value::as_array) else {
-                    return Ok(());
-                };
-                if let Some(max) = plan.max_batch_items
-                    && items.len() as u64 > max
-                {
-                    return Err(too_large(format!(
-                        "items holds {} messages; this cluster's plan takes at most {max} per push",
-                        items.len()
-                    )));
-                }
-                if let Some(max) = plan.max_payload_bytes {
-                    for (i, item) in items.iter().enumerate() {
-                        let len = item.get("payload").map_or(0, |p| p.to_string().len()) as u64;
-                        if len > max {
-                            return Err(too_large(format!(
-                                "items[{i}].payload takes {len} bytes; this cluster's plan takes at most {max}"
-                            )));
-                        }
-                    }
-                }
-                t.msgs = items.len() as u64;
-                self.take_msgs(api, t, t.msgs)?;
-                self.queue_cap(api, t, items)
-            }
             (Class::QueueAdmin, ["api", "v1", "configure"]) => {
                 let Some(max) = plan.max_retention_seconds else {
                     return Ok(());
@@ -390,7 +380,7 @@ impl Limits {
         &self,
         api: &A,
         t: &Ticket,
-        items: &[Value],
+        items: &[PushItem],
     ) -> Result<(), ApiError> {
         let (max_queues, max_parts) = (t.plan.max_queues, t.plan.max_partitions_per_queue);
         if max_queues.is_none() && max_parts.is_none() {
@@ -404,13 +394,7 @@ impl Limits {
         let mut full_queue = None;
         let mut seen = std::collections::HashSet::new();
         for item in items {
-            let Some(q) = item.get("queue").and_then(Value::as_str) else {
-                continue;
-            };
-            let p = item
-                .get("partition")
-                .and_then(Value::as_str)
-                .unwrap_or("Default");
+            let (q, p) = (item.queue.as_str(), item.partition.as_str());
             if !seen.insert((q, p)) {
                 continue;
             }
