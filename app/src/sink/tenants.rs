@@ -98,9 +98,7 @@ impl TenantSinks {
             .values_mut()
             .filter_map(|e| e.handle.take())
             .collect();
-        for h in handles {
-            h.finish().await;
-        }
+        finish_all(handles).await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -126,34 +124,35 @@ impl TenantSinks {
                 return;
             }
         };
-        // Rows gone: their sinks stop and leave the status page.
-        let gone: Vec<String> = self
-            .lock()
-            .keys()
-            .filter(|id| !dir.sinks.contains_key(*id))
-            .cloned()
-            .collect();
-        for id in gone {
-            let old = self.lock().remove(&id);
-            if let Some(h) = old.and_then(|e| e.handle) {
-                h.finish().await;
+        // Rows gone: their sinks stop and leave the status page. Rows changed: their old sinks
+        // stop before the new ones start. All the drains run at once, so one slow drain does
+        // not hold back the other tenants' changes.
+        let mut changed = Vec::new();
+        let mut stopping = Vec::new();
+        {
+            let mut sinks = self.lock();
+            sinks.retain(|id, e| {
+                let keep = dir.sinks.contains_key(id);
+                if !keep {
+                    stopping.extend(e.handle.take());
+                }
+                keep
+            });
+            for (id, row) in &dir.sinks {
+                let cluster = dir.cluster_by_id(id);
+                let wanted =
+                    row.enabled && cluster.is_some_and(|c| c.effective() != Effective::Suspended);
+                let unchanged = sinks
+                    .get(id)
+                    .is_some_and(|e| e.updated_us == row.updated_us && e.wanted == wanted);
+                if !unchanged {
+                    stopping.extend(sinks.remove(id).and_then(|e| e.handle));
+                    changed.push((id, row, cluster, wanted));
+                }
             }
         }
-        for (id, row) in &dir.sinks {
-            let cluster = dir.cluster_by_id(id);
-            let wanted =
-                row.enabled && cluster.is_some_and(|c| c.effective() != Effective::Suspended);
-            let unchanged = self
-                .lock()
-                .get(id)
-                .is_some_and(|e| e.updated_us == row.updated_us && e.wanted == wanted);
-            if unchanged {
-                continue;
-            }
-            let old = self.lock().remove(id).and_then(|e| e.handle);
-            if let Some(h) = old {
-                h.finish().await;
-            }
+        finish_all(stopping).await;
+        for (id, row, cluster, wanted) in changed {
             let slug = cluster.map_or_else(|| id.clone(), |c| c.doc.slug.clone());
             let mut entry = Entry {
                 cluster: slug.clone(),
@@ -246,4 +245,13 @@ impl TenantSinks {
             .clone();
         (rows, err)
     }
+}
+
+/// Drain and stop `handles` all at once.
+async fn finish_all(handles: Vec<Arc<SinkHandle>>) {
+    let mut drains = tokio::task::JoinSet::new();
+    for h in handles {
+        drains.spawn(async move { h.finish().await });
+    }
+    while drains.join_next().await.is_some() {}
 }
