@@ -69,6 +69,10 @@ pub struct RawConfig {
     pub election_min_ms: Option<String>,
     /// `QUEEN_RAFT_ELECTION_MAX_MS`
     pub election_max_ms: Option<String>,
+    /// `QUEEN_RAFT_GROUPS`
+    pub raft_groups: Option<String>,
+    /// `QUEEN_TENANT_GROUPS`
+    pub tenant_groups: Option<String>,
 }
 
 /// A secret setting as given: cloned and passed on, never printed.
@@ -90,6 +94,15 @@ pub struct Peer {
     pub raft: String,
     /// Client address `host:port`.
     pub http: String,
+}
+
+/// The raft address of group `group` of a peer whose raft address is `addr`: the same host,
+/// the port plus `group` (`None` past the last port, or when `addr` has no port).
+#[must_use]
+pub fn group_raft_addr(addr: &str, group: u16) -> Option<String> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    Some(format!("{host}:{}", port.checked_add(group)?))
 }
 
 /// The validated configuration.
@@ -151,6 +164,9 @@ pub struct Config {
     pub ephemeral: queen_domain::ephemeral::Limits,
     /// How often the node samples its analytics, and how much of them it keeps.
     pub analytics: AnalyticsSettings,
+    /// The raft groups this process runs (`QUEEN_RAFT_GROUPS`) and where each tenant lives
+    /// (`QUEEN_TENANT_GROUPS`).
+    pub placement: queen_domain::groups::Placement,
 }
 
 /// The analytics sampler's settings.
@@ -238,7 +254,7 @@ impl Config {
     #[must_use]
     pub fn describe(&self) -> String {
         format!(
-            "peers={} token={} encryption_key={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} heartbeat_ms={} election_ms={}..{} join={}",
+            "peers={} token={} encryption_key={} request_timeout_ms={} max_body_bytes={} max_message_bytes={} body_timeout_ms={} body_budget_bytes={} disk_high_pct={} disk_reserve_bytes={} client_offload={} promote_max_lag={} ready_lag_entries={} ready_lag_ms={} max_clock_skew_ms={} heartbeat_ms={} election_ms={}..{} join={} raft_groups={}",
             self.peers.len(),
             if self.token.is_some() { "set" } else { "unset" },
             if self.encryption.is_some() {
@@ -262,6 +278,7 @@ impl Config {
             self.election_min_ms,
             self.election_max_ms,
             self.join,
+            self.placement.groups(),
         )
     }
 }
@@ -620,7 +637,43 @@ impl RawConfig {
         };
         let ephemeral = ephemeral_limits(&self.ephemeral)?;
         let analytics = analytics_settings(&self.analytics)?;
+        let groups: u16 = number(
+            &self.raft_groups,
+            "QUEEN_RAFT_GROUPS",
+            1,
+            "a group count (1-64)",
+        )?;
+        let placement = queen_domain::groups::Placement::new(groups, "")
+            .map_err(|e| bad("QUEEN_RAFT_GROUPS", e.to_string()))?;
+        let placement = match self.tenant_groups.as_deref() {
+            Some(pins) if !pins.trim().is_empty() => {
+                queen_domain::groups::Placement::new(groups, pins)
+                    .map_err(|e| bad("QUEEN_TENANT_GROUPS", e.to_string()))?
+            }
+            _ => placement,
+        };
+        if let Some(p) = peers
+            .iter()
+            .find(|p| group_raft_addr(&p.raft, groups - 1).is_none())
+        {
+            return Err(bad(
+                "QUEEN_RAFT_GROUPS",
+                format!(
+                    "group {} of node {} would listen on its raft port plus {}, which is not a port: lower the raft port",
+                    groups - 1,
+                    p.id,
+                    groups - 1
+                ),
+            ));
+        }
+        if groups > 1 && !client_offload {
+            return Err(bad(
+                "QUEEN_RAFT_GROUPS",
+                "several groups need QUEEN_RAFT_CLIENT_OFFLOAD on: a node serves every tenant, and forwards to the leader of the tenant's group what it does not lead",
+            ));
+        }
         Ok(Config {
+            placement,
             ephemeral,
             analytics,
             heartbeat_ms,

@@ -47,6 +47,10 @@ pub enum AppError {
         "the replicated log stopped: {0}; the node stopped so that it can be started again on its data once the cause is fixed"
     )]
     LogStopped(String),
+    /// The data directory was written with another number of raft groups, or a tenant with
+    /// data would move to another group.
+    #[error("QUEEN_RAFT_GROUPS: {0}")]
+    Groups(String),
     /// The cluster version marker cannot be read.
     #[error("QUEEN_RAFT_DIR: cannot read the cluster version marker {path}")]
     FormatMarker {
@@ -60,7 +64,9 @@ impl AppError {
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {
-            AppError::FormatTooNew { .. } | AppError::FormatMarker { .. } => 2,
+            AppError::FormatTooNew { .. } | AppError::FormatMarker { .. } | AppError::Groups(_) => {
+                2
+            }
             _ => 1,
         }
     }

@@ -6,15 +6,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use queen_ports::{ReplicatedLog, SystemClock};
-use queen_raft::{RaftNode, RaftNodeConfig};
-use queen_store::{FjallStore, StoreConfig};
+use queen_raft::RaftNode;
 use queen_telemetry::Telemetry;
 use tokio::net::TcpListener;
 
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::error::AppError;
+
+mod group;
 
 /// How long a stop waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -27,8 +27,13 @@ const TICK_EVERY: Duration = Duration::from_secs(1);
 pub struct Serving {
     /// The client port, bound.
     pub listener: TcpListener,
-    /// The use cases (`queen_ports::ClientApi`).
+    /// The use cases (`queen_ports::ClientApi`) of group 0, which also answers for the node
+    /// (health, status, metrics, membership).
     pub broker: Arc<Broker>,
+    /// Every group's use cases, by group number (one entry with one group).
+    pub groups: Vec<Arc<Broker>>,
+    /// Which group holds each tenant.
+    pub placement: queen_domain::groups::Placement,
     /// How long requests in flight may take once `stop` resolved.
     pub drain: Duration,
     /// Resolves when the node should stop accepting (after SIGTERM and the leadership
@@ -59,88 +64,38 @@ where
     })?;
     let knobs = crate::cluster::TestKnobs::from_env(&cfg.raft_dir);
     let kinds = knobs.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
-    let marker = crate::cluster::check_marker(&cfg.raft_dir, kinds)?;
+    let count = cfg.placement.groups();
+    group::check_count(&cfg.raft_dir, count)?;
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| AppError::Bind { addr, source })?;
-    let store = FjallStore::open(&StoreConfig::new(cfg.raft_dir.join("state")))?;
-    crate::cluster::refuse_newer(
-        &cfg.raft_dir,
-        queen_domain::reads::cluster_version(&store).unwrap_or(0),
+    let common = group::Common {
+        cfg: &cfg,
+        knobs: &knobs,
         kinds,
-    )?;
-    let mut raft_cfg = RaftNodeConfig::single(cfg.node_id, cfg.raft_dir.clone());
-    raft_cfg.token = cfg.token.clone();
-    raft_cfg.heartbeat_ms = cfg.heartbeat_ms;
-    raft_cfg.election_min_ms = cfg.election_min_ms;
-    raft_cfg.election_max_ms = cfg.election_max_ms;
-    raft_cfg.join = cfg.join;
-    raft_cfg.log_kinds = kinds;
-    raft_cfg.faults_file = knobs.faults_file;
-    if let Some(every) = knobs.snapshot_every {
-        raft_cfg.snapshot_every_entries = every;
+        telemetry: &telemetry,
+    };
+    let mut groups = Vec::with_capacity(usize::from(count));
+    for index in 0..count {
+        // The node's own sink and analytics belong to group 0 (with one group, to the node).
+        let (settings, samples) = if index == 0 {
+            (sink.clone(), analytics_log(&cfg)?)
+        } else {
+            (None, None)
+        };
+        groups.push(group::start(&common, index, settings, samples).await?);
     }
-    if let Some(bytes) = knobs.log_segment_bytes {
-        raft_cfg.log_segment_bytes = bytes;
+    group::check_tenants(&groups, &cfg.placement)?;
+    let broker = groups[0].broker.clone();
+    for g in &groups {
+        g.broker.warn_flagged_without_key();
+        g.broker.serve_peers();
+        sample_disk(&g.broker, &cfg.raft_dir);
+        // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM
+        // included.
+        tokio::spawn(g.broker.clone().run_push_lane());
     }
-    // The raft port carries one client body per forwarded command, and appends split at
-    // `MAX_APPEND_BYTES` unless one entry is larger: bound its bodies by the largest client
-    // body plus room for the entry's own framing.
-    raft_cfg.max_body_bytes = cfg
-        .max_body_bytes
-        .saturating_add(1 << 20)
-        .max(queen_raft::MAX_APPEND_BYTES);
-    raft_cfg.body_timeout = cfg.body_timeout;
-    raft_cfg.body_budget_bytes = cfg.body_budget_bytes.max(raft_cfg.max_body_bytes);
-    raft_cfg.peers = cfg
-        .peers
-        .iter()
-        .map(|p| queen_raft::Peer {
-            id: p.id,
-            raft_addr: p.raft.clone(),
-            http_addr: p.http.clone(),
-        })
-        .collect();
-    let raft = RaftNode::start(raft_cfg, Arc::new(store.clone())).await?;
-    let fsync_source = raft.clone();
-    let broker = Arc::new(
-        Broker::new(
-            Arc::new(raft.clone()) as Arc<dyn ReplicatedLog>,
-            Arc::new(store.clone()) as Arc<dyn queen_ports::StateReader>,
-            Arc::new(SystemClock),
-            telemetry.clone(),
-            cfg.request_timeout,
-            Arc::new(move || fsync_source.fsync_count()),
-        )
-        .with_disk_gate(cfg.disk_high_pct, cfg.disk_reserve_bytes)
-        .with_max_message_bytes(cfg.max_message_bytes)
-        .with_cluster(
-            Arc::new(raft.clone()) as Arc<dyn queen_ports::Membership>,
-            cfg.promote_max_lag,
-            cfg.ready_lag_entries,
-            cfg.ready_lag_ms,
-        )
-        .with_client_offload(cfg.client_offload)
-        .with_log_kinds(kinds)
-        .with_cipher(
-            match &cfg.encryption {
-                Some(c) => c.clone() as Arc<dyn queen_ports::PayloadCipher>,
-                None => Arc::new(queen_crypto::NoKey),
-            },
-            cfg.encryption.is_some(),
-        )
-        .with_ephemeral_limits(cfg.ephemeral.clone())
-        .with_sink_settings(sink.clone())
-        .with_samples_if(analytics_log(&cfg)?)
-        .with_peers(Arc::new(raft.clone()) as Arc<dyn queen_ports::PeerCalls>)
-        .with_push_lane(),
-    );
-    broker.warn_flagged_without_key();
-    broker.serve_peers();
-    sample_disk(&broker, &cfg.raft_dir);
-    // Detached: it serves pushes for as long as the runtime runs, the drain at SIGTERM included.
-    tokio::spawn(broker.clone().run_push_lane());
     let (tenant_stop, tenant_stop_rx) = tokio::sync::watch::channel(false);
     let (sink, tenant_sinks) = match sink {
         Some(settings) => {
@@ -175,34 +130,15 @@ where
     };
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), settings = %cfg.describe(), "listening");
 
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let applied_watch = {
-        let broker = broker.clone();
-        let stop = stop_rx.clone();
-        tokio::spawn(async move { broker.watch_applied(stop).await })
-    };
-    let gate = {
-        let broker = broker.clone();
-        let mut stop = stop_rx.clone();
-        let mut gate = crate::cluster::Gate::new(
-            raft.clone(),
-            cfg.raft_dir.clone(),
-            kinds,
-            cfg.max_clock_skew_ms,
-            marker,
-        );
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = async { tokio::time::sleep(TICK_EVERY).await; gate.step(&broker).await } => {}
-                    _ = stop.changed() => break,
-                }
-            }
-        })
-    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for g in &groups {
+        tasks.extend(group_tasks(g, &cfg, kinds, count, &stop_rx));
+    }
     // The disk gate's sample, often: what was admitted since the last one is only estimated.
-    let disk_sampler = {
-        let broker = broker.clone();
+    // One file system holds every group's directory.
+    tasks.push({
+        let brokers: Vec<Arc<Broker>> = groups.iter().map(|g| g.broker.clone()).collect();
         let dir = cfg.raft_dir.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -210,28 +146,13 @@ where
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = every.tick() => sample_disk(&broker, &dir),
+                    _ = every.tick() => for b in &brokers { sample_disk(b, &dir) },
                     _ = stop.changed() => break,
                 }
             }
         })
-    };
-    // Ephemeral ages, leases and idle queues, and their gauges.
-    let ephemeral_sweeper = {
-        let broker = broker.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(1));
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = every.tick() => broker.ephemeral_sweep(),
-                    _ = stop.changed() => break,
-                }
-            }
-        })
-    };
-    let sampler = {
+    });
+    tasks.push({
         let every = Duration::from_millis(cfg.analytics.interval_ms.max(1));
         let stop = stop_rx.clone();
         let on = cfg.analytics.interval_ms > 0;
@@ -241,72 +162,72 @@ where
                 crate::broker::analytics::run_sampler(broker, every, stop).await;
             }
         })
-    };
-    let ephemeral_placement = {
-        let broker = broker.clone();
-        let stop = stop_rx.clone();
-        tokio::spawn(async move { broker.ephemeral_placement(stop).await })
-    };
-    let ticker = {
-        let broker = broker.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK_EVERY);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {}
-                    _ = stop_rx.changed() => break,
-                }
-                // A tick is a proposal: without a quorum it would wait out the whole request
-                // deadline (30 s) and hold the stop that long. Dropping it is harmless: ticks
-                // are housekeeping, and one that still commits applies like any other.
-                tokio::select! {
-                    () = broker.tick() => {}
-                    _ = stop_rx.changed() => break,
-                }
-            }
-        })
-    };
-    // On SIGTERM a leader hands leadership over first (openraft's transfer, at most ~3 s), so
-    // the cluster has a new leader before this node stops listening; requests still in flight
-    // here are forwarded to it while the listener drains.
+    });
+    // On SIGTERM a leader hands leadership over first (openraft's transfer, at most ~3 s per
+    // group, all groups at once), so each group has a new leader before this node stops
+    // listening; requests still in flight here are forwarded to it while the listener drains.
     // A raft core that stopped on an error (a write refused by a full disk, say) can no longer
     // replicate or apply: the node stops at once with that error, so that a supervisor starts
     // it again on its data once the cause is fixed (fail-stop, as after kill -9: every write it
     // acknowledged is on a majority of disks), instead of answering 503 forever.
     let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let handover = {
-        let raft = raft.clone();
+        let rafts: Vec<RaftNode> = groups.iter().map(|g| g.raft.clone()).collect();
+        let brokers: Vec<Arc<Broker>> = groups.iter().map(|g| g.broker.clone()).collect();
         let sink = sink.clone();
         let tenant_sinks = tenant_sinks.clone();
-        let broker = broker.clone();
         let failed = failed.clone();
         async move {
+            let (failed_tx, mut failed_rx) = tokio::sync::mpsc::channel::<String>(rafts.len());
+            let watchers: Vec<_> = rafts
+                .iter()
+                .map(|r| {
+                    let (r, tx) = (r.clone(), failed_tx.clone());
+                    tokio::spawn(async move {
+                        let _ = tx.send(r.core_failed().await).await;
+                    })
+                })
+                .collect();
             tokio::select! {
                 () = shutdown => {}
-                reason = raft.core_failed() => {
+                Some(reason) = failed_rx.recv() => {
                     tracing::error!(target: "queen-app", error = %reason, "the replicated log stopped on an error; this node stops");
                     *failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
                     return;
                 }
             }
+            for w in watchers {
+                w.abort();
+            }
             // Ephemeral rings go to their next owners first (at most 15 s), while this node
             // still serves and the others still reach it.
-            broker.ephemeral_drain().await;
+            let mut drains = tokio::task::JoinSet::new();
+            for b in brokers {
+                drains.spawn(async move { b.ephemeral_drain().await });
+            }
+            while drains.join_next().await.is_some() {}
             if let Some(s) = &sink {
                 s.begin_drain();
             }
             if let Some(t) = &tenant_sinks {
                 t.begin_drain();
             }
-            if let Some((to, ms)) = raft.transfer_leadership().await {
-                tracing::info!(target: "queen-app", to, ms, "leadership handed off before draining");
+            let mut handoffs = tokio::task::JoinSet::new();
+            for (index, raft) in rafts.into_iter().enumerate() {
+                handoffs.spawn(async move { (index, raft.transfer_leadership().await) });
+            }
+            while let Some(done) = handoffs.join_next().await {
+                if let Ok((group, Some((to, ms)))) = done {
+                    tracing::info!(target: "queen-app", group, to, ms, "leadership handed off before draining");
+                }
             }
         }
     };
     serve(Serving {
         listener,
         broker: broker.clone(),
+        groups: groups.iter().map(|g| g.broker.clone()).collect(),
+        placement: cfg.placement.clone(),
         drain: DRAIN,
         stop: Box::pin(handover),
     })
@@ -329,19 +250,104 @@ where
     }
     let _ = tenant_stop.send(true);
     let _ = stop_tx.send(true);
-    let _ = ticker.await;
-    let _ = disk_sampler.await;
-    let _ = ephemeral_sweeper.await;
-    let _ = ephemeral_placement.await;
-    let _ = sampler.await;
-    let _ = gate.await;
-    let _ = applied_watch.await;
-    if let Err(e) = raft.shutdown().await {
-        tracing::warn!(target: "queen-app", error = %e, "raft did not stop cleanly");
+    for t in tasks {
+        let _ = t.await;
+    }
+    for g in &groups {
+        if let Err(e) = g.raft.shutdown().await {
+            tracing::warn!(target: "queen-app", group = g.index, error = %e, "raft did not stop cleanly");
+        }
     }
     drop(broker);
+    drop(groups);
     tracing::info!(target: "queen-app", "stopped");
     Ok(())
+}
+
+/// The background work of one group until `stop`: the applied-index watch, the cluster
+/// version gate, the ephemeral queues' sweep and placement, the tick, and (with several
+/// groups) the hand-back to the group's preferred leader.
+fn group_tasks(
+    g: &group::Group,
+    cfg: &Config,
+    kinds: u32,
+    count: u16,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    tasks.push({
+        let broker = g.broker.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move { broker.watch_applied(stop).await })
+    });
+    tasks.push({
+        let broker = g.broker.clone();
+        let mut stop = stop_rx.clone();
+        let mut gate = crate::cluster::Gate::new(
+            g.raft.clone(),
+            g.dir.clone(),
+            kinds,
+            cfg.max_clock_skew_ms,
+            g.marker,
+        );
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = async { tokio::time::sleep(TICK_EVERY).await; gate.step(&broker).await } => {}
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    });
+    // Ephemeral ages, leases and idle queues, and their gauges.
+    tasks.push({
+        let broker = g.broker.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => broker.ephemeral_sweep(),
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    });
+    tasks.push({
+        let broker = g.broker.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move { broker.ephemeral_placement(stop).await })
+    });
+    tasks.push({
+        let broker = g.broker.clone();
+        let mut stop_rx = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(TICK_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop_rx.changed() => break,
+                }
+                // A tick is a proposal: without a quorum it would wait out the whole request
+                // deadline (30 s) and hold the stop that long. Dropping it is harmless: ticks
+                // are housekeeping, and one that still commits applies like any other.
+                tokio::select! {
+                    () = broker.tick() => {}
+                    _ = stop_rx.changed() => break,
+                }
+            }
+        })
+    });
+    if count > 1 {
+        tasks.push(tokio::spawn(group::keep_preferred(
+            g.raft.clone(),
+            g.index,
+            stop_rx.clone(),
+        )));
+    }
+    tasks
 }
 
 /// The node-local analytics log under the data directory, when sampling is on.

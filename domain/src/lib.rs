@@ -17,6 +17,7 @@ pub mod codec;
 pub mod command;
 pub mod ephemeral;
 mod error;
+pub mod groups;
 pub mod ids;
 pub mod invariants;
 pub mod keys;

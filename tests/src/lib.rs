@@ -585,8 +585,46 @@ pub fn three_nodes(
     token: &str,
     extra: impl Fn(usize) -> Vec<(String, String)>,
 ) -> Vec<Node> {
+    three_nodes_spaced(bin, dir, token, 1, extra)
+}
+
+/// `span` free ports in a row (bounded search): the first.
+///
+/// # Panics
+/// When no such run is found in 1,000 tries.
+#[must_use]
+pub fn free_ports(span: u16) -> u16 {
+    let mut first = free_port();
+    let mut run = 1;
+    for _ in 0..1_000 {
+        if run == span {
+            return first;
+        }
+        let next = free_port();
+        if next == first + run {
+            run += 1;
+        } else {
+            first = next;
+            run = 1;
+        }
+    }
+    panic!("no {span} free ports in a row");
+}
+
+/// [`three_nodes`] whose raft ports are each followed by `span - 1` free ports (a node with
+/// `QUEEN_RAFT_GROUPS=span` listens on its raft port plus each group's number).
+///
+/// # Panics
+/// When a node does not become healthy within a minute.
+pub fn three_nodes_spaced(
+    bin: &Path,
+    dir: &Path,
+    token: &str,
+    span: u16,
+    extra: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Node> {
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let raft: Vec<u16> = (0..3).map(|_| free_ports(span)).collect();
     let peers = (0..3)
         .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
         .collect::<Vec<_>>()

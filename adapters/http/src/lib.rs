@@ -43,6 +43,6 @@ pub use api::ApiError;
 pub use auth::{Auth, AuthConfigError, Principal};
 pub use body::BodyBudget;
 pub use proxy::{Bootstrap, CP_TOKEN_HEADER, Proxy, ProxyConfigError, ProxySettings};
-pub use server::{ADMIN_TOKEN_HEADER, ServeConfig, serve};
+pub use server::{ADMIN_TOKEN_HEADER, Groups, ServeConfig, serve, serve_groups};
 pub use tenancy::{TENANT_HEADER, Tenancy};
 pub use tls::Tls;

@@ -379,32 +379,7 @@ pub(crate) async fn handle<A: ClientApi>(
                 ),
             ))
         }
-        ("GET", ["health"]) => {
-            let h = api.health();
-            let p = &h.progress;
-            let v = json!({
-                "status": h.not_ready.map_or("healthy", NotReady::as_str),
-                "raft": {
-                    "nodeId": p.node_id,
-                    "role": p.role,
-                    "leader": p.leader.is_some(),
-                    "leaderId": p.leader,
-                    "term": p.term,
-                    "applied": p.applied,
-                    "commit": p.commit,
-                    "lag": p.commit.saturating_sub(p.applied),
-                    "storageReady": p.storage_ready,
-                    "leaderContactMs": p.leader_contact_ms,
-                    "clusterVersion": h.cluster_version,
-                    "kinds": h.kinds,
-                    "apply": {"failure": h.apply_failure, "skipped": []},
-                }
-            });
-            Ok(json_response(
-                if h.not_ready.is_none() { 200 } else { 503 },
-                &v,
-            ))
-        }
+        ("GET", ["health"]) => Ok(health(&[&**api])),
         ("GET", ["status"]) => {
             // Through a JSON value, so the keys come out in the same (sorted) order as every
             // other document of the node.
@@ -581,6 +556,48 @@ async fn binary<A: ClientApi>(
             ),
         )),
     }
+}
+
+/// `GET /health`: group 0's figures under `raft` (a node's own with one group); with several
+/// groups also `groups`, each group's figures, and the node serves only when every group does.
+pub(crate) fn health<A: ClientApi>(apis: &[&A]) -> Response<Full<Bytes>> {
+    let views: Vec<queen_ports::HealthView> = apis.iter().map(|a| a.health()).collect();
+    let raft = |h: &queen_ports::HealthView| {
+        let p = &h.progress;
+        json!({
+            "nodeId": p.node_id,
+            "role": p.role,
+            "leader": p.leader.is_some(),
+            "leaderId": p.leader,
+            "term": p.term,
+            "applied": p.applied,
+            "commit": p.commit,
+            "lag": p.commit.saturating_sub(p.applied),
+            "storageReady": p.storage_ready,
+            "leaderContactMs": p.leader_contact_ms,
+            "clusterVersion": h.cluster_version,
+            "kinds": h.kinds,
+            "apply": {"failure": h.apply_failure, "skipped": []},
+        })
+    };
+    let not_ready = views.iter().find_map(|h| h.not_ready);
+    let mut v = json!({
+        "status": not_ready.map_or("healthy", NotReady::as_str),
+        "raft": views.first().map(raft),
+    });
+    if views.len() > 1 {
+        v["groups"] = views
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let mut g = raft(h);
+                g["group"] = json!(i);
+                g["status"] = json!(h.not_ready.map_or("healthy", NotReady::as_str));
+                g
+            })
+            .collect();
+    }
+    json_response(if not_ready.is_none() { 200 } else { 503 }, &v)
 }
 
 /// A push body, read and checked: its items as the client named them, in wire order.

@@ -74,15 +74,71 @@ const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 /// The header that carries the admin credential (the raft token).
 pub const ADMIN_TOKEN_HEADER: &str = "x-queen-raft-token";
 
+/// A node's raft groups as a listener routes to them: one use-case object per group, the first
+/// of which also answers for the node (health, status, metrics, membership), and the placement
+/// of tenants in groups.
+pub struct Groups<A> {
+    apis: Vec<Arc<A>>,
+    placement: queen_domain::groups::Placement,
+}
+
+impl<A> Groups<A> {
+    /// One group.
+    pub fn one(api: Arc<A>) -> Self {
+        Self {
+            apis: vec![api],
+            placement: queen_domain::groups::Placement::single(),
+        }
+    }
+
+    /// `apis[g]` for group `g`; `placement` must count as many groups (else: one group, the
+    /// first).
+    pub fn new(apis: Vec<Arc<A>>, placement: queen_domain::groups::Placement) -> Self {
+        if apis.is_empty() || apis.len() != usize::from(placement.groups()) {
+            tracing::error!(target: "queen-http", groups = apis.len(), placement = placement.groups(), "the groups and the placement disagree; serving the first group only");
+            let first = apis.into_iter().next();
+            return match first {
+                Some(a) => Self::one(a),
+                None => panic!("a listener needs at least one group"),
+            };
+        }
+        Self { apis, placement }
+    }
+}
+
 /// What every request of one listener shares.
 struct Shared<A> {
+    /// Group 0's use cases: the node's own routes.
     api: Arc<A>,
+    /// Every group's, by number.
+    groups: Vec<Arc<A>>,
+    placement: queen_domain::groups::Placement,
     limits: BodyLimits,
     budget: BodyBudget,
     admin_token: Option<String>,
     auth: Option<Arc<Auth>>,
     tenancy: Tenancy,
     proxy: Option<Arc<Proxy>>,
+}
+
+impl<A> Shared<A> {
+    /// The group that serves a request: the node's own routes are group 0's, every other the
+    /// group of the request's tenant.
+    fn api_for(&self, segs: &[&str], scope: &Scope) -> &Arc<A> {
+        if self.groups.len() == 1 || node_wide(segs) {
+            return &self.api;
+        }
+        let g = usize::from(self.placement.group_of(&scope.tenant));
+        self.groups.get(g).unwrap_or(&self.api)
+    }
+}
+
+/// Routes that answer for the node rather than for a tenant.
+fn node_wide(segs: &[&str]) -> bool {
+    matches!(
+        segs,
+        ["health"] | ["status"] | ["metrics", ..] | ["api", "v1", "system", ..]
+    )
 }
 
 /// Whether a route changes the cluster's administration (membership): those need the admin
@@ -191,6 +247,23 @@ async fn answer<A: ClientApi>(
         // says the connection closes, and no client sends its next request on it.
         Err(e) => return closing_if_body(&req, error_response(&e)),
     };
+    if shared.groups.len() > 1 {
+        if *method == hyper::Method::GET && segs == ["health"] {
+            let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
+            return router::health(&apis);
+        }
+        if is_admin_change(method, segs) {
+            return closing_if_body(
+                &req,
+                error_response(&ApiError::new(
+                    409,
+                    "several_groups",
+                    "membership changes are not served on a node with several raft groups (QUEEN_RAFT_GROUPS) yet: each group would need the same change",
+                )),
+            );
+        }
+    }
+    let api = shared.api_for(segs, &scope);
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
@@ -217,10 +290,10 @@ async fn answer<A: ClientApi>(
                 {
                     match router::push_body(&body.bytes, kind) {
                         Ok(b) => {
-                            if let Err(e) = proxy.limits.check_push(&*shared.api, t, &b.items) {
+                            if let Err(e) = proxy.limits.check_push(&**api, t, &b.items) {
                                 return error_response(&e);
                             }
-                            router::push(&shared.api, &scope, b).await
+                            router::push(api, &scope, b).await
                         }
                         Err(e) => Err(e),
                     }
@@ -229,9 +302,9 @@ async fn answer<A: ClientApi>(
                     if let Err(e) = proxy.limits.check_body(t, segs, &body.bytes) {
                         return error_response(&e);
                     }
-                    handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await
+                    handle(api, &scope, method, segs, query, &body.bytes, kind).await
                 }
-                _ => handle(&shared.api, &scope, method, segs, query, &body.bytes, kind).await,
+                _ => handle(api, &scope, method, segs, query, &body.bytes, kind).await,
             };
             let response = finish(result);
             if let (Some(proxy), Some(t)) = (&shared.proxy, ticket.as_ref()) {
@@ -306,8 +379,20 @@ pub async fn serve<A: ClientApi>(
     cfg: ServeConfig,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_groups(listener, Groups::one(api), cfg, shutdown).await;
+}
+
+/// [`serve`] for a node of several raft groups: each request reaches the group of its tenant.
+pub async fn serve_groups<A: ClientApi>(
+    listener: TcpListener,
+    groups: Groups<A>,
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) {
     let shared = Arc::new(Shared {
-        api,
+        api: groups.apis[0].clone(),
+        groups: groups.apis,
+        placement: groups.placement,
         limits: BodyLimits {
             max_bytes: cfg.max_body_bytes,
             timeout: cfg.body_timeout,

@@ -331,6 +331,18 @@ impl RaftNode {
             .voter_ids()
             .filter(|id| *id != me)
             .max_by_key(|id| replication.get(id).cloned().flatten().map(|l| l.index))?;
+        self.transfer_to(to).await
+    }
+
+    /// On a leader: hand leadership to voter `to` and wait (up to 3 s) until another leader is
+    /// known. Returns the new leader and how long the hand-off took in milliseconds; `None`
+    /// when this node does not lead or no other leader appeared in time.
+    pub async fn transfer_to(&self, to: u64) -> Option<(u64, u128)> {
+        let raft = &self.inner.raft;
+        let me = self.inner.node_id;
+        if to == me || raft.metrics().borrow_watched().state != ServerState::Leader {
+            return None;
+        }
         let started = std::time::Instant::now();
         if let Err(e) = raft.trigger().transfer_leader(to).await {
             tracing::warn!(to, error = %e, "leader transfer could not be started");

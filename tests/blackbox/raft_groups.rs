@@ -1,0 +1,340 @@
+//! Raft groups per process (`QUEEN_RAFT_GROUPS`): three nodes with three groups each, every
+//! node leading one; tenants placed by the documented hash push, pop and ack through any node;
+//! a kill -9 moves only the dead node's group and leadership comes back with the node; SIGTERM
+//! hands the node's group over; a node restarted with another count refuses to start.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use queen_tests::{Answer, Node, three_nodes_spaced};
+use serde_json::{Value, json};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_queen"))
+}
+
+const GROUPS: u16 = 3;
+
+/// The placement rule of `docs/cluster.md`: FNV-1a (64 bits) of the tenant id, modulo the
+/// group count.
+fn group_of(tenant: &str) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in tenant.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    u16::try_from(h % u64::from(GROUPS)).expect("a group")
+}
+
+/// One tenant id for each group.
+fn tenants() -> Vec<String> {
+    (0..GROUPS)
+        .map(|g| {
+            (0u32..)
+                .map(|i| format!("00000000-0000-4000-8000-{i:012x}"))
+                .find(|t| group_of(t) == g)
+                .expect("a tenant")
+        })
+        .collect()
+}
+
+fn env(_: usize) -> Vec<(String, String)> {
+    [
+        ("QUEEN_RAFT_GROUPS", "3"),
+        ("QUEEN_TENANCY_HEADER", "true"),
+        ("QUEEN_KV_TRUSTED_PROXY", "true"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect()
+}
+
+fn call(n: &Node, tenant: &str, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let text = body.map(Value::to_string);
+    n.try_request_with(method, path, text.as_deref(), &[("x-queen-tenant", tenant)])
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Each group's leader as node `i` (0-based) sees it, from its `/health`.
+fn leaders_seen(n: &Node) -> Option<Vec<Option<u64>>> {
+    let h = n.try_request("GET", "/health", None).ok()?;
+    let groups = h.json["groups"].as_array()?;
+    Some(groups.iter().map(|g| g["leaderId"].as_u64()).collect())
+}
+
+/// Groups led by each node id, from the nodes' own `/health` (a node counts as leading a group
+/// when it says its role there is leader).
+fn led_by(nodes: &[&Node]) -> Vec<(u64, u16)> {
+    let mut out = Vec::new();
+    for n in nodes {
+        let Ok(h) = n.try_request("GET", "/health", None) else {
+            continue;
+        };
+        for g in h.json["groups"].as_array().cloned().unwrap_or_default() {
+            if g["role"] == "leader" {
+                out.push((
+                    g["nodeId"].as_u64().unwrap_or(0),
+                    u16::try_from(g["group"].as_u64().unwrap_or(99)).unwrap_or(99),
+                ));
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Wait (bounded) until each of `nodes` leads exactly one group and every group has one
+/// leader; answers how long it took.
+fn each_leads_one(nodes: &[&Node], limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let led = led_by(nodes);
+        let mut ids: Vec<u64> = led.iter().map(|(n, _)| *n).collect();
+        let mut groups: Vec<u16> = led.iter().map(|(_, g)| *g).collect();
+        ids.dedup();
+        groups.sort_unstable();
+        groups.dedup();
+        if led.len() == nodes.len() && ids.len() == nodes.len() && groups.len() == nodes.len() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "after {limit:?} the groups are led as {led:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Push `ids` to `queue` of `tenant` through `n`, one request each, every one answered queued.
+fn push_all(n: &Node, tenant: &str, queue: &str, ids: &[String]) {
+    for id in ids {
+        let a = call(
+            n,
+            tenant,
+            "POST",
+            "/api/v1/push",
+            Some(&json!({"items": [{"queue": queue, "transactionId": id, "payload": {"id": id}}]})),
+        );
+        assert_eq!(a.status, 200, "push {id} for {tenant}: {}", a.text);
+        assert_eq!(a.json[0]["status"], "queued", "{}", a.text);
+    }
+}
+
+/// Pop and ack everything in `queue` of `tenant` through `pop_via` and `ack_via`: the ids.
+fn drain(pop_via: &Node, ack_via: &Node, tenant: &str, queue: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        let p = call(
+            pop_via,
+            tenant,
+            "GET",
+            &format!("/api/v1/pop/queue/{queue}?batch=50&wait=false"),
+            None,
+        );
+        assert!(p.status == 200 || p.status == 204, "pop: {}", p.text);
+        let msgs = p.json["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            break;
+        }
+        let acks: Vec<Value> = msgs
+            .iter()
+            .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "completed"}))
+            .collect();
+        let a = call(
+            ack_via,
+            tenant,
+            "POST",
+            "/api/v1/ack/batch",
+            Some(&json!({"acknowledgments": acks})),
+        );
+        assert_eq!(a.status, 200, "ack: {}", a.text);
+        got.extend(
+            msgs.iter()
+                .filter_map(|m| m["transactionId"].as_str().map(str::to_owned)),
+        );
+    }
+    got.sort();
+    got
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+}
+
+#[test]
+fn three_nodes_lead_one_group_each_serve_every_tenant_and_survive_a_kill() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes = three_nodes_spaced(bin(), dir.path(), "groups-token", GROUPS, env);
+    let took = each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    println!("every node leads one group after {took:?}");
+    let tenants = tenants();
+
+    // Every tenant through every node: push via one, pop via the next, ack via the third.
+    let mut pushed: Vec<Vec<String>> = vec![Vec::new(); tenants.len()];
+    for (t, tenant) in tenants.iter().enumerate() {
+        for (i, n) in nodes.iter().enumerate() {
+            let batch = ids(&format!("t{t}-n{i}"), 5);
+            push_all(n, tenant, "jobs", &batch);
+            pushed[t].extend(batch);
+        }
+    }
+    // Each tenant's data is in its own group only: the group-0 state behind `/status` lists
+    // the queue of group 0's tenant and neither of the others'.
+    let status = nodes[0].get("/status");
+    assert!(status.text.contains(&tenants[0]), "{}", status.text);
+    assert!(
+        !status.text.contains(&tenants[1]) && !status.text.contains(&tenants[2]),
+        "{}",
+        status.text
+    );
+    // A tenant's queue is its own, wherever it is asked.
+    let listed = call(
+        &nodes[1],
+        &tenants[0],
+        "GET",
+        "/api/v1/resources/queues",
+        None,
+    );
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    assert!(listed.text.contains("jobs"), "{}", listed.text);
+
+    // kill -9 of node 3: only the group it led changes leader.
+    let before: Vec<Option<u64>> = leaders_seen(&nodes[0]).expect("health of node 1");
+    let dead_id = 3u64;
+    let dead_group = before
+        .iter()
+        .position(|l| *l == Some(dead_id))
+        .expect("node 3 leads a group");
+    nodes[2].kill9();
+    let started = Instant::now();
+    let after = loop {
+        let seen = leaders_seen(&nodes[0]).unwrap_or_default();
+        if seen
+            .get(dead_group)
+            .copied()
+            .flatten()
+            .is_some_and(|l| l != dead_id)
+        {
+            break seen;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "group {dead_group} has no new leader: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "group {dead_group} elected node {:?} {:?} after the kill",
+        after[dead_group],
+        started.elapsed()
+    );
+    for (g, l) in before.iter().enumerate() {
+        if g != dead_group {
+            assert_eq!(
+                after[g], *l,
+                "group {g} changed leader: {before:?} -> {after:?}"
+            );
+        }
+    }
+    // Writes of every tenant go on through the survivors.
+    for (t, tenant) in tenants.iter().enumerate() {
+        let batch = ids(&format!("t{t}-after"), 5);
+        push_all(&nodes[t % 2], tenant, "jobs", &batch);
+        pushed[t].extend(batch);
+    }
+    // The node comes back: its group returns to it.
+    nodes[2].restart();
+    let took = each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    println!("leadership back to one group per node {took:?} after the restart");
+    // Nothing acknowledged is lost or doubled.
+    for (t, tenant) in tenants.iter().enumerate() {
+        let got = drain(&nodes[(t + 1) % 3], &nodes[(t + 2) % 3], tenant, "jobs");
+        let mut want = pushed[t].clone();
+        want.sort();
+        assert_eq!(got, want, "tenant {tenant}");
+    }
+
+    // A node restarted with another group count refuses to start, naming the setting.
+    nodes[1].kill9();
+    nodes[1].set_env("QUEEN_RAFT_GROUPS", "2");
+    nodes[1].launch();
+    let status = nodes[1]
+        .wait_exit(Duration::from_secs(30))
+        .expect("a node with another group count exits");
+    assert_eq!(status.code(), Some(2), "{}", nodes[1].log_text());
+    let log = nodes[1].log_text();
+    assert!(
+        log.contains("QUEEN_RAFT_GROUPS") && log.contains("holds 3 raft group(s)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn sigterm_hands_the_groups_a_node_leads_to_another_member() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes = three_nodes_spaced(bin(), dir.path(), "groups-token", GROUPS, env);
+    each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    let before = leaders_seen(&nodes[0]).expect("health of node 1");
+    let group = before
+        .iter()
+        .position(|l| *l == Some(2))
+        .expect("node 2 leads a group");
+    let started = Instant::now();
+    let status = nodes[1].sigterm(Duration::from_secs(60));
+    assert!(status.success(), "{status}: {}", nodes[1].log_text());
+    let seen = leaders_seen(&nodes[0]).unwrap_or_default();
+    let new = seen.get(group).copied().flatten();
+    assert!(
+        new.is_some_and(|l| l != 2),
+        "group {group} after SIGTERM: {seen:?}"
+    );
+    println!(
+        "group {group} handed to node {new:?}; the node stopped {:?} after SIGTERM",
+        started.elapsed()
+    );
+    assert!(
+        nodes[1]
+            .log_text()
+            .contains("leadership handed off before draining"),
+        "{}",
+        nodes[1].log_text()
+    );
+}
+
+#[test]
+fn bad_group_settings_stop_the_boot_with_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (env, says) in [
+        (vec![("QUEEN_RAFT_GROUPS", "0")], "QUEEN_RAFT_GROUPS"),
+        (vec![("QUEEN_RAFT_GROUPS", "65")], "QUEEN_RAFT_GROUPS"),
+        (
+            vec![
+                ("QUEEN_RAFT_GROUPS", "2"),
+                ("QUEEN_RAFT_CLIENT_OFFLOAD", "false"),
+            ],
+            "QUEEN_RAFT_CLIENT_OFFLOAD",
+        ),
+        (
+            vec![
+                ("QUEEN_RAFT_GROUPS", "2"),
+                (
+                    "QUEEN_TENANT_GROUPS",
+                    "00000000-0000-4000-8000-000000000001=2",
+                ),
+            ],
+            "QUEEN_TENANT_GROUPS",
+        ),
+        (
+            vec![("QUEEN_RAFT_GROUPS", "2"), ("QUEEN_S3_EMBEDDED", "true")],
+            "QUEEN_S3_EMBEDDED",
+        ),
+    ] {
+        let mut n = Node::prepare(bin(), &dir.path().join("n"), queen_tests::free_port(), &env);
+        n.launch();
+        let status = n
+            .wait_exit(Duration::from_secs(20))
+            .expect("the boot stops");
+        assert_eq!(status.code(), Some(2), "{env:?}: {}", n.log_text());
+        assert!(n.log_text().contains(says), "{env:?}: {}", n.log_text());
+    }
+}
