@@ -96,14 +96,7 @@ pub struct Peer {
     pub http: String,
 }
 
-/// The raft address of group `group` of a peer whose raft address is `addr`: the same host,
-/// the port plus `group` (`None` past the last port, or when `addr` has no port).
-#[must_use]
-pub fn group_raft_addr(addr: &str, group: u16) -> Option<String> {
-    let (host, port) = addr.rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
-    Some(format!("{host}:{}", port.checked_add(group)?))
-}
+pub use queen_domain::groups::group_raft_addr;
 
 /// The validated configuration.
 #[derive(Clone)]

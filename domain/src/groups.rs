@@ -136,6 +136,15 @@ pub fn preferred_leader(group: u16, voters: &[u64]) -> Option<u64> {
     ids.get(usize::from(group) % ids.len()).copied()
 }
 
+/// The raft address of group `group` of a node whose raft address is `addr` (group 0's): the
+/// same host, the port plus `group` (`None` past the last port, or when `addr` has no port).
+#[must_use]
+pub fn group_raft_addr(addr: &str, group: u16) -> Option<String> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    Some(format!("{host}:{}", port.checked_add(group)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +215,19 @@ mod tests {
         assert_eq!(leaders, vec![1, 2, 3]);
         assert_eq!(preferred_leader(4, &voters), Some(2));
         assert_eq!(preferred_leader(0, &[]), None);
+    }
+
+    #[test]
+    fn a_group_listens_on_the_raft_port_plus_its_number() {
+        assert_eq!(
+            group_raft_addr("10.0.0.1:6633", 2).as_deref(),
+            Some("10.0.0.1:6635")
+        );
+        assert_eq!(
+            group_raft_addr("[::1]:6633", 0).as_deref(),
+            Some("[::1]:6633")
+        );
+        assert_eq!(group_raft_addr("host:65535", 1), None);
+        assert_eq!(group_raft_addr("host", 1), None);
     }
 }

@@ -338,3 +338,77 @@ fn bad_group_settings_stop_the_boot_with_one_line() {
         assert!(n.log_text().contains(says), "{env:?}: {}", n.log_text());
     }
 }
+
+#[test]
+fn a_membership_change_reaches_every_group() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes = three_nodes_spaced(bin(), dir.path(), "groups-token", GROUPS, env);
+    each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    // Remove node 3 from every group.
+    let r = nodes[0].admin("DELETE", "/api/v1/system/raft/membership/members/3", None);
+    assert_eq!(r.status, 200, "{}", r.text);
+    let groups = r.json["groups"].as_array().cloned().unwrap_or_default();
+    assert_eq!(groups.len(), usize::from(GROUPS), "{}", r.text);
+    for g in &groups {
+        assert_eq!(g["members"].as_array().map(Vec::len), Some(2), "{}", r.text);
+    }
+    // Two nodes lead the three groups between them.
+    let survivors = [&nodes[0], &nodes[1]];
+    assert!(
+        queen_tests::eventually(Duration::from_secs(30), || {
+            let led = led_by(&survivors);
+            led.len() == usize::from(GROUPS)
+        }),
+        "{:?}",
+        led_by(&survivors)
+    );
+    // Wipe it, start it empty to join, add it to every group and promote it.
+    nodes[2].kill9();
+    std::fs::remove_dir_all(&nodes[2].dir).expect("wipe node 3");
+    nodes[2].set_env("QUEEN_RAFT_JOIN", "true");
+    nodes[2].launch();
+    assert!(
+        queen_tests::eventually(Duration::from_secs(30), || nodes[2]
+            .try_request("GET", "/health", None)
+            .is_ok()),
+        "the joining node never answered:\n{}",
+        nodes[2].log_text()
+    );
+    let raft_addr = nodes[2]
+        .env_value("QUEEN_RAFT_PEERS")
+        .expect("peers")
+        .split(',')
+        .find_map(|p| p.strip_prefix("3="))
+        .and_then(|a| a.split('/').next())
+        .expect("node 3's raft address")
+        .to_owned();
+    let learner =
+        json!({"id": 3, "raft": raft_addr, "http": format!("127.0.0.1:{}", nodes[2].port)});
+    let add = nodes[1].admin(
+        "POST",
+        "/api/v1/system/raft/membership/learners",
+        Some(&learner),
+    );
+    assert_eq!(add.status, 200, "{}", add.text);
+    assert!(
+        queen_tests::eventually(Duration::from_secs(30), || nodes[1]
+            .admin(
+                "POST",
+                "/api/v1/system/raft/membership/promote",
+                Some(&json!({"ids": [3]}))
+            )
+            .status
+            == 200),
+        "node 3 was never promoted in every group"
+    );
+    let list = nodes[0].get("/api/v1/system/raft/membership");
+    assert_eq!(list.status, 200, "{}", list.text);
+    for g in list.json["groups"].as_array().cloned().unwrap_or_default() {
+        let members = g["members"].as_array().cloned().unwrap_or_default();
+        assert_eq!(members.len(), 3, "{}", list.text);
+        assert!(members.iter().all(|m| m["voter"] == true), "{}", list.text);
+    }
+    // Back to one group each, node 3 leading its preferred group again.
+    let took = each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    println!("one group per node {took:?} after node 3 joined every group again");
+}

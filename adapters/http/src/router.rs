@@ -312,71 +312,22 @@ pub(crate) async fn handle<A: ClientApi>(
             200,
             &members_answer(api.membership(queen_ports::MembershipOp::List).await?),
         )),
-        ("DELETE", ["api", "v1", "system", "raft", "membership", "members", id]) => {
-            let id = id
-                .parse::<u64>()
-                .map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
-            Ok(json_response(
-                200,
-                &members_answer(
-                    api.membership(queen_ports::MembershipOp::Remove { id })
-                        .await?,
-                ),
-            ))
-        }
-        ("POST", ["api", "v1", "system", "raft", "membership", "learners"]) => {
-            let m = json::object(body, false)?;
-            let id = m
-                .get("id")
-                .and_then(Value::as_u64)
-                .filter(|i| *i > 0)
-                .ok_or_else(|| {
-                    ApiError::bad_request("id", "must be a node id (a number from 1)")
-                })?;
-            let addr = |k: &str| -> Result<String, ApiError> {
-                let v = json::opt_str(&m, k, k)?
-                    .ok_or_else(|| ApiError::bad_request(k, "is required (host:port)"))?;
-                match v.rsplit_once(':') {
-                    Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(v),
-                    _ => Err(ApiError::bad_request(k, "must be host:port")),
-                }
-            };
-            let op = queen_ports::MembershipOp::AddLearner {
-                id,
-                raft: addr("raft")?,
-                http: addr("http")?,
-            };
+        ("DELETE", ["api", "v1", "system", "raft", "membership", "members", _])
+        | (
+            "POST",
+            [
+                "api",
+                "v1",
+                "system",
+                "raft",
+                "membership",
+                "learners" | "promote",
+            ],
+        ) => {
+            let op = membership_op(method, segs, body)?;
             Ok(json_response(
                 200,
                 &members_answer(api.membership(op).await?),
-            ))
-        }
-        ("POST", ["api", "v1", "system", "raft", "membership", "promote"]) => {
-            let m = json::object(body, false)?;
-            let ids = match m.get("ids") {
-                Some(Value::Array(a)) if !a.is_empty() => a
-                    .iter()
-                    .map(|v| v.as_u64().filter(|i| *i > 0))
-                    .collect::<Option<Vec<u64>>>()
-                    .ok_or_else(|| ApiError::bad_request("ids", "must hold node ids"))?,
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "ids",
-                        "must be a non-empty list of node ids",
-                    ));
-                }
-            };
-            let force = match m.get("force") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(ApiError::bad_request("force", "must be true or false")),
-            };
-            Ok(json_response(
-                200,
-                &members_answer(
-                    api.membership(queen_ports::MembershipOp::Promote { ids, force })
-                        .await?,
-                ),
             ))
         }
         ("GET", ["health"]) => Ok(health(&[&**api])),
@@ -556,6 +507,126 @@ async fn binary<A: ClientApi>(
             ),
         )),
     }
+}
+
+/// A membership change, read from its route and body (`None`-free: the caller matched one of
+/// the three change routes).
+fn membership_op(
+    method: &Method,
+    segs: &[&str],
+    body: &[u8],
+) -> Result<queen_ports::MembershipOp, ApiError> {
+    match (method.as_str(), segs) {
+        ("GET", ["api", "v1", "system", "raft", "membership"]) => {
+            Ok(queen_ports::MembershipOp::List)
+        }
+        ("DELETE", ["api", "v1", "system", "raft", "membership", "members", id]) => {
+            let id = id
+                .parse::<u64>()
+                .map_err(|_| ApiError::bad_request("id", "must be a node id"))?;
+            Ok(queen_ports::MembershipOp::Remove { id })
+        }
+        ("POST", ["api", "v1", "system", "raft", "membership", "learners"]) => {
+            let m = json::object(body, false)?;
+            let id = m
+                .get("id")
+                .and_then(Value::as_u64)
+                .filter(|i| *i > 0)
+                .ok_or_else(|| {
+                    ApiError::bad_request("id", "must be a node id (a number from 1)")
+                })?;
+            let addr = |k: &str| -> Result<String, ApiError> {
+                let v = json::opt_str(&m, k, k)?
+                    .ok_or_else(|| ApiError::bad_request(k, "is required (host:port)"))?;
+                match v.rsplit_once(':') {
+                    Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(v),
+                    _ => Err(ApiError::bad_request(k, "must be host:port")),
+                }
+            };
+            Ok(queen_ports::MembershipOp::AddLearner {
+                id,
+                raft: addr("raft")?,
+                http: addr("http")?,
+            })
+        }
+        ("POST", ["api", "v1", "system", "raft", "membership", "promote"]) => {
+            let m = json::object(body, false)?;
+            let ids = match m.get("ids") {
+                Some(Value::Array(a)) if !a.is_empty() => a
+                    .iter()
+                    .map(|v| v.as_u64().filter(|i| *i > 0))
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| ApiError::bad_request("ids", "must hold node ids"))?,
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "ids",
+                        "must be a non-empty list of node ids",
+                    ));
+                }
+            };
+            let force = match m.get("force") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::bad_request("force", "must be true or false")),
+            };
+            Ok(queen_ports::MembershipOp::Promote { ids, force })
+        }
+        _ => Err(ApiError::new(
+            404,
+            "no_such_route",
+            format!("no route for {method} /{}", segs.join("/")),
+        )),
+    }
+}
+
+/// A membership change (or the listing) on a node of several raft groups: the same change in
+/// every group, one group after the other from group 0 (a learner's raft address is group 0's; group `g` gets
+/// its port plus `g`). A group that refuses stops the walk: the answer names it, and the
+/// groups before it keep the change (repeat the call once the cause is fixed: a change a
+/// group already has is harmless to repeat).
+pub(crate) async fn membership_everywhere<A: ClientApi>(
+    apis: &[Arc<A>],
+    method: &Method,
+    segs: &[&str],
+    body: &[u8],
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let op = membership_op(method, segs, body)?;
+    let mut answers = Vec::with_capacity(apis.len());
+    for (g, api) in apis.iter().enumerate() {
+        let group = u16::try_from(g).unwrap_or(u16::MAX);
+        let op = match &op {
+            queen_ports::MembershipOp::AddLearner { id, raft, http } => {
+                queen_ports::MembershipOp::AddLearner {
+                    id: *id,
+                    raft: queen_domain::groups::group_raft_addr(raft, group).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "raft",
+                            &format!("plus group {group} is past the last port"),
+                        )
+                    })?,
+                    http: http.clone(),
+                }
+            }
+            other => other.clone(),
+        };
+        match api.membership(op).await {
+            Ok(members) => answers.push(members_answer(members)),
+            Err(e) => {
+                let e = ApiError::from(e);
+                return Err(ApiError::new(
+                    e.status,
+                    e.code,
+                    format!(
+                        "group {g} refused the change ({}); groups before it have it",
+                        e.message
+                    ),
+                ));
+            }
+        }
+    }
+    let mut v = answers.first().cloned().unwrap_or(Value::Null);
+    v["groups"] = Value::Array(answers);
+    Ok(json_response(200, &v))
 }
 
 /// `GET /health`: group 0's figures under `raft` (a node's own with one group); with several

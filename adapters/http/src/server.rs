@@ -247,21 +247,9 @@ async fn answer<A: ClientApi>(
         // says the connection closes, and no client sends its next request on it.
         Err(e) => return closing_if_body(&req, error_response(&e)),
     };
-    if shared.groups.len() > 1 {
-        if *method == hyper::Method::GET && segs == ["health"] {
-            let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
-            return router::health(&apis);
-        }
-        if is_admin_change(method, segs) {
-            return closing_if_body(
-                &req,
-                error_response(&ApiError::new(
-                    409,
-                    "several_groups",
-                    "membership changes are not served on a node with several raft groups (QUEEN_RAFT_GROUPS) yet: each group would need the same change",
-                )),
-            );
-        }
+    if shared.groups.len() > 1 && *method == hyper::Method::GET && segs == ["health"] {
+        let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
+        return router::health(&apis);
     }
     let api = shared.api_for(segs, &scope);
     let declared = req
@@ -283,6 +271,13 @@ async fn answer<A: ClientApi>(
         // The body's budget is held until the answer is built.
         Ok(body) => {
             let result = match (&shared.proxy, ticket.as_mut()) {
+                // Several groups: a membership change is made in each.
+                _ if shared.groups.len() > 1
+                    && (is_admin_change(method, segs)
+                        || segs == ["api", "v1", "system", "raft", "membership"]) =>
+                {
+                    router::membership_everywhere(&shared.groups, method, segs, &body.bytes).await
+                }
                 // A push through the proxy is read once: the plan's checks look at the items
                 // the handler then stores. A refusal of the plan is not metered.
                 (Some(proxy), Some(t))

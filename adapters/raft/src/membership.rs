@@ -63,19 +63,56 @@ pub(crate) fn members_of(raft: &Raft, me: u64) -> Vec<Member> {
 fn require_leader(raft: &Raft, me: u64) -> Result<Vec<Member>, MembershipError> {
     let m = raft.metrics().borrow_watched().clone();
     if m.state != ServerState::Leader {
-        let leader = m.current_leader;
-        let leader_http = leader.and_then(|l| {
-            m.membership_config
-                .membership()
-                .get_node(&l)
-                .map(|n| n.http_addr.clone())
-        });
-        return Err(MembershipError::NotLeader {
-            leader,
-            leader_http,
-        });
+        return Err(not_leader(&m));
     }
     Ok(members_of(raft, me))
+}
+
+/// "Not the leader", naming the leader `m` knows and its client address.
+fn not_leader(m: &openraft::RaftMetrics<crate::type_config::TypeConfig>) -> MembershipError {
+    let leader = m.current_leader;
+    let leader_http = leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.http_addr.clone())
+    });
+    MembershipError::NotLeader {
+        leader,
+        leader_http,
+    }
+}
+
+/// On a leader that is asked to remove itself: hand leadership to the most caught-up live
+/// voter and answer where the change must go now (`NotLeader` with the new leader, or
+/// `Unavailable` when no other leader appeared within three seconds).
+async fn hand_over_before_removal(raft: &Raft, me: u64, members: &[Member]) -> MembershipError {
+    let Some(to) = members
+        .iter()
+        .filter(|m| m.voter && m.live && m.id != me)
+        .min_by_key(|m| m.lag)
+        .map(|m| m.id)
+    else {
+        return MembershipError::NoQuorum("no other live voter to lead after the removal".into());
+    };
+    if let Err(e) = raft.trigger().transfer_leader(to).await {
+        return MembershipError::Unavailable(format!(
+            "leadership could not be handed to {to} before removing the leader: {e}"
+        ));
+    }
+    match raft
+        .wait(Some(std::time::Duration::from_secs(3)))
+        .metrics(
+            |m| m.current_leader.is_some_and(|l| l != me),
+            "another leader before removing this one",
+        )
+        .await
+    {
+        Ok(m) => not_leader(&m),
+        Err(e) => MembershipError::Unavailable(format!(
+            "no other leader within 3 s of handing leadership to {to}: {e}"
+        )),
+    }
 }
 
 fn live_majority(members: &[Member], voters: &std::collections::BTreeSet<u64>) -> bool {
@@ -204,6 +241,12 @@ pub(crate) async fn change_here(
                     return Err(MembershipError::NoQuorum(
                         "a live majority would not exist before and after the removal".into(),
                     ));
+                }
+                if id == me {
+                    // openraft's core cannot remove its own leader (it stops with a panic):
+                    // leadership goes to the most caught-up live voter first, and the caller
+                    // sends the change to it.
+                    return Err(hand_over_before_removal(raft, me, &members).await);
                 }
                 change(
                     raft,

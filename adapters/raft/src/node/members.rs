@@ -18,31 +18,55 @@ impl RaftNode {
     pub async fn membership(&self, op: MembershipChange) -> Result<Vec<Member>, MembershipError> {
         let me = self.inner.node_id;
         let list = matches!(op, MembershipChange::List);
-        let leader =
-            match change_here(&self.inner.raft, me, &self.inner.transport, op.clone()).await {
+        // Where the change goes: here first. A leader asked to remove itself hands leadership
+        // over and answers the new leader: follow it (a bounded number of times). A new leader
+        // has not heard its followers yet, so for a few seconds it may see no live majority:
+        // ask it again then.
+        let mut to = me;
+        let mut moved = false;
+        for _ in 0..16 {
+            let answer = if to == me {
+                change_here(&self.inner.raft, me, &self.inner.transport, op.clone()).await
+            } else {
+                self.forward_membership(to, &op).await
+            };
+            match answer {
                 Err(MembershipError::NotLeader {
                     leader: Some(l), ..
-                }) if l != me => l,
+                }) if l != to => {
+                    moved |= to != me || matches!(op, MembershipChange::Remove { id } if id == me);
+                    to = l;
+                }
                 Err(MembershipError::NotLeader { .. }) if list => return Ok(self.members()),
+                Err(MembershipError::Unavailable(_)) if list => return Ok(self.members()),
+                Err(MembershipError::NoQuorum(_)) if moved => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
                 r => return r,
-            };
-        let forwarded = async {
-            let addr = self.leader_addr(leader, None).ok_or_else(|| {
-                MembershipError::Unavailable(format!("no raft address known for leader {leader}"))
-            })?;
-            let body = wire::encode(&op).map_err(MembershipError::Unavailable)?;
-            let bytes = self
-                .inner
-                .transport
-                .post(leader, &addr, wire::MEMBERSHIP, full(body), FORWARD_TIMEOUT)
-                .await
-                .map_err(|e| MembershipError::Unavailable(format!("leader {leader}: {e}")))?;
-            wire::decode::<wire::MembershipReply>(&bytes).map_err(MembershipError::Unavailable)?
-        };
-        match forwarded.await {
-            Err(MembershipError::Unavailable(_)) if list => Ok(self.members()),
-            r => r,
+            }
         }
+        Err(MembershipError::Unavailable(
+            "the leader kept moving while the change was handed to it".into(),
+        ))
+    }
+
+    /// Hand a membership change to `leader` over the raft port.
+    async fn forward_membership(
+        &self,
+        leader: u64,
+        op: &MembershipChange,
+    ) -> Result<Vec<Member>, MembershipError> {
+        let addr = self.leader_addr(leader, None).ok_or_else(|| {
+            MembershipError::Unavailable(format!("no raft address known for leader {leader}"))
+        })?;
+        let body = wire::encode(op).map_err(MembershipError::Unavailable)?;
+        let bytes = self
+            .inner
+            .transport
+            .post(leader, &addr, wire::MEMBERSHIP, full(body), FORWARD_TIMEOUT)
+            .await
+            .map_err(|e| MembershipError::Unavailable(format!("leader {leader}: {e}")))?;
+        wire::decode::<wire::MembershipReply>(&bytes).map_err(MembershipError::Unavailable)?
     }
 
     /// On the leader: the log format every member reads, `None` for a member that did not
