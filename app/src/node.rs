@@ -299,7 +299,8 @@ fn group_tasks(
             }
         })
     });
-    // Ephemeral ages, leases and idle queues, and their gauges.
+    // Ephemeral ages, leases and idle queues, and their gauges; with several groups also the
+    // group's raft figures (a scrape renders group 0's on its own).
     tasks.push({
         let broker = g.broker.clone();
         let mut stop = stop_rx.clone();
@@ -308,7 +309,12 @@ fn group_tasks(
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = every.tick() => broker.ephemeral_sweep(),
+                    _ = every.tick() => {
+                        broker.ephemeral_sweep();
+                        if count > 1 {
+                            broker.progress_gauges();
+                        }
+                    }
                     _ = stop.changed() => break,
                 }
             }

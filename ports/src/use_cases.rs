@@ -286,6 +286,9 @@ pub struct PopsStatus {
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusView {
+    /// The raft group these figures are of, on a node of several (`QUEEN_RAFT_GROUPS`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<u16>,
     /// This node.
     pub node: NodeStatus,
     /// Raft figures.

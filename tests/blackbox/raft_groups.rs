@@ -178,15 +178,42 @@ fn three_nodes_lead_one_group_each_serve_every_tenant_and_survive_a_kill() {
             pushed[t].extend(batch);
         }
     }
-    // Each tenant's data is in its own group only: the group-0 state behind `/status` lists
-    // the queue of group 0's tenant and neither of the others'.
+    // Each tenant's data is in its own group only: each group's `/status` lists the queue of
+    // its own tenant and of no other.
     let status = nodes[0].get("/status");
-    assert!(status.text.contains(&tenants[0]), "{}", status.text);
-    assert!(
-        !status.text.contains(&tenants[1]) && !status.text.contains(&tenants[2]),
-        "{}",
-        status.text
-    );
+    let groups = status.json["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(groups.len(), usize::from(GROUPS), "{}", status.text);
+    for (g, doc) in groups.iter().enumerate() {
+        assert_eq!(doc["group"], g, "{}", status.text);
+        let names = doc["queues"].to_string();
+        for (t, tenant) in tenants.iter().enumerate() {
+            assert_eq!(
+                names.contains(tenant.as_str()),
+                t == g,
+                "group {g}: {names}"
+            );
+        }
+    }
+    // Each node's metrics carry every group's figures, and say it leads exactly one (refreshed
+    // every second).
+    for n in &nodes {
+        let mut last = String::new();
+        assert!(
+            queen_tests::eventually(Duration::from_secs(10), || {
+                last = n.get("/metrics/prometheus").text;
+                let leading: Vec<&str> = last
+                    .lines()
+                    .filter(|l| l.starts_with("queen_raft_is_leader{"))
+                    .collect();
+                leading.len() == usize::from(GROUPS)
+                    && leading.iter().filter(|l| l.ends_with(" 1")).count() == 1
+            }),
+            "{last}"
+        );
+    }
     // A tenant's queue is its own, wherever it is asked.
     let listed = call(
         &nodes[1],

@@ -331,15 +331,7 @@ pub(crate) async fn handle<A: ClientApi>(
             ))
         }
         ("GET", ["health"]) => Ok(health(&[&**api])),
-        ("GET", ["status"]) => {
-            // Through a JSON value, so the keys come out in the same (sorted) order as every
-            // other document of the node.
-            let status = serde_json::to_value(api.status().await?).map_err(|e| {
-                tracing::error!(target: "queen-http", error = %e, "the status could not be encoded");
-                ApiError::new(500, "internal", "the status could not be encoded; see the node's log")
-            })?;
-            Ok(json_response(200, &status))
-        }
+        ("GET", ["status"]) => Ok(json_response(200, &status(&**api).await?)),
         ("GET", ["metrics", "prometheus"]) => Ok(text_response(
             200,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -627,6 +619,33 @@ pub(crate) async fn membership_everywhere<A: ClientApi>(
     let mut v = answers.first().cloned().unwrap_or(Value::Null);
     v["groups"] = Value::Array(answers);
     Ok(json_response(200, &v))
+}
+
+/// One group's `/status` document, through a JSON value so the keys come out in the same
+/// (sorted) order as every other document of the node.
+async fn status<A: ClientApi>(api: &A) -> Result<Value, ApiError> {
+    serde_json::to_value(api.status().await?).map_err(|e| {
+        tracing::error!(target: "queen-http", error = %e, "the status could not be encoded");
+        ApiError::new(
+            500,
+            "internal",
+            "the status could not be encoded; see the node's log",
+        )
+    })
+}
+
+/// `GET /status` on a node of several raft groups: group 0's document (the node's own block,
+/// the sink's, the ephemeral queues') with `groups`, every group's document in order.
+pub(crate) async fn status_groups<A: ClientApi>(
+    apis: &[Arc<A>],
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let mut all = Vec::with_capacity(apis.len());
+    for api in apis {
+        all.push(status(&**api).await?);
+    }
+    let mut top = all.first().cloned().unwrap_or(Value::Null);
+    top["groups"] = Value::Array(all);
+    Ok(json_response(200, &top))
 }
 
 /// `GET /health`: group 0's figures under `raft` (a node's own with one group); with several

@@ -247,9 +247,14 @@ async fn answer<A: ClientApi>(
         // says the connection closes, and no client sends its next request on it.
         Err(e) => return closing_if_body(&req, error_response(&e)),
     };
-    if shared.groups.len() > 1 && *method == hyper::Method::GET && segs == ["health"] {
-        let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
-        return router::health(&apis);
+    if shared.groups.len() > 1 && *method == hyper::Method::GET {
+        if segs == ["health"] {
+            let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
+            return router::health(&apis);
+        }
+        if segs == ["status"] && !scope.names_a_tenant() {
+            return finish(router::status_groups(&shared.groups).await);
+        }
     }
     let api = shared.api_for(segs, &scope);
     let declared = req

@@ -47,7 +47,8 @@ pub struct Metrics {
     /// `queen_raft_is_leader` (0 or 1).
     raft_is_leader: Gauge<u64>,
     /// The running fsync total the caller last reported; read by the observable counter below.
-    log_fsyncs: Arc<AtomicU64>,
+    /// By raft group (`u16::MAX`: a node of one group, exported without the label).
+    log_fsyncs: Arc<std::sync::Mutex<std::collections::BTreeMap<u16, u64>>>,
     /// `queen_raft_log_fsyncs_total`: an observable counter, because the caller owns the count.
     _log_fsyncs_counter: ObservableCounter<u64>,
     /// `queen_store_disk_bytes`.
@@ -104,7 +105,8 @@ impl Metrics {
                 .with_boundaries(LATENCY_BUCKETS.to_vec())
                 .build()
         };
-        let log_fsyncs = Arc::new(AtomicU64::new(0));
+        let log_fsyncs: Arc<std::sync::Mutex<std::collections::BTreeMap<u16, u64>>> =
+            Arc::default();
         let ephemeral_totals: Arc<[AtomicU64; 7]> = Arc::new(Default::default());
         let observed = Arc::clone(&log_fsyncs);
         let metrics = Self {
@@ -154,7 +156,13 @@ impl Metrics {
                 .u64_observable_counter("queen_raft_log_fsyncs_total")
                 .with_description("Fsyncs of the raft log since this process started.")
                 .with_callback(move |observer| {
-                    observer.observe(observed.load(Ordering::Relaxed), &[]);
+                    let totals = observed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    for (group, total) in totals {
+                        observer.observe(total, &group_label(group));
+                    }
                 })
                 .build(),
             log_fsyncs,
@@ -197,9 +205,10 @@ impl Metrics {
         for status in ACK_STATUSES {
             metrics.acks.add(0, &[KeyValue::new("status", status)]);
         }
-        metrics.set_raft(0, 0, 0, false);
+        metrics.set_raft(None, 0, 0, 0, false);
+        metrics.set_log_fsyncs(None, 0);
         metrics.set_ephemeral(0, 0, 0, EphemeralTotals::default());
-        metrics.set_store_disk_bytes(0);
+        metrics.set_store_disk_bytes(None, 0);
         metrics.set_waiting_pops(0);
         metrics
     }
@@ -259,23 +268,43 @@ impl Metrics {
 
     /// Sets the raft gauges `queen_raft_term`, `queen_raft_applied_index`,
     /// `queen_raft_commit_index` and `queen_raft_is_leader`.
-    pub fn set_raft(&self, term: u64, applied: u64, commit: u64, is_leader: bool) {
-        self.raft_term.record(term, &[]);
-        self.raft_applied_index.record(applied, &[]);
-        self.raft_commit_index.record(commit, &[]);
-        self.raft_is_leader.record(u64::from(is_leader), &[]);
+    /// With several raft groups (`QUEEN_RAFT_GROUPS`), `group` labels them; `None` on a node of
+    /// one group (no label).
+    pub fn set_raft(
+        &self,
+        group: Option<u16>,
+        term: u64,
+        applied: u64,
+        commit: u64,
+        is_leader: bool,
+    ) {
+        let label = group_label(group.unwrap_or(u16::MAX));
+        self.raft_term.record(term, &label);
+        self.raft_applied_index.record(applied, &label);
+        self.raft_commit_index.record(commit, &label);
+        self.raft_is_leader.record(u64::from(is_leader), &label);
     }
 
-    /// Reports the running total of raft log fsyncs, exported as the counter
-    /// `queen_raft_log_fsyncs_total`. A total lower than one already reported is ignored, so the
-    /// counter never goes backwards.
-    pub fn set_log_fsyncs(&self, total: u64) {
-        self.log_fsyncs.fetch_max(total, Ordering::Relaxed);
+    /// Reports the running total of raft log fsyncs of `group` (as in [`Self::set_raft`]),
+    /// exported as the counter `queen_raft_log_fsyncs_total`. A total lower than one already
+    /// reported is ignored, so the counter never goes backwards.
+    pub fn set_log_fsyncs(&self, group: Option<u16>, total: u64) {
+        let mut totals = self
+            .log_fsyncs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if group.is_some() && totals.get(&u16::MAX) == Some(&0) {
+            // The unlabelled zero a new registry starts with, on a node of several groups.
+            totals.remove(&u16::MAX);
+        }
+        let t = totals.entry(group.unwrap_or(u16::MAX)).or_default();
+        *t = (*t).max(total);
     }
 
-    /// Sets `queen_store_disk_bytes`.
-    pub fn set_store_disk_bytes(&self, bytes: u64) {
-        self.store_disk_bytes.record(bytes, &[]);
+    /// Sets `queen_store_disk_bytes` (of `group`, as in [`Self::set_raft`]).
+    pub fn set_store_disk_bytes(&self, group: Option<u16>, bytes: u64) {
+        self.store_disk_bytes
+            .record(bytes, &group_label(group.unwrap_or(u16::MAX)));
     }
 
     /// The S3 sink's instruments.
@@ -316,6 +345,15 @@ impl Metrics {
     /// Sets `queen_pop_waiting`, the number of pops parked waiting for messages.
     pub fn set_waiting_pops(&self, n: u64) {
         self.pop_waiting.record(n, &[]);
+    }
+}
+
+/// The `group` label of a raft group's figures (none for `u16::MAX`, a node of one group).
+fn group_label(group: u16) -> Vec<KeyValue> {
+    if group == u16::MAX {
+        Vec::new()
+    } else {
+        vec![KeyValue::new("group", i64::from(group))]
     }
 }
 

@@ -46,6 +46,9 @@ use propose::Proposer;
 /// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`.
 pub(crate) const LOG_KINDS: u32 = 3;
 
+/// How long a tick may wait for its outcome.
+const TICK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The broker: what every route of the client API does.
 pub struct Broker {
     proposer: Proposer,
@@ -96,6 +99,9 @@ pub struct Broker {
     /// The node's own sink settings (`QUEEN_S3_*`), when the embedded sink runs: tenant sinks
     /// take their node-wide settings from it.
     sink_node: Option<Arc<crate::SinkSettings>>,
+    /// This broker's raft group on a node of several (`QUEEN_RAFT_GROUPS`): its figures carry
+    /// a `group` label. `None` with one group.
+    group: Option<u16>,
 }
 
 impl Broker {
@@ -141,6 +147,7 @@ impl Broker {
             eph_ship_lock: tokio::sync::RwLock::new(()),
             samples: None,
             requests: Default::default(),
+            group: None,
             sink_node: None,
         }
     }
@@ -151,6 +158,20 @@ impl Broker {
     pub fn with_peers(mut self, peers: Arc<dyn queen_ports::PeerCalls>) -> Self {
         self.peers = Some(peers);
         self
+    }
+
+    /// This broker is group `index` of a node of `count` raft groups: with more than one, its
+    /// figures carry a `group` label (metrics, `/status`).
+    #[must_use]
+    pub fn with_group(mut self, index: u16, count: u16) -> Self {
+        self.group = (count > 1).then_some(index);
+        self
+    }
+
+    /// The raft group this broker serves on a node of several, else `None`.
+    #[must_use]
+    pub fn group(&self) -> Option<u16> {
+        self.group
     }
 
     /// Answer the operations other members hand to this node.
@@ -280,10 +301,15 @@ impl Broker {
         if self.log.progress().role != RaftRole::Leader {
             return;
         }
-        match self.propose(Command::Tick).await {
+        // Bounded well below the request deadline: a tick proposed just before this node lost
+        // the lead (a hand-off, a hand-back to a group's preferred member) may never be
+        // answered, and the next tick must not wait behind it. Dropping it is harmless: ticks
+        // are housekeeping, and one that still commits applies like any other.
+        match tokio::time::timeout(TICK_DEADLINE, self.propose(Command::Tick)).await {
             // A tick may deliver due timers: let parked pops look again.
-            Ok(_) => self.waiters.wake_all(),
-            Err(e) => tracing::debug!(target: "queen-app", error = %e, "tick not committed"),
+            Ok(Ok(_)) => self.waiters.wake_all(),
+            Ok(Err(e)) => tracing::debug!(target: "queen-app", error = %e, "tick not committed"),
+            Err(_) => tracing::debug!(target: "queen-app", "tick not answered in time"),
         }
     }
 

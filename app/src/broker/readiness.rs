@@ -60,6 +60,7 @@ impl Broker {
             .map(|q| q.name.clone())
             .collect();
         Ok(StatusView {
+            group: self.group,
             ephemeral: self.ephemeral_status(),
             encryption: queen_ports::EncryptionStatus {
                 key_loaded: self.has_key,
@@ -98,12 +99,18 @@ impl Broker {
         })
     }
 
-    pub(super) fn progress_gauges(&self) {
+    pub(crate) fn progress_gauges(&self) {
         let p = self.log.progress();
         let m = self.telemetry.metrics();
-        m.set_raft(p.term, p.applied, p.commit, p.role == RaftRole::Leader);
-        m.set_log_fsyncs((self.fsyncs)());
-        m.set_store_disk_bytes(self.state.figures().disk_bytes);
+        m.set_raft(
+            self.group,
+            p.term,
+            p.applied,
+            p.commit,
+            p.role == RaftRole::Leader,
+        );
+        m.set_log_fsyncs(self.group, (self.fsyncs)());
+        m.set_store_disk_bytes(self.group, self.state.figures().disk_bytes);
         m.set_waiting_pops(self.waiters.parked());
     }
 }

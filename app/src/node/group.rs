@@ -187,7 +187,8 @@ pub(super) async fn start(
         .with_sink_settings(sink)
         .with_samples_if(samples)
         .with_peers(Arc::new(raft.clone()) as Arc<dyn queen_ports::PeerCalls>)
-        .with_push_lane(),
+        .with_push_lane()
+        .with_group(index, cfg.placement.groups()),
     );
     Ok(Group {
         index,

@@ -97,9 +97,9 @@ fn a_histogram_renders_cumulative_buckets_sum_and_count() {
 fn gauges_and_plain_counters_render_their_last_values() {
     let telemetry = Telemetry::metrics_only(1);
     let m = telemetry.metrics();
-    m.set_raft(4, 120, 121, true);
-    m.set_raft(5, 130, 131, false);
-    m.set_store_disk_bytes(1 << 40);
+    m.set_raft(None, 4, 120, 121, true);
+    m.set_raft(None, 5, 130, 131, false);
+    m.set_store_disk_bytes(None, 1 << 40);
     m.set_waiting_pops(3);
     m.messages_pushed(10);
     m.messages_pushed(5);
@@ -124,7 +124,7 @@ fn gauges_and_plain_counters_render_their_last_values() {
     ] {
         assert!(all.contains(&expected), "missing {expected:?} in:\n{text}");
     }
-    m.set_raft(5, 131, 131, true);
+    m.set_raft(None, 5, 131, 131, true);
     assert!(lines(&telemetry.render_prometheus()).contains(&"queen_raft_is_leader 1"));
 }
 
@@ -144,12 +144,39 @@ fn the_fsync_counter_follows_the_running_total_and_never_goes_back() {
         "# TYPE queen_raft_log_fsyncs_total counter"
     );
     assert_eq!(value(&telemetry)[2], "queen_raft_log_fsyncs_total 0");
-    m.set_log_fsyncs(10);
+    m.set_log_fsyncs(None, 10);
     assert_eq!(value(&telemetry)[2], "queen_raft_log_fsyncs_total 10");
-    m.set_log_fsyncs(4);
+    m.set_log_fsyncs(None, 4);
     assert_eq!(value(&telemetry)[2], "queen_raft_log_fsyncs_total 10");
-    m.set_log_fsyncs(12);
+    m.set_log_fsyncs(None, 12);
     assert_eq!(value(&telemetry)[2], "queen_raft_log_fsyncs_total 12");
+}
+
+#[test]
+fn the_figures_of_several_raft_groups_carry_a_group_label() {
+    let telemetry = Telemetry::metrics_only(1);
+    let m = telemetry.metrics();
+    m.set_raft(Some(0), 3, 10, 11, true);
+    m.set_raft(Some(2), 4, 20, 21, false);
+    m.set_log_fsyncs(Some(0), 7);
+    m.set_log_fsyncs(Some(2), 9);
+    m.set_store_disk_bytes(Some(2), 4096);
+    let text = telemetry.render_prometheus();
+    let all = lines(&text);
+    for expected in [
+        "queen_raft_is_leader{group=\"0\"} 1",
+        "queen_raft_is_leader{group=\"2\"} 0",
+        "queen_raft_applied_index{group=\"2\"} 20",
+        "queen_raft_log_fsyncs_total{group=\"0\"} 7",
+        "queen_raft_log_fsyncs_total{group=\"2\"} 9",
+        "queen_store_disk_bytes{group=\"2\"} 4096",
+    ] {
+        assert!(all.contains(&expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(
+        !all.contains(&"queen_raft_log_fsyncs_total 0"),
+        "an unlabelled fsync series beside the groups':\n{text}"
+    );
 }
 
 #[test]
