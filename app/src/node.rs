@@ -78,12 +78,16 @@ where
     };
     let mut groups = Vec::with_capacity(usize::from(count));
     for index in 0..count {
-        // The node's own sink and analytics belong to group 0 (with one group, to the node).
-        let (settings, samples) = if index == 0 {
-            (sink.clone(), analytics_log(&cfg)?)
+        // The analytics belong to group 0 (with one group, to the node); the node's own sink
+        // runs in every group that holds queues it mirrors.
+        let samples = if index == 0 {
+            analytics_log(&cfg)?
         } else {
-            (None, None)
+            None
         };
+        let settings = sink
+            .as_ref()
+            .and_then(|s| group::sink_settings(s, index, &cfg.placement));
         groups.push(group::start(&common, index, settings, samples).await?);
     }
     group::check_tenants(&groups, &cfg.placement)?;
@@ -97,37 +101,43 @@ where
         tokio::spawn(g.broker.clone().run_push_lane());
     }
     let (tenant_stop, tenant_stop_rx) = tokio::sync::watch::channel(false);
-    let (sink, tenant_sinks) = match sink {
-        Some(settings) => {
-            let handle = Arc::new(crate::sink::SinkHandle::start(
-                settings.clone(),
-                broker.clone(),
-                telemetry.clone(),
-            )?);
-            // The control plane's tenant sinks run beside the node's own.
-            let tenants = crate::sink::tenants::TenantSinks::new(
-                broker.clone(),
-                Arc::new(settings),
-                telemetry.clone(),
-            );
-            tokio::spawn(tenants.clone().run(tenant_stop_rx));
-            let own = handle.status_source();
-            let weak = Arc::downgrade(&tenants);
-            broker.set_s3_status(Box::new(move || {
-                let mut block = own();
-                if let Some(t) = weak.upgrade() {
-                    let (rows, cp_error) = t.status();
-                    if let Some(sinks) = block["sinks"].as_array_mut() {
-                        sinks.extend(rows);
-                    }
-                    block["cpError"] = serde_json::json!(cp_error);
-                }
-                block
-            }));
-            (Some(handle), Some(tenants))
+    let mut sinks: Vec<Arc<crate::sink::SinkHandle>> = Vec::new();
+    let mut tenant_sinks = None;
+    for g in &groups {
+        let Some(settings) = g.broker.sink_settings() else {
+            continue;
+        };
+        let handle = Arc::new(crate::sink::SinkHandle::start(
+            (*settings).clone(),
+            g.broker.clone(),
+            telemetry.clone(),
+        )?);
+        let own = handle.status_source();
+        sinks.push(handle);
+        if count > 1 {
+            g.broker.set_s3_status(own);
+            continue;
         }
-        None => (None, None),
-    };
+        // The control plane's tenant sinks run beside the node's own (one group: the proxy
+        // is refused with several).
+        let tenants =
+            crate::sink::tenants::TenantSinks::new(g.broker.clone(), settings, telemetry.clone());
+        tokio::spawn(tenants.clone().run(tenant_stop_rx.clone()));
+        let weak = Arc::downgrade(&tenants);
+        g.broker.set_s3_status(Box::new(move || {
+            let mut block = own();
+            if let Some(t) = weak.upgrade() {
+                let (rows, cp_error) = t.status();
+                if let Some(sinks) = block["sinks"].as_array_mut() {
+                    sinks.extend(rows);
+                }
+                block["cpError"] = serde_json::json!(cp_error);
+            }
+            block
+        }));
+        tenant_sinks = Some(tenants);
+    }
+    drop(tenant_stop_rx);
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), settings = %cfg.describe(), "listening");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -174,7 +184,7 @@ where
     let handover = {
         let rafts: Vec<RaftNode> = groups.iter().map(|g| g.raft.clone()).collect();
         let brokers: Vec<Arc<Broker>> = groups.iter().map(|g| g.broker.clone()).collect();
-        let sink = sink.clone();
+        let sinks = sinks.clone();
         let tenant_sinks = tenant_sinks.clone();
         let failed = failed.clone();
         async move {
@@ -206,7 +216,7 @@ where
                 drains.spawn(async move { b.ephemeral_drain().await });
             }
             while drains.join_next().await.is_some() {}
-            if let Some(s) = &sink {
+            for s in &sinks {
                 s.begin_drain();
             }
             if let Some(t) = &tenant_sinks {
@@ -242,9 +252,11 @@ where
         let _ = stop_tx.send(true);
         return Err(AppError::LogStopped(reason));
     }
-    if let Some(s) = &sink {
-        s.finish().await;
+    let mut drains = tokio::task::JoinSet::new();
+    for s in sinks {
+        drains.spawn(async move { s.finish().await });
     }
+    while drains.join_next().await.is_some() {}
     if let Some(t) = &tenant_sinks {
         t.finish().await;
     }

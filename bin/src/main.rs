@@ -339,20 +339,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if config.placement.groups() > 1 {
-        let with = if proxy.is_some() {
-            Some("QUEEN_PROXY_EMBEDDED")
-        } else if sink.settings.is_some() {
-            Some("QUEEN_S3_EMBEDDED")
-        } else {
-            None
-        };
-        if let Some(with) = with {
-            eprintln!(
-                "ERROR boot: FATAL: QUEEN_RAFT_GROUPS above 1 does not run with {with} yet: run one group, or turn {with} off"
-            );
-            return ExitCode::from(2);
-        }
+    if config.placement.groups() > 1 && proxy.is_some() {
+        eprintln!(
+            "ERROR boot: FATAL: QUEEN_RAFT_GROUPS above 1 does not run with QUEEN_PROXY_EMBEDDED yet: run one group, or turn the embedded proxy off"
+        );
+        return ExitCode::from(2);
     }
     let telemetry = match Telemetry::init(TelemetryConfig {
         log_format,

@@ -352,8 +352,8 @@ fn bad_group_settings_stop_the_boot_with_one_line() {
             "QUEEN_TENANT_GROUPS",
         ),
         (
-            vec![("QUEEN_RAFT_GROUPS", "2"), ("QUEEN_S3_EMBEDDED", "true")],
-            "QUEEN_S3_EMBEDDED",
+            vec![("QUEEN_RAFT_GROUPS", "2"), ("QUEEN_PROXY_EMBEDDED", "true")],
+            "QUEEN_PROXY_EMBEDDED",
         ),
     ] {
         let mut n = Node::prepare(bin(), &dir.path().join("n"), queen_tests::free_port(), &env);
@@ -438,4 +438,74 @@ fn a_membership_change_reaches_every_group() {
     // Back to one group each, node 3 leading its preferred group again.
     let took = each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
     println!("one group per node {took:?} after node 3 joined every group again");
+}
+
+/// Every record line of the JSONL objects under `dir` (uncompressed), recursively.
+fn lake_lines(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(lake_lines(&p));
+        } else if p.extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            out.extend(text.lines().map(str::to_owned));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_group_mirrors_its_own_tenants_into_the_lake() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lake = dir.path().join("lake");
+    let url = format!("file://{}", lake.display());
+    let sink: Vec<(String, String)> = queen_tests::folder_sink_env(&url)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    std::fs::create_dir_all(dir.path().join("c")).expect("the cluster's folder");
+    let mut nodes = three_nodes_spaced(bin(), &dir.path().join("c"), "groups-token", GROUPS, |i| {
+        let mut e = env(i);
+        e.extend(sink.iter().cloned());
+        e
+    });
+    each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    let tenants = tenants();
+    for (t, tenant) in tenants.iter().enumerate() {
+        push_all(&nodes[t], tenant, "events", &ids(&format!("lake-t{t}"), 10));
+    }
+    // Each tenant's ten records land under its own folder, once each, written by the sink of
+    // the group that holds it.
+    let mut counts = Vec::new();
+    assert!(
+        queen_tests::eventually(Duration::from_secs(60), || {
+            counts = tenants
+                .iter()
+                .map(|t| lake_lines(&lake.join("queen").join(format!("tenant={t}"))).len())
+                .collect();
+            counts.iter().all(|c| *c >= 10)
+        }),
+        "records in the lake by tenant: {counts:?}"
+    );
+    assert_eq!(counts, vec![10; tenants.len()]);
+    let status = nodes[0].get("/status");
+    for g in status.json["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        assert!(
+            g["s3"].is_object(),
+            "group {} runs no sink: {}",
+            g["group"],
+            status.text
+        );
+    }
+    for n in &mut nodes {
+        n.kill9();
+    }
 }

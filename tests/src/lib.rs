@@ -51,6 +51,16 @@ pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
 /// by binding it.
 #[must_use]
 pub fn free_port() -> u16 {
+    free_ports(1)
+}
+
+/// `span` free loopback ports in a row, taken as [`free_port`] takes one (a node with
+/// `QUEEN_RAFT_GROUPS=span` listens on its raft port plus each group's number): the first.
+///
+/// # Panics
+/// When the range holds no such run.
+#[must_use]
+pub fn free_ports(span: u16) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 12_000;
     const SPAN: u32 = 20_000;
@@ -60,13 +70,22 @@ pub fn free_port() -> u16 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
     let _ = NEXT.compare_exchange(u32::MAX, seed % SPAN, Ordering::SeqCst, Ordering::SeqCst);
+    let span32 = u32::from(span.max(1));
     for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
-        let port = u16::try_from(LOW + n).expect("the range fits a port");
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+        // The whole run is taken from the counter at once, so concurrent callers never share a
+        // port of it.
+        let n = NEXT.fetch_add(span32, Ordering::SeqCst) % SPAN;
+        if n + span32 > SPAN {
+            continue;
+        }
+        let first = LOW + n;
+        if (first..first + span32)
+            .all(|p| TcpListener::bind(("127.0.0.1", u16::try_from(p).unwrap_or(0))).is_ok())
+        {
+            return u16::try_from(first).expect("the range fits a port");
         }
     }
+    assert!(span <= 1, "no {span} free ports in a row");
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -586,29 +605,6 @@ pub fn three_nodes(
     extra: impl Fn(usize) -> Vec<(String, String)>,
 ) -> Vec<Node> {
     three_nodes_spaced(bin, dir, token, 1, extra)
-}
-
-/// `span` free ports in a row (bounded search): the first.
-///
-/// # Panics
-/// When no such run is found in 1,000 tries.
-#[must_use]
-pub fn free_ports(span: u16) -> u16 {
-    let mut first = free_port();
-    let mut run = 1;
-    for _ in 0..1_000 {
-        if run == span {
-            return first;
-        }
-        let next = free_port();
-        if next == first + run {
-            run += 1;
-        } else {
-            first = next;
-            run = 1;
-        }
-    }
-    panic!("no {span} free ports in a row");
 }
 
 /// [`three_nodes`] whose raft ports are each followed by `span - 1` free ports (a node with

@@ -199,6 +199,31 @@ pub(super) async fn start(
     })
 }
 
+/// The node's own sink's settings in group `index`, or `None` when that group runs no sink:
+/// with one group, the settings as they are; with several, every group runs one over its own
+/// queues when the sink mirrors every queue (each with its share of `QUEEN_S3_MEMORY_MB`), and
+/// only the default tenant's group when it names queues (names of the default tenant).
+pub(super) fn sink_settings(
+    node: &crate::SinkSettings,
+    index: u16,
+    placement: &queen_domain::groups::Placement,
+) -> Option<crate::SinkSettings> {
+    let count = placement.groups();
+    if count == 1 {
+        return Some(node.clone());
+    }
+    match node.queues {
+        crate::sink::config::Queues::All => Some(crate::SinkSettings {
+            memory_mb: (node.memory_mb / u64::from(count)).max(1),
+            ..node.clone()
+        }),
+        crate::sink::config::Queues::Named(_) => {
+            (placement.group_of(&queen_domain::tenant::Tenant::default()) == index)
+                .then(|| node.clone())
+        }
+    }
+}
+
 /// Refuse to start when a group holds queues of a tenant that now lives in another group (a
 /// pin added, changed or removed after the tenant had data): its data would be out of reach.
 pub(super) fn check_tenants(
