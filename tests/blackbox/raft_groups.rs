@@ -509,3 +509,129 @@ fn every_group_mirrors_its_own_tenants_into_the_lake() {
         n.kill9();
     }
 }
+
+/// Every transactionId stored in `queue`'s default partition of `tenant`, in offset order, read
+/// through `n` with `/api/v1/fetch` (bounded).
+fn stored(n: &Node, tenant: &str, queue: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    for _ in 0..1_000 {
+        let f = call(
+            n,
+            tenant,
+            "POST",
+            "/api/v1/fetch",
+            Some(&json!({"entries": [{"queue": queue, "partition": "Default", "offset": offset}]})),
+        );
+        assert_eq!(f.status, 200, "{}", f.text);
+        let e = &f.json["entries"][0];
+        let records = e["records"].as_array().cloned().unwrap_or_default();
+        if records.is_empty() {
+            break;
+        }
+        for r in &records {
+            out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
+            offset = r["offset"].as_u64().unwrap_or(offset) + 1;
+        }
+        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_rolling_restart_under_a_round_robin_writer_keeps_every_acknowledged_write_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut nodes = three_nodes_spaced(bin(), dir.path(), "groups-token", GROUPS, env);
+    each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    let tenants = tenants();
+    // Clients of the three ports (processes never started from these handles).
+    let clients: Vec<Node> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Node::prepare(bin(), &dir.path().join(format!("client{i}")), n.port, &[]))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<Vec<Vec<String>>>> = Arc::new(Mutex::new(vec![Vec::new(); tenants.len()]));
+    // The writer: one message at a time, tenants and nodes in turn; a request that fails is
+    // sent again with the same transactionId to the next node (dedup keeps it once).
+    let writer = {
+        let (stop, acked, tenants) = (stop.clone(), acked.clone(), tenants.clone());
+        std::thread::spawn(move || {
+            let mut node = 0usize;
+            let started = Instant::now();
+            for i in 0..100_000u32 {
+                if stop.load(Ordering::SeqCst) || started.elapsed() > Duration::from_secs(240) {
+                    break;
+                }
+                let t = usize::try_from(i).unwrap_or(0) % tenants.len();
+                let id = format!("rr-{i:06}");
+                let body = json!({"items": [{"queue": "rolling", "transactionId": id, "payload": {"i": i}}]}).to_string();
+                for _attempt in 0..50 {
+                    node = (node + 1) % clients.len();
+                    let sent = clients[node].try_request_with(
+                        "POST",
+                        "/api/v1/push",
+                        Some(&body),
+                        &[("x-queen-tenant", &tenants[t])],
+                    );
+                    if let Ok(a) = sent
+                        && a.status == 200
+                        && (a.json[0]["status"] == "queued" || a.json[0]["status"] == "duplicate")
+                    {
+                        acked.lock().expect("acked")[t].push(id.clone());
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    // Each node in turn: SIGTERM, start again, wait until every node leads one group again.
+    for i in 0..nodes.len() {
+        let status = nodes[i].sigterm(Duration::from_secs(60));
+        assert!(status.success(), "node {}: {status}", i + 1);
+        nodes[i].restart();
+        each_leads_one(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    writer.join().expect("the writer");
+    let acked = acked.lock().expect("acked").clone();
+    println!(
+        "acknowledged writes by tenant: {:?}",
+        acked.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    // Every acknowledged write is stored exactly once, as every node reads it.
+    for (t, tenant) in tenants.iter().enumerate() {
+        assert!(acked[t].len() > 10, "too few writes for {tenant}");
+        let mut want = acked[t].clone();
+        want.sort();
+        for n in &nodes {
+            // The node has applied everything committed before it answers (read barrier).
+            let mut got = Vec::new();
+            assert!(
+                queen_tests::eventually(Duration::from_secs(20), || {
+                    got = stored(n, tenant, "rolling");
+                    got.len() >= want.len()
+                }),
+                "node {}: {} stored of {} acknowledged",
+                n.port,
+                got.len(),
+                want.len()
+            );
+            let mut sorted = got.clone();
+            sorted.sort();
+            let before = sorted.len();
+            sorted.dedup();
+            assert_eq!(before, sorted.len(), "a write stored twice for {tenant}");
+            for id in &want {
+                assert!(sorted.binary_search(id).is_ok(), "{id} of {tenant} lost");
+            }
+        }
+    }
+}
