@@ -37,6 +37,7 @@
 mod backlog;
 mod ephemeral;
 mod failover;
+mod groups;
 mod nats;
 mod profile;
 mod report;
@@ -108,6 +109,12 @@ pub struct ClusterArgs {
     /// JetStream stream in memory with one replica (`--vs-nats`).
     #[arg(long)]
     ephemeral: bool,
+    /// Instead of the rounds: three nodes with one raft group against three nodes with this
+    /// many (`QUEEN_RAFT_GROUPS`), clients writing one tenant per group, 100 per request, each
+    /// request to its group's leader; prints rates, CPU per message and per node, and which
+    /// node leads which group. 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    groups: u16,
     /// The sink's queues in the failover run (rounded down to a multiple of 3).
     #[arg(long, default_value_t = 6)]
     sink_queues: usize,
@@ -376,6 +383,9 @@ pub async fn run(args: &Args, c: &ClusterArgs) -> Result<(), String> {
             &dir.path().join("ephemeral"),
         )
         .await;
+    }
+    if c.groups > 0 {
+        return groups::groups(args, c, &bin, &dir.path().join("groups"), &prefix).await;
     }
     if c.failover > 0 {
         return failover::failover(&bin, &dir.path().join("failover"), c).await;

@@ -141,13 +141,29 @@ impl Target {
         content_type: &str,
         body: Bytes,
     ) -> Result<(u16, Bytes), String> {
+        self.send_with(i, method, path, content_type, body, &[])
+            .await
+    }
+
+    /// [`Target::send_at`] with more headers.
+    async fn send_with(
+        &self,
+        i: u64,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Bytes), String> {
         let base = &self.bases[(i % self.bases.len() as u64) as usize];
-        let req = hyper::Request::builder()
+        let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{base}{path}"))
-            .header("content-type", content_type)
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+            .header("content-type", content_type);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
         let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
         let body = resp

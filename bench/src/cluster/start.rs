@@ -77,8 +77,19 @@ pub(super) async fn start_cluster(
     dir: &Path,
     extra: &[(String, String)],
 ) -> Result<(Queen, Spawner), String> {
+    start_cluster_spaced(bin, dir, extra, 1).await
+}
+
+/// [`start_cluster`] with each raft port followed by `span - 1` free ports (a node with
+/// `QUEEN_RAFT_GROUPS=span` listens on its raft port plus each group's number).
+pub(super) async fn start_cluster_spaced(
+    bin: &Path,
+    dir: &Path,
+    extra: &[(String, String)],
+    span: u16,
+) -> Result<(Queen, Spawner), String> {
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let raft: Vec<u16> = (0..3).map(|_| free_ports(span)).collect::<Result<_, _>>()?;
     let peers = (0..3)
         .map(|i| format!("{}=127.0.0.1:{}/127.0.0.1:{}", i + 1, raft[i], http[i]))
         .collect::<Vec<_>>()
@@ -103,6 +114,21 @@ pub(super) async fn start_cluster(
         },
         spawner,
     ))
+}
+
+/// `span` free loopback ports in a row: the first (bounded search).
+fn free_ports(span: u16) -> Result<u16, String> {
+    for _ in 0..200 {
+        let first = free_port()?;
+        if (1..span).all(|i| {
+            first
+                .checked_add(i)
+                .is_some_and(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        }) {
+            return Ok(first);
+        }
+    }
+    Err(format!("no {span} free ports in a row"))
 }
 
 /// Wait (60 s at most) until all three nodes answer /health with 200 and one is the leader;
