@@ -65,7 +65,11 @@ where
     let knobs = crate::cluster::TestKnobs::from_env(&cfg.raft_dir);
     let kinds = knobs.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
     let count = cfg.placement.groups();
-    group::check_count(&cfg.raft_dir, count)?;
+    let record = group::check_count(&cfg.raft_dir, count)?;
+    group::check_peers(&cfg, count).await?;
+    if record {
+        group::record_count(&cfg.raft_dir, count)?;
+    }
     let addr = SocketAddr::new(cfg.host, cfg.port);
     let listener = TcpListener::bind(addr)
         .await

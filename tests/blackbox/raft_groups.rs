@@ -294,6 +294,17 @@ fn three_nodes_lead_one_group_each_serve_every_tenant_and_survive_a_kill() {
         log.contains("QUEEN_RAFT_GROUPS") && log.contains("holds 3 raft group(s)"),
         "{log}"
     );
+    // Wiped, it asks its peers: they run 3, so it refuses too, and records nothing.
+    std::fs::remove_dir_all(&nodes[1].dir).expect("wipe node 2");
+    nodes[1].set_env("QUEEN_RAFT_JOIN", "true");
+    nodes[1].launch();
+    let status = nodes[1]
+        .wait_exit(Duration::from_secs(30))
+        .expect("a fresh node with another group count exits");
+    assert_eq!(status.code(), Some(2), "{}", nodes[1].log_text());
+    let log = nodes[1].log_text();
+    assert!(log.contains("runs 3 raft group(s)"), "{log}");
+    assert!(!nodes[1].dir.join("raft-groups").exists());
 }
 
 #[test]

@@ -66,6 +66,9 @@ pub struct RaftNodeConfig {
     pub join: bool,
     /// The highest log format this build reads, reported to the leader on the raft port.
     pub log_kinds: u32,
+    /// The raft groups this process runs (`QUEEN_RAFT_GROUPS`), reported on the raft port so
+    /// that a node started with another count can refuse to start.
+    pub groups: u16,
     /// Test only: a file listing the node ids (comma separated) this node drops all raft-port
     /// traffic to. `None` (the default, and always outside tests) means no fault layer at all.
     pub faults_file: Option<PathBuf>,
@@ -98,6 +101,7 @@ impl RaftNodeConfig {
             log_segment_bytes: 64 << 20,
             join: false,
             log_kinds: 1,
+            groups: 1,
             faults_file: None,
             max_body_bytes: 64 << 20,
             body_timeout: std::time::Duration::from_secs(30),

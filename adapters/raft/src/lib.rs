@@ -41,4 +41,5 @@ pub use config::RaftNodeConfig;
 pub use error::RaftConfigError;
 pub use error::RaftShutdownError;
 pub use error::RaftStartError;
+pub use membership::peer_groups;
 pub use node::RaftNode;

@@ -135,6 +135,39 @@ async fn change(
 
 /// Ask node `id` at `addr` which log format it reads; `None` when it does not answer.
 pub(crate) async fn ask_kinds(transport: &Transport, id: u64, addr: &str) -> Option<u32> {
+    ask_info(transport, id, addr).await.map(|r| r.kinds)
+}
+
+/// The group count each of `peers` but `me` runs (`QUEEN_RAFT_GROUPS`), as its raft port
+/// answers within a second (a node from before groups counts one); `None` for a peer that did
+/// not answer. Asked in parallel, before this node opens anything, so that a node started with
+/// another count than its cluster's can refuse to start.
+pub async fn peer_groups(
+    token: Option<String>,
+    me: u64,
+    peers: &[crate::Peer],
+) -> Vec<(u64, Option<u16>)> {
+    let transport = Transport::new(token, None);
+    let asks = peers.iter().filter(|p| p.id != me).map(|p| {
+        let transport = transport.clone();
+        async move {
+            (
+                p.id,
+                ask_info(&transport, p.id, &p.raft_addr)
+                    .await
+                    .map(|i| i.groups),
+            )
+        }
+    });
+    futures::future::join_all(asks).await
+}
+
+/// A member's `/info` (within a second), `None` when it does not answer.
+pub(crate) async fn ask_info(
+    transport: &Transport,
+    id: u64,
+    addr: &str,
+) -> Option<wire::InfoReply> {
     let bytes = transport
         .post(
             id,
@@ -145,9 +178,7 @@ pub(crate) async fn ask_kinds(transport: &Transport, id: u64, addr: &str) -> Opt
         )
         .await
         .ok()?;
-    wire::decode::<wire::InfoReply>(&bytes)
-        .ok()
-        .map(|r| r.kinds)
+    wire::decode_info(&bytes).ok()
 }
 
 /// Run a membership change on this node, which must lead; answers the members afterwards.

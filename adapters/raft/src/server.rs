@@ -68,8 +68,8 @@ struct Ctx {
     node_id: u64,
     /// The client side of the raft port (a membership change may ask the new node first).
     transport: Arc<Transport>,
-    /// The highest log format this node reads (`/info`).
-    log_kinds: u32,
+    /// What `/info` answers: the highest log format this node reads and its group count.
+    info: wire::InfoReply,
     /// The application's handler of peer calls, and when a leader last reached this node.
     shared: Shared,
 }
@@ -139,7 +139,7 @@ impl RaftServer {
         raft: Raft,
         node_id: u64,
         transport: Arc<Transport>,
-        log_kinds: u32,
+        info: wire::InfoReply,
         limits: BodyLimits,
         shared: Shared,
     ) -> std::io::Result<RaftServer> {
@@ -153,7 +153,7 @@ impl RaftServer {
             token,
             node_id,
             transport,
-            log_kinds,
+            info,
             shared,
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -303,9 +303,7 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 };
             ok(wire::encode(&r))
         }
-        wire::INFO => ok(wire::encode(&wire::InfoReply {
-            kinds: ctx.log_kinds,
-        })),
+        wire::INFO => ok(wire::encode(&ctx.info)),
         wire::MEMBERSHIP => match wire::decode::<MembershipChange>(&body) {
             Ok(op) => {
                 let r: wire::MembershipReply =

@@ -109,11 +109,31 @@ pub(crate) struct Forwarded {
     pub(crate) data: Vec<u8>,
 }
 
-/// The answer to `/info`.
-#[derive(Debug, Serialize, Deserialize)]
+/// The answer to `/info`. A node from before raft groups answers `kinds` alone (postcard then
+/// ends after it; a reader of this form sees it as one group).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct InfoReply {
     /// The highest log format the node reads.
     pub(crate) kinds: u32,
+    /// The raft groups the node runs (`QUEEN_RAFT_GROUPS`).
+    pub(crate) groups: u16,
+}
+
+/// `/info` as a node from before raft groups answers it.
+#[derive(Debug, Deserialize)]
+pub(crate) struct InfoReplyV1 {
+    /// The highest log format the node reads.
+    pub(crate) kinds: u32,
+}
+
+/// Read an `/info` answer of either form.
+pub(crate) fn decode_info(b: &[u8]) -> Result<InfoReply, String> {
+    decode::<InfoReply>(b).or_else(|_| {
+        decode::<InfoReplyV1>(b).map(|v| InfoReply {
+            kinds: v.kinds,
+            groups: 1,
+        })
+    })
 }
 
 /// The answer to `/membership`: the members as the leader sees them after the change.

@@ -58,9 +58,10 @@ pub(super) fn dir_of(root: &Path, group: u16) -> PathBuf {
     }
 }
 
-/// Refuse a data directory written with another group count; record the count on first use.
-/// A directory from before the marker holds one group.
-pub(super) fn check_count(root: &Path, count: u16) -> Result<(), AppError> {
+/// Refuse a data directory written with another group count. A directory from before the
+/// marker holds one group. Answers whether the count is still to be recorded
+/// ([`record_count`], once the peers agree).
+pub(super) fn check_count(root: &Path, count: u16) -> Result<bool, AppError> {
     let path = root.join(COUNT_FILE);
     let recorded = match std::fs::read_to_string(&path) {
         Ok(text) => Some(text.trim().parse::<u16>().map_err(|_| {
@@ -85,12 +86,19 @@ pub(super) fn check_count(root: &Path, count: u16) -> Result<(), AppError> {
             "this node's data directory {} holds {n} raft group(s) and QUEEN_RAFT_GROUPS is {count}; the count is the cluster's and cannot change: start it with QUEEN_RAFT_GROUPS={n}",
             root.display()
         ))),
-        Some(_) => Ok(()),
-        None => std::fs::write(&path, format!("{count}\n")).map_err(|source| AppError::DataDir {
+        Some(_) => Ok(false),
+        None => Ok(true),
+    }
+}
+
+/// Record the group count of a data directory.
+pub(super) fn record_count(root: &Path, count: u16) -> Result<(), AppError> {
+    std::fs::write(root.join(COUNT_FILE), format!("{count}\n")).map_err(|source| {
+        AppError::DataDir {
             dir: root.display().to_string(),
             source,
-        }),
-    }
+        }
+    })
 }
 
 /// What every group of a node is started with.
@@ -129,6 +137,7 @@ pub(super) async fn start(
     raft_cfg.election_max_ms = cfg.election_max_ms;
     raft_cfg.join = cfg.join;
     raft_cfg.log_kinds = c.kinds;
+    raft_cfg.groups = cfg.placement.groups();
     raft_cfg.faults_file = c.knobs.faults_file.clone();
     if let Some(every) = c.knobs.snapshot_every {
         raft_cfg.snapshot_every_entries = every;
@@ -222,6 +231,34 @@ pub(super) fn sink_settings(
                 .then(|| node.clone())
         }
     }
+}
+
+/// Refuse to start when a peer that answers runs another number of groups (asked over its
+/// raft port, a second at most each, before this node opens anything; peers that do not answer
+/// yet are not waited for).
+pub(super) async fn check_peers(cfg: &Config, count: u16) -> Result<(), AppError> {
+    if cfg.peers.len() < 2 {
+        return Ok(());
+    }
+    let peers: Vec<queen_raft::Peer> = cfg
+        .peers
+        .iter()
+        .map(|p| queen_raft::Peer {
+            id: p.id,
+            raft_addr: p.raft.clone(),
+            http_addr: p.http.clone(),
+        })
+        .collect();
+    for (id, theirs) in queen_raft::peer_groups(cfg.token.clone(), cfg.node_id, &peers).await {
+        if let Some(n) = theirs
+            && n != count
+        {
+            return Err(AppError::Groups(format!(
+                "node {id} runs {n} raft group(s) and this node was started with {count}; the count is the cluster's: start this node with QUEEN_RAFT_GROUPS={n}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuse to start when a group holds queues of a tenant that now lives in another group (a

@@ -207,7 +207,10 @@ impl RaftNode {
                 raft.clone(),
                 cfg.node_id,
                 transport.clone(),
-                cfg.log_kinds,
+                crate::wire::InfoReply {
+                    kinds: cfg.log_kinds,
+                    groups: cfg.groups,
+                },
                 limits,
                 shared.clone(),
             )
