@@ -105,10 +105,23 @@ where
         tokio::spawn(g.broker.clone().run_push_lane());
     }
     let (tenant_stop, tenant_stop_rx) = tokio::sync::watch::channel(false);
+    // The group that holds the embedded proxy's directory: the other groups read the tenants
+    // with sinks of their own from it.
+    let home = usize::from(
+        cfg.placement
+            .group_of_id(queen_domain::tenant::PROXY_TENANT),
+    );
+    for g in &groups {
+        if usize::from(g.index) != home {
+            g.broker.set_directory(groups[home].broker.state_reader());
+        }
+    }
+    // The node's own sink in each group that runs one.
     let mut sinks: Vec<Arc<crate::sink::SinkHandle>> = Vec::new();
-    let mut tenant_sinks = None;
+    let mut own_status = Vec::with_capacity(groups.len());
     for g in &groups {
         let Some(settings) = g.broker.sink_settings() else {
+            own_status.push(None);
             continue;
         };
         let handle = Arc::new(crate::sink::SinkHandle::start(
@@ -116,32 +129,45 @@ where
             g.broker.clone(),
             telemetry.clone(),
         )?);
-        let own = handle.status_source();
+        own_status.push(Some(handle.status_source()));
         sinks.push(handle);
-        if count > 1 {
-            g.broker.set_s3_status(own);
-            continue;
-        }
-        // The control plane's tenant sinks run beside the node's own (one group: the proxy
-        // is refused with several).
-        let tenants =
-            crate::sink::tenants::TenantSinks::new(g.broker.clone(), settings, telemetry.clone());
-        tokio::spawn(tenants.clone().run(tenant_stop_rx.clone()));
-        let weak = Arc::downgrade(&tenants);
-        g.broker.set_s3_status(Box::new(move || {
-            let mut block = own();
-            if let Some(t) = weak.upgrade() {
-                let (rows, cp_error) = t.status();
-                if let Some(sinks) = block["sinks"].as_array_mut() {
-                    sinks.extend(rows);
-                }
-                block["cpError"] = serde_json::json!(cp_error);
-            }
-            block
-        }));
-        tenant_sinks = Some(tenants);
     }
-    drop(tenant_stop_rx);
+    // The control plane's tenant sinks run beside the node's own, each over its tenant's
+    // group; their rows show on the status of the group holding the directory.
+    let tenant_sinks = sink.map(|settings| {
+        let tenants = crate::sink::tenants::TenantSinks::new(
+            groups.iter().map(|g| g.broker.clone()).collect(),
+            cfg.placement.clone(),
+            Arc::new(settings),
+            telemetry.clone(),
+        );
+        tokio::spawn(tenants.clone().run(tenant_stop_rx));
+        tenants
+    });
+    for (i, (g, own)) in groups.iter().zip(own_status).enumerate() {
+        let tenants = tenant_sinks
+            .as_ref()
+            .filter(|_| i == home)
+            .map(Arc::downgrade);
+        match (own, tenants) {
+            (Some(own), None) => g.broker.set_s3_status(own),
+            (own, Some(weak)) => g.broker.set_s3_status(Box::new(move || {
+                let mut block = own.as_ref().map_or_else(
+                    || serde_json::json!({"phase": "running", "sinks": []}),
+                    |o| o(),
+                );
+                if let Some(t) = weak.upgrade() {
+                    let (rows, cp_error) = t.status();
+                    if let Some(sinks) = block["sinks"].as_array_mut() {
+                        sinks.extend(rows);
+                    }
+                    block["cpError"] = serde_json::json!(cp_error);
+                }
+                block
+            })),
+            (None, None) => {}
+        }
+    }
     tracing::info!(target: "queen-app", %addr, node_id = cfg.node_id, dir = %cfg.raft_dir.display(), settings = %cfg.describe(), "listening");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -165,16 +165,16 @@ async fn serve_fronts(
         drain: s.drain,
         ..front
     };
+    // Each request reaches its tenant's raft group (one group: the node's).
+    let groups = || queen_http::Groups::new(s.groups.clone(), s.placement.clone());
     let Some((proxy, listener)) = proxy else {
-        // Each request reaches its tenant's raft group (one group: the node's).
-        let groups = queen_http::Groups::new(s.groups, s.placement);
-        return queen_http::serve_groups(s.listener, groups, front, s.stop).await;
+        return queen_http::serve_groups(s.listener, groups(), front, s.stop).await;
     };
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(target: "queen", error = %e, "the proxy's listener cannot be used");
-            return queen_http::serve(s.listener, s.broker, front, s.stop).await;
+            return queen_http::serve_groups(s.listener, groups(), front, s.stop).await;
         }
     };
     if let Ok(addr) = listener.local_addr() {
@@ -196,8 +196,8 @@ async fn serve_fronts(
         ..front.clone()
     };
     tokio::join!(
-        queen_http::serve(s.listener, s.broker.clone(), front, stopped(rx.clone())),
-        queen_http::serve(listener, s.broker, proxied, stopped(rx)),
+        queen_http::serve_groups(s.listener, groups(), front, stopped(rx.clone())),
+        queen_http::serve_groups(listener, groups(), proxied, stopped(rx)),
     );
 }
 
@@ -339,12 +339,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if config.placement.groups() > 1 && proxy.is_some() {
-        eprintln!(
-            "ERROR boot: FATAL: QUEEN_RAFT_GROUPS above 1 does not run with QUEEN_PROXY_EMBEDDED yet: run one group, or turn the embedded proxy off"
-        );
-        return ExitCode::from(2);
-    }
     let telemetry = match Telemetry::init(TelemetryConfig {
         log_format,
         log_filter: std::env::var("RUST_LOG")

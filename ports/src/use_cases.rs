@@ -485,4 +485,10 @@ pub trait SinkLog: Send + Sync + 'static {
         let _ = stored;
         crate::Opened::NotSealed
     }
+    /// A consistent view of the state that holds the embedded proxy's directory (the tenants
+    /// with sinks of their own): this node's applied state, or on a node of several raft
+    /// groups that of the group holding the proxy's reserved tenant.
+    fn directory(&self) -> Box<dyn StateRead + Send + '_> {
+        self.applied()
+    }
 }

@@ -362,10 +362,6 @@ fn bad_group_settings_stop_the_boot_with_one_line() {
             ],
             "QUEEN_TENANT_GROUPS",
         ),
-        (
-            vec![("QUEEN_RAFT_GROUPS", "2"), ("QUEEN_PROXY_EMBEDDED", "true")],
-            "QUEEN_PROXY_EMBEDDED",
-        ),
     ] {
         let mut n = Node::prepare(bin(), &dir.path().join("n"), queen_tests::free_port(), &env);
         n.launch();
@@ -643,6 +639,172 @@ fn a_rolling_restart_under_a_round_robin_writer_keeps_every_acknowledged_write_o
             for id in &want {
                 assert!(sorted.binary_search(id).is_ok(), "{id} of {tenant} lost");
             }
+        }
+    }
+}
+
+const CP: &str = "cp-token-for-the-groups-tests-0123456789";
+
+fn sha256_hex(text: &str) -> String {
+    // The proxy stores sha256(key); the test computes it with the system's sha256sum.
+    let out = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a hash")
+        .to_owned()
+}
+
+/// A request through the embedded proxy with `key` on the shared host.
+fn keyed(n: &Node, key: &str, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let text = body.map(Value::to_string);
+    let auth = format!("Bearer {key}");
+    n.try_request_with(
+        method,
+        path,
+        text.as_deref(),
+        &[("authorization", &auth), ("host", "api.groups.test")],
+    )
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+fn cp(n: &Node, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let text = body.map(Value::to_string);
+    n.try_request_with(method, path, text.as_deref(), &[("x-queen-cp-token", CP)])
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+#[test]
+fn the_embedded_proxy_serves_clusters_whose_tenants_live_in_different_groups() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The proxy on ports of its own; the client ports serve the bare router (its `/status`
+    // shows where each tenant's data is).
+    let proxy_ports: Vec<u16> = (0..3).map(|_| queen_tests::free_port()).collect();
+    let bare = three_nodes_spaced(bin(), dir.path(), "groups-token", GROUPS, |i| {
+        [
+            ("QUEEN_RAFT_GROUPS", "3".to_owned()),
+            ("QUEEN_PROXY_EMBEDDED", "1".to_owned()),
+            ("QUEEN_PROXY_PORT", proxy_ports[i].to_string()),
+            ("QUEEN_PROXY_CP_TOKEN", CP.to_owned()),
+            ("QUEEN_PROXY_SHARED_HOSTS", "api.groups.test".to_owned()),
+            ("QUEEN_PROXY_INVAL_POLL_MS", "200".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    });
+    each_leads_one(&bare.iter().collect::<Vec<_>>(), Duration::from_secs(60));
+    let nodes: Vec<Node> = proxy_ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Node::prepare(bin(), &dir.path().join(format!("proxy{i}")), *p, &[]))
+        .collect();
+    // Clusters until their broker tenants cover every group (each a random UUID).
+    let mut clusters: Vec<(String, u16, String)> = Vec::new();
+    for i in 0..40 {
+        let made = cp(
+            &nodes[i % 3],
+            "POST",
+            "/api/cp/clusters",
+            Some(&json!({"tenant_slug": format!("t{i}"), "slug": format!("c{i}"), "plan": "pro"})),
+        );
+        assert_eq!(made.status, 201, "{}", made.text);
+        let id = made.json["id"].as_str().expect("id").to_owned();
+        let uuid = made.json["broker_tenant_uuid"].as_str().expect("uuid");
+        clusters.push((id, group_of(uuid), uuid.to_owned()));
+        let mut seen: Vec<u16> = clusters.iter().map(|(_, g, _)| *g).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() == usize::from(GROUPS) {
+            break;
+        }
+    }
+    println!("clusters by group: {clusters:?}");
+    // A key per cluster; each pushes through one node and pops through another.
+    for (i, (id, _, _)) in clusters.iter().enumerate() {
+        let key = format!("qk_test_{}{:042}", "k", i);
+        let made = cp(
+            &nodes[(i + 1) % 3],
+            "POST",
+            "/api/cp/keys",
+            Some(
+                &json!({"cluster_id": id, "name": "app", "key_hash": sha256_hex(&key), "scopes": ["produce", "consume"]}),
+            ),
+        );
+        assert_eq!(made.status, 201, "{}", made.text);
+        let pushed = (0..50).find_map(|_| {
+            let a = keyed(
+                &nodes[i % 3],
+                &key,
+                "POST",
+                "/api/v1/push",
+                Some(&json!({"items": [{"queue": "orders", "payload": {"cluster": i}}]})),
+            );
+            if a.status == 200 {
+                Some(a)
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+                None
+            }
+        });
+        assert!(pushed.is_some(), "cluster {i}: its key never worked");
+        // Another node knows the new key within about a second.
+        let mut got = None;
+        for _ in 0..50 {
+            let a = keyed(
+                &nodes[(i + 2) % 3],
+                &key,
+                "GET",
+                "/api/v1/pop/queue/orders?batch=5&wait=false",
+                None,
+            );
+            if a.status != 401 {
+                got = Some(a);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let got = got.expect("the key reaches every node");
+        assert_eq!(got.status, 200, "cluster {i} ({id}): {}", got.text);
+        assert_eq!(
+            got.json["messages"][0]["data"]["cluster"], i,
+            "{}",
+            got.text
+        );
+        // The control plane's relay reads the same group: the queue is listed there.
+        let slug = format!("c{i}");
+        let queues = cp(
+            &nodes[i % 3],
+            "GET",
+            &format!("/api/cp/clusters/{slug}/queues"),
+            None,
+        );
+        assert!(queues.text.contains("orders"), "{}", queues.text);
+    }
+    // Each cluster's queue is in the group of its broker tenant, and in no other.
+    let status = bare[0].get("/status");
+    let groups = status.json["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(groups.len(), usize::from(GROUPS), "{}", status.text);
+    for (_, g, uuid) in &clusters {
+        for (h, doc) in groups.iter().enumerate() {
+            let names = doc["queues"].to_string();
+            assert_eq!(
+                names.contains(uuid.as_str()),
+                usize::from(*g) == h,
+                "tenant {uuid} (group {g}) in group {h}: {names}"
+            );
         }
     }
 }

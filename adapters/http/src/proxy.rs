@@ -384,17 +384,19 @@ impl Proxy {
 
     /// Start the refresher (once per process, whatever the number of listeners): it runs the
     /// boot-time bootstrap until it succeeds and checks the change marker every poll period.
-    pub(crate) fn start<A: ClientApi>(self: &Arc<Self>, api: Arc<A>) {
+    pub(crate) fn start<A: ClientApi>(self: &Arc<Self>, groups: Arc<crate::server::Groups<A>>) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }
         let proxy = self.clone();
+        // The proxy's own state lives in the group of its reserved tenant.
+        let api = groups.home().clone();
         tokio::spawn(async move {
             let mut bootstrapped = proxy.settings.bootstrap.is_none();
             let mut failures = 0u32;
             loop {
                 if !bootstrapped {
-                    match cp::bootstrap_at_boot(&api, &proxy.settings).await {
+                    match cp::bootstrap_at_boot(&groups, &proxy.settings).await {
                         Ok(()) => bootstrapped = true,
                         Err(e) => {
                             failures += 1;
@@ -407,7 +409,7 @@ impl Proxy {
                 }
                 proxy.refresh(&*api);
                 proxy.limits.flush(&*api).await;
-                proxy.limits.reconcile(&api, &proxy.directory()).await;
+                proxy.limits.reconcile(&groups, &proxy.directory()).await;
                 tokio::time::sleep(proxy.settings.poll).await;
             }
         });

@@ -83,6 +83,32 @@ pub struct Groups<A> {
 }
 
 impl<A> Groups<A> {
+    /// How many groups.
+    pub(crate) fn len(&self) -> usize {
+        self.apis.len()
+    }
+
+    /// Every group's use cases, by number.
+    pub(crate) fn all(&self) -> &[Arc<A>] {
+        &self.apis
+    }
+
+    /// The use cases of the group that holds `tenant`.
+    pub(crate) fn of(&self, tenant: &queen_domain::tenant::Tenant) -> &Arc<A> {
+        let g = usize::from(self.placement.group_of(tenant));
+        self.apis.get(g).unwrap_or(&self.apis[0])
+    }
+
+    /// The use cases of the group that holds the embedded proxy's own state (its directory,
+    /// usage and audit rows, under the proxy's reserved tenant).
+    pub(crate) fn home(&self) -> &Arc<A> {
+        let g = usize::from(
+            self.placement
+                .group_of_id(queen_domain::tenant::PROXY_TENANT),
+        );
+        self.apis.get(g).unwrap_or(&self.apis[0])
+    }
+
     /// One group.
     pub fn one(api: Arc<A>) -> Self {
         Self {
@@ -110,9 +136,8 @@ impl<A> Groups<A> {
 struct Shared<A> {
     /// Group 0's use cases: the node's own routes.
     api: Arc<A>,
-    /// Every group's, by number.
-    groups: Vec<Arc<A>>,
-    placement: queen_domain::groups::Placement,
+    /// Every group's, and where each tenant lives.
+    groups: Arc<Groups<A>>,
     limits: BodyLimits,
     budget: BodyBudget,
     admin_token: Option<String>,
@@ -128,8 +153,7 @@ impl<A> Shared<A> {
         if self.groups.len() == 1 || node_wide(segs) {
             return &self.api;
         }
-        let g = usize::from(self.placement.group_of(&scope.tenant));
-        self.groups.get(g).unwrap_or(&self.api)
+        self.groups.of(&scope.tenant)
     }
 }
 
@@ -220,25 +244,27 @@ async fn answer<A: ClientApi>(
     }
     let mut ticket = None;
     let admitted = match &shared.proxy {
-        Some(proxy) => match proxy.gate(&*shared.api, method, segs, query, req.headers()) {
-            Gate::Pass(scope, t) => {
-                ticket = t;
-                Ok(scope)
+        Some(proxy) => {
+            match proxy.gate(&**shared.groups.home(), method, segs, query, req.headers()) {
+                Gate::Pass(scope, t) => {
+                    ticket = t;
+                    Ok(scope)
+                }
+                Gate::Refuse(e) => Err(e),
+                Gate::ControlPlane => {
+                    return crate::proxy::cp::answer(
+                        &shared.groups,
+                        proxy,
+                        method,
+                        segs,
+                        query,
+                        req,
+                        (shared.limits, &shared.budget),
+                    )
+                    .await;
+                }
             }
-            Gate::Refuse(e) => Err(e),
-            Gate::ControlPlane => {
-                return crate::proxy::cp::answer(
-                    &shared.api,
-                    proxy,
-                    method,
-                    segs,
-                    query,
-                    req,
-                    (shared.limits, &shared.budget),
-                )
-                .await;
-            }
-        },
+        }
         None => admit(shared, method, segs, &req).await,
     };
     let scope = match admitted {
@@ -249,11 +275,11 @@ async fn answer<A: ClientApi>(
     };
     if shared.groups.len() > 1 && *method == hyper::Method::GET {
         if segs == ["health"] {
-            let apis: Vec<&A> = shared.groups.iter().map(|a| &**a).collect();
+            let apis: Vec<&A> = shared.groups.all().iter().map(|a| &**a).collect();
             return router::health(&apis);
         }
         if segs == ["status"] && !scope.names_a_tenant() {
-            return finish(router::status_groups(&shared.groups).await);
+            return finish(router::status_groups(shared.groups.all()).await);
         }
     }
     let api = shared.api_for(segs, &scope);
@@ -281,7 +307,8 @@ async fn answer<A: ClientApi>(
                     && (is_admin_change(method, segs)
                         || segs == ["api", "v1", "system", "raft", "membership"]) =>
                 {
-                    router::membership_everywhere(&shared.groups, method, segs, &body.bytes).await
+                    router::membership_everywhere(shared.groups.all(), method, segs, &body.bytes)
+                        .await
                 }
                 // A push through the proxy is read once: the plan's checks look at the items
                 // the handler then stores. A refusal of the plan is not metered.
@@ -391,8 +418,7 @@ pub async fn serve_groups<A: ClientApi>(
 ) {
     let shared = Arc::new(Shared {
         api: groups.apis[0].clone(),
-        groups: groups.apis,
-        placement: groups.placement,
+        groups: Arc::new(groups),
         limits: BodyLimits {
             max_bytes: cfg.max_body_bytes,
             timeout: cfg.body_timeout,
@@ -407,7 +433,7 @@ pub async fn serve_groups<A: ClientApi>(
         a.warm().await;
     }
     if let Some(p) = &shared.proxy {
-        p.start(shared.api.clone());
+        p.start(shared.groups.clone());
     }
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -102,6 +102,9 @@ pub struct Broker {
     /// This broker's raft group on a node of several (`QUEEN_RAFT_GROUPS`): its figures carry
     /// a `group` label. `None` with one group.
     group: Option<u16>,
+    /// On a node of several groups, the state of the group that holds the embedded proxy's
+    /// directory, when it is another group's.
+    directory: std::sync::OnceLock<Arc<dyn StateReader>>,
 }
 
 impl Broker {
@@ -148,6 +151,7 @@ impl Broker {
             samples: None,
             requests: Default::default(),
             group: None,
+            directory: std::sync::OnceLock::new(),
             sink_node: None,
         }
     }
@@ -166,6 +170,16 @@ impl Broker {
     pub fn with_group(mut self, index: u16, count: u16) -> Self {
         self.group = (count > 1).then_some(index);
         self
+    }
+
+    /// Read the embedded proxy's directory from `home` (another group's state).
+    pub(crate) fn set_directory(&self, home: Arc<dyn StateReader>) {
+        let _ = self.directory.set(home);
+    }
+
+    /// This broker's applied state, as a port.
+    pub(crate) fn state_reader(&self) -> Arc<dyn StateReader> {
+        self.state.clone()
     }
 
     /// The raft group this broker serves on a node of several, else `None`.

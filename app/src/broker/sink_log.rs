@@ -26,6 +26,13 @@ impl SinkLog for Broker {
         self.state.view()
     }
 
+    fn directory(&self) -> Box<dyn queen_domain::StateRead + Send + '_> {
+        match self.directory.get() {
+            Some(home) => home.view(),
+            None => self.state.view(),
+        }
+    }
+
     fn wall_clock(&self) -> Stamp {
         Stamp(self.clock.now_micros())
     }

@@ -177,8 +177,11 @@ pub(super) fn discover(shared: &Shared) -> Found {
         existing.retain(|q| own.owns(q));
     } else {
         // The node's sink: every tenant but those with a sink of their own.
-        let others = queen_domain::proxy::directory::sink_tenants(&*state, shared.log.wall_clock())
-            .unwrap_or_default();
+        let others = {
+            let dir = shared.log.directory();
+            queen_domain::proxy::directory::sink_tenants(&*dir, shared.log.wall_clock())
+                .unwrap_or_default()
+        };
         if !others.is_empty() {
             existing.retain(|q| !others.iter().any(|t| t.owns(q)));
         }

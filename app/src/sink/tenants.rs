@@ -40,7 +40,12 @@ struct Entry {
 
 /// The tenant sinks of this node.
 pub(crate) struct TenantSinks {
+    /// The group that holds the control plane's rows.
     broker: Arc<Broker>,
+    /// Every group's broker, by number, and where each tenant lives: a tenant's sink reads
+    /// its own group.
+    groups: Vec<Arc<Broker>>,
+    placement: queen_domain::groups::Placement,
     node: Arc<SinkSettings>,
     telemetry: Telemetry,
     sinks: Mutex<BTreeMap<String, Entry>>,
@@ -52,12 +57,16 @@ pub(crate) struct TenantSinks {
 
 impl TenantSinks {
     pub(crate) fn new(
-        broker: Arc<Broker>,
+        groups: Vec<Arc<Broker>>,
+        placement: queen_domain::groups::Placement,
         node: Arc<SinkSettings>,
         telemetry: Telemetry,
     ) -> Arc<Self> {
+        let home = usize::from(placement.group_of_id(queen_domain::tenant::PROXY_TENANT));
         Arc::new(Self {
-            broker,
+            broker: groups.get(home).unwrap_or(&groups[0]).clone(),
+            groups,
+            placement,
             node,
             telemetry,
             sinks: Mutex::default(),
@@ -198,12 +207,11 @@ impl TenantSinks {
         let mut settings = tenant_settings(&row.config, &secret, &self.node, &row.tenant)?;
         settings.name = format!("tenant-{slug}");
         settings.own_tenant = true;
-        SinkHandle::start(
-            settings,
-            self.broker.clone() as Arc<dyn SinkLog>,
-            self.telemetry.clone(),
-        )
-        .map_err(|e| e.to_string())
+        let group = queen_domain::tenant::Tenant::any(&row.tenant)
+            .map_or(0, |t| usize::from(self.placement.group_of(&t)));
+        let broker = self.groups.get(group).unwrap_or(&self.broker).clone();
+        SinkHandle::start(settings, broker as Arc<dyn SinkLog>, self.telemetry.clone())
+            .map_err(|e| e.to_string())
     }
 
     /// The `sinks` rows of `/status` for the control plane's sinks, and the last error reading

@@ -67,7 +67,7 @@ fn not_found() -> ApiError {
 
 /// Answer one control-plane request.
 pub(crate) async fn answer<A: ClientApi>(
-    api: &Arc<A>,
+    groups: &crate::server::Groups<A>,
     proxy: &Proxy,
     method: &hyper::Method,
     segs: &[&str],
@@ -102,7 +102,8 @@ pub(crate) async fn answer<A: ClientApi>(
         Err(e) => return crate::error::closing(error_response(&e)),
     };
     let cp = Cp {
-        api,
+        api: groups.home(),
+        groups,
         settings: &proxy.settings,
     };
     // The two relays answer as the broker does, for the cluster's tenant.
@@ -200,7 +201,10 @@ fn doc<T: DeserializeOwned>(value: &[u8]) -> Result<T, ApiError> {
 
 /// One control-plane call's view of the store.
 struct Cp<'a, A> {
+    /// The use cases of the group that holds the proxy's own state (the directory).
     api: &'a Arc<A>,
+    /// Every group's: a cluster's broker data lives in the group of its broker tenant.
+    groups: &'a crate::server::Groups<A>,
     settings: &'a ProxySettings,
 }
 
@@ -655,7 +659,7 @@ impl<A: ClientApi> Cp<'_, A> {
         let method = hyper::Method::from_bytes(want.as_bytes())
             .map_err(|_| ApiError::new(500, "internal", "bad method"))?;
         crate::router::handle(
-            self.api,
+            self.groups.of(&scope.tenant),
             &scope,
             &method,
             path,

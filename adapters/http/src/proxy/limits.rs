@@ -482,7 +482,11 @@ impl Limits {
 
     /// Count again, when due, the stored bytes of every cluster whose plan has a storage cap
     /// (off the runtime's threads: one read per stored record).
-    pub(crate) async fn reconcile<A: ClientApi>(&self, api: &Arc<A>, dir: &d::Directory) {
+    pub(crate) async fn reconcile<A: ClientApi>(
+        &self,
+        groups: &crate::server::Groups<A>,
+        dir: &d::Directory,
+    ) {
         for entry in dir.clusters.values() {
             let plan = plans::effective(&entry.doc.plan_code, &entry.doc.overrides);
             let Some(cap) = plan.max_retained_bytes else {
@@ -501,7 +505,7 @@ impl Limits {
             else {
                 continue;
             };
-            let counting = api.clone();
+            let counting = groups.of(&tenant).clone();
             let counted =
                 tokio::task::spawn_blocking(move || counting.retained_bytes(&tenant)).await;
             let Ok(Some(bytes)) = counted else {

@@ -286,13 +286,17 @@ impl<A: ClientApi> Cp<'_, A> {
 /// The boot-time bootstrap of `QUEEN_PROXY_BOOTSTRAP_*`: the tenant and a cluster of the same
 /// slug, and the configured key (by its hash) if it is not registered yet.
 pub(crate) async fn bootstrap_at_boot<A: ClientApi>(
-    api: &Arc<A>,
+    groups: &crate::server::Groups<A>,
     settings: &ProxySettings,
 ) -> Result<(), ApiError> {
     let Some(b) = &settings.bootstrap else {
         return Ok(());
     };
-    let cp = Cp { api, settings };
+    let cp = Cp {
+        api: groups.home(),
+        groups,
+        settings,
+    };
     let t = cp.ensure_tenant(&b.tenant, None, Some(&b.email)).await?;
     let c = cp.ensure_cluster(&t.doc, &b.tenant, &b.plan).await?;
     if let Some(key) = &b.api_key {

@@ -54,7 +54,7 @@ impl<A: ClientApi> Cp<'_, A> {
                 .await?;
             }
             let tenant = broker_tenant(c)?;
-            match self.api.purge_tenant(tenant).await {
+            match self.groups.of(&tenant).purge_tenant(tenant.clone()).await {
                 Ok(r) => {
                     let done = r.done && r.partitions_deleted == 0;
                     all_done &= done;
@@ -86,9 +86,9 @@ impl<A: ClientApi> Cp<'_, A> {
             return Err(not_deleting());
         }
         if !force {
-            let state = self.api.state();
             for (c, _) in &clusters {
                 let tenant = broker_tenant(c)?;
+                let state = self.groups.of(&tenant).state();
                 let left =
                     queen_domain::reads::tenant_queues(&*state, &tenant, 1).map_err(|_| {
                         ApiError::new(

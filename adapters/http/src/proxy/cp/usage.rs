@@ -123,12 +123,14 @@ impl<A: ClientApi> Cp<'_, A> {
                 .filter(|u| *u > 0)
                 .min());
             // What this node stores for the cluster; null when it cannot tell.
-            let counting = self.api.clone();
             let retained = match queen_domain::tenant::Tenant::parse(&c.broker_tenant_uuid) {
-                Ok(t) => tokio::task::spawn_blocking(move || counting.retained_bytes(&t))
-                    .await
-                    .ok()
-                    .flatten(),
+                Ok(t) => {
+                    let counting = self.groups.of(&t).clone();
+                    tokio::task::spawn_blocking(move || counting.retained_bytes(&t))
+                        .await
+                        .ok()
+                        .flatten()
+                }
                 Err(_) => None,
             };
             out.push(json!({
