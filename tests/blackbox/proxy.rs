@@ -19,25 +19,6 @@ fn key(seed: char) -> String {
     format!("qk_test_{}", seed.to_string().repeat(43))
 }
 
-fn sha256_hex(text: &str) -> String {
-    // The proxy stores sha256(key); the test computes it with the system's sha256sum.
-    let out = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a hash")
-        .to_owned()
-}
-
 /// A request through `via` with a bearer key (or none) and a `Host`.
 fn call(
     via: &Node,
@@ -266,7 +247,7 @@ fn keys_clusters_routes_and_statuses_through_the_proxy_port() {
             .unwrap_or("")
             .contains("tenant_slug")
     );
-    let h2 = sha256_hex(&k2);
+    let h2 = queen_tests::sha256_hex(&k2);
     for body in [
         json!({"cluster_id": beta_id, "name": "c", "key_hash": "ABC", "scopes": ["consume"]}),
         json!({"cluster_id": beta_id, "name": "c", "key_hash": h2, "scopes": []}),
@@ -566,7 +547,7 @@ fn three_nodes_share_the_directory_and_a_revocation_reaches_each_within_a_second
         "POST",
         "/api/cp/keys",
         Some(
-            &json!({"cluster_id": shop_id, "name": "app", "key_hash": sha256_hex(&k2), "scopes": ["produce", "consume"]}),
+            &json!({"cluster_id": shop_id, "name": "app", "key_hash": queen_tests::sha256_hex(&k2), "scopes": ["produce", "consume"]}),
         ),
     );
     assert_eq!(made.status, 201, "{}", made.text);
@@ -973,7 +954,7 @@ fn plans_limits_quotas_and_usage() {
     let body = json!({
         "tenant_slug": "delta", "cluster_slug": "delta-main", "plan": "pro",
         "user_id": user, "email": "Ops@Delta.test", "role": "producer",
-        "key_name": "app", "key_hash": sha256_hex(&k5), "scopes": ["produce"],
+        "key_name": "app", "key_hash": queen_tests::sha256_hex(&k5), "scopes": ["produce"],
         "overrides": {"max_batch_items": 2}
     });
     let first = cp(&node, "POST", "/api/cp/provision", Some(&body));
@@ -1029,7 +1010,7 @@ fn plans_limits_quotas_and_usage() {
     let store = json!({
         "tenant_slug": "store-co", "cluster_slug": "store", "plan": "pro",
         "user_id": "7d0c9a8e-1f7b-4c2e-9a55-2b7a0f3c1d42", "email": "ops@store.test",
-        "role": "admin", "key_name": "app", "key_hash": sha256_hex(&k6),
+        "role": "admin", "key_name": "app", "key_hash": queen_tests::sha256_hex(&k6),
         "scopes": ["produce", "consume", "admin"], "overrides": {"max_retained_bytes": 3000}
     });
     assert_eq!(

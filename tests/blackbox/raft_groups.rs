@@ -645,25 +645,6 @@ fn a_rolling_restart_under_a_round_robin_writer_keeps_every_acknowledged_write_o
 
 const CP: &str = "cp-token-for-the-groups-tests-0123456789";
 
-fn sha256_hex(text: &str) -> String {
-    // The proxy stores sha256(key); the test computes it with the system's sha256sum.
-    let out = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a hash")
-        .to_owned()
-}
-
 /// A request through the embedded proxy with `key` on the shared host.
 fn keyed(n: &Node, key: &str, method: &str, path: &str, body: Option<&Value>) -> Answer {
     let text = body.map(Value::to_string);
@@ -737,7 +718,7 @@ fn the_embedded_proxy_serves_clusters_whose_tenants_live_in_different_groups() {
             "POST",
             "/api/cp/keys",
             Some(
-                &json!({"cluster_id": id, "name": "app", "key_hash": sha256_hex(&key), "scopes": ["produce", "consume"]}),
+                &json!({"cluster_id": id, "name": "app", "key_hash": queen_tests::sha256_hex(&key), "scopes": ["produce", "consume"]}),
             ),
         );
         assert_eq!(made.status, 201, "{}", made.text);

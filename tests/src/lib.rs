@@ -840,3 +840,27 @@ pub fn qpb1_txn(groups: &[TxnGroup<'_>]) -> Vec<u8> {
     }
     b
 }
+
+/// The lowercase hex SHA-256 of `text` (what the embedded proxy stores of an API key), from
+/// the system's `sha256sum`.
+///
+/// # Panics
+/// When `sha256sum` cannot run.
+#[must_use]
+pub fn sha256_hex(text: &str) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a hash")
+        .to_owned()
+}
