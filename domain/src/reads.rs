@@ -71,6 +71,38 @@ pub fn tenant_queues(
         .collect())
 }
 
+/// The tenants other than the default one that have a row in `table` (whose keys start with a
+/// stored name: queues, KV rows, timers), found by skipping from one tenant's scope to the
+/// next: one seek per tenant, whatever their rows. Ids as stored (lowercase).
+///
+/// # Errors
+/// Store failures.
+pub fn scoped_tenants(s: &dyn StateRead, table: u8) -> Result<Vec<String>, StoreError> {
+    let mark = crate::tenant::SCOPE_MARK as u8;
+    let end = [table, mark + 1];
+    let mut from = vec![table, mark];
+    let mut out = Vec::new();
+    loop {
+        let mut next: Option<Vec<u8>> = None;
+        try_scan(s, &from, &end, |k, _| {
+            next = Some(k.to_vec());
+            Ok(false)
+        })?;
+        let Some(k) = next else {
+            return Ok(out);
+        };
+        let rest = k.get(2..).unwrap_or_default();
+        match rest.iter().position(|b| *b == mark) {
+            Some(at) => {
+                out.push(String::from_utf8_lossy(&rest[..at]).into_owned());
+                from = keys::prefix_end(&k[..2 + at + 1]);
+            }
+            // Not a scoped name after all: step past this key.
+            None => from = keys::prefix_end(&k),
+        }
+    }
+}
+
 /// The queue a partition belongs to (its stored name), if the partition exists.
 ///
 /// # Errors

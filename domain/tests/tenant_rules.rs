@@ -131,3 +131,44 @@ fn a_purge_pass_names_only_its_tenants_state() {
     let other = purge::plan(&s.store, &d).unwrap();
     assert_eq!(other.queues, vec![(d.queue("orders").unwrap(), 1)]);
 }
+
+#[test]
+fn the_tenants_with_rows_in_a_table_are_listed_one_seek_each() {
+    let ids = [
+        "11111111-2222-4333-8444-555555555555",
+        "22222222-2222-4333-8444-555555555555",
+        "33333333-2222-4333-8444-555555555555",
+    ];
+    let mut s = Sim::new();
+    let mut ops = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let t = Tenant::parse(id).unwrap();
+        for k in 0..=i {
+            ops.push(KvOp::Put {
+                ns: t.name(&format!("ns{k}")),
+                key: format!("k{k}"),
+                value: b"1".to_vec(),
+                expiry: Expiry::Forever,
+                expect: None,
+                required: false,
+            });
+        }
+    }
+    // The default tenant's rows are not listed.
+    ops.push(KvOp::Put {
+        ns: "plain".into(),
+        key: "k".into(),
+        value: b"1".to_vec(),
+        expiry: Expiry::Forever,
+        expect: None,
+        required: false,
+    });
+    s.apply(Command::Kv(ops));
+    let found = reads::scoped_tenants(&s.store, queen_domain::keys::table::KV).unwrap();
+    assert_eq!(found, ids.to_vec());
+    assert!(
+        reads::scoped_tenants(&s.store, queen_domain::keys::table::TIMER)
+            .unwrap()
+            .is_empty()
+    );
+}

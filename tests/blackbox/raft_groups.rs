@@ -789,3 +789,51 @@ fn the_embedded_proxy_serves_clusters_whose_tenants_live_in_different_groups() {
         }
     }
 }
+
+#[test]
+fn a_tenant_with_data_cannot_be_pinned_to_another_group() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tenants = tenants();
+    // One node of three groups; tenant 0 has a KV row only, tenant 1 a queue.
+    let mut n = Node::start(
+        bin(),
+        &dir.path().join("n"),
+        &[
+            ("QUEEN_RAFT_GROUPS", "3"),
+            ("QUEEN_TENANCY_HEADER", "true"),
+            ("QUEEN_KV_TRUSTED_PROXY", "true"),
+        ],
+    );
+    let put = call(
+        &n,
+        &tenants[0],
+        "POST",
+        "/api/v1/kv",
+        Some(
+            &json!({"operations": [{"op": "put", "ns": "app", "key": "k", "value": 1, "forever": true}]}),
+        ),
+    );
+    assert_eq!(put.status, 200, "{}", put.text);
+    push_all(&n, &tenants[1], "jobs", &ids("pin", 1));
+    // Pinning either to another group stops the boot, naming the tenant and what it holds.
+    for (t, holds) in [(0usize, "KV rows"), (1, "queue")] {
+        n.kill9();
+        let other = (group_of(&tenants[t]) + 1) % GROUPS;
+        n.set_env("QUEEN_TENANT_GROUPS", &format!("{}={other}", tenants[t]));
+        n.launch();
+        let status = n
+            .wait_exit(Duration::from_secs(30))
+            .expect("the boot stops");
+        assert_eq!(status.code(), Some(2), "{}", n.log_text());
+        let log = n.log_text();
+        assert!(log.contains(&tenants[t]) && log.contains(holds), "{log}");
+    }
+    // Pinned where the hash put it, it starts.
+    n.set_env(
+        "QUEEN_TENANT_GROUPS",
+        &format!("{}={}", tenants[0], group_of(&tenants[0])),
+    );
+    n.restart();
+    let got = call(&n, &tenants[0], "GET", "/api/v1/kv/app/k", None);
+    assert!(got.text.contains('1'), "{}", got.text);
+}

@@ -272,8 +272,25 @@ pub(super) fn check_tenants(
     }
     for g in groups {
         let state = queen_ports::ClientApi::state(&*g.broker);
-        let queues = queen_domain::reads::queues(&*state, usize::MAX)
-            .map_err(|e| AppError::Groups(format!("cannot read group {}: {e}", g.index)))?;
+        let unreadable = |e: queen_domain::StoreError| {
+            AppError::Groups(format!("cannot read group {}: {e}", g.index))
+        };
+        // KV rows (locks included) and timers of tenants without a queue.
+        for (table, what) in [
+            (queen_domain::keys::table::KV, "KV rows"),
+            (queen_domain::keys::table::TIMER, "timers"),
+        ] {
+            for id in queen_domain::reads::scoped_tenants(&*state, table).map_err(unreadable)? {
+                let home = placement.group_of_id(&id);
+                if home != g.index {
+                    return Err(AppError::Groups(format!(
+                        "tenant {id} has {what} in group {} but QUEEN_TENANT_GROUPS and the hash place it in group {home}; a tenant with data cannot be moved: restore its pin to group {}",
+                        g.index, g.index
+                    )));
+                }
+            }
+        }
+        let queues = queen_domain::reads::queues(&*state, usize::MAX).map_err(unreadable)?;
         for q in queues {
             let id = queen_domain::tenant::split(&q.name)
                 .0
