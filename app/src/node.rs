@@ -116,6 +116,14 @@ where
             g.broker.set_directory(groups[home].broker.state_reader());
         }
     }
+    // The analytics (sampled by group 0) take in every group's queues.
+    broker.sample_groups(
+        groups
+            .iter()
+            .skip(1)
+            .map(|g| g.broker.state_reader())
+            .collect(),
+    );
     // The node's own sink in each group that runs one.
     let mut sinks: Vec<Arc<crate::sink::SinkHandle>> = Vec::new();
     let mut own_status = Vec::with_capacity(groups.len());

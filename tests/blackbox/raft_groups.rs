@@ -837,3 +837,42 @@ fn a_tenant_with_data_cannot_be_pinned_to_another_group() {
     let got = call(&n, &tenants[0], "GET", "/api/v1/kv/app/k", None);
     assert!(got.text.contains('1'), "{}", got.text);
 }
+
+#[test]
+fn the_analytics_sample_every_groups_queues() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tenants = tenants();
+    let n = Node::start(
+        bin(),
+        &dir.path().join("n"),
+        &[
+            ("QUEEN_RAFT_GROUPS", "3"),
+            ("QUEEN_TENANCY_HEADER", "true"),
+            ("QUEEN_KV_TRUSTED_PROXY", "true"),
+            ("QUEEN_ANALYTICS_INTERVAL_MS", "200"),
+        ],
+    );
+    for (t, tenant) in tenants.iter().enumerate() {
+        push_all(&n, tenant, &format!("q{t}"), &ids(&format!("an{t}"), 3));
+    }
+    // Each tenant sees its own queue in the node's samples, whichever group holds it.
+    for (t, tenant) in tenants.iter().enumerate() {
+        let mut last = String::new();
+        assert!(
+            queen_tests::eventually(Duration::from_secs(20), || {
+                let a = call(
+                    &n,
+                    tenant,
+                    "GET",
+                    "/api/v1/status/analytics?interval=minute",
+                    None,
+                );
+                last = a.text.clone();
+                a.json["queues"]
+                    .as_array()
+                    .is_some_and(|q| q.iter().any(|x| x["queue"] == format!("q{t}")))
+            }),
+            "tenant {t}: {last}"
+        );
+    }
+}

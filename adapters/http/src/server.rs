@@ -161,7 +161,13 @@ impl<A> Shared<A> {
 fn node_wide(segs: &[&str]) -> bool {
     matches!(
         segs,
-        ["health"] | ["status"] | ["metrics", ..] | ["api", "v1", "system", ..]
+        ["health"]
+            | ["status"]
+            | ["metrics", ..]
+            | ["api", "v1", "system", ..]
+            // The analytics samples are the node's (group 0 samples every group's queues).
+            | ["api", "v1", "status", "analytics"]
+            | ["api", "v1", "analytics", ..]
     )
 }
 

@@ -61,13 +61,22 @@ impl Broker {
     /// Take one sample and append it to the log (nothing without a log).
     pub fn sample_analytics(&self) {
         let Some(log) = &self.samples else { return };
-        let (queues, partial) = match analytics::sample_queues(&*self.state()) {
-            Ok(q) => q,
-            Err(e) => {
-                tracing::debug!(target: "queen-app", error = %e, "analytics: the queues could not be read");
-                return;
+        // This group's queues, and on a node of several raft groups every other group's.
+        let mut queues = Vec::new();
+        let mut partial = false;
+        let others = self.sampled_groups.get().map_or(&[][..], Vec::as_slice);
+        for state in std::iter::once(&self.state).chain(others) {
+            match analytics::sample_queues(&*state.view()) {
+                Ok((q, p)) => {
+                    queues.extend(q);
+                    partial |= p;
+                }
+                Err(e) => {
+                    tracing::debug!(target: "queen-app", error = %e, "analytics: the queues could not be read");
+                    return;
+                }
             }
-        };
+        }
         let progress = self.health().progress;
         let (rss, cpu) = process_figures();
         let (disk_total, disk_used) = self.proposer.disk.last_sample();

@@ -105,6 +105,9 @@ pub struct Broker {
     /// On a node of several groups, the state of the group that holds the embedded proxy's
     /// directory, when it is another group's.
     directory: std::sync::OnceLock<Arc<dyn StateReader>>,
+    /// On group 0 of a node of several groups: the other groups' states, whose queues the
+    /// analytics samples take in too.
+    sampled_groups: std::sync::OnceLock<Vec<Arc<dyn StateReader>>>,
 }
 
 impl Broker {
@@ -152,6 +155,7 @@ impl Broker {
             requests: Default::default(),
             group: None,
             directory: std::sync::OnceLock::new(),
+            sampled_groups: std::sync::OnceLock::new(),
             sink_node: None,
         }
     }
@@ -175,6 +179,12 @@ impl Broker {
     /// Read the embedded proxy's directory from `home` (another group's state).
     pub(crate) fn set_directory(&self, home: Arc<dyn StateReader>) {
         let _ = self.directory.set(home);
+    }
+
+    /// Take the queues of `others` (the other groups' states) into this broker's analytics
+    /// samples.
+    pub(crate) fn sample_groups(&self, others: Vec<Arc<dyn StateReader>>) {
+        let _ = self.sampled_groups.set(others);
     }
 
     /// This broker's applied state, as a port.
