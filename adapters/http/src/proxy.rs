@@ -384,7 +384,7 @@ impl Proxy {
 
     /// Start the refresher (once per process, whatever the number of listeners): it runs the
     /// boot-time bootstrap until it succeeds and checks the change marker every poll period.
-    pub(crate) fn start<A: ClientApi>(self: &Arc<Self>, groups: Arc<crate::server::Groups<A>>) {
+    pub(crate) fn start<A: ClientApi>(self: &Arc<Self>, groups: Arc<crate::groups::Groups<A>>) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }

@@ -67,7 +67,7 @@ fn not_found() -> ApiError {
 
 /// Answer one control-plane request.
 pub(crate) async fn answer<A: ClientApi>(
-    groups: &crate::server::Groups<A>,
+    groups: &crate::groups::Groups<A>,
     proxy: &Proxy,
     method: &hyper::Method,
     segs: &[&str],
@@ -204,7 +204,7 @@ struct Cp<'a, A> {
     /// The use cases of the group that holds the proxy's own state (the directory).
     api: &'a Arc<A>,
     /// Every group's: a cluster's broker data lives in the group of its broker tenant.
-    groups: &'a crate::server::Groups<A>,
+    groups: &'a crate::groups::Groups<A>,
     settings: &'a ProxySettings,
 }
 

@@ -484,7 +484,7 @@ impl Limits {
     /// (off the runtime's threads: one read per stored record).
     pub(crate) async fn reconcile<A: ClientApi>(
         &self,
-        groups: &crate::server::Groups<A>,
+        groups: &crate::groups::Groups<A>,
         dir: &d::Directory,
     ) {
         for entry in dir.clusters.values() {

@@ -286,7 +286,7 @@ impl<A: ClientApi> Cp<'_, A> {
 /// The boot-time bootstrap of `QUEEN_PROXY_BOOTSTRAP_*`: the tenant and a cluster of the same
 /// slug, and the configured key (by its hash) if it is not registered yet.
 pub(crate) async fn bootstrap_at_boot<A: ClientApi>(
-    groups: &crate::server::Groups<A>,
+    groups: &crate::groups::Groups<A>,
     settings: &ProxySettings,
 ) -> Result<(), ApiError> {
     let Some(b) = &settings.bootstrap else {
