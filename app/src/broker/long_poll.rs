@@ -18,6 +18,17 @@ use super::Broker;
 const RECHECK: Duration = Duration::from_millis(250);
 
 impl Broker {
+    /// On a node that does not lead: wait until it has applied what the leader had committed
+    /// (a read barrier), so a look after it sees every acknowledged write. Answers whether it
+    /// did (false on the leader, which has applied what it acknowledged, and when the barrier
+    /// fails: the caller then answers from what it has).
+    async fn catch_up(&self) -> bool {
+        if self.log.progress().role == queen_ports::RaftRole::Leader {
+            return false;
+        }
+        self.proposer.read_barrier().await.is_ok()
+    }
+
     pub(super) async fn long_poll(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
         let deadline = Instant::now()
             + if req.wait {
@@ -28,13 +39,28 @@ impl Broker {
         let notify = self.waiters.of(req.command.queue.as_str());
         let mut cmd = req.command;
         let mut parked = None;
+        let mut caught_up = false;
         let result = loop {
             // Register for a wake-up before looking, so a commit between the look and the wait
             // is not missed.
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
-            let would = reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
-                .map_err(|e| Self::read_error(&e))?;
+            let mut would =
+                reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
+                    .map_err(|e| Self::read_error(&e))?;
+            if would.is_empty() && !caught_up {
+                // A follower may not have applied a push another node acknowledged: before it
+                // answers "nothing", it catches up with the leader's commit index once.
+                caught_up = true;
+                if self.catch_up().await {
+                    would = reads::would_pop(
+                        &*self.state.view(),
+                        Stamp(self.clock.now_micros()),
+                        &cmd,
+                    )
+                    .map_err(|e| Self::read_error(&e))?;
+                }
+            }
             if !would.is_empty() {
                 cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
                 let r = self.propose(Command::Pop(cmd.clone())).await?;
@@ -79,6 +105,7 @@ impl Broker {
                 Duration::ZERO
             };
         let mut cmd = req.command;
+        let mut caught_up = false;
         loop {
             let queues =
                 reads::queues(&*self.state.view(), 100_000).map_err(|e| Self::read_error(&e))?;
@@ -105,6 +132,13 @@ impl Broker {
                     let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
                     self.telemetry.metrics().messages_delivered(n as u64);
                     return Ok((q.name.clone(), p));
+                }
+            }
+            if !caught_up {
+                // As in `long_poll`: a follower catches up once before it answers "nothing".
+                caught_up = true;
+                if self.catch_up().await {
+                    continue;
                 }
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
