@@ -53,12 +53,9 @@ impl Broker {
                 // answers "nothing", it catches up with the leader's commit index once.
                 caught_up = true;
                 if self.catch_up().await {
-                    would = reads::would_pop(
-                        &*self.state.view(),
-                        Stamp(self.clock.now_micros()),
-                        &cmd,
-                    )
-                    .map_err(|e| Self::read_error(&e))?;
+                    would =
+                        reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
+                            .map_err(|e| Self::read_error(&e))?;
                 }
             }
             if !would.is_empty() {
