@@ -290,11 +290,7 @@ where
         let _ = stop_tx.send(true);
         return Err(AppError::LogStopped(reason));
     }
-    let mut drains = tokio::task::JoinSet::new();
-    for s in sinks {
-        drains.spawn(async move { s.finish().await });
-    }
-    while drains.join_next().await.is_some() {}
+    crate::sink::SinkHandle::finish_all(sinks).await;
     if let Some(t) = &tenant_sinks {
         t.finish().await;
     }

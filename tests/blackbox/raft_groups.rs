@@ -517,36 +517,6 @@ fn every_group_mirrors_its_own_tenants_into_the_lake() {
     }
 }
 
-/// Every transactionId stored in `queue`'s default partition of `tenant`, in offset order, read
-/// through `n` with `/api/v1/fetch` (bounded).
-fn stored(n: &Node, tenant: &str, queue: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut offset = 0u64;
-    for _ in 0..1_000 {
-        let f = call(
-            n,
-            tenant,
-            "POST",
-            "/api/v1/fetch",
-            Some(&json!({"entries": [{"queue": queue, "partition": "Default", "offset": offset}]})),
-        );
-        assert_eq!(f.status, 200, "{}", f.text);
-        let e = &f.json["entries"][0];
-        let records = e["records"].as_array().cloned().unwrap_or_default();
-        if records.is_empty() {
-            break;
-        }
-        for r in &records {
-            out.push(r["transactionId"].as_str().unwrap_or_default().to_owned());
-            offset = r["offset"].as_u64().unwrap_or(offset) + 1;
-        }
-        if offset >= e["highWatermark"].as_u64().unwrap_or(0) {
-            break;
-        }
-    }
-    out
-}
-
 #[test]
 fn a_rolling_restart_under_a_round_robin_writer_keeps_every_acknowledged_write_once() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -623,7 +593,7 @@ fn a_rolling_restart_under_a_round_robin_writer_keeps_every_acknowledged_write_o
             let mut got = Vec::new();
             assert!(
                 queen_tests::eventually(Duration::from_secs(20), || {
-                    got = stored(n, tenant, "rolling");
+                    got = n.stored_ids_with("rolling", "Default", &[("x-queen-tenant", tenant)]);
                     got.len() >= want.len()
                 }),
                 "node {}: {} stored of {} acknowledged",

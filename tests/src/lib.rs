@@ -483,10 +483,28 @@ impl Node {
     /// `/api/v1/fetch` (bounded at 10,000 pages).
     #[must_use]
     pub fn stored_ids(&self, queue: &str, partition: &str) -> Vec<String> {
+        self.stored_ids_with(queue, partition, &[])
+    }
+
+    /// [`Node::stored_ids`] with more headers on each fetch (`x-queen-tenant`, say).
+    ///
+    /// # Panics
+    /// When a fetch does not answer 200.
+    #[must_use]
+    pub fn stored_ids_with(
+        &self,
+        queue: &str,
+        partition: &str,
+        headers: &[(&str, &str)],
+    ) -> Vec<String> {
         let mut out = Vec::new();
         let mut offset = 0u64;
         for _ in 0..10_000 {
-            let f = self.post("/api/v1/fetch", &serde_json::json!({"entries": [{"queue": queue, "partition": partition, "offset": offset}]}));
+            let body = serde_json::json!({"entries": [{"queue": queue, "partition": partition, "offset": offset}]}).to_string();
+            let f = self
+                .try_request_with("POST", "/api/v1/fetch", Some(&body), headers)
+                .unwrap_or_else(|e| panic!("POST /api/v1/fetch: {e}"));
+            assert_eq!(f.status, 200, "{}", f.text);
             let e = &f.json["entries"][0];
             let records = e["records"].as_array().cloned().unwrap_or_default();
             if records.is_empty() {

@@ -323,6 +323,16 @@ impl SinkHandle {
         let _ = self.stop.send(true);
     }
 
+    /// [`SinkHandle::finish`] of every one of `sinks`, all at once (one slow drain holds up
+    /// none of the others).
+    pub async fn finish_all(sinks: Vec<Arc<SinkHandle>>) {
+        let mut drains = tokio::task::JoinSet::new();
+        for s in sinks {
+            drains.spawn(async move { s.finish().await });
+        }
+        while drains.join_next().await.is_some() {}
+    }
+
     /// Wait for the drain (within `QUEEN_S3_SHUTDOWN_GRACE_MS`, plus the ten seconds a lease
     /// release may take), then stop the sink's threads.
     pub async fn finish(&self) {

@@ -107,7 +107,7 @@ impl TenantSinks {
             .values_mut()
             .filter_map(|e| e.handle.take())
             .collect();
-        finish_all(handles).await;
+        SinkHandle::finish_all(handles).await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -160,7 +160,7 @@ impl TenantSinks {
                 }
             }
         }
-        finish_all(stopping).await;
+        SinkHandle::finish_all(stopping).await;
         for (id, row, cluster, wanted) in changed {
             let slug = cluster.map_or_else(|| id.clone(), |c| c.doc.slug.clone());
             let mut entry = Entry {
@@ -253,13 +253,4 @@ impl TenantSinks {
             .clone();
         (rows, err)
     }
-}
-
-/// Drain and stop `handles` all at once.
-async fn finish_all(handles: Vec<Arc<SinkHandle>>) {
-    let mut drains = tokio::task::JoinSet::new();
-    for h in handles {
-        drains.spawn(async move { h.finish().await });
-    }
-    while drains.join_next().await.is_some() {}
 }
