@@ -5,7 +5,8 @@
 #
 #   tests/blackbox/faults_netns.rs  nodes in network namespaces: the leader isolated, a follower
 #                                   isolated, the leader muted one way, a bridge, SIGSTOP, 10%
-#                                   packet loss, kill -9; checkers for the log, the consumer
+#                                   packet loss, 30-70 ms random delays (reordering), a slow
+#                                   link, kill -9; checkers for the log, the consumer
 #                                   group, KV linearizability, dead letters and the lake
 #   tests/blackbox/faults_disk.rs   a follower's and the leader's disk filled to the last byte
 #   tests/blackbox/faults_clock.rs  a leader's clock ahead, inside and past the skew bound

@@ -5,8 +5,9 @@
 //! one acknowledges it, while the test cuts the network under them, each fault held at least
 //! five seconds: the leader isolated from both followers (both directions), the leader's
 //! outgoing traffic cut (one way), a bridge (the leader cut from one follower only, the third
-//! node seeing both sides), the leader paused with SIGSTOP, and the leader killed with SIGKILL
-//! and started again on its data; two consumers of one group pop
+//! node seeing both sides), the leader paused with SIGSTOP, 10% packet loss, every packet
+//! delayed 30-70 ms at random (so reordered), then 200-220 ms (a distant link), the leader's link slowed, and the leader killed
+//! with SIGKILL and started again on its data; two consumers of one group pop
 //! and ack throughout. After each fault it heals and checks that writes went on. The checkers
 //! then read every partition from each node: the same records in the same order on all three,
 //! every acknowledged message exactly once, no transactionId twice, and each partition in its
@@ -142,7 +143,12 @@ fn produce(
         let mut at = last_ok;
         loop {
             let n = &nodes[at % nodes.len()];
-            let ok = post_url_within(&format!("{n}/api/v1/push"), &body, Duration::from_secs(2))
+            // 2 s for the first attempt, then 4 and at most 8, as a client that adapts its
+            // deadline does: quick to fail over past a dead node, yet able to finish a write
+            // whose round trips are slow (through a distant link a push can take over 2 s).
+            let tries = u32::try_from(at - last_ok).unwrap_or(2).min(2);
+            let within = Duration::from_secs(2) * (1 << tries);
+            let ok = post_url_within(&format!("{n}/api/v1/push"), &body, within)
                 .ok()
                 .filter(|(s, _)| *s < 300)
                 .and_then(|(_, t)| serde_json::from_str::<Value>(&t).ok())
@@ -681,6 +687,17 @@ fn hold_since(since: Instant, hold: Duration) {
 /// The share of packets dropped under the packet-loss fault.
 const LOSS_PERCENT: u8 = 10;
 
+/// The delay fault: every packet the router forwards waits `DELAY` plus a uniform random share of
+/// `JITTER` (wider than the gap between packets under load, so they are reordered too).
+const DELAY: Duration = Duration::from_millis(30);
+const JITTER: Duration = Duration::from_millis(40);
+
+/// The distant-link fault: 200-220 ms each way, a round trip four times the heartbeat interval
+/// (openraft gives a heartbeat one interval to be answered, so every heartbeat times out and
+/// only appends carry the leader's contact). Wider jitter is in `docs/reliability.md`.
+const FAR_DELAY: Duration = Duration::from_millis(200);
+const FAR_JITTER: Duration = Duration::from_millis(20);
+
 /// The slow-link fault: the leader's link carries this many kbit/s each way and queues up to
 /// `SLOW_LATENCY_MS` before dropping.
 const SLOW_KBIT: u32 = 256;
@@ -795,6 +812,29 @@ fn faults(
     // the term while alone, so its return must not depose the leader.
     let term_before = Mutex::new(None::<(usize, u64)>);
     let term_of = |i: usize| health(&nodes.lock().unwrap()[i - 1]).1["raft"]["term"].as_u64();
+    // What the delay faults' delayer did, from its undo to its check.
+    let delayed = Mutex::new(None::<queen_tests::netdelay::DelayStats>);
+    let delay = |d: Duration, j: Duration| match net.delay(d, j, knobs().seed) {
+        Ok(()) => format!(
+            "delay every packet {}-{} ms at random (reordering them), in every direction",
+            d.as_millis(),
+            (d + j).as_millis()
+        ),
+        Err(e) => format!("SKIPPED delay: {e} (needs /dev/net/tun)"),
+    };
+    let undelay = |_: usize| {
+        let stats = net.undelay();
+        *delayed.lock().unwrap() = stats;
+        net.heal();
+        stats.map_or_else(|| "healed".to_owned(), |s| format!("healed; {s}"))
+    };
+    // The fault must have happened: packets held, and some overtaken.
+    let delayed_check = |_: usize| match delayed.lock().unwrap().take() {
+        Some(s) if s.packets == 0 || s.reordered == 0 => {
+            Err(format!("the delay fault did nothing: {s}"))
+        }
+        _ => Ok(String::new()),
+    };
     let list = [
         Fault {
             name: "the leader isolated",
@@ -883,6 +923,20 @@ fn faults(
             check: &none,
             undo: &heal,
             after: &none,
+        },
+        Fault {
+            name: "delay and reordering",
+            make: &|_| delay(DELAY, JITTER),
+            check: &none,
+            undo: &undelay,
+            after: &delayed_check,
+        },
+        Fault {
+            name: "a distant link",
+            make: &|_| delay(FAR_DELAY, FAR_JITTER),
+            check: &none,
+            undo: &undelay,
+            after: &delayed_check,
         },
         Fault {
             name: "the leader's link slow",
@@ -1330,4 +1384,116 @@ fn lake_check(lake: &Path, stored: &[String]) -> String {
         "lake: verify clean, {} records; DuckDB and pyarrow each read every stored record once",
         stored.len()
     )
+}
+
+/// The delay fault by itself, without a broker: numbered UDP datagrams from the client's
+/// namespace to node 1's arrive no sooner than the delay and out of order while it is in place,
+/// and promptly and in order after `undelay`, which says what it held and reordered.
+#[test]
+fn the_delay_fault_holds_and_reorders_real_packets() {
+    use std::net::UdpSocket;
+    let net = match Net::new(1) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED delay fault test: {e} (needs root and `ip netns`)"
+            );
+            return;
+        }
+    };
+    let (delay, jitter) = (Duration::from_millis(40), Duration::from_millis(30));
+    if let Err(e) = net.delay(delay, jitter, 7) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED delay fault test: {e} (needs /dev/net/tun)"
+        );
+        return;
+    }
+    let to = format!("{}:9000", net.addr(1));
+    // Sends `count` datagrams numbered from `first`, 100 µs apart; when each was sent.
+    let send = |first: u32, count: u32| -> Vec<Instant> {
+        net.as_client(|| {
+            let sock = UdpSocket::bind("0.0.0.0:0").expect("bind a client socket");
+            (first..first + count)
+                .map(|k| {
+                    let at = Instant::now();
+                    sock.send_to(&k.to_be_bytes(), &to).expect("send");
+                    std::thread::sleep(Duration::from_micros(100));
+                    at
+                })
+                .collect()
+        })
+    };
+    let ns = net.ns_path(1);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let bound = to.clone();
+    // Receives until 2 s pass without a datagram (bounded); each number with when it came.
+    let receiver = std::thread::spawn(move || {
+        queen_tests::netns::enter(&ns).expect("enter node 1's namespace");
+        let sock = UdpSocket::bind(&bound).expect("bind in node 1's namespace");
+        sock.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        ready_tx.send(()).expect("ready");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4];
+        while got.len() < 10_000 {
+            match sock.recv_from(&mut buf) {
+                Ok((4, _)) => got.push((u32::from_be_bytes(buf), Instant::now())),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        got
+    });
+    ready_rx.recv().expect("the receiver started");
+    let mut sent = send(0, 300);
+    // Every packet held leaves when the delay ends; wait for the last to come out first.
+    std::thread::sleep(delay + jitter + Duration::from_millis(200));
+    let stats = net.undelay().expect("a delay was in place");
+    sent.extend(send(300, 100));
+    let got = receiver.join().expect("the receiver");
+    let order = |range: std::ops::Range<u32>| -> Vec<u32> {
+        got.iter()
+            .map(|(k, _)| *k)
+            .filter(|k| range.contains(k))
+            .collect()
+    };
+    let late = |range: std::ops::Range<u32>| -> (Duration, Duration) {
+        let waits: Vec<Duration> = got
+            .iter()
+            .filter(|(k, _)| range.contains(k))
+            .map(|(k, at)| at.duration_since(sent[*k as usize]))
+            .collect();
+        let min = waits.iter().min().copied().unwrap_or_default();
+        let max = waits.iter().max().copied().unwrap_or_default();
+        (min, max)
+    };
+    let delayed = order(0..300);
+    let inversions = delayed.windows(2).filter(|w| w[0] > w[1]).count();
+    let (fastest, slowest) = late(0..300);
+    println!(
+        "delayed: {} of 300 arrived, {inversions} out of order, {:.1}-{:.1} ms late; {stats}",
+        delayed.len(),
+        fastest.as_secs_f64() * 1e3,
+        slowest.as_secs_f64() * 1e3
+    );
+    assert_eq!(delayed.len(), 300, "the delay lost datagrams");
+    assert!(
+        fastest >= delay,
+        "a datagram came sooner than the delay: {fastest:?}"
+    );
+    assert!(inversions > 0, "nothing was reordered");
+    assert!(stats.packets >= 300 && stats.reordered > 0, "{stats}");
+    let after = order(300..400);
+    let (_, slowest_after) = late(300..400);
+    assert_eq!(
+        after,
+        (300..400).collect::<Vec<_>>(),
+        "after undelay: lost or reordered"
+    );
+    assert!(
+        slowest_after < delay,
+        "after undelay a datagram still took {slowest_after:?}"
+    );
 }

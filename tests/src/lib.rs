@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod linearizable;
+pub mod netdelay;
 pub mod netns;
 pub mod s3;
 pub mod sink;

@@ -16,11 +16,16 @@
 //! an nftables rule in the router's forward hook that drops a random share of every packet it
 //! forwards (`numgen random mod 100 < pct drop`), when the `nft` command is installed. This
 //! kernel's traffic-control modules (netem for delay and reordering, and the classifiers) are
-//! not available to the tests, so those faults are not offered here.
+//! not available to the tests, so delay and reordering are made by `crate::netdelay`: the
+//! router routes every packet it receives from a link into a TUN device, where a thread of the
+//! test holds each for a random time before the router forwards it on.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::netdelay::{DelayStats, Delayer};
 
 /// The client namespace's index (its link is 10.77.9.x).
 const CLIENT: usize = 9;
@@ -35,7 +40,16 @@ pub struct Net {
     lossy: Mutex<bool>,
     /// Nodes whose link is slowed (a token bucket on both ends of their veth).
     slowed: Mutex<Vec<usize>>,
+    /// The delayer in place, if any.
+    delayer: Mutex<Option<Delayer>>,
 }
+
+/// The router's TUN device for delayed packets, the routing table that sends packets into it,
+/// and the preference of the rules that pick that table (before the main table's 32766; the
+/// cuts, added later without a preference, come before it).
+const DELAY_DEV: &str = "qdelay";
+const DELAY_TABLE: &str = "77";
+const DELAY_PREF: &str = "30000";
 
 /// The router's nftables table that drops packets at random.
 const LOSS_TABLE: &str = "queen_faults";
@@ -77,6 +91,7 @@ impl Net {
             rules: Mutex::new(Vec::new()),
             lossy: Mutex::new(false),
             slowed: Mutex::new(Vec::new()),
+            delayer: Mutex::new(None),
         };
         net.build()?;
         Ok(net)
@@ -299,6 +314,86 @@ impl Net {
         a
     }
 
+    /// Delay every packet the router forwards, in every direction, by `delay` plus a uniform
+    /// random share of `jitter` (which reorders packets whenever it is wider than the gap between
+    /// two), as `tc qdisc ... netem delay D J` would; a delay already in place is replaced. `Err`
+    /// says why it cannot (no `/dev/net/tun`, or the router refuses the rules).
+    ///
+    /// # Errors
+    /// The step that failed, with its message.
+    pub fn delay(&self, delay: Duration, jitter: Duration, seed: u64) -> Result<(), String> {
+        let _ = self.undelay();
+        let router = self.router();
+        let ns = PathBuf::from(format!("/var/run/netns/{router}"));
+        let delayer = Delayer::start(ns, DELAY_DEV, delay, jitter, seed)?;
+        let set_up = || -> Result<(), String> {
+            ip(&["-n", &router, "link", "set", DELAY_DEV, "up"])?;
+            // A packet comes back out of the device with its original source, which strict
+            // reverse-path filtering would drop.
+            for conf in ["all", DELAY_DEV] {
+                ip(&[
+                    "netns",
+                    "exec",
+                    &router,
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    &format!("net.ipv4.conf.{conf}.rp_filter=0"),
+                ])?;
+            }
+            ip(&[
+                "-n",
+                &router,
+                "route",
+                "add",
+                "default",
+                "dev",
+                DELAY_DEV,
+                "table",
+                DELAY_TABLE,
+            ])?;
+            for i in (1..=self.nodes).chain([CLIENT]) {
+                ip(&[
+                    "-n",
+                    &router,
+                    "rule",
+                    "add",
+                    "iif",
+                    &format!("r{i}"),
+                    "lookup",
+                    DELAY_TABLE,
+                    "pref",
+                    DELAY_PREF,
+                ])?;
+            }
+            Ok(())
+        };
+        // In place before the rules, so that `undelay` removes them after a partial failure.
+        *self.delayer.lock().unwrap_or_else(PoisonError::into_inner) = Some(delayer);
+        set_up().inspect_err(|_| {
+            let _ = self.undelay();
+        })
+    }
+
+    /// Ends the delay: the rules go first (no new packet enters the device), then the delayer
+    /// releases what it holds and closes the device, which takes its route with it. What it did,
+    /// or `None` when no delay was in place.
+    pub fn undelay(&self) -> Option<DelayStats> {
+        let delayer = self
+            .delayer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        let router = self.router();
+        // `ip rule del pref P` removes one rule a call; bounded by the number added.
+        for _ in 0..=self.nodes + 1 {
+            if ip(&["-n", &router, "rule", "del", "pref", DELAY_PREF]).is_err() {
+                break;
+            }
+        }
+        Some(delayer.stop())
+    }
+
     /// Runs `nft args` in the router's namespace.
     fn nft(&self, args: &[&str]) -> Result<(), String> {
         let router = self.router();
@@ -307,11 +402,12 @@ impl Net {
         ip(&all)
     }
 
-    /// Remove every cut, the packet loss and the slowed links.
+    /// Remove every cut, the packet loss, the delay and the slowed links.
     ///
     /// # Panics
     /// When a rule cannot be removed.
     pub fn heal(&self) {
+        let _ = self.undelay();
         let mut lossy = self.lossy.lock().unwrap_or_else(PoisonError::into_inner);
         if *lossy {
             self.nft(&["delete", "table", "inet", LOSS_TABLE])
@@ -333,6 +429,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        let _ = self.undelay();
         // Deleting a namespace deletes its end of each veth, and so the pair.
         for i in (1..=self.nodes).chain([CLIENT]) {
             let _ = ip(&["netns", "del", &self.ns(i)]);
