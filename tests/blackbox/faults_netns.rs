@@ -7,7 +7,8 @@
 //! outgoing traffic cut (one way), a bridge (the leader cut from one follower only, the third
 //! node seeing both sides), the leader paused with SIGSTOP, 10% packet loss, every packet
 //! delayed 30-70 ms at random (so reordered), then 200-220 ms (a distant link), the leader's link slowed, and the leader killed
-//! with SIGKILL and started again on its data; two consumers of one group pop
+//! with SIGKILL and started again on its data, the leader stopped with SIGTERM (and started
+//! again), a follower paused and a follower killed; two consumers of one group pop
 //! and ack throughout. After each fault it heals and checks that writes went on. The checkers
 //! then read every partition from each node: the same records in the same order on all three,
 //! every acknowledged message exactly once, no transactionId twice, and each partition in its
@@ -960,6 +961,53 @@ fn faults(
             undo: &|l| {
                 nodes.lock().unwrap()[l - 1].launch();
                 format!("node {l} started again on its data")
+            },
+            after: &none,
+        },
+        Fault {
+            name: "the leader stopped",
+            make: &|l| {
+                let since = Instant::now();
+                let status = nodes.lock().unwrap()[l - 1].sigterm(Duration::from_secs(60));
+                format!(
+                    "SIGTERM leader {l} (it hands leadership over first): {status} after {:.1} s",
+                    since.elapsed().as_secs_f64()
+                )
+            },
+            check: &none,
+            undo: &|l| {
+                nodes.lock().unwrap()[l - 1].launch();
+                format!("node {l} started again on its data")
+            },
+            after: &none,
+        },
+        Fault {
+            name: "a follower paused",
+            make: &|l| {
+                let f = l % 3 + 1;
+                nodes.lock().unwrap()[f - 1].signal("-STOP");
+                format!("SIGSTOP follower {f}")
+            },
+            check: &none,
+            undo: &|l| {
+                let f = l % 3 + 1;
+                nodes.lock().unwrap()[f - 1].signal("-CONT");
+                format!("SIGCONT {f}")
+            },
+            after: &none,
+        },
+        Fault {
+            name: "a follower killed",
+            make: &|l| {
+                let f = l % 3 + 1;
+                nodes.lock().unwrap()[f - 1].kill9();
+                format!("kill -9 follower {f}")
+            },
+            check: &none,
+            undo: &|l| {
+                let f = l % 3 + 1;
+                nodes.lock().unwrap()[f - 1].launch();
+                format!("node {f} started again on its data")
             },
             after: &none,
         },
