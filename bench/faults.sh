@@ -83,7 +83,7 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ "$run" -lt 500 ]; do
   grep -q "SKIPPED" "$out/run-$run-disk.log" && disk=skipped
   grep -q "SKIPPED" "$out/run-$run-clock.log" && clock=skipped
   [ "$result$disk$clock" = "passpasspass" ] || failed=$((failed + 1))
-  faults=$(grep -cE "^ *[0-9.]+ s  under " "$log" || true)
+  faults=$(grep -cE "^[. ]*[0-9.]+ s  under " "$log" || true)
   acked=$(grep -m1 -oE "^acknowledged [0-9]+" "$log" | grep -oE "[0-9]+" || echo "?")
   lake=$(grep -q "^lake: verify clean" "$log" && echo clean || echo "?")
   printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \

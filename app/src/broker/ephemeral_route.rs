@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use queen_domain::ephemeral::{self, AckOutcome, GroupView, PartitionView, QueueView};
-use queen_ports::{BrokerError, EphemeralAnswer, EphemeralOp, EphemeralQueue, PeerCallError};
+use queen_ports::{BrokerError, EphemeralAnswer, EphemeralOp, EphemeralQueue};
 use serde::{Deserialize, Serialize};
 
-use super::Broker;
+use super::{Broker, ephemeral_lane};
 
 /// The peer route of ephemeral operations.
 pub(crate) const ROUTE: &str = "ephemeral";
@@ -179,24 +179,31 @@ impl Broker {
         let Some(peers) = &self.peers else {
             return Err(BrokerError::Unavailable("no peers".into()));
         };
-        let body = postcard::to_allocvec(op).map_err(|e| BrokerError::Internal(e.to_string()))?;
-        let reply = peers
-            .call(target, ROUTE, body, timeout)
-            .await
-            .map_err(|e| {
-                if matches!(e, PeerCallError::Unreachable { .. }) {
-                    self.eph_owners.mark_down(target);
-                }
-                tracing::debug!(target: "queen-app", error = %e, "ephemeral hand-off failed");
-                BrokerError::Unavailable(format!(
-                    "the node that owns this ephemeral partition did not answer ({e}); retry"
-                ))
-            })?;
-        let answer: Result<EphemeralAnswer, Remote> =
-            postcard::from_bytes(&reply).map_err(|e| {
-                BrokerError::Internal(format!("an ephemeral answer did not decode: {e}"))
-            })?;
-        answer.map_err(BrokerError::from)
+        let answer = ephemeral_lane::call_one(&**peers, target, op, timeout).await;
+        answer.map_err(|e| self.eph_failed(target, e))
+    }
+
+    /// Hand push `op` to owner `to` through the owner's lane (grouped with other pushes bound
+    /// there) and wait for its answer.
+    async fn eph_push_at(
+        &self,
+        to: u64,
+        op: EphemeralOp,
+        timeout: Duration,
+    ) -> Result<EphemeralAnswer, BrokerError> {
+        let Some(peers) = &self.peers else {
+            return Err(BrokerError::Unavailable("no peers".into()));
+        };
+        let answer = self.eph_lanes.push(peers, to, op, timeout).await;
+        answer.map_err(|e| self.eph_failed(to, e))
+    }
+
+    /// A failed hand-off's error; a member that could not be reached is marked down.
+    fn eph_failed(&self, target: u64, (e, unreachable): (BrokerError, bool)) -> BrokerError {
+        if unreachable {
+            self.eph_owners.mark_down(target);
+        }
+        e
     }
 
     /// Serve `op` on node `to`: here when it is this node, else handed over with `timeout`.
@@ -217,22 +224,46 @@ impl Broker {
     /// Serve an operation another node handed over (always on this node's own rings).
     pub(crate) async fn ephemeral_from_peer(&self, body: Vec<u8>) -> Vec<u8> {
         let answer: Result<EphemeralAnswer, Remote> = match postcard::from_bytes(&body) {
-            // A stopping node relays what it no longer holds to the next owner, so a ring it
-            // shipped never grows a second copy here.
-            Ok(op)
-                if self
-                    .eph_owners
-                    .leaving
-                    .load(std::sync::atomic::Ordering::Relaxed) =>
-            {
-                Box::pin(self.ephemeral_op(op)).await.map_err(Remote::from)
-            }
-            Ok(op) => self.ephemeral_here(op).await.map_err(Remote::from),
+            Ok(op) => self.ephemeral_handed(op).await,
             Err(e) => Err(Remote::Unavailable(format!(
                 "the operation did not decode: {e}"
             ))),
         };
         postcard::to_allocvec(&answer).unwrap_or_default()
+    }
+
+    /// Serve the grouped pushes another node's lane sent (`ephemeral_lane.rs`): one after
+    /// another, in order, each with its own answer.
+    pub(crate) async fn ephemeral_many_from_peer(&self, body: Vec<u8>) -> Vec<u8> {
+        let answer: Result<Vec<Result<EphemeralAnswer, Remote>>, Remote> =
+            match postcard::from_bytes::<Vec<EphemeralOp>>(&body) {
+                Ok(ops) => {
+                    let mut out = Vec::with_capacity(ops.len());
+                    for op in ops {
+                        out.push(self.ephemeral_handed(op).await);
+                    }
+                    Ok(out)
+                }
+                Err(e) => Err(Remote::Unavailable(format!(
+                    "the operations did not decode: {e}"
+                ))),
+            };
+        postcard::to_allocvec(&answer).unwrap_or_default()
+    }
+
+    /// One operation handed over by another node.
+    async fn ephemeral_handed(&self, op: EphemeralOp) -> Result<EphemeralAnswer, Remote> {
+        if self
+            .eph_owners
+            .leaving
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // A stopping node relays what it no longer holds to the next owner, so a ring it
+            // shipped never grows a second copy here.
+            Box::pin(self.ephemeral_op(op)).await.map_err(Remote::from)
+        } else {
+            self.ephemeral_here(op).await.map_err(Remote::from)
+        }
     }
 
     /// Serve one ephemeral operation where its partition's owner is.
@@ -286,7 +317,11 @@ impl Broker {
                 ..
             } => {
                 let to = owner(queue, partition);
-                self.eph_at(to, me, op, CALL_TIMEOUT).await
+                if to == me {
+                    self.ephemeral_here(op).await
+                } else {
+                    self.eph_push_at(to, op, CALL_TIMEOUT).await
+                }
             }
             EphemeralOp::Pop {
                 ref queue,
@@ -553,6 +588,8 @@ impl queen_ports::PeerHandler for PeerService {
             };
             if route == ROUTE {
                 broker.ephemeral_from_peer(body).await
+            } else if route == super::ephemeral_lane::MANY_ROUTE {
+                broker.ephemeral_many_from_peer(body).await
             } else if route == super::nodes::NODE_ROUTE {
                 serde_json::to_vec(&broker.node_figures()).unwrap_or_default()
             } else if let Some(answer) = broker.ephemeral_handover_call(&route, &body).await {

@@ -8,6 +8,7 @@ mod admin;
 pub mod analytics;
 mod ephemeral;
 mod ephemeral_handover;
+mod ephemeral_lane;
 mod ephemeral_route;
 mod long_poll;
 mod nodes;
@@ -89,6 +90,8 @@ pub struct Broker {
     peers: Option<Arc<dyn queen_ports::PeerCalls>>,
     /// Members this node saw fail (`ephemeral_route.rs`).
     eph_owners: ephemeral_route::Owners,
+    /// Pushes waiting to be handed to their owner, grouped per owner (`ephemeral_lane.rs`).
+    eph_lanes: ephemeral_lane::Lanes,
     /// While this node stops: operations hold it shared, a shipment of rings exclusively, so
     /// no operation sees a ring between its detach here and its adoption there.
     eph_ship_lock: tokio::sync::RwLock<()>,
@@ -150,6 +153,7 @@ impl Broker {
             ephemeral: ephemeral::EphemeralRings::new(queen_domain::ephemeral::Limits::default()),
             peers: None,
             eph_owners: ephemeral_route::Owners::default(),
+            eph_lanes: ephemeral_lane::Lanes::default(),
             eph_ship_lock: tokio::sync::RwLock::new(()),
             samples: None,
             requests: Default::default(),
