@@ -144,10 +144,13 @@ fn produce(
         let mut at = last_ok;
         loop {
             let n = &nodes[at % nodes.len()];
-            // 2 s for the first attempt, then 4 and at most 8, as a client that adapts its
-            // deadline does: quick to fail over past a dead node, yet able to finish a write
-            // whose round trips are slow (through a distant link a push can take over 2 s).
-            let tries = u32::try_from(at - last_ok).unwrap_or(2).min(2);
+            // 2 s for each attempt of the first round over the nodes, 4 s in the second and 8 s
+            // after, as a client that adapts its deadline does: quick to fail over past a dead
+            // or cut-off node, yet able to finish a write whose round trips are all slow
+            // (through a distant link a push through a follower can take over 2 s).
+            let tries = u32::try_from((at - last_ok) / nodes.len())
+                .unwrap_or(2)
+                .min(2);
             let within = Duration::from_secs(2) * (1 << tries);
             let ok = post_url_within(&format!("{n}/api/v1/push"), &body, within)
                 .ok()
@@ -699,6 +702,12 @@ const JITTER: Duration = Duration::from_millis(40);
 const FAR_DELAY: Duration = Duration::from_millis(200);
 const FAR_JITTER: Duration = Duration::from_millis(20);
 
+/// Writes acknowledged under each fault before it is healed (and at least `HOLD`).
+const WRITES: usize = 60;
+/// Under the distant link a push is several round trips of 400-440 ms and the three producers
+/// write one or two a second between them: it must still go on, at this many.
+const FAR_WRITES: usize = 20;
+
 /// The slow-link fault: the leader's link carries this many kbit/s each way and queues up to
 /// `SLOW_LATENCY_MS` before dropping.
 const SLOW_KBIT: u32 = 256;
@@ -765,11 +774,13 @@ fn wait_leader(nodes: &[Node], limit: Duration) -> usize {
 }
 
 /// One fault under the producers: `make(leader)` makes it and names it, `check(leader)` may
-/// look at the cluster under it; then at least 60 more acknowledged writes and `HOLD` from its
+/// look at the cluster under it; then at least `writes` more acknowledged writes and `HOLD` from its
 /// start, and `undo(leader)` ends it; once every node is healthy again, `after(leader)` may
 /// check how the cluster came back. Each step is printed and kept in `events`.
 struct Fault<'a> {
     name: &'a str,
+    /// Writes that must be acknowledged under it (within 60 s).
+    writes: usize,
     make: &'a dyn Fn(usize) -> String,
     check: &'a dyn Fn(usize) -> Result<String, String>,
     undo: &'a dyn Fn(usize) -> String,
@@ -839,6 +850,7 @@ fn faults(
     let list = [
         Fault {
             name: "the leader isolated",
+            writes: WRITES,
             make: &|l| {
                 net.isolate(l);
                 format!("isolate leader {l} from both followers")
@@ -850,6 +862,7 @@ fn faults(
         },
         Fault {
             name: "a follower isolated",
+            writes: WRITES,
             make: &|l| {
                 let f = l % 3 + 1;
                 *term_before.lock().unwrap() = term_of(l).map(|t| (l, t));
@@ -878,6 +891,7 @@ fn faults(
         },
         Fault {
             name: "the leader mute",
+            writes: WRITES,
             make: &|l| {
                 for j in (1..=3).filter(|j| *j != l) {
                     net.cut_one_way(l, j);
@@ -893,6 +907,7 @@ fn faults(
         },
         Fault {
             name: "a bridge",
+            writes: WRITES,
             make: &|l| {
                 let other = if l == 1 { 2 } else { 1 };
                 net.cut(l, other);
@@ -904,6 +919,7 @@ fn faults(
         },
         Fault {
             name: "the leader paused",
+            writes: WRITES,
             make: &|l| {
                 nodes.lock().unwrap()[l - 1].signal("-STOP");
                 format!("SIGSTOP leader {l}")
@@ -917,6 +933,7 @@ fn faults(
         },
         Fault {
             name: "packet loss",
+            writes: WRITES,
             make: &|_| match net.lose(LOSS_PERCENT) {
                 Ok(()) => format!("drop {LOSS_PERCENT}% of all packets, in every direction"),
                 Err(e) => format!("SKIPPED packet loss: {e} (needs the nft command)"),
@@ -927,6 +944,7 @@ fn faults(
         },
         Fault {
             name: "delay and reordering",
+            writes: WRITES,
             make: &|_| delay(DELAY, JITTER),
             check: &none,
             undo: &undelay,
@@ -934,6 +952,7 @@ fn faults(
         },
         Fault {
             name: "a distant link",
+            writes: FAR_WRITES,
             make: &|_| delay(FAR_DELAY, FAR_JITTER),
             check: &none,
             undo: &undelay,
@@ -941,6 +960,7 @@ fn faults(
         },
         Fault {
             name: "the leader's link slow",
+            writes: WRITES,
             make: &|l| match net.slow(l, SLOW_KBIT, SLOW_LATENCY_MS) {
                 Ok(()) => format!(
                     "slow leader {l}'s link to {SLOW_KBIT} kbit/s each way, queueing up to {SLOW_LATENCY_MS} ms"
@@ -953,6 +973,7 @@ fn faults(
         },
         Fault {
             name: "the leader killed",
+            writes: WRITES,
             make: &|l| {
                 nodes.lock().unwrap()[l - 1].kill9();
                 format!("kill -9 leader {l}")
@@ -966,6 +987,7 @@ fn faults(
         },
         Fault {
             name: "the leader stopped",
+            writes: WRITES,
             make: &|l| {
                 let since = Instant::now();
                 let status = nodes.lock().unwrap()[l - 1].sigterm(Duration::from_secs(60));
@@ -983,6 +1005,7 @@ fn faults(
         },
         Fault {
             name: "a follower paused",
+            writes: WRITES,
             make: &|l| {
                 let f = l % 3 + 1;
                 nodes.lock().unwrap()[f - 1].signal("-STOP");
@@ -998,6 +1021,7 @@ fn faults(
         },
         Fault {
             name: "a follower killed",
+            writes: WRITES,
             make: &|l| {
                 let f = l % 3 + 1;
                 nodes.lock().unwrap()[f - 1].kill9();
@@ -1058,7 +1082,7 @@ fn faults(
                 if !c.is_empty() {
                     step(c);
                 }
-                progress(log, 60, Duration::from_secs(60))
+                progress(log, f.writes, Duration::from_secs(60))
                     .map_err(|n| format!("no writes under {} ({n} in all)", f.name))
             });
             hold_since(since, k.hold);
