@@ -89,19 +89,35 @@ pub(super) async fn supervise(shared: Arc<Shared>) {
             _ = stop.changed() => {}
         }
     }
+    // Leave the presence rows first, then drain: the other nodes weigh the queues this one
+    // frees against the members that stay (a share of queues / 2 rather than / 3), so they
+    // do not claim as if it still counted and give a queue back later.
+    // On SIGTERM the node hands raft leadership over at the same time, and a write in flight
+    // then may fail ("leadership changed"): retried (bounded), or the others count this node
+    // for up to `PRESENCE_FRESH` more, claim its queues as if the share were a third, and each
+    // give one back a lease TTL later.
+    let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
+    for attempt in 1..=10 {
+        let gone = shared
+            .log
+            .sink_kv(vec![KvOp::Delete {
+                ns: NS.into(),
+                key: key.clone(),
+                expect: None,
+                required: false,
+            }])
+            .await;
+        match gone {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::info!(target: "queen-s3", attempt, error = %e.to_string(), "presence row not removed yet; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
     for (_, t) in tasks {
         let _ = t.await;
     }
-    let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
-    let _ = shared
-        .log
-        .sink_kv(vec![KvOp::Delete {
-            ns: NS.into(),
-            key,
-            expect: None,
-            required: false,
-        }])
-        .await;
     shared.set_sink(|s| s.phase = "stopped");
 }
 
@@ -285,9 +301,12 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
     // the new holder) until this node runs the queue again, which it does only once the lease
     // is free, like any other node.
     let mut fenced = false;
-    // Whether this node left the free queue to a less loaded node for a TTL already (it claims
-    // it at the next look if nobody did).
-    let mut left = false;
+    // How many queues this node held when it last left the free queue to a less loaded node
+    // for a TTL, if it did: it claims the queue at the next look if nobody did and it took
+    // nothing else meanwhile. A node that grew meanwhile (it claimed another of the queues that
+    // came free at once, say a stopping node's two) weighs it afresh, so it does not end over
+    // its share and give a queue back a TTL later.
+    let mut left: Option<u64> = None;
     loop {
         if *stop.borrow() {
             return;
@@ -333,12 +352,12 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                         // A node that is the cluster's only member has nobody to leave a
                         // queue to.
                         let leave = !alone && held >= shared.share() && someone_under;
-                        tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), held, share = shared.share(), rank, someone_under, leave, left, "claim");
-                        if leave && !left {
+                        tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), held, share = shared.share(), rank, someone_under, leave, left = ?left, "claim");
+                        if leave && left.is_none_or(|then| held > then) {
                             // Leave it for a TTL without holding this node's turn, so its
                             // claims of other queues (a stopping node's, say) go on meanwhile;
                             // then look again and, if it is still free, claim it.
-                            left = true;
+                            left = Some(held);
                             drop(guard);
                             tokio::select! {
                                 () = tokio::time::sleep(ttl) => {}
@@ -362,7 +381,7 @@ pub(super) async fn run_queue(shared: Arc<Shared>, queue: String) {
                 }
             }
         };
-        left = false;
+        left = None;
         tracing::debug!(target: "queen-s3", queue = %queen_domain::tenant::display(&queue), claimed = ?claimed, "lease look");
         let held_elsewhere = matches!(claimed, Ok(Some(_)));
         let look_again = match claimed {
