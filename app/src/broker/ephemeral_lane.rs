@@ -1,4 +1,5 @@
-//! Forwarded ephemeral pushes, grouped per owner. A node that does not own a partition hands a
+//! Calls to the owner of an ephemeral partition (the routes and the error that crosses them),
+//! and forwarded pushes grouped per owner. A node that does not own a partition hands a
 //! push to the owner over the raft port; one call per push made the hop a whole HTTP request
 //! for every message. Here the pushes bound for one owner wait in that owner's lane, and at most
 //! `MAX_CALLS` calls per owner carry whatever has gathered, in arrival order, each answered op
@@ -14,13 +15,53 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use queen_domain::ephemeral;
 use queen_ports::{BrokerError, EphemeralAnswer, EphemeralOp, PeerCallError, PeerCalls};
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use super::ephemeral_route::{ROUTE, Remote};
-
+/// The peer route of single ephemeral operations.
+pub(crate) const ROUTE: &str = "ephemeral";
 /// The peer route of grouped pushes.
 pub(crate) const MANY_ROUTE: &str = "ephemeral_many";
+/// An error as it crosses to the node that asked.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Remote {
+    /// A bound refused a push.
+    Refused(ephemeral::PushRefusal),
+    /// `depth` of a queue the node does not know.
+    NotFound(String),
+    /// Bad input.
+    Invalid(String, String),
+    /// Anything else (the node's own log has the detail).
+    Unavailable(String),
+}
+
+impl From<BrokerError> for Remote {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::EphemeralRefused(r) => Remote::Refused(r),
+            BrokerError::EphemeralQueueNotFound { queue } => Remote::NotFound(queue),
+            BrokerError::Invalid { field, problem } => Remote::Invalid(field, problem),
+            BrokerError::TooLarge { field, len, max } => {
+                Remote::Invalid(field, format!("is {len} bytes; at most {max}"))
+            }
+            other => Remote::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<Remote> for BrokerError {
+    fn from(r: Remote) -> Self {
+        match r {
+            Remote::Refused(r) => BrokerError::EphemeralRefused(r),
+            Remote::NotFound(queue) => BrokerError::EphemeralQueueNotFound { queue },
+            Remote::Invalid(field, problem) => BrokerError::Invalid { field, problem },
+            Remote::Unavailable(m) => BrokerError::Unavailable(m),
+        }
+    }
+}
+
 /// Calls in flight to one owner at most.
 const MAX_CALLS: usize = 4;
 /// Pushes in one call at most.

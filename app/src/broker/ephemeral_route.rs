@@ -13,56 +13,16 @@ use std::time::{Duration, Instant};
 
 use queen_domain::ephemeral::{self, AckOutcome, GroupView, PartitionView, QueueView};
 use queen_ports::{BrokerError, EphemeralAnswer, EphemeralOp, EphemeralQueue};
-use serde::{Deserialize, Serialize};
 
-use super::{Broker, ephemeral_lane};
+use super::Broker;
+use super::ephemeral_lane::{self, ROUTE, Remote};
 
-/// The peer route of ephemeral operations.
-pub(crate) const ROUTE: &str = "ephemeral";
 /// How long a member whose call failed to connect owns nothing in this node's view.
 const DOWN_FOR: Duration = Duration::from_secs(5);
 /// Deadline of a handed-over operation that does not wait.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a partition-less waiting pop parks between rounds over the members.
 const ROUND: Duration = Duration::from_millis(200);
-
-/// An error as it crosses to the node that asked.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum Remote {
-    /// A bound refused a push.
-    Refused(ephemeral::PushRefusal),
-    /// `depth` of a queue the node does not know.
-    NotFound(String),
-    /// Bad input.
-    Invalid(String, String),
-    /// Anything else (the node's own log has the detail).
-    Unavailable(String),
-}
-
-impl From<BrokerError> for Remote {
-    fn from(e: BrokerError) -> Self {
-        match e {
-            BrokerError::EphemeralRefused(r) => Remote::Refused(r),
-            BrokerError::EphemeralQueueNotFound { queue } => Remote::NotFound(queue),
-            BrokerError::Invalid { field, problem } => Remote::Invalid(field, problem),
-            BrokerError::TooLarge { field, len, max } => {
-                Remote::Invalid(field, format!("is {len} bytes; at most {max}"))
-            }
-            other => Remote::Unavailable(other.to_string()),
-        }
-    }
-}
-
-impl From<Remote> for BrokerError {
-    fn from(r: Remote) -> Self {
-        match r {
-            Remote::Refused(r) => BrokerError::EphemeralRefused(r),
-            Remote::NotFound(queue) => BrokerError::EphemeralQueueNotFound { queue },
-            Remote::Invalid(field, problem) => BrokerError::Invalid { field, problem },
-            Remote::Unavailable(m) => BrokerError::Unavailable(m),
-        }
-    }
-}
 
 /// The members a node may hand operations to, and those it saw fail or say they leave.
 #[derive(Default)]
