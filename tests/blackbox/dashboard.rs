@@ -9,7 +9,6 @@
 //! token on a JWT node, shows the banner of a closed disk gate, and saves the screenshots that
 //! `docs/dashboard.md` shows.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -334,15 +333,11 @@ fn fill(n: &Node) -> Value {
 /// Runs `tests/browser/dashboard.py` with `args` and answers what it printed; `None`, with a
 /// printed SKIPPED line, when Chromium is not installed.
 fn browser(args: &[&str]) -> Option<String> {
-    let Some((chrome, driver)) = chromium() else {
-        // Straight to the process's stderr, past the test harness's capture: a skip is seen
-        // in every run's output, not only with --nocapture.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED dashboard browser test: chromium or chromedriver is not installed (apt-get install chromium chromium-driver)"
-        );
-        return None;
-    };
+    let (chrome, driver) = queen_tests::or_skip(
+        chromium().ok_or("chromium or chromedriver is not installed"),
+        "dashboard browser test",
+        "apt-get install chromium chromium-driver",
+    )?;
     let started = Instant::now();
     let out = std::process::Command::new("bash")
         .arg(repo().join("tests/browser/run.sh"))

@@ -11,11 +11,10 @@
 //!
 //! Without libfaketime it prints a SKIPPED line to stderr and passes.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use queen_tests::{eventually, three_nodes};
+use queen_tests::{eventually, or_skip, three_nodes};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "skewed";
@@ -141,11 +140,11 @@ fn run(lib: &Path, ahead: &str, dir: &Path) -> Run {
 
 #[test]
 fn leases_survive_a_leader_whose_clock_runs_ahead_within_the_bound() {
-    let Some(lib) = faketime() else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED clock-skew test: libfaketime is not installed (Debian package faketime)"
-        );
+    let Some(lib) = or_skip(
+        faketime().ok_or("libfaketime is not installed"),
+        "clock-skew test",
+        "Debian package faketime",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");

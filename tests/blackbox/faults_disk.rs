@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use queen_tests::{Node, Tmpfs, eventually, partition_txns, post_url_within, three_nodes};
+use queen_tests::{Node, Tmpfs, eventually, or_skip, partition_txns, post_url_within, three_nodes};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "disk";
@@ -116,15 +116,12 @@ fn lead_with(nodes: &mut [Node], on: bool) -> u64 {
 #[test]
 fn a_node_whose_disk_fills_loses_nothing_and_catches_up_when_space_returns() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mount = match Tmpfs::mount(&dir.path().join("n3"), DISK_MIB) {
-        Ok(m) => m,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED full-disk fault test: {e} (needs root to mount a tmpfs)"
-            );
-            return;
-        }
+    let Some(mount) = or_skip(
+        Tmpfs::mount(&dir.path().join("n3"), DISK_MIB),
+        "full-disk fault test",
+        "needs root to mount a tmpfs",
+    ) else {
+        return;
     };
     let mut nodes = three_nodes(bin(), dir.path(), "disk-faults", |_| Vec::new());
     let urls: Vec<String> = nodes.iter().map(|n| n.url("")).collect();

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use queen_tests::linearizable::{self, KvInput, KvOutput, KvRegister, Verdict};
 use queen_tests::netns::Net;
 use queen_tests::{
-    Node, eventually, folder_sink_env, partition_txns, post_url_within, try_get_url,
+    Node, eventually, folder_sink_env, or_skip, partition_txns, post_url_within, try_get_url,
 };
 use serde_json::{Value, json};
 
@@ -1133,15 +1133,12 @@ fn faults(
 
 #[test]
 fn partitions_and_pauses_lose_double_and_reorder_nothing() {
-    let net = match Net::new(3) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED network-namespace fault test: {e} (needs root and `ip netns`)"
-            );
-            return;
-        }
+    let Some(net) = or_skip(
+        Net::new(3),
+        "network-namespace fault test",
+        "needs root and `ip netns`",
+    ) else {
+        return;
     };
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1464,15 +1461,8 @@ fn lake_check(lake: &Path, stored: &[String]) -> String {
 #[test]
 fn the_delay_fault_holds_and_reorders_real_packets() {
     use std::net::UdpSocket;
-    let net = match Net::new(1) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED delay fault test: {e} (needs root and `ip netns`)"
-            );
-            return;
-        }
+    let Some(net) = or_skip(Net::new(1), "delay fault test", "needs root and `ip netns`") else {
+        return;
     };
     let (delay, jitter) = (Duration::from_millis(40), Duration::from_millis(30));
     if let Err(e) = net.delay(delay, jitter, 7) {

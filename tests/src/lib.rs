@@ -738,6 +738,20 @@ pub fn partition_txns(n: &Node, queue: &str, partition: &str) -> Option<Vec<Stri
     None
 }
 
+/// The value, or `None` after one `SKIPPED <what>: <error> (<needs>)` line for a test that
+/// cannot run on this machine (no root, no `ip netns`, no libfaketime, no browser). The line
+/// goes straight to the process's stderr, past the harness's capture, so every run shows it.
+pub fn or_skip<T, E: std::fmt::Display>(found: Result<T, E>, what: &str, needs: &str) -> Option<T> {
+    match found {
+        Ok(value) => Some(value),
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED {what}: {e} ({needs})");
+            None
+        }
+    }
+}
+
 /// Wait until `check` is true, polling; false after `limit`.
 pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let until = Instant::now() + limit;
