@@ -237,6 +237,16 @@ pub(crate) struct LogHandles {
 }
 
 /// openraft's state machine over the backend port.
+/// Apply batches whose commands add up to at most this many bytes run on the state machine's
+/// own task instead of a blocking thread. Such a batch applies in well under a millisecond (a
+/// push costs about 1 µs per message to apply, 256 KiB is 800-1,000 messages), while the two
+/// thread hand-offs of `spawn_blocking` cost every entry its wake-ups: measured with
+/// `queen-bench --seconds 5 cluster --rounds 1 --backlog 0`, four A/B pairs, server CPU per
+/// message fell from 22.4 to 17.2 µs for pop + ack, 10.7 to 9.1 for QPB1 batches and 58.7 to 53.2
+/// for single pushes (64 KiB kept the pop gain but not the batches'). Larger batches (a backlog
+/// being caught up, a follower's long append) still go to a blocking thread.
+const INLINE_APPLY_BYTES: usize = 256 * 1024;
+
 pub(crate) struct StateMachineStore {
     /// Where entries are applied.
     backend: Arc<dyn StateMachineBackend>,
@@ -246,8 +256,9 @@ pub(crate) struct StateMachineStore {
     last_membership: StoredMembership,
     /// The latest snapshot, shared with snapshot builders (which run in their own task).
     current: Arc<Mutex<Option<CurrentSnapshot>>>,
-    /// Call the backend on the caller's task instead of a blocking thread (the deterministic
-    /// simulation runs everything on one thread; never set in the product).
+    /// Call the backend on the caller's task instead of a blocking thread for every call (the
+    /// deterministic simulation runs everything on one thread; never set in the product, where
+    /// only small apply batches run inline, see `INLINE_APPLY_BYTES`).
     inline: bool,
 }
 
@@ -318,8 +329,15 @@ impl StateMachineStore {
         .encode()?;
 
         let count = entries.len();
+        // A batch of small commands (single pushes, pops, acks, KV writes) is applied on this
+        // task: handing it to a blocking thread and back cost more than the apply itself.
+        let bytes: usize = entries
+            .iter()
+            .map(|e| e.command.as_ref().map_or(0, bytes::Bytes::len))
+            .sum();
+        let inline = self.inline || bytes <= INLINE_APPLY_BYTES;
         let backend = self.backend.clone();
-        let responses = blocking(self.inline, move || backend.apply(entries, meta)).await?;
+        let responses = blocking(inline, move || backend.apply(entries, meta)).await?;
         if responses.len() != count {
             return Err(io::Error::other(format!(
                 "state machine returned {} responses for {count} entries",
@@ -335,7 +353,8 @@ impl StateMachineStore {
     }
 }
 
-/// Run a blocking backend call off the async workers; map its error to `io::Error`.
+/// Run a blocking backend call off the async workers (on this task when `inline`); map its
+/// error to `io::Error`.
 async fn blocking<T, F>(inline: bool, f: F) -> io::Result<T>
 where
     F: FnOnce() -> Result<T, BackendError> + Send + 'static,
