@@ -71,7 +71,7 @@ fn nonce(iv: &[u8; IV_BYTES]) -> Nonce {
 fn envelope(stored: &[u8]) -> Option<(Vec<u8>, [u8; IV_BYTES], [u8; TAG_BYTES])> {
     // Cheap shape checks first: most payloads are not envelopes.
     let trimmed = stored.trim_ascii_start();
-    if trimmed.first() != Some(&b'{') || !stored.windows(8).any(|w| w == b"authTag\"") {
+    if trimmed.first() != Some(&b'{') || memchr::memmem::find(stored, b"authTag\"").is_none() {
         return None;
     }
     let v: serde_json::Value = serde_json::from_slice(stored).ok()?;
