@@ -97,7 +97,7 @@ impl Run {
         // The last page whose first key is below `key`: equal keys may begin on the page before
         // the one whose fence equals `key`.
         let mut page = self.fences.partition_point(|f| f < key).saturating_sub(1);
-        let mut buf = vec![0u8; PAGE_ENTRIES * ENTRY];
+        let mut buf = [0u8; PAGE_ENTRIES * ENTRY];
         while page < self.fences.len() && self.fences[page] <= *key {
             let first = (page * PAGE_ENTRIES) as u64;
             let n = (self.entries - first).min(PAGE_ENTRIES as u64) as usize;
@@ -105,13 +105,23 @@ impl Run {
             self.file
                 .read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64)
                 .map_err(io_err(&self.path))?;
-            for e in bytes.chunks_exact(ENTRY) {
-                let (k, offset) = decode_entry(e);
-                match k.cmp(key) {
-                    std::cmp::Ordering::Less => {}
-                    std::cmp::Ordering::Equal => out.push(offset),
-                    std::cmp::Ordering::Greater => return Ok(()),
+            // The page is sorted: find the first entry not below `key`, then take the equal ones.
+            let key_at = |i: usize| &bytes[i * ENTRY..i * ENTRY + key.len()];
+            let (mut lo, mut hi) = (0, n);
+            while lo < hi {
+                let mid = usize::midpoint(lo, hi);
+                if key_at(mid) < key.as_slice() {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
                 }
+            }
+            for e in bytes[lo * ENTRY..].chunks_exact(ENTRY) {
+                let (k, offset) = decode_entry(e);
+                if k != *key {
+                    return Ok(());
+                }
+                out.push(offset);
             }
             page += 1;
         }

@@ -184,3 +184,65 @@ fn a_damaged_manifest_or_run_is_an_error_not_a_silent_empty_index() {
     std::fs::write(dir.path().join(MANIFEST), b"garbage").unwrap();
     assert!(DedupIndex::open(dir.path(), MEM_ENTRIES, all_live()).is_err());
 }
+
+/// A key with many offsets spans pages: a lookup finds every one of them, whichever page its
+/// search starts on, and keys around it keep their own.
+#[test]
+fn a_key_repeated_across_pages_is_found_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = key(4, 5000);
+    let mut entries: Vec<(Key, u64)> = (0..1000).map(|i| (key(i % 7, i), i)).collect();
+    entries.extend((0..300).map(|o| (busy, 10_000 + o)));
+    entries.sort_unstable();
+    entries.dedup();
+    let run = Run::write(dir.path(), 1, &mut entries.iter().copied()).unwrap();
+    let again = Run::open(dir.path(), 1).unwrap();
+    for r in [&run, &again] {
+        let mut out = Vec::new();
+        r.lookup(&busy, &mut out).unwrap();
+        assert_eq!(out, (10_000..10_300).collect::<Vec<u64>>());
+        for i in [0, 3, 500, 999] {
+            let mut one = Vec::new();
+            r.lookup(&key(i % 7, i), &mut one).unwrap();
+            assert_eq!(one, vec![i], "entry {i}");
+        }
+        let mut none = Vec::new();
+        r.lookup(&key(4, 6000), &mut none).unwrap();
+        assert!(none.is_empty());
+    }
+}
+
+/// The table's own filter: every key held is found (also after a failed flush puts the
+/// entries back), nothing is found once the table is handed over, and a full table lets
+/// through few lookups of keys it does not hold.
+#[test]
+fn the_table_filter_never_hides_a_held_key_and_skips_most_others() {
+    let mut m = MemTable::default();
+    let n = MEM_ENTRIES as u64;
+    for i in 0..n {
+        m.insert(&key(i % 11, i), i);
+    }
+    let found = |m: &MemTable, i: u64| {
+        let mut out = Vec::new();
+        m.lookup(&key(i % 11, i), &mut out);
+        out
+    };
+    assert!(
+        (0..n).all(|i| found(&m, i) == vec![i]),
+        "every held key found"
+    );
+    let passed = (n..n + 100_000)
+        .filter(|&i| m.may_hold(&ent(&key(i % 11, i), 0)))
+        .count();
+    assert!(
+        passed < 2_000,
+        "{passed} of 100000 absent keys passed the filter"
+    );
+    let all = m.take_sorted();
+    assert!(found(&m, 5).is_empty(), "an empty table holds nothing");
+    m.restore(all);
+    assert!(
+        (0..n).step_by(101).all(|i| found(&m, i) == vec![i]),
+        "found after restore"
+    );
+}
