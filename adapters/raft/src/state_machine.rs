@@ -236,7 +236,6 @@ pub(crate) struct LogHandles {
     pub(crate) spans: CommandSpans,
 }
 
-/// openraft's state machine over the backend port.
 /// Apply batches whose commands add up to at most this many bytes run on the state machine's
 /// own task instead of a blocking thread. Such a batch applies in well under a millisecond (a
 /// push costs about 1 µs per message to apply, 256 KiB is 800-1,000 messages), while the two
@@ -247,6 +246,7 @@ pub(crate) struct LogHandles {
 /// being caught up, a follower's long append) still go to a blocking thread.
 const INLINE_APPLY_BYTES: usize = 256 * 1024;
 
+/// openraft's state machine over the backend port.
 pub(crate) struct StateMachineStore {
     /// Where entries are applied.
     backend: Arc<dyn StateMachineBackend>,
