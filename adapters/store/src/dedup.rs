@@ -126,10 +126,9 @@ struct MemTable {
     tail: Vec<Ent>,
     /// Entries held, repeats included (a row's offsets are inserted again with each new one).
     len: usize,
-    /// A bloom filter of the keys held (256 KiB, three probes: about 0.5% false positives
-    /// when the table is full), so that a lookup skips the search of every chunk for a key the
-    /// table does not hold. Empty until the first insert.
-    bits: Vec<u64>,
+    /// A bloom filter of the keys held, so that a lookup skips the search of every chunk for
+    /// a key the table does not hold. Made at the first insert.
+    filter: Option<crate::filter::DedupFilter>,
 }
 
 struct Inner {

@@ -20,29 +20,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[repr(align(64))]
 struct Block([AtomicU64; 8]);
 
-/// Blocks of the filter: 2^17 blocks of 64 bytes, 8 MiB.
+/// Blocks of the node's filter: 2^17 blocks of 64 bytes, 8 MiB.
 const BLOCKS_LOG2: u32 = 17;
 const PROBES: u64 = 4;
 
-/// A fixed-size blocked bloom filter over dedup row keys.
+/// A fixed-size blocked bloom filter over dedup keys: the node's (8 MiB, [`DedupFilter::new`])
+/// and the dedup index's table in memory (256 KiB, [`DedupFilter::with_blocks_log2`]).
 pub(crate) struct DedupFilter {
     blocks: Box<[Block]>,
-}
-
-/// The block and the probe seed of a dedup row key (`DEDUP_HASH | pid | 16-byte hash`), from
-/// the key's own hash bytes; `None` for a key of another table.
-fn hashes(key: &[u8]) -> Option<(usize, u64)> {
-    queen_domain::keys::as_dedup_key(key).map(|k| key_hashes(&k))
-}
-
-/// The block and the probe seed of a dedup key without its table byte (`pid | hash`).
-fn key_hashes(key: &[u8]) -> (usize, u64) {
-    let word =
-        |r: std::ops::Range<usize>| u64::from_le_bytes(key[r].try_into().unwrap_or_default());
-    let pid = word(0..8);
-    let h1 = word(8..16) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let block = (h1 >> (64 - BLOCKS_LOG2)) as usize;
-    (block, word(16..24))
+    /// The filter has `2^blocks_log2` blocks.
+    blocks_log2: u32,
 }
 
 /// The (word, mask) pairs of the probes within a block: 9 bits of the seed per probe.
@@ -54,9 +41,15 @@ fn probes(seed: u64) -> impl Iterator<Item = (usize, u64)> {
 }
 
 impl DedupFilter {
-    /// An empty filter.
+    /// An empty filter of the node's size.
     pub(crate) fn new() -> Self {
-        let mut blocks = Box::<[Block]>::new_zeroed_slice(1usize << BLOCKS_LOG2);
+        Self::with_blocks_log2(BLOCKS_LOG2)
+    }
+
+    /// An empty filter of `2^blocks_log2` blocks of 64 bytes (1 to 31).
+    pub(crate) fn with_blocks_log2(blocks_log2: u32) -> Self {
+        let blocks_log2 = blocks_log2.clamp(1, 31);
+        let mut blocks = Box::<[Block]>::new_zeroed_slice(1usize << blocks_log2);
         // Before the first touch, so the pages come in as huge pages where the system allows
         // them (transparent huge pages "madvise" or "always").
         ask_for_huge_pages(
@@ -67,7 +60,21 @@ impl DedupFilter {
         // (zero).
         #[allow(unsafe_code)]
         let blocks = unsafe { blocks.assume_init() };
-        Self { blocks }
+        Self {
+            blocks,
+            blocks_log2,
+        }
+    }
+
+    /// The block and the probe seed of a dedup key without its table byte (`pid | hash`,
+    /// 24 bytes), from the key's own hash bytes.
+    fn key_hashes(&self, key: &[u8]) -> (usize, u64) {
+        let word =
+            |r: std::ops::Range<usize>| u64::from_le_bytes(key[r].try_into().unwrap_or_default());
+        let pid = word(0..8);
+        let h1 = word(8..16) ^ pid.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let block = (h1 >> (64 - self.blocks_log2)) as usize;
+        (block, word(16..24))
     }
 
     /// Note a dedup row key (any other key is ignored).
@@ -79,30 +86,41 @@ impl DedupFilter {
 
     /// Note a dedup key without its table byte (`pid | hash`, 24 bytes).
     pub(crate) fn insert_key(&self, key: &[u8]) {
-        let (b, seed) = key_hashes(key);
+        let (b, seed) = self.key_hashes(key);
         let block = &self.blocks[b].0;
         for (w, m) in probes(seed) {
             block[w].fetch_or(m, Ordering::Release);
         }
     }
 
-    /// True when `key` is a dedup row key that was never inserted (since the last clear).
-    /// False means "maybe": ask the index.
-    pub(crate) fn surely_absent(&self, key: &[u8]) -> bool {
-        match hashes(key) {
-            Some((b, seed)) => {
-                let block = &self.blocks[b].0;
-                probes(seed).any(|(w, m)| block[w].load(Ordering::Acquire) & m == 0)
-            }
-            None => false,
+    /// [`DedupFilter::insert_key`] by its only owner: plain writes instead of locked ones (the
+    /// dedup index's table inserts every applied message).
+    pub(crate) fn insert_key_owned(&mut self, key: &[u8]) {
+        let (b, seed) = self.key_hashes(key);
+        let block = &mut self.blocks[b].0;
+        for (w, m) in probes(seed) {
+            *block[w].get_mut() |= m;
         }
+    }
+
+    /// True when `key` is a dedup row key that was never inserted (since the last clear).
+    /// False means "maybe": ask the index. Any other key is never absent.
+    pub(crate) fn surely_absent(&self, key: &[u8]) -> bool {
+        queen_domain::keys::as_dedup_key(key).is_some_and(|k| !self.may_hold_key(&k))
+    }
+
+    /// False when the dedup key `key` (`pid | hash`) was never inserted since the last clear.
+    pub(crate) fn may_hold_key(&self, key: &[u8]) -> bool {
+        let (b, seed) = self.key_hashes(key);
+        let block = &self.blocks[b].0;
+        probes(seed).all(|(w, m)| block[w].load(Ordering::Acquire) & m != 0)
     }
 
     /// Start bringing the block of dedup key `key` (`pid | hash`) into the cache, so that a
     /// check of many keys one after the other waits for their misses to memory together,
     /// not one by one (the filter is far larger than the caches).
     pub(crate) fn prefetch(&self, key: &[u8]) {
-        let (b, _) = key_hashes(key);
+        let (b, _) = self.key_hashes(key);
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -127,7 +145,8 @@ impl DedupFilter {
     }
 }
 
-/// Ask the kernel to back the whole 2 MiB pages inside `[start, start + len)` with huge pages.
+/// Ask the kernel to back the whole 2 MiB pages inside `[start, start + len)` with huge pages
+/// (none for a filter smaller than two of them).
 /// Every check of the filter reads a random block of 8 MiB: with 4 KiB pages nearly each one
 /// also misses the TLB, which in a virtual machine costs a nested page walk. Measured with
 /// `perf` on a follower under pushes, the filter's share of the samples fell by about a third
