@@ -7,6 +7,7 @@
 
 pub mod config;
 mod queue;
+mod retry;
 mod supervise;
 pub(crate) mod tenants;
 

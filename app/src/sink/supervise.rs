@@ -24,6 +24,10 @@ const RELEASE_POLL: Duration = Duration::from_millis(250);
 /// How long after a held lease row's expiry a node looks at it again.
 const EXPIRY_SLACK: Duration = Duration::from_millis(200);
 
+/// How long a stopping node keeps trying to remove its presence row (a raft leadership
+/// hand-off in the same moment makes the first tries fail).
+const PRESENCE_REMOVE_FOR: Duration = Duration::from_secs(3);
+
 /// Probe the bucket until it answers, then discover queues and run them.
 pub(super) async fn supervise(shared: Arc<Shared>) {
     let mut stop = shared.stop.clone();
@@ -93,28 +97,18 @@ pub(super) async fn supervise(shared: Arc<Shared>) {
     // frees against the members that stay (a share of queues / 2 rather than / 3), so they
     // do not claim as if it still counted and give a queue back later.
     // On SIGTERM the node hands raft leadership over at the same time, and a write in flight
-    // then may fail ("leadership changed"): retried (bounded), or the others count this node
+    // then may fail ("leadership changed"): retried for `PRESENCE_REMOVE_FOR`, or the others count this node
     // for up to `PRESENCE_FRESH` more, claim its queues as if the share were a third, and each
     // give one back a lease TTL later.
-    let key = documents::presence_key(&shared.settings.name, &shared.settings.instance);
-    for attempt in 1..=10 {
-        let gone = shared
-            .log
-            .sink_kv(vec![KvOp::Delete {
-                ns: NS.into(),
-                key: key.clone(),
-                expect: None,
-                required: false,
-            }])
-            .await;
-        match gone {
-            Ok(_) => break,
-            Err(e) => {
-                tracing::info!(target: "queen-s3", attempt, error = %e.to_string(), "presence row not removed yet; retrying");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        }
-    }
+    let gone = KvOp::Delete {
+        ns: NS.into(),
+        key: documents::presence_key(&shared.settings.name, &shared.settings.instance),
+        expect: None,
+        required: false,
+    };
+    shared
+        .kv_write_retrying(&[gone], "presence row removal", PRESENCE_REMOVE_FOR)
+        .await;
     for (_, t) in tasks {
         let _ = t.await;
     }

@@ -442,36 +442,38 @@ impl QueueTask {
     /// Give the lease back (retrying for a while) so another node can take the queue at once.
     async fn release(&mut self) -> Ended {
         let until = Instant::now() + RELEASE_FOR;
-        while Instant::now() < until {
+        loop {
             let op = KvOp::Delete {
                 ns: NS.into(),
                 key: self.lease_key(),
                 expect: Some(self.lease_version),
                 required: true,
             };
-            match self.shared.log.sink_kv(vec![op]).await {
-                // Not applied: the row is at a version this node did not see (a refresh whose
-                // answer was lost while leadership moved, say). While it still names this
-                // instance it is ours to delete, at the version it has now; otherwise it is
-                // gone or another node's.
-                Ok(out)
-                    if matches!(
-                        out.results.first(),
-                        Some(KvResult::Write { applied: false, .. })
-                    ) =>
+            let left = until.saturating_duration_since(Instant::now());
+            let Some(out) = self
+                .shared
+                .kv_write_retrying(&[op], "lease release", left)
+                .await
+            else {
+                break;
+            };
+            // Not applied: the row is at a version this node did not see (a refresh whose
+            // answer was lost while leadership moved, say). While it still names this instance
+            // it is ours to delete, at the version it has now; otherwise it is gone or another
+            // node's.
+            if !matches!(
+                out.results.first(),
+                Some(KvResult::Write { applied: false, .. })
+            ) {
+                break;
+            }
+            match self.look().await {
+                Ok(Look::Mine(version))
+                    if version != self.lease_version && Instant::now() < until =>
                 {
-                    match self.look().await {
-                        Ok(Look::Mine(version)) if version != self.lease_version => {
-                            self.lease_version = version;
-                        }
-                        _ => break,
-                    }
+                    self.lease_version = version;
                 }
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::info!(target: "queen-s3", queue = %self.shown, error = %e.to_string(), "lease release failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
+                _ => break,
             }
         }
         self.shared.set_buffered(&self.queue, 0);
