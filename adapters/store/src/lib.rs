@@ -18,6 +18,7 @@ mod samples;
 mod segments;
 mod snapshot;
 mod store;
+mod writeback;
 
 pub use samples::SampleFiles;
 pub use segments::SegmentError;

@@ -32,6 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use codec::{encode, frame_head};
 
+use crate::writeback::start as start_writeback;
+
 /// The high bit of a location's file: the location is an entry's command in the raft log's
 /// file `file & !RAFT_BIT` (see `Raft`), not a record of this log.
 pub(crate) const RAFT_BIT: u64 = 1 << 63;
@@ -203,29 +205,7 @@ struct Writer {
 /// Segment files are fsynced only when a snapshot is built; left alone, the kernel lets hundreds
 /// of MB of them pile up dirty (measured: 670 MB in the cluster bench) and then writes them at
 /// once, which the raft log's fdatasyncs wait behind.
-const WRITEBACK_BYTES: u64 = 8 << 20;
-
-/// Ask the kernel to start writing `len` bytes of `file` from `from` back to disk (0: to the
-/// end), without waiting for it. Advisory: a failure only means the pages stay dirty until the
-/// next sync, which reports real errors.
-#[cfg(target_os = "linux")]
-fn start_writeback(file: &File, from: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(from), Ok(len)) = (i64::try_from(from), i64::try_from(len)) else {
-        return;
-    };
-    // SAFETY: sync_file_range takes a file descriptor and numbers, reads and writes no memory
-    // of this process; `file` keeps the descriptor open for the whole call.
-    #[allow(unsafe_code)]
-    let rc =
-        unsafe { libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE) };
-    if rc != 0 {
-        tracing::debug!(target: "queen-store", error = %io::Error::last_os_error(), "segment writeback could not be started");
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn start_writeback(_file: &File, _from: u64, _len: u64) {}
+const WRITEBACK_BYTES: u64 = crate::writeback::PIECE;
 
 struct Pins {
     count: usize,

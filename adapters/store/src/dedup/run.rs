@@ -2,7 +2,7 @@
 //! its pages, scanning it, and the cursor a merge reads it with.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -63,7 +63,9 @@ impl Run {
             .truncate(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        // Paced: a merged run can be hundreds of MB, which written in one go would stall the
+        // raft log's fdatasyncs behind its writeback.
+        let mut w = crate::writeback::Paced::new(&file);
         w.write_all(&[0u8; RUN_HEADER as usize])
             .map_err(io_err(&path))?;
         let mut n = 0u64;
