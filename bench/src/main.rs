@@ -8,6 +8,7 @@
 //! run) and compares push throughput and latency; see `cluster.rs`.
 
 mod cluster;
+mod http1;
 mod noop;
 mod qpb1;
 
@@ -19,11 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use queen_bench::load::{self, Proc, Procs, Stats, drive};
 
@@ -77,29 +74,25 @@ fn queen_bin(arg: Option<&PathBuf>) -> PathBuf {
     }
 }
 
-type Http = Client<HttpConnector, Full<Bytes>>;
+type Http = Arc<http1::Client>;
 
 fn http_client() -> Http {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(512)
-        .build(connector)
+    Arc::new(http1::Client::new())
 }
 
 /// One or more queen nodes to send requests to.
 struct Target {
     http: Http,
-    bases: Vec<String>,
+    addrs: Vec<std::net::SocketAddr>,
 }
 
 impl Target {
     fn new(http: Http, ports: &[u16]) -> Target {
         Target {
             http,
-            bases: ports
+            addrs: ports
                 .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
+                .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], *p)))
                 .collect(),
         }
     }
@@ -155,24 +148,17 @@ impl Target {
         body: Bytes,
         headers: &[(&str, &str)],
     ) -> Result<(u16, Bytes), String> {
-        let base = &self.bases[(i % self.bases.len() as u64) as usize];
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{base}{path}"))
-            .header("content-type", content_type);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-        let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok((status, body))
+        let addr = self.addrs[(i % self.addrs.len() as u64) as usize];
+        let mut all = Vec::with_capacity(headers.len() + 1);
+        all.push(("content-type", content_type));
+        all.extend_from_slice(headers);
+        let req = http1::Request {
+            method,
+            path,
+            headers: &all,
+            body: &body,
+        };
+        self.http.request(addr, &req).await
     }
 
     async fn json_at(&self, i: u64, path: &str) -> Value {
@@ -189,7 +175,7 @@ impl Target {
     /// Log fsyncs so far, summed over every node.
     async fn fsyncs(&self) -> u64 {
         let mut sum = 0;
-        for i in 0..self.bases.len() as u64 {
+        for i in 0..self.addrs.len() as u64 {
             sum += self.json_at(i, "/status").await["storage"]["logFsyncs"]
                 .as_u64()
                 .unwrap_or(0);
@@ -335,6 +321,23 @@ async fn push_one(
     }
 }
 
+/// What a pop answer holds that its ack needs, each as the JSON text it came as.
+#[derive(serde::Deserialize)]
+struct Popped<'a> {
+    #[serde(borrow)]
+    messages: Vec<PoppedMessage<'a>>,
+    #[serde(rename = "leaseId", borrow)]
+    lease_id: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct PoppedMessage<'a> {
+    #[serde(rename = "transactionId", borrow)]
+    transaction_id: &'a serde_json::value::RawValue,
+    #[serde(rename = "partitionId", borrow)]
+    partition_id: &'a serde_json::value::RawValue,
+}
+
 /// Pop up to 100 messages of queue `bench` (its default group) from node `i` of `t`, then ack
 /// them all completed with one `ack/batch` to the same node: the messages acked, or `None` when
 /// the pop found nothing.
@@ -350,27 +353,30 @@ async fn pop_ack_one(t: &Target, i: u64) -> Result<Option<u64>, String> {
     if status == 204 {
         return Ok(None);
     }
-    let v: Value =
+    // Only the fields an ack names are read (the payloads are skipped, not built), and the
+    // ack body is written straight out: the client shares the cores with the servers.
+    let popped: Popped<'_> =
         serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
-    let acks: Vec<Value> = v["messages"]
-        .as_array()
-        .ok_or_else(|| format!("pop answered {status} without messages"))?
-        .iter()
-        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": v["leaseId"], "status": "completed"}))
-        .collect();
-    let n = acks.len() as u64;
+    let n = popped.messages.len() as u64;
     if n == 0 {
         return Ok(None);
     }
-    match t
-        .call_at(
-            i,
-            "POST",
-            "/api/v1/ack/batch",
-            Some(json!({ "acknowledgments": acks }).to_string()),
-        )
-        .await?
-    {
+    let lease = popped.lease_id.map_or("null", |l| l.get());
+    let mut ack = String::with_capacity(32 + popped.messages.len() * 160);
+    ack.push_str("{\"acknowledgments\":[");
+    for (k, m) in popped.messages.iter().enumerate() {
+        if k > 0 {
+            ack.push(',');
+        }
+        let _ = write!(
+            ack,
+            "{{\"transactionId\":{},\"partitionId\":{},\"leaseId\":{lease},\"status\":\"completed\"}}",
+            m.transaction_id.get(),
+            m.partition_id.get()
+        );
+    }
+    ack.push_str("]}");
+    match t.call_at(i, "POST", "/api/v1/ack/batch", Some(ack)).await? {
         (200, _) => Ok(Some(n)),
         (code, b) => Err(format!(
             "ack/batch answered {code}: {}",
