@@ -108,17 +108,9 @@ impl Run {
                 .read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64)
                 .map_err(io_err(&self.path))?;
             // The page is sorted: find the first entry not below `key`, then take the equal ones.
-            let key_at = |i: usize| &bytes[i * ENTRY..i * ENTRY + key.len()];
-            let (mut lo, mut hi) = (0, n);
-            while lo < hi {
-                let mid = usize::midpoint(lo, hi);
-                if key_at(mid) < key.as_slice() {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            for e in bytes[lo * ENTRY..].chunks_exact(ENTRY) {
+            let (entries, _) = bytes.as_chunks::<ENTRY>();
+            let lo = entries.partition_point(|e| e[..key.len()] < key[..]);
+            for e in &entries[lo..] {
                 let (k, offset) = decode_entry(e);
                 if k != *key {
                     return Ok(());
