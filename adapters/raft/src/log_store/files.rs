@@ -56,9 +56,26 @@ impl LogFiles {
         })
     }
 
-    /// The open file of segment `seq`, live or archived.
-    pub(super) fn file(&self, shared: &Shared, seq: u64) -> io::Result<Arc<File>> {
+    /// The open file of segment `seq`, live or archived, and the windows of it to read ahead
+    /// before reading at `pos` (see `advice.rs`).
+    fn file_for_read(
+        &self,
+        shared: &Shared,
+        seq: u64,
+        pos: u64,
+    ) -> io::Result<(Arc<File>, super::advice::Plan)> {
         let mut inner = shared.lock()?;
+        let active = inner.active_seq()?;
+        let ahead = inner.read_ahead.plan(seq, active, pos);
+        Ok((Self::open_file(shared, &mut inner, seq)?, ahead))
+    }
+
+    /// The open file of segment `seq`, live or archived.
+    pub(super) fn open_file(
+        shared: &Shared,
+        inner: &mut LogInner,
+        seq: u64,
+    ) -> io::Result<Arc<File>> {
         if let Some(seg) = inner.segments.get(&seq) {
             return Ok(seg.file.clone());
         }
@@ -112,7 +129,15 @@ pub(super) fn files_err(e: io::Error) -> queen_ports::BackendError {
 impl queen_ports::LogFiles for LogFiles {
     fn read(&self, span: queen_ports::LogSpan) -> Result<Vec<u8>, queen_ports::BackendError> {
         let shared = self.shared().map_err(files_err)?;
-        let file = self.file(&shared, span.file).map_err(files_err)?;
+        let (file, ahead) = self
+            .file_for_read(&shared, span.file, span.pos)
+            .map_err(files_err)?;
+        for (pos, len) in ahead.read {
+            super::advice::will_need(&file, pos, len);
+        }
+        if let Some((pos, len)) = ahead.drop {
+            super::advice::drop_cached(&file, pos, len);
+        }
         let mut buf = vec![0u8; span.len as usize];
         file.read_exact_at(&mut buf, span.pos).map_err(files_err)?;
         Ok(buf)

@@ -120,6 +120,12 @@ impl LogInner {
         }
         self.start_segment(&shared.dir, active + 1, &shared.stats)?;
         tracing::debug!(seq = active + 1, "raft log segment rolled");
+        // The segment CACHED_SEGMENTS behind leaves the page cache, live or archived by now.
+        if let Some(old) = active.checked_sub(super::advice::CACHED_SEGMENTS)
+            && let Ok(file) = super::files::LogFiles::open_file(shared, self, old)
+        {
+            super::advice::drop_cached(&file, 0, 0);
+        }
         Ok(())
     }
 

@@ -27,6 +27,7 @@
 //! Writes and the rare segment roll run inline in the caller (page-cache writes, fast); only
 //! fdatasync is moved to the flusher. A lock file keeps a second process off the directory.
 
+mod advice;
 mod files;
 mod flusher;
 mod inner;
@@ -200,6 +201,8 @@ struct LogInner {
     holds: std::collections::HashSet<u64>,
     /// Segments in `archive/`, with an open handle for the few read last.
     archived: BTreeMap<u64, Option<Arc<File>>>,
+    /// Windows of dropped segments a reader asked the kernel to read ahead.
+    read_ahead: advice::ReadAhead,
 }
 
 /// State shared by the store and its readers.
@@ -255,6 +258,7 @@ impl LogStore {
             cache_max_bytes: opts.cache_max_bytes,
             holds: std::collections::HashSet::new(),
             archived: BTreeMap::new(),
+            read_ahead: advice::ReadAhead::default(),
         };
         recover(dir, &mut inner, &stats)?;
         inner.archived = list_archive(dir, &stats)?;
