@@ -60,6 +60,8 @@ impl ReadAhead {
         }
         if plan.read.len() == 1 && first >= 2 {
             plan.drop = Some(((first - 2) * WINDOW, WINDOW));
+            // Dropped again: a reader further behind asks for it afresh.
+            self.asked.retain(|&a| a != (seq, first - 2));
         }
         self.asked.truncate(REMEMBERED);
         plan
@@ -128,6 +130,8 @@ mod tests {
         let later = ra.plan(2, 10, 2 * WINDOW);
         assert_eq!(later.read, vec![(3 * WINDOW, WINDOW)]);
         assert_eq!(later.drop, Some((0, WINDOW)));
+        // A reader still in window 0 (behind the one that moved on) asks for it again.
+        assert_eq!(ra.plan(2, 10, 7).read, vec![(0, WINDOW)]);
         // Another segment's windows are its own.
         assert_eq!(ra.plan(3, 10, 0).read.len(), 2);
     }
