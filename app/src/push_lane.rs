@@ -122,13 +122,17 @@ impl PushLane {
             items += w.items.len();
             bytes += w.bytes;
         }
-        let taken: Vec<Waiting> = waiting.drain(..n).collect();
+        let mut taken: Vec<Waiting> = waiting.drain(..n).collect();
         let more = !waiting.is_empty();
         drop(waiting);
         if more {
             // Another slot may take the rest.
             self.wake.notify_one();
         }
+        // Requests of one partition side by side (stably: each partition's requests keep their
+        // order), so that a partition's messages are consecutive items of the entry and the
+        // store keeps them where the raft log wrote them instead of copying them elsewhere.
+        taken.sort_by(|a, b| first_partition(a).cmp(&first_partition(b)));
         let mut batch = Batch {
             items: Vec::with_capacity(items),
             producer,
@@ -140,6 +144,13 @@ impl PushLane {
         }
         Some(batch)
     }
+}
+
+/// The queue and partition of a request's first item, which the lane orders requests by.
+fn first_partition(w: &Waiting) -> Option<(&str, &str)> {
+    w.items
+        .first()
+        .map(|i| (i.queue.as_str(), i.partition.as_str()))
 }
 
 impl Batch {
@@ -191,6 +202,17 @@ mod tests {
         }
     }
 
+    /// The transactionIds of `batch` in item order, after answering each item as queued.
+    fn answer_each(batch: Batch) -> Vec<String> {
+        let ids: Vec<String> = batch
+            .items
+            .iter()
+            .map(|i| i.transaction_id.as_str().to_owned())
+            .collect();
+        batch.answer(Ok(ids.iter().map(|t| outcome(t)).collect()));
+        ids
+    }
+
     #[tokio::test]
     async fn requests_of_different_producers_go_in_different_entries() {
         let lane = PushLane::new();
@@ -215,18 +237,7 @@ mod tests {
         let a = lane.submit(vec![item("a1", 10), item("a2", 10)], None);
         let b = lane.submit(vec![item("b1", 10)], None);
         let (_slot, batch) = lane.next().await;
-        let ids: Vec<&str> = batch
-            .items
-            .iter()
-            .map(|i| i.transaction_id.as_str())
-            .collect();
-        assert_eq!(ids, ["a1", "a2", "b1"]);
-        let out = batch
-            .items
-            .iter()
-            .map(|i| outcome(i.transaction_id.as_str()))
-            .collect();
-        batch.answer(Ok(out));
+        assert_eq!(answer_each(batch), ["a1", "a2", "b1"]);
         let a: Vec<String> = a
             .await
             .unwrap()
@@ -248,6 +259,28 @@ mod tests {
                 vec!["b1".to_owned()]
             )
         );
+    }
+
+    #[tokio::test]
+    async fn an_entry_holds_each_partitions_requests_side_by_side_in_their_order() {
+        let lane = PushLane::new();
+        let on = |p: &str, t: &str| PushItem {
+            partition: PartitionName::new(p).unwrap(),
+            ..item(t, 10)
+        };
+        let b1 = lane.submit(vec![on("b", "b1")], None);
+        let a1 = lane.submit(vec![on("a", "a1"), on("a", "a2")], None);
+        let b2 = lane.submit(vec![on("b", "b2")], None);
+        let a3 = lane.submit(vec![on("a", "a3")], None);
+        let (_slot, batch) = lane.next().await;
+        assert_eq!(answer_each(batch), ["a1", "a2", "a3", "b1", "b2"]);
+        let got = |o: Vec<PushOutcome>| -> Vec<String> {
+            o.into_iter().map(|o| o.transaction_id).collect()
+        };
+        assert_eq!(got(a1.await.unwrap().unwrap()), ["a1", "a2"]);
+        assert_eq!(got(a3.await.unwrap().unwrap()), ["a3"]);
+        assert_eq!(got(b1.await.unwrap().unwrap()), ["b1"]);
+        assert_eq!(got(b2.await.unwrap().unwrap()), ["b2"]);
     }
 
     #[tokio::test]

@@ -20,6 +20,12 @@ pub enum PushedMessagesError {
         /// How many were asked for.
         count: usize,
     },
+    /// The bytes are not `count` whole items of a push, back to back.
+    #[error("the bytes are not {count} whole items of a push")]
+    NotItems {
+        /// How many were asked for.
+        count: usize,
+    },
 }
 
 /// The stored messages of items `first .. first + count` of an encoded `Command::Push` entry
@@ -45,22 +51,66 @@ pub fn pushed_messages(
             first,
             count,
         })?;
-    Ok(items
-        .iter()
-        .map(|item| {
-            MessageRecRef {
-                transaction_id: item.transaction_id,
-                id: item.message_id,
-                trace_id: item.trace_id,
-                stamp: Stamp(stamp),
-                payload: item.payload,
-                // A push entry of `Command::Push` carries no producer (those of
-                // `Command::AsProducer` are stored as encoded messages, not kept entries).
-                producer: None,
-            }
-            .encode()
-        })
-        .collect())
+    Ok(items.iter().map(|item| stored(item, stamp)).collect())
+}
+
+/// What the push stored for `item` applied at `stamp`.
+fn stored(item: &crate::command::PushItemRef<'_>, stamp: u64) -> Vec<u8> {
+    MessageRecRef {
+        transaction_id: item.transaction_id,
+        id: item.message_id,
+        trace_id: item.trace_id,
+        stamp: Stamp(stamp),
+        payload: item.payload,
+        // A push entry of `Command::Push` carries no producer (those of
+        // `Command::AsProducer` are stored as encoded messages, not kept entries).
+        producer: None,
+    }
+    .encode()
+}
+
+/// Where each item of an encoded `Command::Push` entry starts in `entry`, and where the last
+/// one ends (one more position than items): items `a .. b` are the bytes
+/// `bounds[a] .. bounds[b]`, which [`pushed_items`] reads on their own. `None` for bytes that
+/// are not a push entry of this build.
+#[must_use]
+pub fn item_bounds(entry: &[u8]) -> Option<Vec<u32>> {
+    let (_, items) = crate::command::decode_push(entry)?;
+    // The entry's head as postcard wrote it: the proposer's clock, the command's variant and
+    // the item count, each a varint; then the items back to back.
+    let (_, mut rest) = postcard::take_from_bytes::<(u64, u32, u64)>(entry).ok()?;
+    let at = |rest: &[u8]| u32::try_from(entry.len() - rest.len()).ok();
+    let mut out = Vec::with_capacity(items.len() + 1);
+    for _ in 0..items.len() {
+        out.push(at(rest)?);
+        let (_, r) = postcard::take_from_bytes::<crate::command::PushItemRef<'_>>(rest).ok()?;
+        rest = r;
+    }
+    out.push(at(rest)?);
+    Some(out)
+}
+
+/// The stored messages of `count` push items encoded back to back in `items` (a piece of a
+/// push entry cut at [`item_bounds`]) applied at `stamp`: what [`pushed_messages`] gives for
+/// the same items of the whole entry.
+///
+/// # Errors
+/// The bytes are not exactly `count` whole items.
+pub fn pushed_items(
+    items: &[u8],
+    stamp: u64,
+    count: usize,
+) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
+    let bad = || PushedMessagesError::NotItems { count };
+    let mut out = Vec::with_capacity(count);
+    let mut rest = items;
+    for _ in 0..count {
+        let (item, r) = postcard::take_from_bytes::<crate::command::PushItemRef<'_>>(rest)
+            .map_err(|_| bad())?;
+        rest = r;
+        out.push(stored(&item, stamp));
+    }
+    if rest.is_empty() { Ok(out) } else { Err(bad()) }
 }
 
 #[cfg(test)]
@@ -110,8 +160,21 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(pushed_messages(&entry, stamp, first, count).unwrap(), want);
+                // The same items cut out of the entry at their bounds read the same.
+                let b = item_bounds(&entry).unwrap();
+                let piece = &entry[b[first] as usize..b[first + count] as usize];
+                assert_eq!(pushed_items(piece, stamp, count).unwrap(), want);
+                if count > 0 {
+                    assert!(pushed_items(piece, stamp, count - 1).is_err());
+                    assert!(pushed_items(&piece[..piece.len() - 1], stamp, count).is_err());
+                }
+                assert!(pushed_items(piece, stamp, count + 1).is_err());
             }
         }
+        assert_eq!(
+            item_bounds(&entry).unwrap().last(),
+            Some(&(entry.len() as u32))
+        );
         assert!(pushed_messages(&entry, stamp, 6, 2).is_err());
         let tick = Entry {
             proposed_at: 1,
@@ -119,5 +182,6 @@ mod tests {
         }
         .encode();
         assert!(pushed_messages(&tick, stamp, 0, 0).is_err());
+        assert!(item_bounds(&tick).is_none());
     }
 }

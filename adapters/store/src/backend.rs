@@ -26,14 +26,14 @@ impl StateMachineBackend for FjallStore {
         // apply, never during it.
         let slot = self.slot();
         let mut txn = Txn::new(&slot);
-        // Entries whose command the raft log keeps where it wrote it: (stamp, span, CRC, the
+        // Entries whose command the raft log keeps where it wrote it: (stamp, span, bytes, the
         // range of origins their pushes noted). Only with the log attached.
         let log = self.log.get();
         let keep = log.is_some();
         if keep {
             txn.record_origins();
         }
-        let mut kept: Vec<(u64, queen_ports::LogSpan, u32, std::ops::Range<usize>)> = Vec::new();
+        let mut kept: Vec<(u64, queen_ports::LogSpan, &[u8], std::ops::Range<usize>)> = Vec::new();
         for e in &entries {
             match &e.command {
                 Some(bytes) => {
@@ -44,7 +44,7 @@ impl StateMachineBackend for FjallStore {
                         && to > from
                         && let Some(span) = e.span
                     {
-                        kept.push((r.stamp.0, span, crc32fast::hash(bytes), from..to));
+                        kept.push((r.stamp.0, span, &bytes[..], from..to));
                     }
                     // Nobody here waits for it: its state changes are made, its answer is not.
                     responses.push(if e.answered { r.encode() } else { Vec::new() });
@@ -65,10 +65,10 @@ impl StateMachineBackend for FjallStore {
         } = txn.into_parts();
         let kept: Vec<KeptEntry<'_>> = kept
             .into_iter()
-            .map(|(stamp, span, crc, range)| KeptEntry {
+            .map(|(stamp, span, bytes, range)| KeptEntry {
                 stamp,
                 span,
-                crc,
+                bytes,
                 origins: &origins[range],
             })
             .collect();

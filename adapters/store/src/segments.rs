@@ -106,15 +106,21 @@ pub(crate) struct NewRecord<'a> {
     pub values: Vec<&'a [u8]>,
 }
 
-/// What an index row of a record kept in the raft log adds to its location (the command's
-/// span): the entry's stamp, a CRC32 of the command's bytes, and which items of the entry's
-/// push are the record's messages (`count` of them from `first_item`).
+/// What an index row of a record kept in the raft log adds to its location: the entry's
+/// stamp, a CRC32 of the bytes at the location, and where the record's messages are. Either
+/// the location is the whole command and the messages are `count` of its push's items from
+/// `first_item` (layout 4), or `first_item` is [`ITEMS_ONLY`] and the location is the bytes of
+/// the record's `count` items alone, cut out of the command at their bounds (layout 5), so that
+/// a read reads and decodes only its own messages, whatever else the entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Raft {
     pub stamp: u64,
     pub crc: u32,
     pub first_item: u32,
 }
+
+/// `Raft::first_item` of a row whose location is the record's items alone.
+pub(crate) const ITEMS_ONLY: u32 = u32::MAX;
 
 /// The raft log's files, once the raft adapter handed them over (`attach_log`).
 #[derive(Default)]

@@ -112,10 +112,13 @@ pub(crate) const SLOT_KEY: &[u8] = b"slot";
 /// text-keyed dedup index as engine rows. 2: messages in the segment log, dedup by hash as
 /// engine rows. 3: the dedup index out of the engine, in its own run files (`dedup.rs`). 4: the
 /// messages of a push entry may stay in the raft log's files, where the index points (a
-/// layout-3 store opens as it is; builds of layout 3 cannot read index rows of layout 4).
+/// layout-3 store opens as it is; builds of layout 3 cannot read index rows of layout 4). 5: such
+/// an index row may point at the record's items alone instead of the whole entry
+/// (`segments::ITEMS_ONLY`; a layout-4 store opens as it is, its rows read as before; builds of
+/// layout 4 refuse a store of layout 5 instead of misreading those rows).
 pub(crate) const FORMAT_KEY: &[u8] = b"format";
 /// The layout this build writes.
-pub(crate) const FORMAT: u32 = 4;
+pub(crate) const FORMAT: u32 = 5;
 /// The first layout with the dedup index in its own files: stores before it are migrated.
 const FORMAT_DEDUP_FILES: u32 = 3;
 

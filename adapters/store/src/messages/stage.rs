@@ -9,7 +9,7 @@ use queen_domain::{Appended, Appends, StoreError, WriteSet};
 use super::{
     END_KEY, EngineRead, IndexVal, encode_end, file_key, index_key, read_err, segment_err, u64_be,
 };
-use crate::segments::{Loc, NewRecord, RAFT_BIT, Raft, Segments};
+use crate::segments::{ITEMS_ONLY, Loc, NewRecord, RAFT_BIT, Raft, Segments};
 
 /// Everything an apply's message rows turn into, ready to go into the engine's batch.
 pub(crate) struct Staged {
@@ -22,20 +22,20 @@ pub(crate) struct Staged {
 }
 
 /// A push entry of the batch whose messages can stay where the raft log wrote them: its
-/// stamp, its command's span in the log's files and the CRC32 of those bytes, and where each
-/// message it appended came from.
+/// stamp, its command's span in the log's files and those bytes, and where each message it
+/// appended came from.
 pub(crate) struct KeptEntry<'a> {
     pub stamp: u64,
     pub span: queen_ports::LogSpan,
-    pub crc: u32,
+    pub bytes: &'a [u8],
     pub origins: &'a [queen_domain::Origin],
 }
 
-/// The messages one kept entry appended to one partition: the first offset and item, how many,
-/// and whether the items are consecutive (only then is the record kept in the raft log).
+/// The messages one kept entry appended to one partition: the entry (its position in the
+/// kept entries), the first offset and item, how many, and whether the items are consecutive
+/// (only then is the record kept in the raft log).
 pub(super) struct KeptRun {
-    span: queen_ports::LogSpan,
-    crc: u32,
+    entry: usize,
     first_offset: u64,
     first_item: u32,
     count: u32,
@@ -44,7 +44,7 @@ pub(super) struct KeptRun {
 
 pub(super) fn kept_runs(kept: &[KeptEntry<'_>]) -> HashMap<(u64, u64), KeptRun> {
     let mut out: HashMap<(u64, u64), KeptRun> = HashMap::new();
-    for e in kept {
+    for (entry, e) in kept.iter().enumerate() {
         for o in e.origins {
             match out.get_mut(&(e.stamp, o.pid)) {
                 Some(r) => {
@@ -56,8 +56,7 @@ pub(super) fn kept_runs(kept: &[KeptEntry<'_>]) -> HashMap<(u64, u64), KeptRun> 
                     out.insert(
                         (e.stamp, o.pid),
                         KeptRun {
-                            span: e.span,
-                            crc: e.crc,
+                            entry,
                             first_offset: o.offset,
                             first_item: o.item,
                             count: 1,
@@ -148,17 +147,31 @@ pub(crate) fn stage(
     runs.sort_by_key(|r| (r.stamp, r.pid, r.base));
     // Runs that stay in the raft log: every message of the run is one of a kept entry's
     // consecutive items for the partition.
-    let kept = kept_runs(kept);
+    let runs_kept = kept_runs(kept);
+    // Where each kept entry's items start, worked out once per entry that has a run to keep.
+    let mut bounds: Vec<Option<Option<Vec<u32>>>> = Vec::new();
+    bounds.resize_with(kept.len(), || None);
     let mut index: BTreeMap<Vec<u8>, Option<IndexVal>> = BTreeMap::new();
     let mut files: HashMap<u64, i64> = HashMap::new();
     runs.retain(|r| {
         let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
-        match kept.get(&(r.stamp, r.pid)) {
+        match runs_kept.get(&(r.stamp, r.pid)) {
             Some(k) if k.consecutive && k.first_offset == r.base && k.count == count => {
+                let entry = &kept[k.entry];
+                let at = bounds[k.entry]
+                    .get_or_insert_with(|| queen_domain::pushed::item_bounds(entry.bytes));
+                // The run's items alone: their bytes in the entry, where the log wrote them.
+                let Some((from, to)) = at.as_ref().and_then(|b| {
+                    let from = *b.get(k.first_item as usize)?;
+                    let to = *b.get(k.first_item as usize + count as usize)?;
+                    Some((from, to))
+                }) else {
+                    return true;
+                };
                 let loc = Loc {
-                    file: k.span.file | RAFT_BIT,
-                    pos: k.span.pos,
-                    len: k.span.len,
+                    file: entry.span.file | RAFT_BIT,
+                    pos: entry.span.pos + u64::from(from),
+                    len: to - from,
                 };
                 index.insert(
                     index_key(r.pid, r.base),
@@ -168,8 +181,8 @@ pub(crate) fn stage(
                         skip: 0,
                         raft: Some(Raft {
                             stamp: r.stamp,
-                            crc: k.crc,
-                            first_item: k.first_item,
+                            crc: crc32fast::hash(&entry.bytes[from as usize..to as usize]),
+                            first_item: ITEMS_ONLY,
                         }),
                     }),
                 );

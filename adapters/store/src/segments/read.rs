@@ -77,7 +77,8 @@ impl Segments {
     }
 
     /// The record of `pid` at `base` kept in the raft log at `loc`: `count` messages of the
-    /// push entry there from item `raft.first_item`, checked against the entry's CRC.
+    /// push entry there from item `raft.first_item`, or the `count` items at `loc` alone
+    /// ([`super::ITEMS_ONLY`]), checked against the CRC of the bytes read.
     pub(crate) fn read_raft(
         &self,
         loc: Loc,
@@ -105,12 +106,16 @@ impl Segments {
             if crc32fast::hash(&bytes) != raft.crc {
                 return Err(damaged("entry checksum mismatch".to_owned()));
             }
-            let values = queen_domain::pushed::pushed_messages(
-                &bytes,
-                raft.stamp,
-                raft.first_item as usize,
-                count as usize,
-            )
+            let values = if raft.first_item == super::ITEMS_ONLY {
+                queen_domain::pushed::pushed_items(&bytes, raft.stamp, count as usize)
+            } else {
+                queen_domain::pushed::pushed_messages(
+                    &bytes,
+                    raft.stamp,
+                    raft.first_item as usize,
+                    count as usize,
+                )
+            }
             .map_err(|e| damaged(e.to_string()))?;
             Ok(Record::from_values(pid, base, raft.stamp, &values))
         })

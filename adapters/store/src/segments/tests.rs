@@ -92,3 +92,112 @@ fn files_roll_at_the_same_records_and_pins_hold_deletion() {
     assert!(!s.path(1).exists());
     assert!(s.read(locs[3]).is_ok());
 }
+
+/// A raft log of one file in memory, for reads of records kept there.
+struct OneFile(Vec<u8>);
+
+impl queen_ports::LogFiles for OneFile {
+    fn read(&self, span: queen_ports::LogSpan) -> Result<Vec<u8>, queen_ports::BackendError> {
+        let (from, to) = (span.pos as usize, span.pos as usize + span.len as usize);
+        self.0
+            .get(from..to)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| queen_ports::BackendError::Storage("past the end".to_owned()))
+    }
+    fn hold(&self, _file: u64) {}
+    fn release(&self, _file: u64) -> Result<(), queen_ports::BackendError> {
+        Ok(())
+    }
+    fn set_holds(&self, _files: &[u64]) -> Result<(), queen_ports::BackendError> {
+        Ok(())
+    }
+}
+
+/// A record kept in the raft log reads the same messages whether its row points at the whole
+/// entry and its first item (layout 4) or at its items alone (layout 5), and a changed byte
+/// in what it reads is refused, never served.
+#[test]
+fn a_kept_record_reads_the_same_from_the_whole_entry_and_from_its_items_alone() {
+    use queen_domain::command::{Command, Entry, PushItem};
+    use queen_domain::names::{PartitionName, QueueName};
+    let items: Vec<PushItem> = (0..6u8)
+        .map(|i| PushItem {
+            queue: QueueName::new("q").unwrap(),
+            partition: PartitionName::new(if i < 2 { "a" } else { "b" }).unwrap(),
+            transaction_id: queen_domain::ids::TransactionId::new(format!("t{i}")).unwrap(),
+            message_id: [i; 16],
+            payload: vec![i; 100 + usize::from(i)],
+            trace_id: (i == 3).then(|| "trace".to_owned()),
+        })
+        .collect();
+    let entry = Entry {
+        proposed_at: 5,
+        command: Command::Push(items),
+    }
+    .encode();
+    // The entry sits 100 bytes into the log file.
+    let mut file = vec![0xAB; 100];
+    file.extend_from_slice(&entry);
+    file.extend_from_slice(&[0xCD; 50]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap();
+    let link = Arc::new(LogLink::default());
+    link.set(Arc::new(OneFile(file.clone())));
+    s.set_log(link.clone());
+    let stamp = 77;
+    // Partition "b": items 2..6.
+    let whole = Loc {
+        file: RAFT_BIT,
+        pos: 100,
+        len: entry.len() as u32,
+    };
+    let old = s
+        .read_raft(
+            whole,
+            Raft {
+                stamp,
+                crc: crc32fast::hash(&entry),
+                first_item: 2,
+            },
+            9,
+            40,
+            4,
+        )
+        .unwrap();
+    let b = queen_domain::pushed::item_bounds(&entry).unwrap();
+    let piece = &entry[b[2] as usize..b[6] as usize];
+    let alone = Loc {
+        file: RAFT_BIT,
+        pos: 100 + u64::from(b[2]),
+        len: b[6] - b[2],
+    };
+    let items_only = Raft {
+        stamp,
+        crc: crc32fast::hash(piece),
+        first_item: ITEMS_ONLY,
+    };
+    let new = s.read_raft(alone, items_only, 9, 40, 4).unwrap();
+    let values = |r: &Record| r.values().map(|(o, v)| (o, v.to_vec())).collect::<Vec<_>>();
+    assert_eq!(values(&new), values(&old));
+    assert_eq!(values(&new).len(), 4);
+    assert_eq!(values(&new)[0].0, 40);
+    // Fresh segments over `file`, so that nothing read is cached.
+    let fresh = |file: Vec<u8>| {
+        let mut s = Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap();
+        let link = Arc::new(LogLink::default());
+        link.set(Arc::new(OneFile(file)));
+        s.set_log(link);
+        s
+    };
+    // One changed byte inside the items: refused.
+    let mut bad = file.clone();
+    bad[100 + b[3] as usize + 3] ^= 1;
+    assert!(fresh(bad).read_raft(alone, items_only, 9, 40, 4).is_err());
+    // A count that does not match the bytes: refused.
+    assert!(
+        fresh(file.clone())
+            .read_raft(alone, items_only, 9, 40, 3)
+            .is_err()
+    );
+    assert!(fresh(file).read_raft(alone, items_only, 9, 40, 5).is_err());
+}
