@@ -104,6 +104,8 @@ pub struct Parts<'a> {
     pub appends: Appends<'a>,
     /// Dedup rows.
     pub dedup: DedupRows,
+    /// Whether a queue was created, configured or deleted (see [`Txn::note_queue_options`]).
+    pub queue_options: bool,
 }
 
 /// A write overlay on top of a readable state: reads see the overlay's own writes first.
@@ -120,6 +122,8 @@ pub struct Txn<'a> {
     dedup: DedupRows,
     /// Where appended messages came from, when the store asked (see [`Txn::record_origins`]).
     origins: Option<Vec<Origin>>,
+    /// A queue was created, configured or deleted.
+    queue_options: bool,
 }
 
 /// An appended message that is item `item` of the push entry being applied, stored at `offset`
@@ -144,7 +148,14 @@ impl<'a> Txn<'a> {
             appends: Appends::new(),
             dedup: DedupRows::default(),
             origins: None,
+            queue_options: false,
         }
+    }
+
+    /// Note that a queue was created, configured or deleted: what its options say may have
+    /// changed (a store tells readers that cache a queue's options, see [`Parts`]).
+    pub fn note_queue_options(&mut self) {
+        self.queue_options = true;
     }
 
     /// From now on, note the origin of every message a `Command::Push` entry appends.
@@ -181,6 +192,7 @@ impl<'a> Txn<'a> {
             writes: self.writes,
             appends: self.appends,
             dedup: self.dedup,
+            queue_options: self.queue_options,
         }
     }
 
@@ -197,6 +209,7 @@ impl<'a> Txn<'a> {
             writes: self.writes,
             appends,
             dedup: self.dedup,
+            queue_options: self.queue_options,
         }
     }
 
@@ -210,6 +223,7 @@ impl<'a> Txn<'a> {
         }
         self.writes.extend(parts.writes);
         self.dedup.extend(parts.dedup);
+        self.queue_options |= parts.queue_options;
     }
 
     /// The offsets stored under dedup row `key`, as this overlay sees them.

@@ -40,6 +40,13 @@ pub trait StateReader: Send + Sync + 'static {
     fn figures(&self) -> StoreFigures;
     /// Bytes in the memtables alone (read on every proposal by the disk gate: cheap).
     fn memtable_bytes(&self) -> u64;
+    /// A number that changes (after the change is readable) whenever a queue may have been
+    /// created, configured or deleted, or the whole state replaced: a reader may keep what a
+    /// queue's options said while it stays the same. `None`: the store does not tell, and
+    /// nothing read may be kept.
+    fn queue_options_epoch(&self) -> Option<u64> {
+        None
+    }
     /// Bytes the stored messages of these partitions take (what a storage quota counts); one
     /// read per stored record, so callers keep it off hot paths.
     fn stored_bytes(&self, _pids: &[u64]) -> u64 {

@@ -74,6 +74,24 @@ fn flagged_queues_are_ciphertext_on_disk_and_plaintext_to_readers() {
     ]}"#;
     let p = n.post_raw("/api/v1/push", pushed);
     assert_eq!(p.status, 200, "{}", p.text);
+    // A queue pushed to in the clear, then flagged: a push after the configure is sealed (the
+    // node keeps no flag it read before the configure applied).
+    let later = |t: &str, payload: &str| {
+        format!(
+            r#"{{"items": [{{"queue": "later", "partition": "a", "transactionId": "{t}", "payload": "{payload}"}}]}}"#
+        )
+    };
+    for _ in 0..2 {
+        let p = n.post_raw("/api/v1/push", &later("l1", "before"));
+        assert_eq!(p.status, 200, "{}", p.text);
+    }
+    let c = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "later", "options": {"encryptionEnabled": true}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
+    let p = n.post_raw("/api/v1/push", &later("l2", "MARK-LATER"));
+    assert_eq!(p.status, 200, "{}", p.text);
     let t = n.post(
         "/api/v1/transaction",
         &json!({"operations": [{"type": "push", "items": [{"queue": "secret", "partition": "a", "transactionId": "s3", "payload": {"t": "MARK-TXN"}}]}], "requiredLeases": []}),
@@ -156,6 +174,7 @@ fn flagged_queues_are_ciphertext_on_disk_and_plaintext_to_readers() {
         "MARK-PUSH-2",
         "MARK-TXN",
         "MARK-TIMER",
+        "MARK-LATER",
         "12345678901234567890123",
     ] {
         let found = holds(&data, marker);

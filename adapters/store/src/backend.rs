@@ -62,6 +62,7 @@ impl StateMachineBackend for FjallStore {
             mut writes,
             appends,
             dedup,
+            queue_options,
         } = txn.into_parts();
         let kept: Vec<KeptEntry<'_>> = kept
             .into_iter()
@@ -96,6 +97,10 @@ impl StateMachineBackend for FjallStore {
         slot.write_rows(&mut batch, writes.into_iter().chain(staged.rows));
         batch.insert(&self.raft, META_KEY, meta);
         batch.commit().map_err(storage)?;
+        if queue_options {
+            // After the commit: a reader that sees the new number reads the new options.
+            self.queue_epoch.fetch_add(1, Ordering::Release);
+        }
         for file in staged.released {
             slot.segments.release(file);
         }
@@ -193,6 +198,7 @@ impl StateMachineBackend for FjallStore {
         batch.commit().map_err(storage)?;
         self.db.persist(PersistMode::SyncAll).map_err(storage)?;
         self.switch_to(new);
+        self.queue_epoch.fetch_add(1, Ordering::Release);
         // The new state keeps nothing in the raft log (a snapshot carries its messages).
         if let Some(log) = self.log.get() {
             self.hold_raft_files(&log).map_err(storage)?;

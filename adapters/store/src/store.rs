@@ -205,6 +205,9 @@ pub struct FjallStore {
     pub(crate) dedup_mem_entries: usize,
     /// Rows written by apply, for metrics.
     pub(crate) rows_written: Arc<AtomicU64>,
+    /// Raised after every committed apply that created, configured or deleted a queue, and
+    /// after every snapshot install (see `StateReader::queue_options_epoch`).
+    pub(crate) queue_epoch: Arc<AtomicU64>,
     /// The raft log's files, where records of push entries stay (every slot's segments share it).
     pub(crate) log: Arc<LogLink>,
 }
@@ -328,6 +331,10 @@ impl queen_ports::StateReader for FjallStore {
 
     fn memtable_bytes(&self) -> u64 {
         self.db.write_buffer_size()
+    }
+
+    fn queue_options_epoch(&self) -> Option<u64> {
+        Some(self.queue_epoch.load(std::sync::atomic::Ordering::Acquire))
     }
 
     fn stored_bytes(&self, pids: &[u64]) -> u64 {

@@ -382,3 +382,43 @@ fn a_log_that_lost_indexed_entries_is_refused_at_start() {
         "{line}"
     );
 }
+
+/// The store's queue-options epoch rises after an apply that creates, configures or deletes a
+/// queue (so a reader drops what it kept of queues' options), and not after pushes to a queue
+/// that exists.
+#[test]
+fn the_queue_options_epoch_rises_with_queue_changes_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FjallStore::open(&config(dir.path())).unwrap();
+    let epoch = || queen_ports::StateReader::queue_options_epoch(&store).unwrap();
+    let entry = |command: Command| {
+        Entry {
+            proposed_at: SECOND,
+            command,
+        }
+        .encode()
+    };
+    let ids = |n: usize| -> Vec<String> { (0..n).map(|i| format!("x{i}")).collect() };
+    let e0 = epoch();
+    // The first push creates queue "d".
+    apply_in(&store, None, &[entry(push_ids("p", &ids(2)))], 1, 1);
+    let e1 = epoch();
+    assert!(e1 > e0, "creating a queue by its first push");
+    apply_in(&store, None, &[entry(push_ids("q", &ids(3)))], 2, 1);
+    assert_eq!(epoch(), e1, "a push to a queue that exists");
+    apply_in(&store, None, &[retained_queue_r(SECOND)], 3, 1);
+    let e2 = epoch();
+    assert!(e2 > e1, "configuring a queue");
+    apply_in(&store, None, &[entry(Command::Tick)], 4, 1);
+    assert_eq!(epoch(), e2, "a tick");
+    apply_in(
+        &store,
+        None,
+        &[entry(Command::DeleteQueue {
+            queue: QueueName::new("d").unwrap(),
+        })],
+        5,
+        1,
+    );
+    assert!(epoch() > e2, "deleting a queue");
+}

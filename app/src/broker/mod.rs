@@ -84,6 +84,9 @@ pub struct Broker {
     cipher: Arc<dyn queen_ports::PayloadCipher>,
     /// Whether `cipher` holds a key (`QUEEN_ENCRYPTION_KEY`).
     has_key: bool,
+    /// Which queues are flagged for encryption, as read at a store's queue-options epoch
+    /// (`sealing.rs`).
+    flags: sealing::Flags,
     /// The ephemeral rings this node owns (`ephemeral.rs`).
     ephemeral: ephemeral::EphemeralRings,
     /// Calls to the other members (ephemeral operations go to their partition's owner).
@@ -150,6 +153,7 @@ impl Broker {
             reclaiming: Arc::default(),
             cipher: Arc::new(queen_crypto::NoKey),
             has_key: false,
+            flags: sealing::Flags::default(),
             ephemeral: ephemeral::EphemeralRings::new(queen_domain::ephemeral::Limits::default()),
             peers: None,
             eph_owners: ephemeral_route::Owners::default(),

@@ -7,7 +7,10 @@
 //! A node without `QUEEN_ENCRYPTION_KEY` refuses to store a payload for a flagged queue (409
 //! `encryption_required`) instead of storing it in the clear, and refuses to turn the flag on.
 //! Whether a queue is flagged is read from this node's applied state when the request arrives:
-//! a push that races the configure turning the flag on may be stored as it came.
+//! a push that races the configure turning the flag on may be stored as it came. What was read
+//! is kept while the store's queue-options epoch stays the same (it changes after every applied
+//! create, configure or delete of a queue and every snapshot install), so a push does not read
+//! its queue's row again each time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +20,42 @@ use queen_domain::timers::TimerOp;
 use queen_ports::{BrokerError, Opened, PayloadCipher};
 
 use super::Broker;
+
+/// Queues kept at most, before the kept flags are dropped and read again.
+const FLAGS_KEPT: usize = 4096;
+
+/// Whether queues are flagged, as read at one queue-options epoch of the store.
+#[derive(Default)]
+pub(crate) struct Flags(std::sync::Mutex<(u64, HashMap<String, bool>)>);
+
+impl Flags {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, HashMap<String, bool>)> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The flag of `queue` read at `epoch`, if kept.
+    fn get(&self, epoch: u64, queue: &str) -> Option<bool> {
+        let mut g = self.lock();
+        if g.0 != epoch {
+            *g = (epoch, HashMap::new());
+            return None;
+        }
+        g.1.get(queue).copied()
+    }
+
+    /// Keep `flag`, read at `epoch` (or later), unless the epoch moved on meanwhile.
+    fn keep(&self, epoch: u64, queue: &str, flag: bool) {
+        let mut g = self.lock();
+        if g.0 == epoch {
+            if g.1.len() >= FLAGS_KEPT {
+                g.1.clear();
+            }
+            g.1.insert(queue.to_owned(), flag);
+        }
+    }
+}
 
 impl Broker {
     /// Seal and open payloads with `cipher`; `has_key` says whether it can seal (shown on
@@ -46,10 +85,19 @@ impl Broker {
         if let Some(f) = seen.get(queue) {
             return Ok(*f);
         }
+        // The epoch before the read: a change applied after it raises the epoch, and what was
+        // read is then dropped, never kept past it.
+        let epoch = self.state.queue_options_epoch();
+        if let Some(f) = epoch.and_then(|e| self.flags.get(e, queue)) {
+            return Ok(f);
+        }
         let state = self.state.view();
         let f = queen_domain::reads::queue(&*state, queue)
             .map_err(|e| Self::read_error(&e))?
             .is_some_and(|q| q.options.encryption_enabled);
+        if let Some(e) = epoch {
+            self.flags.keep(e, queue, f);
+        }
         seen.insert(queue.to_owned(), f);
         Ok(f)
     }
@@ -158,5 +206,25 @@ impl Broker {
         if !flagged.is_empty() {
             tracing::warn!(target: "queen", queues = ?flagged, "queues have encryptionEnabled but this node has no QUEEN_ENCRYPTION_KEY: their pushes are refused (409 encryption_required) and their payloads are served sealed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Flags;
+
+    /// A flag is kept for the epoch it was read at: a new epoch drops every kept flag, and a
+    /// flag read before the epoch moved on is not kept.
+    #[test]
+    fn flags_are_kept_for_one_epoch() {
+        let f = Flags::default();
+        assert_eq!(f.get(1, "q"), None);
+        f.keep(1, "q", true);
+        assert_eq!(f.get(1, "q"), Some(true));
+        assert_eq!(f.get(2, "q"), None, "a new epoch drops what was kept");
+        f.keep(1, "q", true);
+        assert_eq!(f.get(2, "q"), None, "read at an older epoch: not kept");
+        f.keep(2, "q", false);
+        assert_eq!(f.get(2, "q"), Some(false));
     }
 }

@@ -29,6 +29,7 @@ pub(crate) fn ensure_queue(
         dead_lettered: 0,
     };
     put_rec(txn, keys::queue(name), &q);
+    txn.note_queue_options();
     Ok(q)
 }
 
@@ -78,6 +79,7 @@ pub(crate) fn configure(
     q.namespace = namespace.clone();
     q.task = task.clone();
     put_rec(txn, keys::queue(name.as_str()), &q);
+    txn.note_queue_options();
     ensure_partition(
         txn,
         &mut q,
@@ -93,6 +95,7 @@ pub(crate) fn delete(txn: &mut Txn<'_>, name: &QueueName) -> Result<bool, StoreE
         return Ok(false);
     };
     txn.delete(keys::queue(name.as_str()));
+    txn.note_queue_options();
     let start = keys::pid_prefix(keys::table::QUEUE_PARTITION, q.qid);
     let parts: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &keys::prefix_end(&start), usize::MAX)?;
     for (k, ()) in parts {

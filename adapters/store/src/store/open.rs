@@ -136,6 +136,7 @@ impl FjallStore {
             segment_bytes: cfg.segment_bytes,
             dedup_mem_entries: cfg.dedup_mem_entries,
             rows_written: Arc::new(AtomicU64::new(0)),
+            queue_epoch: Arc::new(AtomicU64::new(0)),
             log,
         };
         if format < FORMAT_DEDUP_FILES {
