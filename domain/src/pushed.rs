@@ -72,22 +72,69 @@ fn stored(item: &crate::command::PushItemRef<'_>, stamp: u64) -> Vec<u8> {
 /// Where each item of an encoded `Command::Push` entry starts in `entry`, and where the last
 /// one ends (one more position than items): items `a .. b` are the bytes
 /// `bounds[a] .. bounds[b]`, which [`pushed_items`] reads on their own. `None` for bytes that
-/// are not a push entry of this build.
+/// are not a push entry laid out as this build writes one.
+///
+/// It walks the encoding without decoding it (lengths only, no text checked): the store calls
+/// it for every entry it keeps, on bytes that were applied, so decoded, already.
 #[must_use]
 pub fn item_bounds(entry: &[u8]) -> Option<Vec<u32>> {
-    let (_, items) = crate::command::decode_push(entry)?;
-    // The entry's head as postcard wrote it: the proposer's clock, the command's variant and
-    // the item count, each a varint; then the items back to back.
-    let (_, mut rest) = postcard::take_from_bytes::<(u64, u32, u64)>(entry).ok()?;
-    let at = |rest: &[u8]| u32::try_from(entry.len() - rest.len()).ok();
-    let mut out = Vec::with_capacity(items.len() + 1);
-    for _ in 0..items.len() {
-        out.push(at(rest)?);
-        let (_, r) = postcard::take_from_bytes::<crate::command::PushItemRef<'_>>(rest).ok()?;
-        rest = r;
+    let mut at = 0usize;
+    // The entry: the proposer's clock, the command's variant (`Push` is the second) and the
+    // item count, each a varint; then the items back to back, and nothing after them.
+    varint(entry, &mut at)?;
+    if varint(entry, &mut at)? != PUSH_VARIANT {
+        return None;
     }
-    out.push(at(rest)?);
+    let n = usize::try_from(varint(entry, &mut at)?).ok()?;
+    // Each item is at least 21 bytes: four lengths, the 16-byte id and the trace's tag.
+    let mut out = Vec::with_capacity(n.min(entry.len() / 21) + 1);
+    for _ in 0..n {
+        out.push(u32::try_from(at).ok()?);
+        // Queue, partition and transactionId: a length and the text.
+        for _ in 0..3 {
+            skip_sized(entry, &mut at)?;
+        }
+        // The message id, 16 bytes as they are.
+        at = at.checked_add(16)?;
+        // The payload: a length and the bytes.
+        skip_sized(entry, &mut at)?;
+        // The trace id: absent (0), or present (1) and a length and the text.
+        match entry.get(at)? {
+            0 => at += 1,
+            1 => {
+                at += 1;
+                skip_sized(entry, &mut at)?;
+            }
+            _ => return None,
+        }
+    }
+    (at == entry.len()).then_some(())?;
+    out.push(u32::try_from(at).ok()?);
     Some(out)
+}
+
+/// The variant index of `Command::Push` in the encoding (after `Tick`).
+const PUSH_VARIANT: u64 = 1;
+
+/// Read a postcard varint (LEB128, at most ten bytes) at `at`, moving `at` past it.
+fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Move `at` past a length-prefixed field (text or bytes) that ends inside `b`.
+fn skip_sized(b: &[u8], at: &mut usize) -> Option<()> {
+    let len = usize::try_from(varint(b, at)?).ok()?;
+    *at = at.checked_add(len)?;
+    (*at <= b.len()).then_some(())
 }
 
 /// The stored messages of `count` push items encoded back to back in `items` (a piece of a
@@ -171,10 +218,22 @@ mod tests {
                 assert!(pushed_items(piece, stamp, count + 1).is_err());
             }
         }
-        assert_eq!(
-            item_bounds(&entry).unwrap().last(),
-            Some(&(entry.len() as u32))
-        );
+        // The bounds are where postcard's own decoding of the items starts and ends each one.
+        let (_, mut rest) = postcard::take_from_bytes::<(u64, u32, u64)>(&entry).unwrap();
+        let mut walked = Vec::new();
+        for _ in 0..items.len() {
+            walked.push((entry.len() - rest.len()) as u32);
+            rest = postcard::take_from_bytes::<crate::command::PushItemRef<'_>>(rest)
+                .unwrap()
+                .1;
+        }
+        walked.push(entry.len() as u32);
+        assert_eq!(item_bounds(&entry).unwrap(), walked);
+        // Cut short, or with bytes after the items: not a push laid out as written.
+        assert!(item_bounds(&entry[..entry.len() - 1]).is_none());
+        let mut longer = entry.clone();
+        longer.push(0);
+        assert!(item_bounds(&longer).is_none());
         assert!(pushed_messages(&entry, stamp, 6, 2).is_err());
         let tick = Entry {
             proposed_at: 1,
