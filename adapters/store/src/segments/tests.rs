@@ -140,10 +140,15 @@ fn a_kept_record_reads_the_same_from_the_whole_entry_and_from_its_items_alone() 
     file.extend_from_slice(&entry);
     file.extend_from_slice(&[0xCD; 50]);
     let dir = tempfile::tempdir().unwrap();
-    let mut s = Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap();
-    let link = Arc::new(LogLink::default());
-    link.set(Arc::new(OneFile(file.clone())));
-    s.set_log(link.clone());
+    // Segments reading their raft log from `file`, each with its own (empty) cache of records.
+    let fresh = |file: Vec<u8>| {
+        let mut s = Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap();
+        let link = Arc::new(LogLink::default());
+        link.set(Arc::new(OneFile(file)));
+        s.set_log(link);
+        s
+    };
+    let s = fresh(file.clone());
     let stamp = 77;
     // Partition "b": items 2..6.
     let whole = Loc {
@@ -181,15 +186,7 @@ fn a_kept_record_reads_the_same_from_the_whole_entry_and_from_its_items_alone() 
     assert_eq!(values(&new), values(&old));
     assert_eq!(values(&new).len(), 4);
     assert_eq!(values(&new)[0].0, 40);
-    // Fresh segments over `file`, so that nothing read is cached.
-    let fresh = |file: Vec<u8>| {
-        let mut s = Segments::open(dir.path(), SEGMENT_BYTES, None, &|_| true).unwrap();
-        let link = Arc::new(LogLink::default());
-        link.set(Arc::new(OneFile(file)));
-        s.set_log(link);
-        s
-    };
-    // One changed byte inside the items: refused.
+    // One changed byte inside the items: refused (fresh segments, so that nothing is cached).
     let mut bad = file.clone();
     bad[100 + b[3] as usize + 3] ^= 1;
     assert!(fresh(bad).read_raft(alone, items_only, 9, 40, 4).is_err());
