@@ -105,8 +105,9 @@ impl StateMachineBackend for FjallStore {
             slot.segments.release(file);
         }
         if slot.dedup.full() {
-            // Every message up to the log's end is in the table being written out.
-            slot.dedup.flush(slot.segments.end()).map_err(storage)?;
+            // Every message up to the log's end is in the table being written out (in a
+            // thread of its own: the next entries go into a new table meanwhile).
+            slot.dedup.flush_behind(slot.segments.end());
         }
         Ok(responses)
     }

@@ -10,11 +10,14 @@
 //!
 //! - new entries go into a table in memory (at most [`MEM_ENTRIES`]), appended and sorted in
 //!   small chunks;
-//! - a full table is written out, sorted, as an immutable run file of fixed 32-byte entries
-//!   `pid | hash | offset` (big-endian, so byte order is key order); a run keeps in memory the
-//!   first key of every 4 KiB page (1/128 of its entries), and a lookup reads one page per run;
-//! - runs of similar size are merged [`FANOUT`] at a time in a background thread (size-tiered,
-//!   so an entry is rewritten about log8(n / MEM_ENTRIES) times), dropping the entries of
+//! - a full table is handed to a thread of its own (lookups still search it; the apply path
+//!   goes on with a new table) and written out, sorted, as an immutable run file of fixed
+//!   32-byte entries `pid | hash | offset` (big-endian, so byte order is key order); a run keeps
+//!   in memory the first key of every 4 KiB page (1/128 of its entries), and a lookup reads one
+//!   page per run;
+//! - runs of similar size are merged [`FANOUT`] at a time in a background thread at a lower
+//!   priority (size-tiered, so an entry is rewritten about log8(n / MEM_ENTRIES) times),
+//!   dropping the entries of
 //!   messages that retention or a queue deletion removed (messages go from a partition's front,
 //!   so an entry is dead when its offset is below the partition's first live one);
 //! - a manifest names the runs and the position of the segment log up to which they hold every
@@ -32,7 +35,7 @@ mod run;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// Key of an entry: partition id (big-endian) and the 16-byte hash, as in the dedup row's key.
 pub(crate) type Key = queen_domain::keys::DedupKey;
@@ -133,6 +136,11 @@ struct MemTable {
 
 struct Inner {
     mem: MemTable,
+    /// A full table being written out as a run behind the apply path: lookups search it until
+    /// the run that holds it is in `runs`.
+    frozen: Option<Arc<MemTable>>,
+    /// Raised by [`DedupIndex::clear`]: a run written for an earlier epoch is dropped.
+    epoch: u64,
     /// Oldest first.
     runs: Vec<Arc<Run>>,
     next_id: u64,
@@ -157,15 +165,53 @@ pub(crate) struct DedupIndex {
     manifest: Mutex<()>,
     /// This opening's mark in `OWNERS`.
     generation: u64,
+    /// Whether a table is being written out (one at a time), and its end signalled. Shared
+    /// with `OWNERS`, so that a later opening of the directory waits for it.
+    flushing: Arc<Flushing>,
+}
+
+/// Whether a table is being written out, and a signal when it is no longer.
+#[derive(Default)]
+pub(super) struct Flushing {
+    busy: Mutex<bool>,
+    done: Condvar,
+}
+
+impl Flushing {
+    /// Wait until no table is being written out, then (with `claim`) mark one as being.
+    pub(super) fn wait(&self, claim: bool) {
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *busy {
+            busy = self
+                .done
+                .wait(busy)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *busy = claim;
+    }
+
+    pub(super) fn end(&self) {
+        *self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+        self.done.notify_all();
+    }
 }
 
 /// Which opening of each index directory in this process owns it: an index that is dropped
 /// and opened again (a test, a store reopened) may still have a merge running in the old one,
 /// which must then not write over what the new one keeps.
-static OWNERS: Mutex<Vec<(PathBuf, u64)>> = Mutex::new(Vec::new());
+/// With each, whether it is writing out a table.
+static OWNERS: Mutex<Vec<Owner>> = Mutex::new(Vec::new());
+
+type Owner = (PathBuf, u64, Arc<Flushing>);
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-fn owners() -> std::sync::MutexGuard<'static, Vec<(PathBuf, u64)>> {
+fn owners() -> std::sync::MutexGuard<'static, Vec<Owner>> {
     OWNERS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -189,10 +235,19 @@ impl DedupIndex {
     ) -> Result<Self, DedupError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        {
+        let flushing = Arc::new(Flushing::default());
+        let before = {
             let mut o = owners();
-            o.retain(|(p, _)| p != dir);
-            o.push((dir.to_path_buf(), generation));
+            let before = o.iter().find(|(p, ..)| p == dir).map(|(.., f)| f.clone());
+            o.retain(|(p, ..)| p != dir);
+            o.push((dir.to_path_buf(), generation, flushing.clone()));
+            before
+        };
+        // An earlier opening in this process may be writing out a table: let it end (its
+        // manifest write then fails, as it no longer owns the directory) before this one
+        // reads the directory.
+        if let Some(before) = before {
+            before.wait(false);
         }
         let (covered, covered_raft, ids) = match std::fs::read(dir.join(MANIFEST)) {
             Ok(b) => Self::decode_manifest(&b).ok_or_else(|| DedupError::Damaged {
@@ -221,6 +276,8 @@ impl DedupIndex {
             mem_cap: mem_cap.max(1),
             inner: RwLock::new(Inner {
                 mem: MemTable::default(),
+                frozen: None,
+                epoch: 0,
                 runs,
                 next_id,
                 covered,
@@ -231,6 +288,7 @@ impl DedupIndex {
             first_live,
             manifest: Mutex::new(()),
             generation,
+            flushing,
         })
     }
 
@@ -246,6 +304,8 @@ impl DedupIndex {
             let _ = std::fs::remove_file(&r.path);
         }
         g.mem = MemTable::default();
+        g.frozen = None;
+        g.epoch += 1;
         g.covered = None;
         g.covered_raft = (0, 0);
         g.raft_seen = (0, 0);
@@ -294,6 +354,9 @@ impl DedupIndex {
             let g = read(&self.inner);
             let mut out = Vec::new();
             g.mem.lookup(key, &mut out);
+            if let Some(f) = &g.frozen {
+                f.lookup(key, &mut out);
+            }
             (out, g.runs.clone())
         };
         for r in &runs {
@@ -319,6 +382,9 @@ impl DedupIndex {
         for k in g.mem.keys() {
             visit(&k);
         }
+        for k in g.frozen.iter().flat_map(|f| f.keys()) {
+            visit(&k);
+        }
         Ok(())
     }
 
@@ -337,15 +403,16 @@ impl DedupIndex {
         (
             g.runs.len(),
             g.runs.iter().map(|r| r.entries).sum(),
-            g.mem.len,
+            g.mem.len + g.frozen.as_ref().map_or(0, |f| f.len),
         )
     }
 
-    /// Wait (bounded) for a background merge to end, for tests.
+    /// Wait (bounded) for a background flush and merge to end, for tests.
     #[cfg(test)]
     pub(crate) fn settle(&self) {
         for _ in 0..500 {
-            if !read(&self.inner).merging {
+            let g = read(&self.inner);
+            if !g.merging && g.frozen.is_none() {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));

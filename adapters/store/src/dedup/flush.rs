@@ -7,8 +7,20 @@ use std::sync::Arc;
 
 use super::{
     DedupError, DedupIndex, Ent, FANOUT, Key, MANIFEST, MANIFEST_MAGIC, MANIFEST_MAGIC_1, Manifest,
-    Run, RunCursor, ent, io_err, key_of, owners, write,
+    MemTable, Run, RunCursor, ent, io_err, key_of, owners, read, write,
 };
+
+/// A table handed over to be written out.
+#[derive(Clone)]
+struct Frozen {
+    table: Arc<MemTable>,
+    /// The id of the run it becomes.
+    id: u64,
+    /// The raft position its entries cover.
+    raft: (u64, u64),
+    /// The index's epoch when it was handed over.
+    epoch: u64,
+}
 
 impl DedupIndex {
     /// (covered, covered in the raft log, run ids) of a manifest's bytes (version 1 has no raft
@@ -38,6 +50,23 @@ impl DedupIndex {
         ))
     }
 
+    fn owns(owners: &[super::Owner], dir: &std::path::Path, generation: u64) -> bool {
+        owners.iter().any(|(p, g, _)| p == dir && *g == generation)
+    }
+
+    /// Whether this is still the opening of its directory that writes there.
+    fn owned(&self) -> bool {
+        Self::owns(&owners(), &self.dir, self.generation)
+    }
+
+    fn not_owned(&self) -> DedupError {
+        DedupError::Damaged {
+            path: self.dir.display().to_string(),
+            detail: "opened again elsewhere in this process; this handle no longer writes"
+                .to_owned(),
+        }
+    }
+
     /// Write the manifest for `runs` and `covered` (atomically: a temporary file renamed over).
     pub(super) fn write_manifest(
         &self,
@@ -46,15 +75,8 @@ impl DedupIndex {
         runs: &[Arc<Run>],
     ) -> Result<(), DedupError> {
         let owners = owners();
-        if !owners
-            .iter()
-            .any(|(p, g)| *p == self.dir && *g == self.generation)
-        {
-            return Err(DedupError::Damaged {
-                path: self.dir.display().to_string(),
-                detail: "opened again elsewhere in this process; this handle no longer writes"
-                    .to_owned(),
-            });
+        if !Self::owns(&owners, &self.dir, self.generation) {
+            return Err(self.not_owned());
         }
         let mut b = Vec::with_capacity(52 + 8 * runs.len());
         b.extend_from_slice(MANIFEST_MAGIC);
@@ -79,67 +101,166 @@ impl DedupIndex {
             .map_err(io_err(&self.dir))
     }
 
-    /// Write the table in memory out as a run; `covered` is where the segment log ends after
-    /// the last message the table holds (its records must be durable first). Starts a merge in
-    /// the background when runs of similar size pile up.
+    /// Write the table in memory out as a run, now; `covered` is where the segment log ends
+    /// after the last message the table holds (its records must be durable first). Starts a
+    /// merge in the background when runs of similar size pile up.
     pub(crate) fn flush(self: &Arc<Self>, covered: (u64, u64)) -> Result<(), DedupError> {
+        self.begin_flush();
+        let frozen = self.freeze();
+        let r = self.write_out(&frozen, covered);
+        self.end_flush();
+        r
+    }
+
+    /// The same as [`Self::flush`], in a thread of its own: the table is handed over at once
+    /// (lookups still search it), and the apply path goes on with an empty one. Waits for the
+    /// previous table to be written out first, so at most two tables are ever in memory. A
+    /// failure puts the entries back in memory (no lookup misses them); the next flush tries
+    /// again.
+    pub(crate) fn flush_behind(self: &Arc<Self>, covered: (u64, u64)) {
+        self.begin_flush();
+        let frozen = self.freeze();
+        let me = self.clone();
+        let job = frozen.clone();
+        let spawned = std::thread::Builder::new()
+            .name("queen-dedup-flush".into())
+            .spawn(move || {
+                if let Err(e) = me.write_out(&job, covered) {
+                    tracing::warn!(target: "queen-store", error = %e, "writing out the dedup table failed; its entries stay in memory and are written out with the next");
+                }
+                me.end_flush();
+            });
+        if spawned.is_err() {
+            if let Err(e) = self.write_out(&frozen, covered) {
+                tracing::warn!(target: "queen-store", error = %e, "writing out the dedup table failed; its entries stay in memory and are written out with the next");
+            }
+            self.end_flush();
+        }
+    }
+
+    /// Wait until no table is being written out, then claim the turn.
+    fn begin_flush(&self) {
+        self.flushing.wait(true);
+    }
+
+    fn end_flush(&self) {
+        self.flushing.end();
+    }
+
+    /// Hand the table in memory over to be written out: what it holds, the run id it gets,
+    /// the raft position it covers and the index's epoch.
+    fn freeze(&self) -> Frozen {
+        let mut g = write(&self.inner);
+        let table = Arc::new(std::mem::take(&mut g.mem));
+        g.frozen = Some(table.clone());
+        let id = g.next_id;
+        g.next_id += 1;
+        Frozen {
+            table,
+            id,
+            raft: g.raft_seen,
+            epoch: g.epoch,
+        }
+    }
+
+    /// Write a table handed over as a run, then the manifest that names it, then swap it in
+    /// for the table. Nothing of the apply path waits on the files: the index's lock is taken
+    /// only to read the runs and to swap.
+    fn write_out(self: &Arc<Self>, f: &Frozen, covered: (u64, u64)) -> Result<(), DedupError> {
+        let entries = f.table.sorted();
+        if !self.owned() {
+            // Opened again in this process: the new opening may use this run's id.
+            self.unfreeze(f, entries);
+            return Err(self.not_owned());
+        }
+        let run = if entries.is_empty() {
+            None
+        } else {
+            match Run::write(
+                &self.dir,
+                f.id,
+                &mut entries.iter().map(|e| (key_of(e), e[3])),
+            ) {
+                Ok(run) => Some(Arc::new(run)),
+                Err(e) => {
+                    self.unfreeze(f, entries);
+                    return Err(e);
+                }
+            }
+        };
         let _m = self
             .manifest
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut g = write(&self.inner);
-        let entries = g.mem.take_sorted();
-        let id = g.next_id;
-        let mut runs = g.runs.clone();
-        // On a failure the entries stay in memory, so that no lookup misses them.
-        if !entries.is_empty() {
-            match Run::write(
-                &self.dir,
-                id,
-                &mut entries.iter().map(|e| (key_of(e), e[3])),
-            ) {
-                Ok(run) => runs.push(Arc::new(run)),
-                Err(e) => {
-                    g.mem.restore(entries);
-                    return Err(e);
+        // Runs change only under the manifest's lock, held from here to the swap.
+        let mut runs = {
+            let g = read(&self.inner);
+            if g.epoch != f.epoch {
+                // Cleared meanwhile: the table belongs to an index that is gone.
+                if let Some(r) = run {
+                    let _ = std::fs::remove_file(&r.path);
                 }
+                return Ok(());
             }
-        }
-        let raft = g.raft_seen;
-        if let Err(e) = self.write_manifest(covered, raft, &runs) {
-            if runs.len() > g.runs.len() {
-                let _ = std::fs::remove_file(self.dir.join(Run::name(id)));
+            g.runs.clone()
+        };
+        let added = run.is_some();
+        runs.extend(run);
+        if let Err(e) = self.write_manifest(covered, f.raft, &runs) {
+            if added {
+                let _ = std::fs::remove_file(self.dir.join(Run::name(f.id)));
             }
-            g.mem.restore(entries);
+            self.unfreeze(f, entries);
             return Err(e);
         }
-        g.next_id = id + 1;
-        g.runs = runs;
-        g.covered = Some(covered);
-        g.covered_raft = raft;
-        let start = !g.merging && Self::pick(&g.runs, self.mem_cap).is_some();
+        let start = {
+            let mut g = write(&self.inner);
+            g.runs = runs;
+            g.frozen = None;
+            g.covered = Some(covered);
+            g.covered_raft = f.raft;
+            let start = !g.merging && Self::pick(&g.runs, self.mem_cap).is_some();
+            g.merging |= start;
+            start
+        };
+        drop(_m);
         if start {
-            g.merging = true;
-            drop(g);
-            let me = self.clone();
-            let spawned = std::thread::Builder::new().name("queen-dedup-merge".into()).spawn(move || {
-                loop {
-                    match me.merge_once() {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(e) => {
-                            tracing::warn!(target: "queen-store", error = %e, "merging dedup runs failed; they stay as they are and are merged later");
-                            break;
-                        }
-                    }
-                }
-                write(&me.inner).merging = false;
-            });
-            if spawned.is_err() {
-                write(&self.inner).merging = false;
-            }
+            self.start_merging();
         }
         Ok(())
+    }
+
+    /// A table could not be written out: its entries go back into the table in memory.
+    fn unfreeze(&self, f: &Frozen, entries: Vec<Ent>) {
+        let mut g = write(&self.inner);
+        if g.epoch == f.epoch {
+            g.mem.restore(entries);
+            g.frozen = None;
+        }
+    }
+
+    /// Merge tiers in a thread of its own until none is due (`merging` already set).
+    fn start_merging(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("queen-dedup-merge".into()).spawn(move || {
+            // Nobody waits for a merge (lookups read the runs as they are): it should take the
+            // CPU time the node leaves idle rather than time from the apply path.
+            lower_priority();
+            loop {
+                match me.merge_once() {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(target: "queen-store", error = %e, "merging dedup runs failed; they stay as they are and are merged later");
+                        break;
+                    }
+                }
+            }
+            write(&me.inner).merging = false;
+        });
+        if spawned.is_err() {
+            write(&self.inner).merging = false;
+        }
     }
 
     /// The runs to merge next: the newest `FANOUT` or more runs whose sizes are within 4x of
@@ -176,7 +297,8 @@ impl DedupIndex {
             .manifest
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut g = write(&self.inner);
+        // Runs change only under the manifest's lock: they stay as read here until the swap.
+        let g = read(&self.inner);
         // Flushes only append runs, so the picked ones are still at [from, to).
         let still = g
             .runs
@@ -194,14 +316,15 @@ impl DedupIndex {
             let _ = std::fs::remove_file(&merged.path);
         }
         runs.extend_from_slice(&g.runs[to..]);
-        if let Some(covered) = g.covered
-            && let Err(e) = self.write_manifest(covered, g.covered_raft, &runs)
+        let (covered, covered_raft) = (g.covered, g.covered_raft);
+        drop(g);
+        if let Some(covered) = covered
+            && let Err(e) = self.write_manifest(covered, covered_raft, &runs)
         {
             let _ = std::fs::remove_file(&merged_path);
             return Err(e);
         }
-        g.runs = runs;
-        drop(g);
+        write(&self.inner).runs = runs;
         for r in picked {
             let _ = std::fs::remove_file(&r.path);
         }
@@ -270,3 +393,23 @@ impl DedupIndex {
         }
     }
 }
+
+/// Lower the calling thread's priority (nice 10: about a tenth of a core's share against
+/// the node's other threads when the CPU is contended, all of it when the CPU is idle), so that
+/// merges take little from the apply path and never starve.
+#[cfg(target_os = "linux")]
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take and return numbers only; the thread id is the
+    // calling thread's own.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10)
+    };
+    if rc != 0 {
+        tracing::debug!(target: "queen-store", error = %std::io::Error::last_os_error(), "could not lower the merge thread's priority");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority() {}

@@ -46,24 +46,21 @@ impl MemTable {
         out.extend(self.tail.iter().filter(|e| same(e)).map(|e| e[3]));
     }
 
-    /// Every entry, sorted, without repeats; the table is left empty.
-    pub(super) fn take_sorted(&mut self) -> Vec<Ent> {
+    /// Every entry, sorted, without repeats (a table handed over to be written out).
+    pub(super) fn sorted(&self) -> Vec<Ent> {
         let mut all = Vec::with_capacity(self.len);
-        for c in self.chunks.drain(..) {
-            all.extend(c);
+        for c in &self.chunks {
+            all.extend_from_slice(c);
         }
-        all.append(&mut self.tail);
-        self.len = 0;
-        if let Some(f) = &self.filter {
-            f.clear();
-        }
+        all.extend_from_slice(&self.tail);
         // A stable sort finds the sorted chunks and merges them.
         all.sort();
         all.dedup();
         all
     }
 
-    /// Put back what [`MemTable::take_sorted`] took (a run could not be written).
+    /// Put back what [`MemTable::sorted`] gave of a table handed over (a run could not be
+    /// written).
     pub(super) fn restore(&mut self, sorted: Vec<Ent>) {
         for e in &sorted {
             self.remember(&key_of(e));
