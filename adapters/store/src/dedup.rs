@@ -85,8 +85,9 @@ struct Run {
     path: PathBuf,
     file: File,
     entries: u64,
-    /// The first key of every page.
-    fences: Vec<Key>,
+    /// The first key of every page, as integers (a lookup's binary search compares words,
+    /// not bytes).
+    fences: Vec<Fence>,
 }
 
 /// Reads a run's entries in order, a chunk of them at a time.
@@ -108,6 +109,14 @@ fn ent(key: &Key, offset: u64) -> Ent {
     let word =
         |r: std::ops::Range<usize>| u64::from_be_bytes(key[r].try_into().unwrap_or_default());
     [word(0..8), word(8..16), word(16..24), offset]
+}
+
+/// A key as integers, in the key bytes' order: what a run keeps of each page.
+type Fence = [u64; 3];
+
+fn fence(key: &Key) -> Fence {
+    let e = ent(key, 0);
+    [e[0], e[1], e[2]]
 }
 
 fn key_of(e: &Ent) -> Key {

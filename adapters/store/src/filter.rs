@@ -3,14 +3,15 @@
 //! fifth of a node's CPU under batch pushes, measured with `perf`). The filter answers "surely
 //! absent" from memory for nearly all of them; "maybe present" falls through to the engine.
 //!
-//! A blocked bloom filter of fixed size (8 MiB of 64-byte blocks; a key's four probes all fall
-//! in one block, so each check costs one cache miss, not four; the block and the probes come
+//! A blocked bloom filter of fixed size (8 MiB of 64-byte blocks; a key's five probes all fall
+//! in one block, so each check costs one cache miss, not five; the block and the probes come
 //! from the key's own SHA-256 bytes), so memory does not grow with the backlog. It is never
 //! replicated and never decides an outcome: it only skips reads whose answer is known, so every
 //! replica still computes the same state. Rows are added before the batch that writes them
 //! commits and never removed (a deleted row only costs a needless lookup); it is rebuilt from the
-//! index at open and after a snapshot install. Past about 20 million rows added since the last
-//! rebuild it lets more and more lookups through, and stays correct.
+//! index at open and after a snapshot install. It lets through about 0.5% of absent keys with
+//! 5.5 million rows added since the last rebuild and 2.5% with 8.5 million, more beyond, and
+//! stays correct.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,7 +23,10 @@ struct Block([AtomicU64; 8]);
 
 /// Blocks of the node's filter: 2^17 blocks of 64 bytes, 8 MiB.
 const BLOCKS_LOG2: u32 = 17;
-const PROBES: u64 = 4;
+/// Probes per key. Measured on this filter with 1M absent keys: 4 probes let through 0.67% at
+/// 5.5M keys held and 2.62% at 8.5M, 5 probes 0.50% and 2.46%, 6 probes 0.41% and 2.50% (more
+/// probes only pay while the filter is sparse).
+const PROBES: u64 = 5;
 
 /// A fixed-size blocked bloom filter over dedup keys: the node's (8 MiB, [`DedupFilter::new`])
 /// and the dedup index's table in memory (256 KiB, [`DedupFilter::with_blocks_log2`]).

@@ -167,23 +167,22 @@ impl DedupIndex {
     /// for the table. Nothing of the apply path waits on the files: the index's lock is taken
     /// only to read the runs and to swap.
     fn write_out(self: &Arc<Self>, f: &Frozen, covered: (u64, u64)) -> Result<(), DedupError> {
-        let entries = f.table.sorted();
         if !self.owned() {
             // Opened again in this process: the new opening may use this run's id.
-            self.unfreeze(f, entries);
+            self.unfreeze(f);
             return Err(self.not_owned());
         }
-        let run = if entries.is_empty() {
+        let run = if f.table.len == 0 {
             None
         } else {
             match Run::write(
                 &self.dir,
                 f.id,
-                &mut entries.iter().map(|e| (key_of(e), e[3])),
+                &mut f.table.sorted().map(|e| (key_of(&e), e[3])),
             ) {
                 Ok(run) => Some(Arc::new(run)),
                 Err(e) => {
-                    self.unfreeze(f, entries);
+                    self.unfreeze(f);
                     return Err(e);
                 }
             }
@@ -210,7 +209,7 @@ impl DedupIndex {
             if added {
                 let _ = std::fs::remove_file(self.dir.join(Run::name(f.id)));
             }
-            self.unfreeze(f, entries);
+            self.unfreeze(f);
             return Err(e);
         }
         let start = {
@@ -231,10 +230,10 @@ impl DedupIndex {
     }
 
     /// A table could not be written out: its entries go back into the table in memory.
-    fn unfreeze(&self, f: &Frozen, entries: Vec<Ent>) {
+    fn unfreeze(&self, f: &Frozen) {
         let mut g = write(&self.inner);
         if g.epoch == f.epoch {
-            g.mem.restore(entries);
+            g.mem.restore(f.table.sorted().collect());
             g.frozen = None;
         }
     }

@@ -6,7 +6,10 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::{DedupError, ENTRY, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, io_err};
+use super::{
+    DedupError, ENTRY, Fence, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, fence,
+    io_err,
+};
 
 impl Run {
     pub(super) fn name(id: u64) -> String {
@@ -37,7 +40,7 @@ impl Run {
         while i < entries {
             file.read_exact_at(&mut k, RUN_HEADER + i * ENTRY as u64)
                 .map_err(io_err(&path))?;
-            fences.push(k);
+            fences.push(fence(&k));
             i += PAGE_ENTRIES as u64;
         }
         Ok(Self {
@@ -72,7 +75,7 @@ impl Run {
         let mut fences = Vec::new();
         for (k, o) in entries {
             if n.is_multiple_of(PAGE_ENTRIES as u64) {
-                fences.push(k);
+                fences.push(fence(&k));
             }
             w.write_all(&k).map_err(io_err(&path))?;
             w.write_all(&o.to_be_bytes()).map_err(io_err(&path))?;
@@ -98,9 +101,10 @@ impl Run {
     pub(super) fn lookup(&self, key: &Key, out: &mut Vec<u64>) -> Result<(), DedupError> {
         // The last page whose first key is below `key`: equal keys may begin on the page before
         // the one whose fence equals `key`.
-        let mut page = self.fences.partition_point(|f| f < key).saturating_sub(1);
+        let want: Fence = fence(key);
+        let mut page = self.fences.partition_point(|f| *f < want).saturating_sub(1);
         let mut buf = [0u8; PAGE_ENTRIES * ENTRY];
-        while page < self.fences.len() && self.fences[page] <= *key {
+        while page < self.fences.len() && self.fences[page] <= want {
             let first = (page * PAGE_ENTRIES) as u64;
             let n = (self.entries - first).min(PAGE_ENTRIES as u64) as usize;
             let bytes = &mut buf[..n * ENTRY];

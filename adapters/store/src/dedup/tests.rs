@@ -74,7 +74,7 @@ fn the_table_in_memory_finds_keys_in_chunks_and_tail() {
     let mut none = Vec::new();
     m.lookup(&key(9, 9), &mut none);
     assert!(none.is_empty());
-    let all = m.sorted();
+    let all: Vec<_> = m.sorted().collect();
     assert_eq!(all.len() as u64, n, "every entry once");
     assert!(all.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
     assert_eq!(m.keys().count(), n as usize + (n as usize).div_ceil(7));
@@ -235,7 +235,7 @@ fn the_table_filter_never_hides_a_held_key_and_skips_most_others() {
         "{passed} of 100000 absent keys passed the filter"
     );
     let handed = std::mem::take(&mut m);
-    let all = handed.sorted();
+    let all: Vec<_> = handed.sorted().collect();
     assert!(found(&m, 5).is_empty(), "an empty table holds nothing");
     assert_eq!(
         found(&handed, 5),
