@@ -17,9 +17,9 @@
 //!   page per run;
 //! - runs of similar size are merged [`FANOUT`] at a time in a background thread at a lower
 //!   priority (size-tiered, so an entry is rewritten about log8(n / MEM_ENTRIES) times),
-//!   dropping the entries of
-//!   messages that retention or a queue deletion removed (messages go from a partition's front,
-//!   so an entry is dead when its offset is below the partition's first live one);
+//!   dropping the entries of messages that retention or a queue deletion removed (messages go
+//!   from a partition's front, so an entry is dead when its offset is below the partition's
+//!   first live one);
 //! - a manifest names the runs and the position of the segment log up to which they hold every
 //!   message (`covered`). At open the index replays the records after `covered` (at most about
 //!   one table's worth, recomputing the hashes from the stored transactionIds); without a

@@ -105,10 +105,10 @@ impl DedupIndex {
     /// after the last message the table holds (its records must be durable first). Starts a
     /// merge in the background when runs of similar size pile up.
     pub(crate) fn flush(self: &Arc<Self>, covered: (u64, u64)) -> Result<(), DedupError> {
-        self.begin_flush();
+        self.flushing.wait(true);
         let frozen = self.freeze();
         let r = self.write_out(&frozen, covered);
-        self.end_flush();
+        self.flushing.end();
         r
     }
 
@@ -118,32 +118,24 @@ impl DedupIndex {
     /// failure puts the entries back in memory (no lookup misses them); the next flush tries
     /// again.
     pub(crate) fn flush_behind(self: &Arc<Self>, covered: (u64, u64)) {
-        self.begin_flush();
+        self.flushing.wait(true);
         let frozen = self.freeze();
         let me = self.clone();
         let job = frozen.clone();
         let spawned = std::thread::Builder::new()
             .name("queen-dedup-flush".into())
-            .spawn(move || {
-                if let Err(e) = me.write_out(&job, covered) {
-                    tracing::warn!(target: "queen-store", error = %e, "writing out the dedup table failed; its entries stay in memory and are written out with the next");
-                }
-                me.end_flush();
-            });
+            .spawn(move || me.write_out_logged(&job, covered));
         if spawned.is_err() {
-            if let Err(e) = self.write_out(&frozen, covered) {
-                tracing::warn!(target: "queen-store", error = %e, "writing out the dedup table failed; its entries stay in memory and are written out with the next");
-            }
-            self.end_flush();
+            self.write_out_logged(&frozen, covered);
         }
     }
 
-    /// Wait until no table is being written out, then claim the turn.
-    fn begin_flush(&self) {
-        self.flushing.wait(true);
-    }
-
-    fn end_flush(&self) {
+    /// [`Self::write_out`] for a flush nobody waits on: a failure is logged (the entries are
+    /// back in memory by then), and the flush ends either way.
+    fn write_out_logged(self: &Arc<Self>, f: &Frozen, covered: (u64, u64)) {
+        if let Err(e) = self.write_out(f, covered) {
+            tracing::warn!(target: "queen-store", error = %e, "writing out the dedup table failed; its entries stay in memory and are written out with the next");
+        }
         self.flushing.end();
     }
 

@@ -54,21 +54,21 @@ impl MemTable {
         use std::collections::BinaryHeap;
         let mut tail = self.tail.clone();
         tail.sort_unstable();
-        let mut lists: Vec<&[Ent]> = self.chunks.iter().map(Vec::as_slice).collect();
-        let mut heap = BinaryHeap::with_capacity(lists.len() + 1);
+        let lists: Vec<&[Ent]> = self.chunks.iter().map(Vec::as_slice).collect();
+        // The heap names a list by its position; the tail comes after the chunks.
+        let tail_i = lists.len();
+        let mut at = vec![0usize; tail_i];
+        let mut tail_at = 0;
+        let mut heap = BinaryHeap::with_capacity(tail_i + 1);
         for (i, c) in lists.iter().enumerate() {
             if let Some(e) = c.first() {
                 heap.push(Reverse((*e, i)));
             }
         }
-        let mut last: Option<Ent> = None;
-        let mut tail_at = 0;
-        let tail_i = lists.len();
         if let Some(e) = tail.first() {
             heap.push(Reverse((*e, tail_i)));
         }
-        lists.push(&[]);
-        let mut at = vec![0usize; lists.len()];
+        let mut last: Option<Ent> = None;
         std::iter::from_fn(move || {
             loop {
                 let Reverse((e, i)) = heap.pop()?;
