@@ -9,7 +9,7 @@
 //! and always complete for what the node has applied:
 //!
 //! - new entries go into a table in memory (at most [`MEM_ENTRIES`]), appended and sorted in
-//!   small chunks;
+//!   chunks of [`MemTable::CHUNK`];
 //! - a full table is handed to a thread of its own (lookups still search it; the apply path
 //!   goes on with a new table) and written out, sorted, as an immutable run file of fixed
 //!   32-byte entries `pid | hash | offset` (big-endian, so byte order is key order); a run keeps
@@ -31,6 +31,7 @@
 
 mod flush;
 mod memtable;
+mod merge;
 mod run;
 
 use std::fs::File;
@@ -97,6 +98,8 @@ struct RunCursor<'a> {
     buf: Vec<u8>,
     buf_at: u64,
     buf_n: u64,
+    /// A read failed: the entries ended early.
+    error: Option<DedupError>,
 }
 
 /// An entry as integers, in the table in memory and in a merge's heap: partition, the hash's
@@ -128,8 +131,8 @@ fn key_of(e: &Ent) -> Key {
 }
 
 /// Entries not yet in a run: sorted chunks of at most [`MemTable::CHUNK`] entries, and the
-/// newest entries unsorted. An insert appends, and a chunk is sorted while it is small enough
-/// for the caches; a hash table of the whole table (4 MiB and more) cost a miss to memory per
+/// newest entries unsorted. An insert appends, and a chunk is sorted while it fits a core's
+/// L2 cache; a hash table of the whole table (4 MiB and more) cost a miss to memory per
 /// insert, 15% of the apply's samples under batch pushes (`perf`, examples/apply_cost).
 /// A lookup (only for a key the filter may have seen) searches each chunk and the tail.
 #[derive(Default)]

@@ -5,9 +5,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
+use super::merge::Losers;
 use super::{
-    DedupError, DedupIndex, Ent, FANOUT, Key, MANIFEST, MANIFEST_MAGIC, MANIFEST_MAGIC_1, Manifest,
-    MemTable, Run, RunCursor, ent, io_err, key_of, owners, read, write,
+    DedupError, DedupIndex, Ent, FANOUT, MANIFEST, MANIFEST_MAGIC, MANIFEST_MAGIC_1, Manifest,
+    MemTable, Run, RunCursor, io_err, owners, read, write,
 };
 
 /// A table handed over to be written out.
@@ -167,11 +168,7 @@ impl DedupIndex {
         let run = if f.table.len == 0 {
             None
         } else {
-            match Run::write(
-                &self.dir,
-                f.id,
-                &mut f.table.sorted().map(|e| (key_of(&e), e[3])),
-            ) {
+            match Run::write(&self.dir, f.id, &mut f.table.sorted()) {
                 Ok(run) => Some(Arc::new(run)),
                 Err(e) => {
                     self.unfreeze(f);
@@ -323,59 +320,28 @@ impl DedupIndex {
     }
 
     /// A k-way merge of `runs` into run `id`, without the entries of deleted messages.
-    ///
-    /// The cursors' next entries sit in a heap as [`Ent`]s (the key read as integers, in the
-    /// bytes' order), so each entry costs a few integer comparisons instead of a byte
-    /// comparison against every run.
     pub(super) fn merge(&self, runs: &[Arc<Run>], id: u64) -> Result<Run, DedupError> {
-        use std::cmp::Reverse;
-        use std::collections::BinaryHeap;
-        let mut cursors: Vec<RunCursor<'_>> = runs.iter().map(|r| RunCursor::new(r)).collect();
-        let mut error = None;
-        let mut heap: BinaryHeap<Reverse<(Ent, usize)>> = BinaryHeap::with_capacity(cursors.len());
-        let ordered = |(k, offset): (Key, u64), i: usize| Reverse((ent(&k, offset), i));
-        for (i, c) in cursors.iter_mut().enumerate() {
-            match c.peek() {
-                Ok(Some(e)) => heap.push(ordered(e, i)),
-                Ok(None) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let mut losers = Losers::new(runs.iter().map(|r| RunCursor::new(r)).collect());
         let mut live_pid: Option<(u64, Option<u64>)> = None;
         let mut last: Option<Ent> = None;
         let first_live = self.first_live.clone();
-        let mut next = || -> Option<(Key, u64)> {
-            loop {
-                let Reverse((e, i)) = heap.pop()?;
-                cursors[i].advance();
-                match cursors[i].peek() {
-                    Ok(Some(e)) => heap.push(ordered(e, i)),
-                    Ok(None) => {}
-                    Err(e) => {
-                        error = Some(e);
-                        return None;
-                    }
-                }
-                if last == Some(e) {
-                    continue;
-                }
-                last = Some(e);
-                let (pid, offset) = (e[0], e[3]);
-                let first = match live_pid {
-                    Some((p, f)) if p == pid => f,
-                    _ => {
-                        let f = first_live(pid);
-                        live_pid = Some((pid, f));
-                        f
-                    }
-                };
-                if first.is_some_and(|f| offset >= f) {
-                    return Some((key_of(&e), offset));
-                }
+        let mut kept = losers.by_ref().filter(|e| {
+            if last.replace(*e) == Some(*e) {
+                return false;
             }
-        };
-        let run = Run::write(&self.dir, id, &mut std::iter::from_fn(&mut next))?;
-        match error {
+            let (pid, offset) = (e[0], e[3]);
+            let first = match live_pid {
+                Some((p, f)) if p == pid => f,
+                _ => {
+                    let f = first_live(pid);
+                    live_pid = Some((pid, f));
+                    f
+                }
+            };
+            first.is_some_and(|f| offset >= f)
+        });
+        let run = Run::write(&self.dir, id, &mut kept)?;
+        match losers.lists_mut().iter_mut().find_map(|c| c.error.take()) {
             Some(e) => {
                 let _ = std::fs::remove_file(&run.path);
                 Err(e)

@@ -7,8 +7,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::{
-    DedupError, ENTRY, Fence, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, fence,
-    io_err,
+    DedupError, ENTRY, Ent, Fence, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, fence,
+    io_err, key_of,
 };
 
 impl Run {
@@ -56,7 +56,7 @@ impl Run {
     pub(super) fn write(
         dir: &Path,
         id: u64,
-        entries: &mut dyn Iterator<Item = (Key, u64)>,
+        entries: &mut dyn Iterator<Item = Ent>,
     ) -> Result<Self, DedupError> {
         let path = dir.join(Self::name(id));
         let file = OpenOptions::new()
@@ -73,12 +73,15 @@ impl Run {
             .map_err(io_err(&path))?;
         let mut n = 0u64;
         let mut fences = Vec::new();
-        for (k, o) in entries {
+        let mut bytes = [0u8; ENTRY];
+        for e in entries {
             if n.is_multiple_of(PAGE_ENTRIES as u64) {
-                fences.push(fence(&k));
+                fences.push([e[0], e[1], e[2]]);
             }
-            w.write_all(&k).map_err(io_err(&path))?;
-            w.write_all(&o.to_be_bytes()).map_err(io_err(&path))?;
+            for (to, word) in bytes.chunks_exact_mut(8).zip(e) {
+                to.copy_from_slice(&word.to_be_bytes());
+            }
+            w.write_all(&bytes).map_err(io_err(&path))?;
             n += 1;
         }
         w.flush().map_err(io_err(&path))?;
@@ -129,11 +132,10 @@ impl Run {
     /// Every entry, in order.
     pub(super) fn scan(&self, visit: &mut dyn FnMut(Key, u64)) -> Result<(), DedupError> {
         let mut c = RunCursor::new(self);
-        while let Some((k, o)) = c.peek()? {
-            visit(k, o);
-            c.advance();
+        for e in c.by_ref() {
+            visit(key_of(&e), e[3]);
         }
-        Ok(())
+        c.error.take().map_or(Ok(()), Err)
     }
 }
 
@@ -158,29 +160,43 @@ impl<'a> RunCursor<'a> {
             buf: Vec::new(),
             buf_at: 0,
             buf_n: 0,
+            error: None,
         }
     }
+}
 
-    /// The entry at the cursor, if any is left.
-    pub(super) fn peek(&mut self) -> Result<Option<(Key, u64)>, DedupError> {
-        if self.at >= self.run.entries {
-            return Ok(None);
+/// The run's entries in order; a read that fails ends them early and leaves its error in
+/// `error`.
+impl Iterator for RunCursor<'_> {
+    type Item = Ent;
+
+    fn next(&mut self) -> Option<Ent> {
+        if self.at >= self.run.entries || self.error.is_some() {
+            return None;
         }
         if self.at >= self.buf_at + self.buf_n {
             let n = (self.run.entries - self.at).min(Self::CHUNK);
             self.buf.resize(n as usize * ENTRY, 0);
-            self.run
+            if let Err(e) = self
+                .run
                 .file
                 .read_exact_at(&mut self.buf, RUN_HEADER + self.at * ENTRY as u64)
-                .map_err(io_err(&self.run.path))?;
+            {
+                self.error = Some(io_err(&self.run.path)(e));
+                return None;
+            }
             self.buf_at = self.at;
             self.buf_n = n;
         }
         let i = (self.at - self.buf_at) as usize * ENTRY;
-        Ok(Some(decode_entry(&self.buf[i..i + ENTRY])))
-    }
-
-    pub(super) fn advance(&mut self) {
         self.at += 1;
+        let word = |j: usize| {
+            u64::from_be_bytes(
+                self.buf[i + 8 * j..i + 8 * j + 8]
+                    .try_into()
+                    .unwrap_or_default(),
+            )
+        };
+        Some([word(0), word(1), word(2), word(3)])
     }
 }

@@ -21,7 +21,12 @@ fn runs_of_any_size_are_written_and_read_back_exactly() {
     {
         let mut entries: Vec<(Key, u64)> = (0..n).map(|i| (key(i % 3, i), i)).collect();
         entries.sort_unstable();
-        let run = Run::write(dir.path(), id as u64, &mut entries.iter().copied()).unwrap();
+        let run = Run::write(
+            dir.path(),
+            id as u64,
+            &mut entries.iter().map(|(k, o)| ent(k, *o)),
+        )
+        .unwrap();
         let bytes = std::fs::read(&run.path).unwrap();
         let mut want = RUN_MAGIC.to_vec();
         want.extend_from_slice(&n.to_le_bytes());
@@ -61,7 +66,8 @@ fn the_table_in_memory_finds_keys_in_chunks_and_tail() {
         }
     }
     assert_eq!(m.chunks.len(), 3, "{} chunks", m.chunks.len());
-    for i in [0, 1, 2047, 2048, 4100, n - 1] {
+    let c = MemTable::CHUNK as u64;
+    for i in [0, 1, c - 1, c, 2 * c + 4, n - 1] {
         let mut out = Vec::new();
         m.lookup(&key(i % 5, i / 3), &mut out);
         out.sort_unstable();
@@ -191,7 +197,7 @@ fn a_key_repeated_across_pages_is_found_whole() {
     entries.extend((0..300).map(|o| (busy, 10_000 + o)));
     entries.sort_unstable();
     entries.dedup();
-    let run = Run::write(dir.path(), 1, &mut entries.iter().copied()).unwrap();
+    let run = Run::write(dir.path(), 1, &mut entries.iter().map(|(k, o)| ent(k, *o))).unwrap();
     let again = Run::open(dir.path(), 1).unwrap();
     for r in [&run, &again] {
         let mut out = Vec::new();
