@@ -110,23 +110,66 @@ impl Run {
         while page < self.fences.len() && self.fences[page] <= want {
             let first = (page * PAGE_ENTRIES) as u64;
             let n = (self.entries - first).min(PAGE_ENTRIES as u64) as usize;
+            if let Some((lo, hi)) = self.window(page, &want, n) {
+                // Most lookups end here: the window brackets the key, so every entry equal to
+                // it is inside, and none follows the page.
+                let bytes = &mut buf[..(hi - lo) * ENTRY];
+                self.file
+                    .read_exact_at(bytes, RUN_HEADER + (first + lo as u64) * ENTRY as u64)
+                    .map_err(io_err(&self.path))?;
+                let (entries, _) = bytes.as_chunks::<ENTRY>();
+                let (head, _) = decode_entry(&entries[0]);
+                let (tail, _) = decode_entry(&entries[entries.len() - 1]);
+                if (lo == 0 || head < *key) && tail > *key {
+                    Self::equal_in(entries, key, out);
+                    return Ok(());
+                }
+            }
             let bytes = &mut buf[..n * ENTRY];
             self.file
                 .read_exact_at(bytes, RUN_HEADER + first * ENTRY as u64)
                 .map_err(io_err(&self.path))?;
-            // The page is sorted: find the first entry not below `key`, then take the equal ones.
             let (entries, _) = bytes.as_chunks::<ENTRY>();
-            let lo = entries.partition_point(|e| e[..key.len()] < key[..]);
-            for e in &entries[lo..] {
-                let (k, offset) = decode_entry(e);
-                if k != *key {
-                    return Ok(());
-                }
-                out.push(offset);
+            if Self::equal_in(entries, key, out) {
+                return Ok(());
             }
             page += 1;
         }
         Ok(())
+    }
+
+    /// Push the offsets of the entries equal to `key` in `entries` (sorted); true when an entry
+    /// after them is greater (none can follow on a later page).
+    fn equal_in(entries: &[[u8; ENTRY]], key: &Key, out: &mut Vec<u64>) -> bool {
+        let lo = entries.partition_point(|e| e[..key.len()] < key[..]);
+        for e in &entries[lo..] {
+            let (k, offset) = decode_entry(e);
+            if k != *key {
+                return true;
+            }
+            out.push(offset);
+        }
+        false
+    }
+
+    /// Where in page `page` (of `n` entries) `want` should sit, as a window of entries
+    /// `[lo, hi)` to read instead of the whole page: hashes are uniform, so between the page's
+    /// first key and the next page's an entry's position follows its hash's first word (off by
+    /// about 6 entries at most, one standard deviation, in a page of 128). A lookup reads a
+    /// quarter of a page, not all of it: copying whole pages out of the page cache was half of
+    /// a lookup's time (`perf`, with 5M keys stored). `None` on the run's last page and where
+    /// the two fences differ in partition (the caller reads the whole page).
+    fn window(&self, page: usize, want: &Fence, n: usize) -> Option<(usize, usize)> {
+        const WINDOW: usize = 32;
+        let (from, to) = (self.fences[page], *self.fences.get(page + 1)?);
+        if n <= WINDOW || from[0] != to[0] || want[0] != from[0] || to[1] <= from[1] {
+            return None;
+        }
+        let span = u128::from(to[1] - from[1]);
+        let at = u128::from(want[1].saturating_sub(from[1])) * n as u128 / span;
+        let at = usize::try_from(at).ok()?.min(n);
+        let lo = at.saturating_sub(WINDOW / 2).min(n - WINDOW);
+        Some((lo, lo + WINDOW))
     }
 
     /// Every entry, in order.

@@ -214,6 +214,40 @@ fn a_key_repeated_across_pages_is_found_whole() {
     }
 }
 
+/// Lookups that read only the part of a page where the key should sit find exactly what a
+/// whole-page read finds: every offset of every key (single ones, keys held twice, a key held
+/// hundreds of times across pages, keys on the run's last page and at page borders) and nothing
+/// for keys not held.
+#[test]
+fn lookups_by_window_find_exactly_the_offsets_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = key(1, 777_777);
+    let mut entries: Vec<(Key, u64)> = (0..20_000).map(|i| (key(1, i), i)).collect();
+    // Some keys twice, a neighbouring partition on each side, and a busy key.
+    entries.extend((0..20_000).step_by(13).map(|i| (key(1, i), 100_000 + i)));
+    entries.extend((0..300).map(|i| (key(0, i), i)));
+    entries.extend((0..300).map(|i| (key(2, i), i)));
+    entries.extend((0..400).map(|o| (busy, 50_000 + o)));
+    entries.sort_unstable();
+    let mut want: std::collections::BTreeMap<Key, Vec<u64>> = std::collections::BTreeMap::new();
+    for (k, o) in &entries {
+        want.entry(*k).or_default().push(*o);
+    }
+    let run = Run::write(dir.path(), 1, &mut entries.iter().map(|(k, o)| ent(k, *o))).unwrap();
+    for (k, offsets) in &want {
+        let mut out = Vec::new();
+        run.lookup(k, &mut out).unwrap();
+        out.sort_unstable();
+        assert_eq!(&out, offsets);
+    }
+    for i in 0..3_000 {
+        let mut none = Vec::new();
+        run.lookup(&key(1, 1_000_000 + i), &mut none).unwrap();
+        run.lookup(&key(3, i), &mut none).unwrap();
+        assert!(none.is_empty(), "absent key {i}");
+    }
+}
+
 /// The table's own filter: every key held is found (also after a failed flush puts the
 /// entries back), nothing is found once the table is handed over, and a full table lets
 /// through few lookups of keys it does not hold.
