@@ -131,13 +131,17 @@ fn key_of(e: &Ent) -> Key {
 }
 
 /// Entries not yet in a run: sorted chunks of at most [`MemTable::CHUNK`] entries, and the
-/// newest entries unsorted. An insert appends, and a chunk is sorted while it fits a core's
-/// L2 cache; a hash table of the whole table (4 MiB and more) cost a miss to memory per
+/// newest entries unsorted. An insert appends; every [`MemTable::SMALL`] entries are sorted
+/// into a small chunk, and every few small chunks merged into one, while they are in the
+/// caches; a hash table of the whole table (4 MiB and more) cost a miss to memory per
 /// insert, 15% of the apply's samples under batch pushes (`perf`, examples/apply_cost).
 /// A lookup (only for a key the filter may have seen) searches each chunk and the tail.
 #[derive(Default)]
 struct MemTable {
     chunks: Vec<Vec<Ent>>,
+    /// How many of the last chunks are small ones ([`MemTable::SMALL`] entries), not yet
+    /// merged into one of [`MemTable::CHUNK`].
+    small: usize,
     tail: Vec<Ent>,
     /// Entries held, repeats included (a row's offsets are inserted again with each new one).
     len: usize,

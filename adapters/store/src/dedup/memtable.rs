@@ -6,13 +6,18 @@ use super::{Ent, Key, MemTable, ent, key_of};
 use crate::filter::DedupFilter;
 
 impl MemTable {
-    /// Entries of a sorted chunk: 512 KiB, sorted within a core's L2 cache. Writing a table
-    /// out merges its chunks; with 64 chunks of 2048 entries the merge's reads missed the caches
-    /// at nearly every entry (more streams than the hardware prefetches), and the flush thread
-    /// was 3.5% of all samples under batch pushes (`perf`, three nodes); with 8 it is 1.0%, and
-    /// `examples/apply_cost 20000` (the flush thread included) 0.69-0.75 against 0.76-0.80 µs
-    /// of CPU per message (32768 entries measured the same as 16384; 8192 0.76-0.82).
+    /// Entries of a sorted chunk: 512 KiB. Writing a table out merges its chunks; with 64
+    /// chunks of 2048 entries the merge's reads missed the caches at nearly every entry (more
+    /// streams than the hardware prefetches), and the flush thread was 3.5% of all samples
+    /// under batch pushes (`perf`, three nodes); with 8 it is 1.0%, and `examples/apply_cost
+    /// 20000` (the flush thread included) 0.69-0.75 against 0.76-0.80 µs of CPU per message
+    /// (32768 entries measured the same as 16384; 8192 0.76-0.82).
     pub(super) const CHUNK: usize = 16384;
+
+    /// Entries of the unsorted tail before it is sorted into a small chunk; every
+    /// `CHUNK / SMALL` small chunks are merged into one chunk. A lookup scans the tail, so the
+    /// tail stays short: a duplicate found in a tail of 16,384 would cost tens of µs.
+    pub(super) const SMALL: usize = 2048;
 
     /// Blocks of the table's filter: 2^12 blocks of 64 bytes, 256 KiB (16 bits per key when
     /// the table is full: about 0.5% of absent keys pass).
@@ -32,10 +37,23 @@ impl MemTable {
         self.remember(key);
         self.tail.push(ent(key, offset));
         self.len += 1;
-        if self.tail.len() >= Self::CHUNK {
-            let mut chunk = std::mem::replace(&mut self.tail, Vec::with_capacity(Self::CHUNK));
+        if self.tail.len() >= Self::SMALL {
+            let mut chunk = std::mem::replace(&mut self.tail, Vec::with_capacity(Self::SMALL));
             chunk.sort_unstable();
             self.chunks.push(chunk);
+            self.small += 1;
+            if self.small * Self::SMALL >= Self::CHUNK {
+                // The small chunks are the last ones, and were just written: merged while
+                // they are still in the caches.
+                let from = self.chunks.len() - self.small;
+                let small: Vec<Vec<Ent>> = self.chunks.drain(from..).collect();
+                let mut merged = Vec::with_capacity(Self::CHUNK);
+                merged.extend(Losers::new(
+                    small.iter().map(|c| c.iter().copied()).collect(),
+                ));
+                self.chunks.push(merged);
+                self.small = 0;
+            }
         }
     }
 
@@ -76,7 +94,8 @@ impl MemTable {
             self.remember(&key_of(e));
         }
         self.len += sorted.len();
-        self.chunks.push(sorted);
+        // Before the small chunks, which stay the last ones.
+        self.chunks.insert(0, sorted);
     }
 
     pub(super) fn keys(&self) -> impl Iterator<Item = Key> + '_ {

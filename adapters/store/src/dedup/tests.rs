@@ -65,7 +65,15 @@ fn the_table_in_memory_finds_keys_in_chunks_and_tail() {
             m.insert(&key(i % 5, i / 3), i);
         }
     }
-    assert_eq!(m.chunks.len(), 3, "{} chunks", m.chunks.len());
+    let inserted = n + n.div_ceil(7);
+    let whole = inserted / MemTable::CHUNK as u64;
+    let small = (inserted % MemTable::CHUNK as u64) / MemTable::SMALL as u64;
+    assert_eq!((whole, small), (3, 3));
+    assert_eq!(m.small as u64, small);
+    assert_eq!(m.chunks.len() as u64, whole + small);
+    assert!(m.chunks[..3].iter().all(|c| c.len() == MemTable::CHUNK));
+    assert!(m.chunks.iter().all(|c| c.is_sorted()));
+    assert_eq!(m.tail.len() as u64, inserted % MemTable::SMALL as u64);
     let c = MemTable::CHUNK as u64;
     for i in [0, 1, c - 1, c, 2 * c + 4, n - 1] {
         let mut out = Vec::new();
