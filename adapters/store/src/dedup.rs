@@ -13,8 +13,8 @@
 //! - a full table is handed to a thread of its own (lookups still search it; the apply path
 //!   goes on with a new table) and written out, sorted, as an immutable run file of fixed
 //!   32-byte entries `pid | hash | offset` (big-endian, so byte order is key order); a run keeps
-//!   in memory the first key of every 4 KiB page (1/128 of its entries), and a lookup reads one
-//!   page per run;
+//!   in memory the first key of every 4 KiB page (1/128 of its entries), and a lookup reads at
+//!   most one page per run (mostly a quarter of one, see `Run::lookup`);
 //! - runs of similar size are merged [`FANOUT`] at a time in a background thread at a lower
 //!   priority (size-tiered, so an entry is rewritten about log8(n / MEM_ENTRIES) times),
 //!   dropping the entries of messages that retention or a queue deletion removed (messages go
