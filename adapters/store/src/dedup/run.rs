@@ -155,7 +155,7 @@ impl Run {
     /// Where in page `page` (of `n` entries) `want` should sit, as a window of entries
     /// `[lo, hi)` to read instead of the whole page: hashes are uniform, so between the page's
     /// first key and the next page's an entry's position follows its hash's first word (off by
-    /// about 6 entries at most, one standard deviation, in a page of 128). A lookup reads a
+    /// about 6 entries, one standard deviation, in a page of 128). A lookup reads a
     /// quarter of a page, not all of it: copying whole pages out of the page cache was half of
     /// a lookup's time (`perf`, with 5M keys stored). `None` on the run's last page and where
     /// the two fences differ in partition (the caller reads the whole page).
