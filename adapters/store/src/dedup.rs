@@ -423,12 +423,16 @@ impl DedupIndex {
         )
     }
 
-    /// Wait (bounded) for a background flush and merge to end, for tests.
+    /// Wait (bounded: a minute) for a background flush and merge to end, for tests. The index's
+    /// lock is not held while waiting: a merge needs it to swap its run in.
     #[cfg(test)]
     pub(crate) fn settle(&self) {
-        for _ in 0..500 {
-            let g = read(&self.inner);
-            if !g.merging && g.frozen.is_none() {
+        for _ in 0..6000 {
+            let done = {
+                let g = read(&self.inner);
+                !g.merging && g.frozen.is_none()
+            };
+            if done {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
