@@ -109,9 +109,26 @@ struct RunCursor<'a> {
 type Ent = [u64; 4];
 
 fn ent(key: &Key, offset: u64) -> Ent {
-    let word =
-        |r: std::ops::Range<usize>| u64::from_be_bytes(key[r].try_into().unwrap_or_default());
-    [word(0..8), word(8..16), word(16..24), offset]
+    let mut bytes = [0u8; ENTRY];
+    bytes[..24].copy_from_slice(key);
+    bytes[24..].copy_from_slice(&offset.to_be_bytes());
+    ent_from(&bytes)
+}
+
+/// An entry from its bytes in a run: four big-endian words, so bytes and integers sort alike.
+fn ent_from(bytes: &[u8; ENTRY]) -> Ent {
+    let (words, _) = bytes.as_chunks::<8>();
+    std::array::from_fn(|i| u64::from_be_bytes(words[i]))
+}
+
+/// An entry's bytes in a run; the inverse of [`ent_from`].
+fn ent_bytes(e: &Ent) -> [u8; ENTRY] {
+    let mut bytes = [0u8; ENTRY];
+    let (words, _) = bytes.as_chunks_mut::<8>();
+    for (to, word) in words.iter_mut().zip(e) {
+        *to = word.to_be_bytes();
+    }
+    bytes
 }
 
 /// A key as integers, in the key bytes' order: what a run keeps of each page.
@@ -124,9 +141,7 @@ fn fence(key: &Key) -> Fence {
 
 fn key_of(e: &Ent) -> Key {
     let mut k = [0u8; 24];
-    k[..8].copy_from_slice(&e[0].to_be_bytes());
-    k[8..16].copy_from_slice(&e[1].to_be_bytes());
-    k[16..].copy_from_slice(&e[2].to_be_bytes());
+    k.copy_from_slice(&ent_bytes(e)[..24]);
     k
 }
 

@@ -75,8 +75,11 @@ impl<I: Iterator<Item = Ent>> Iterator for Losers<I> {
 
     fn next(&mut self) -> Option<Ent> {
         let k = self.lists.len();
-        let w = *self.tree.first()?;
-        if k == 0 || !self.live[w] {
+        if k == 0 {
+            return None;
+        }
+        let w = self.tree[0];
+        if !self.live[w] {
             return None;
         }
         let out = self.heads[w];

@@ -7,8 +7,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::{
-    DedupError, ENTRY, Ent, Fence, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor, fence,
-    io_err, key_of,
+    DedupError, ENTRY, Ent, Fence, Key, PAGE_ENTRIES, RUN_HEADER, RUN_MAGIC, Run, RunCursor,
+    ent_bytes, ent_from, fence, io_err, key_of,
 };
 
 impl Run {
@@ -73,15 +73,11 @@ impl Run {
             .map_err(io_err(&path))?;
         let mut n = 0u64;
         let mut fences = Vec::new();
-        let mut bytes = [0u8; ENTRY];
         for e in entries {
             if n.is_multiple_of(PAGE_ENTRIES as u64) {
                 fences.push([e[0], e[1], e[2]]);
             }
-            for (to, word) in bytes.chunks_exact_mut(8).zip(e) {
-                to.copy_from_slice(&word.to_be_bytes());
-            }
-            w.write_all(&bytes).map_err(io_err(&path))?;
+            w.write_all(&ent_bytes(&e)).map_err(io_err(&path))?;
             n += 1;
         }
         w.flush().map_err(io_err(&path))?;
@@ -231,15 +227,9 @@ impl Iterator for RunCursor<'_> {
             self.buf_at = self.at;
             self.buf_n = n;
         }
-        let i = (self.at - self.buf_at) as usize * ENTRY;
+        let i = (self.at - self.buf_at) as usize;
         self.at += 1;
-        let word = |j: usize| {
-            u64::from_be_bytes(
-                self.buf[i + 8 * j..i + 8 * j + 8]
-                    .try_into()
-                    .unwrap_or_default(),
-            )
-        };
-        Some([word(0), word(1), word(2), word(3)])
+        let (entries, _) = self.buf.as_chunks::<ENTRY>();
+        Some(ent_from(&entries[i]))
     }
 }
