@@ -3,15 +3,18 @@
 //! fifth of a node's CPU under batch pushes, measured with `perf`). The filter answers "surely
 //! absent" from memory for nearly all of them; "maybe present" falls through to the engine.
 //!
-//! A blocked bloom filter of fixed size (8 MiB of 64-byte blocks; a key's five probes all fall
+//! A blocked bloom filter of fixed size (16 MiB of 64-byte blocks; a key's five probes all fall
 //! in one block, so each check costs one cache miss, not five; the block and the probes come
 //! from the key's own SHA-256 bytes), so memory does not grow with the backlog. It is never
 //! replicated and never decides an outcome: it only skips reads whose answer is known, so every
 //! replica still computes the same state. Rows are added before the batch that writes them
 //! commits and never removed (a deleted row only costs a needless lookup); it is rebuilt from the
-//! index at open and after a snapshot install. It lets through about 0.5% of absent keys with
-//! 5.5 million rows added since the last rebuild and 2.5% with 8.5 million, more beyond, and
-//! stays correct.
+//! index at open and after a snapshot install. It lets through about 0.03% of absent keys with
+//! 5.5 million rows added since the last rebuild, 0.2% with 8.5 million, 0.3% with 10 million,
+//! 1.6% with 15 million and 4% with 20 million (1M absent keys each), and stays correct. Each key
+//! let through costs a read of every dedup run, so the filter's size is what keeps a push's cost
+//! flat as the stored messages grow: at 8 MiB it let through 2.5% at 8.5 million, and batch
+//! pushes in the third round of `queen-bench cluster` cost 12% more CPU per message than with 16.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,14 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[repr(align(64))]
 struct Block([AtomicU64; 8]);
 
-/// Blocks of the node's filter: 2^17 blocks of 64 bytes, 8 MiB.
-const BLOCKS_LOG2: u32 = 17;
-/// Probes per key. Measured on this filter with 1M absent keys: 4 probes let through 0.67% at
-/// 5.5M keys held and 2.62% at 8.5M, 5 probes 0.50% and 2.46%, 6 probes 0.41% and 2.50% (more
-/// probes only pay while the filter is sparse).
+/// Blocks of the node's filter: 2^18 blocks of 64 bytes, 16 MiB.
+const BLOCKS_LOG2: u32 = 18;
+/// Probes per key. Measured with 1M absent keys on the 16 MiB filter: 5 probes let through
+/// 0.18% at 8.5M keys held and 4.2% at 20M, 6 probes 0.13% and 4.5%, 7 probes 0.10% and 5.1%
+/// (on the earlier 8 MiB one at 8.5M: 4 probes 2.62%, 5 probes 2.46%, 6 probes 2.50%); more
+/// probes only pay while the filter is sparse.
 const PROBES: u64 = 5;
 
-/// A fixed-size blocked bloom filter over dedup keys: the node's (8 MiB, [`DedupFilter::new`])
+/// A fixed-size blocked bloom filter over dedup keys: the node's (16 MiB, [`DedupFilter::new`])
 /// and the dedup index's table in memory (256 KiB, [`DedupFilter::with_blocks_log2`]).
 pub(crate) struct DedupFilter {
     blocks: Box<[Block]>,
@@ -151,7 +155,7 @@ impl DedupFilter {
 
 /// Ask the kernel to back the whole 2 MiB pages inside `[start, start + len)` with huge pages
 /// (none for a filter smaller than two of them).
-/// Every check of the filter reads a random block of 8 MiB: with 4 KiB pages nearly each one
+/// Every check of the filter reads a random block of 16 MiB: with 4 KiB pages nearly each one
 /// also misses the TLB, which in a virtual machine costs a nested page walk. Measured with
 /// `perf` on a follower under pushes, the filter's share of the samples fell by about a third
 /// with huge pages. A refusal (no THP support) is harmless: the pages stay small.
