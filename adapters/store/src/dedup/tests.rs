@@ -367,3 +367,53 @@ fn a_table_written_out_behind_respects_clear_and_a_new_opening() {
     assert_eq!(other.stats(), (0, 0, 0));
     assert!(other.lookup(&key(2, 5)).unwrap().is_empty());
 }
+
+/// Merges fall back from the idle class to an ordinary priority once the tier due holds twice
+/// the fan-out: an idle-class thread on a core that is never idle must not let runs pile up.
+#[test]
+fn merges_that_fell_behind_are_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs: Vec<Arc<Run>> = (0..2 * FANOUT as u64)
+        .map(|id| {
+            let mut e = (0..4u64).map(|i| ent(&key(1, id * 4 + i), i));
+            Arc::new(Run::write(dir.path(), id + 1, &mut e).unwrap())
+        })
+        .collect();
+    assert!(!DedupIndex::behind_in(&runs[..FANOUT - 1], 4));
+    assert!(!DedupIndex::behind_in(&runs[..FANOUT], 4));
+    assert!(!DedupIndex::behind_in(&runs[..2 * FANOUT - 1], 4));
+    assert!(DedupIndex::behind_in(&runs, 4));
+}
+
+/// The merge thread's priority: the idle class, and back to the ordinary one at nice 10.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_merge_priority_is_the_idle_class_or_nice_ten() {
+    std::thread::spawn(|| {
+        // SAFETY: these calls take and return numbers for the calling thread only.
+        #[allow(unsafe_code)]
+        let now = || unsafe {
+            (
+                libc::sched_getscheduler(0),
+                libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t),
+            )
+        };
+        // Root (as in CI) may leave the idle class again, so it is used.
+        // SAFETY: geteuid takes nothing and returns a number.
+        #[allow(unsafe_code)]
+        let root = unsafe { libc::geteuid() } == 0;
+        let allowed = super::flush::idle_class_allowed();
+        assert!(allowed || !root);
+        super::flush::set_priority(true);
+        let want = if allowed {
+            libc::SCHED_IDLE
+        } else {
+            libc::SCHED_OTHER
+        };
+        assert_eq!(now().0, want);
+        super::flush::set_priority(false);
+        assert_eq!(now(), (libc::SCHED_OTHER, 10));
+    })
+    .join()
+    .unwrap();
+}
