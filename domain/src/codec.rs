@@ -19,6 +19,25 @@ pub fn encode_with_capacity<T: Serialize>(value: &T, capacity: usize) -> Vec<u8>
     postcard::to_extend(value, Vec::with_capacity(capacity)).unwrap_or_default()
 }
 
+/// Encode a record at the end of `out`.
+///
+/// # Errors
+/// The value cannot be encoded (postcard refuses only sequences of unknown length, which no
+/// record has); `out` is left as it was.
+pub fn encode_onto<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), postcard::Error> {
+    /// The end of a vector, as postcard's output.
+    struct Tail<'a>(&'a mut Vec<u8>);
+    impl Extend<u8> for Tail<'_> {
+        fn extend<I: IntoIterator<Item = u8>>(&mut self, iter: I) {
+            self.0.extend(iter);
+        }
+    }
+    let len = out.len();
+    postcard::to_extend(value, Tail(out))
+        .map(drop)
+        .inspect_err(|_| out.truncate(len))
+}
+
 /// Decode a stored record; a failure names the key.
 ///
 /// # Errors

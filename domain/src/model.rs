@@ -443,6 +443,14 @@ impl MessageRecRef<'_> {
             + 64;
         crate::codec::encode_with_capacity(self, hint)
     }
+
+    /// [`Self::encode`], appended to `out`.
+    ///
+    /// # Errors
+    /// As [`crate::codec::encode_onto`] (never for a message); `out` is left as it was.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), postcard::Error> {
+        crate::codec::encode_onto(self, out)
+    }
 }
 
 /// The fields of a stored message before its payload, decoded without reading the payload

@@ -4,7 +4,7 @@
 use crate::model::MessageRecRef;
 use crate::time::Stamp;
 
-/// Why [`pushed_messages`] could not read an entry's messages.
+/// Why [`for_pushed_messages`] could not read an entry's messages.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PushedMessagesError {
     /// The bytes are not a push entry of this build.
@@ -29,17 +29,18 @@ pub enum PushedMessagesError {
 }
 
 /// The stored messages of items `first .. first + count` of an encoded `Command::Push` entry
-/// applied at `stamp`: byte for byte what the push appended for them, for a store that keeps
-/// the entry instead of the messages.
+/// applied at `stamp`, handed to `visit` in order: encoded, byte for byte what the push
+/// appended for them, for a store that keeps the entry instead of the messages.
 ///
 /// # Errors
-/// The bytes are not a push entry of this build, or it has fewer items.
-pub fn pushed_messages(
+/// The bytes are not a push entry of this build, or it has fewer items (nothing is visited).
+pub fn for_pushed_messages(
     entry: &[u8],
     stamp: u64,
     first: usize,
     count: usize,
-) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
+    visit: &mut dyn FnMut(&MessageRecRef<'_>),
+) -> Result<(), PushedMessagesError> {
     // Read in place: the items' text and payloads borrowed from `entry`, so that each message
     // is copied once, into its stored form.
     let (_, items) = crate::command::decode_push(entry).ok_or(PushedMessagesError::NotAPush)?;
@@ -51,11 +52,14 @@ pub fn pushed_messages(
             first,
             count,
         })?;
-    Ok(items.iter().map(|item| stored(item, stamp)).collect())
+    for item in items {
+        visit(&stored(item, stamp));
+    }
+    Ok(())
 }
 
 /// What the push stored for `item` applied at `stamp`.
-fn stored(item: &crate::command::PushItemRef<'_>, stamp: u64) -> Vec<u8> {
+fn stored<'a>(item: &crate::command::PushItemRef<'a>, stamp: u64) -> MessageRecRef<'a> {
     MessageRecRef {
         transaction_id: item.transaction_id,
         id: item.message_id,
@@ -66,12 +70,11 @@ fn stored(item: &crate::command::PushItemRef<'_>, stamp: u64) -> Vec<u8> {
         // `Command::AsProducer` are stored as encoded messages, not kept entries).
         producer: None,
     }
-    .encode()
 }
 
 /// Where each item of an encoded `Command::Push` entry starts in `entry`, and where the last
 /// one ends (one more position than items): items `a .. b` are the bytes
-/// `bounds[a] .. bounds[b]`, which [`pushed_items`] reads on their own. `None` for bytes that
+/// `bounds[a] .. bounds[b]`, which [`for_pushed_items`] reads on their own. `None` for bytes that
 /// are not a push entry laid out as this build writes one.
 ///
 /// It walks the encoding without decoding it (lengths only, no text checked): the store calls
@@ -138,31 +141,53 @@ fn skip_sized(b: &[u8], at: &mut usize) -> Option<()> {
 }
 
 /// The stored messages of `count` push items encoded back to back in `items` (a piece of a
-/// push entry cut at [`item_bounds`]) applied at `stamp`: what [`pushed_messages`] gives for
-/// the same items of the whole entry.
+/// push entry cut at [`item_bounds`]) applied at `stamp`, handed to `visit`: what
+/// [`for_pushed_messages`] gives for the same items of the whole entry.
 ///
 /// # Errors
-/// The bytes are not exactly `count` whole items.
-pub fn pushed_items(
+/// The bytes are not exactly `count` whole items (some may have been visited: the caller
+/// drops what it built).
+pub fn for_pushed_items(
     items: &[u8],
     stamp: u64,
     count: usize,
-) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
+    visit: &mut dyn FnMut(&MessageRecRef<'_>),
+) -> Result<(), PushedMessagesError> {
     let bad = || PushedMessagesError::NotItems { count };
-    let mut out = Vec::with_capacity(count);
     let mut rest = items;
     for _ in 0..count {
         let (item, r) = postcard::take_from_bytes::<crate::command::PushItemRef<'_>>(rest)
             .map_err(|_| bad())?;
         rest = r;
-        out.push(stored(&item, stamp));
+        visit(&stored(&item, stamp));
     }
-    if rest.is_empty() { Ok(out) } else { Err(bad()) }
+    if rest.is_empty() { Ok(()) } else { Err(bad()) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pushed_messages(
+        entry: &[u8],
+        stamp: u64,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
+        let mut out = Vec::new();
+        for_pushed_messages(entry, stamp, first, count, &mut |m| out.push(m.encode()))?;
+        Ok(out)
+    }
+
+    fn pushed_items(
+        items: &[u8],
+        stamp: u64,
+        count: usize,
+    ) -> Result<Vec<Vec<u8>>, PushedMessagesError> {
+        let mut out = Vec::new();
+        for_pushed_items(items, stamp, count, &mut |m| out.push(m.encode()))?;
+        Ok(out)
+    }
 
     /// A push entry read in place gives, for any run of its items, the bytes the push stores
     /// for them; another entry, or a run past its items, is an error.

@@ -30,7 +30,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use codec::{encode, frame_head};
+use codec::frame_head;
+use queen_domain::model::MessageRecRef;
 
 use crate::writeback::start as start_writeback;
 
@@ -155,24 +156,52 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    /// A record built from messages, as `parse` reads one of this log.
-    pub(crate) fn from_values(pid: u64, base: u64, stamp: u64, values: &[Vec<u8>]) -> Record {
-        let mut out = Vec::new();
-        encode(
-            &NewRecord {
-                pid,
-                base,
-                stamp,
-                values: values.iter().map(Vec::as_slice).collect(),
-            },
-            &mut out,
-        );
-        Record {
+    /// A record of `pid` from `base` at `stamp` whose messages `fill` hands to the closure
+    /// it is given, encoded straight into the record's body (as `parse` reads one of this
+    /// log); `expected` is how many there should be, so that the body is sized once (by the
+    /// first message) instead of grown step by step. An error is `fill`'s, or a message that
+    /// could not be encoded.
+    pub(crate) fn build(
+        pid: u64,
+        base: u64,
+        stamp: u64,
+        expected: usize,
+        fill: impl FnOnce(&mut dyn FnMut(&MessageRecRef<'_>)) -> Result<(), String>,
+    ) -> Result<Record, String> {
+        let mut body = Vec::new();
+        codec::body_fixed(pid, base, 0, stamp, &mut body);
+        let mut count = 0u32;
+        let mut failed = None;
+        fill(&mut |m| {
+            if count == 0 {
+                // Lengths and the stamp are varints, the id 16 bytes (see `MessageRecRef`).
+                let one = 4 + 48 + m.transaction_id.len() + m.payload.len();
+                body.reserve(one.saturating_mul(expected));
+            }
+            let at = body.len();
+            body.extend_from_slice(&[0; 4]);
+            match m.encode_into(&mut body) {
+                Ok(()) => {
+                    let len = u32::try_from(body.len() - at - 4).unwrap_or(u32::MAX);
+                    body[at..at + 4].copy_from_slice(&len.to_le_bytes());
+                    count += 1;
+                }
+                Err(e) => {
+                    body.truncate(at);
+                    failed.get_or_insert(e);
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(format!("a message could not be encoded: {e}"));
+        }
+        codec::set_count(&mut body, count);
+        Ok(Record {
             pid,
             base,
-            body: out.split_off(RECORD_HEAD),
-            count: u32::try_from(values.len()).unwrap_or(u32::MAX),
-        }
+            body,
+            count,
+        })
     }
 
     /// The record framed as this log stores it (head and body).

@@ -10,21 +10,28 @@ use super::{BODY_FIXED, CODEC_MESSAGES, NewRecord, RECORD_HEAD, Record, SegmentE
 pub(super) fn encode(r: &NewRecord<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; RECORD_HEAD]);
-    out.push(CODEC_MESSAGES);
-    out.extend_from_slice(&r.pid.to_le_bytes());
-    out.extend_from_slice(&r.base.to_le_bytes());
-    out.extend_from_slice(
-        &u32::try_from(r.values.len())
-            .unwrap_or(u32::MAX)
-            .to_le_bytes(),
-    );
-    out.extend_from_slice(&r.stamp.to_le_bytes());
+    let count = u32::try_from(r.values.len()).unwrap_or(u32::MAX);
+    body_fixed(r.pid, r.base, count, r.stamp, out);
     for v in &r.values {
         out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(v);
     }
     let head = frame_head(&out[start + RECORD_HEAD..]);
     out[start..start + RECORD_HEAD].copy_from_slice(&head);
+}
+
+/// The fixed part of a record's body ([`BODY_FIXED`] bytes), appended to `out`.
+pub(super) fn body_fixed(pid: u64, base: u64, count: u32, stamp: u64, out: &mut Vec<u8>) {
+    out.push(CODEC_MESSAGES);
+    out.extend_from_slice(&pid.to_le_bytes());
+    out.extend_from_slice(&base.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&stamp.to_le_bytes());
+}
+
+/// Set the message count in a record body that starts with its fixed part.
+pub(super) fn set_count(body: &mut [u8], count: u32) {
+    body[17..21].copy_from_slice(&count.to_le_bytes());
 }
 
 /// The head of a record: its body's length and CRC32.

@@ -106,18 +106,26 @@ impl Segments {
             if crc32fast::hash(&bytes) != raft.crc {
                 return Err(damaged("entry checksum mismatch".to_owned()));
             }
-            let values = if raft.first_item == super::ITEMS_ONLY {
-                queen_domain::pushed::pushed_items(&bytes, raft.stamp, count as usize)
-            } else {
-                queen_domain::pushed::pushed_messages(
-                    &bytes,
-                    raft.stamp,
-                    raft.first_item as usize,
-                    count as usize,
-                )
-            }
-            .map_err(|e| damaged(e.to_string()))?;
-            Ok(Record::from_values(pid, base, raft.stamp, &values))
+            Record::build(pid, base, raft.stamp, count as usize, |visit| {
+                if raft.first_item == super::ITEMS_ONLY {
+                    queen_domain::pushed::for_pushed_items(
+                        &bytes,
+                        raft.stamp,
+                        count as usize,
+                        visit,
+                    )
+                } else {
+                    queen_domain::pushed::for_pushed_messages(
+                        &bytes,
+                        raft.stamp,
+                        raft.first_item as usize,
+                        count as usize,
+                        visit,
+                    )
+                }
+                .map_err(|e| e.to_string())
+            })
+            .map_err(damaged)
         })
     }
 

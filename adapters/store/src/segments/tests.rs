@@ -186,6 +186,35 @@ fn a_kept_record_reads_the_same_from_the_whole_entry_and_from_its_items_alone() 
     assert_eq!(values(&new), values(&old));
     assert_eq!(values(&new).len(), 4);
     assert_eq!(values(&new)[0].0, 40);
+    // Byte for byte the record the segment log would have written for those messages.
+    let stored: Vec<Vec<u8>> = (2..6u8)
+        .map(|i| {
+            queen_domain::model::MessageRecRef {
+                transaction_id: &format!("t{i}"),
+                id: [i; 16],
+                trace_id: (i == 3).then_some("trace"),
+                stamp: queen_domain::time::Stamp(stamp),
+                payload: &vec![i; 100 + usize::from(i)],
+                producer: None,
+            }
+            .encode()
+        })
+        .collect();
+    let mut want = Vec::new();
+    codec::encode(
+        &NewRecord {
+            pid: 9,
+            base: 40,
+            stamp,
+            values: stored.iter().map(Vec::as_slice).collect(),
+        },
+        &mut want,
+    );
+    assert!(
+        old.framed() == want,
+        "a kept record as the segment log frames it"
+    );
+    assert!(new.framed() == want);
     // One changed byte inside the items: refused (fresh segments, so that nothing is cached).
     let mut bad = file.clone();
     bad[100 + b[3] as usize + 3] ^= 1;
