@@ -159,13 +159,14 @@ impl Record {
     /// A record of `pid` from `base` at `stamp` whose messages `fill` hands to the closure
     /// it is given, encoded straight into the record's body (as `parse` reads one of this
     /// log); `expected` is how many there should be, so that the body is sized once (by the
-    /// first message) instead of grown step by step. An error is `fill`'s, or a message that
-    /// could not be encoded.
+    /// first message, and never beyond `limit` bytes: `expected` comes from an index row)
+    /// instead of grown step by step. An error is `fill`'s, or a message that could not be
+    /// encoded.
     pub(crate) fn build(
         pid: u64,
         base: u64,
         stamp: u64,
-        expected: usize,
+        (expected, limit): (usize, usize),
         fill: impl FnOnce(&mut dyn FnMut(&MessageRecRef<'_>)) -> Result<(), String>,
     ) -> Result<Record, String> {
         let mut body = Vec::new();
@@ -176,7 +177,7 @@ impl Record {
             if count == 0 {
                 // Lengths and the stamp are varints, the id 16 bytes (see `MessageRecRef`).
                 let one = 4 + 48 + m.transaction_id.len() + m.payload.len();
-                body.reserve(one.saturating_mul(expected));
+                body.reserve(one.saturating_mul(expected).min(limit));
             }
             let at = body.len();
             body.extend_from_slice(&[0; 4]);

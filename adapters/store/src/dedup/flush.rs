@@ -435,9 +435,4 @@ pub(super) fn idle_class_allowed() -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-thread_local! {
-    static IDLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-#[cfg(not(target_os = "linux"))]
 pub(super) fn set_priority(_idle: bool) {}

@@ -106,7 +106,10 @@ impl Segments {
             if crc32fast::hash(&bytes) != raft.crc {
                 return Err(damaged("entry checksum mismatch".to_owned()));
             }
-            Record::build(pid, base, raft.stamp, count as usize, |visit| {
+            // A stored message is its item's bytes less the names, plus a stamp: the items'
+            // bytes bound the body, with room for the stamps.
+            let size = (count as usize, 2 * bytes.len() + 64);
+            Record::build(pid, base, raft.stamp, size, |visit| {
                 if raft.first_item == super::ITEMS_ONLY {
                     queen_domain::pushed::for_pushed_items(
                         &bytes,
