@@ -435,13 +435,18 @@ impl MessageRecRef<'_> {
     /// The record's bytes, in one allocation of the right size.
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        // Lengths are varints of at most 10 bytes; the stamp at most 10; the id 16.
-        let hint = self.transaction_id.len()
+        crate::codec::encode_with_capacity(self, self.size_hint())
+    }
+
+    /// Bytes the encoding takes at most: lengths are varints of at most 10 bytes, the stamp at
+    /// most 10, the id 16.
+    #[must_use]
+    pub fn size_hint(&self) -> usize {
+        self.transaction_id.len()
             + self.trace_id.map_or(0, str::len)
             + self.producer.map_or(0, str::len)
             + self.payload.len()
-            + 64;
-        crate::codec::encode_with_capacity(self, hint)
+            + 64
     }
 
     /// [`Self::encode`], appended to `out`.

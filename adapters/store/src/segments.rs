@@ -175,8 +175,8 @@ impl Record {
         let mut failed = None;
         fill(&mut |m| {
             if count == 0 {
-                // Lengths and the stamp are varints, the id 16 bytes (see `MessageRecRef`).
-                let one = 4 + 48 + m.transaction_id.len() + m.payload.len();
+                // Each message: its length, then its encoding.
+                let one = 4 + m.size_hint();
                 body.reserve(one.saturating_mul(expected).min(limit));
             }
             let at = body.len();

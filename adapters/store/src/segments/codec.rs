@@ -29,9 +29,12 @@ pub(super) fn body_fixed(pid: u64, base: u64, count: u32, stamp: u64, out: &mut 
     out.extend_from_slice(&stamp.to_le_bytes());
 }
 
+/// Where a record body's message count sits: after the codec, the partition and the base.
+const COUNT_AT: usize = 1 + 8 + 8;
+
 /// Set the message count in a record body that starts with its fixed part.
 pub(super) fn set_count(body: &mut [u8], count: u32) {
-    body[17..21].copy_from_slice(&count.to_le_bytes());
+    body[COUNT_AT..COUNT_AT + 4].copy_from_slice(&count.to_le_bytes());
 }
 
 /// The head of a record: its body's length and CRC32.
@@ -74,7 +77,7 @@ pub(super) fn parse(
         return Err(damaged(format!("unknown record codec {}", body[0])));
     }
     let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default());
-    let count = u32::from_le_bytes(body[17..21].try_into().unwrap_or_default());
+    let count = u32::from_le_bytes(body[COUNT_AT..COUNT_AT + 4].try_into().unwrap_or_default());
     Ok(Record {
         pid: u64_at(1),
         base: u64_at(9),
