@@ -121,6 +121,9 @@ impl Command {
     /// [`Command::RetryDeadLetter`].
     pub const MESSAGE_MARKS_FORMAT: u32 = 3;
 
+    /// The log format that first reads [`Command::AckAt`].
+    pub const ACK_AT_FORMAT: u32 = 4;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {
@@ -129,6 +132,7 @@ impl Command {
             Command::DeleteMessage { .. } | Command::RetryDeadLetter { .. } => {
                 Self::MESSAGE_MARKS_FORMAT
             }
+            Command::AckAt { .. } => Self::ACK_AT_FORMAT,
             _ => 1,
         }
     }
@@ -446,6 +450,18 @@ pub enum Command {
         group: Option<GroupName>,
         /// The copy's message id, minted by the proposer.
         message_id: [u8; 16],
+    },
+    /// [`Command::Ack`] with, per item, the offset the proposing node found the message at
+    /// under the lease the item names (`machine::resolve_ack_offsets`): a replica whose
+    /// cursor still holds that lease takes it instead of reading the leased messages back.
+    /// Log format 4.
+    AckAt {
+        /// The group.
+        group: GroupName,
+        /// The items, answered in order.
+        items: Vec<AckItem>,
+        /// Per item (same order), the offset found under its lease; `None` where none was.
+        offsets: Vec<Option<u64>>,
     },
 }
 

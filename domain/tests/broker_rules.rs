@@ -549,3 +549,66 @@ fn the_cluster_version_only_rises() {
     assert_eq!(reads::cluster_version(&s.store).unwrap(), 2);
     assert_eq!(reads::max_clock_skew_ms(&s.store).unwrap(), Some(700));
 }
+
+#[test]
+fn an_ack_takes_the_offset_its_proposer_found_while_the_lease_still_covers_it() {
+    // Four messages under one lease, the first acknowledged; the proposer finds each where it is.
+    let mut s = Sim::new();
+    for t in ["a", "b", "c", "d"] {
+        s.push("q", "p", t);
+    }
+    let pop = s.pop("q", None, 4);
+    let pid = pop.claims[0].pid;
+    let item = |t: &str| AckItem {
+        transaction_id: tid(t),
+        partition_id: PartitionRef::Id(pid),
+        status: "completed".into(),
+        error: None,
+        lease_id: Some(lease(&pop.lease_id)),
+    };
+    let group = GroupName::queue_mode();
+    assert!(s.ack(None, &pop, 0, "completed").success);
+    let found = queen_domain::machine::resolve_ack_offsets(&s.store, &group, &[item("c")]).unwrap();
+    let at = |m: &PopOutcome, t: &str| {
+        m.claims[0]
+            .messages
+            .iter()
+            .find(|x| x.transaction_id == t)
+            .unwrap()
+            .offset
+    };
+    assert_eq!(found, [Some(at(&pop, "c"))]);
+    // The replica takes the offset it is given instead of reading the messages: an entry
+    // that says "b" is at c's offset moves the cursor past c (no proposer writes that; it
+    // shows the offset is what the apply used).
+    let cursor = |s: &Sim| {
+        reads::cursor(&s.store, pid, group.as_str())
+            .unwrap()
+            .unwrap()
+            .next
+    };
+    let mut taken = s.clone();
+    let Outcome::Ack(v) = taken.apply(Command::AckAt {
+        group: group.clone(),
+        items: vec![item("b")],
+        offsets: vec![Some(at(&pop, "c"))],
+    }) else {
+        panic!()
+    };
+    assert!(v[0].verdict.success);
+    assert_eq!(cursor(&taken), at(&pop, "c") + 1);
+    // An offset outside what the lease still covers (behind the cursor, or past the lease's
+    // end) is not taken: the messages are read, as for a plain ack.
+    for wrong in [at(&pop, "a"), at(&pop, "d") + 1] {
+        let mut read = s.clone();
+        let Outcome::Ack(v) = read.apply(Command::AckAt {
+            group: group.clone(),
+            items: vec![item("b")],
+            offsets: vec![Some(wrong)],
+        }) else {
+            panic!()
+        };
+        assert!(v[0].verdict.success);
+        assert_eq!(cursor(&read), at(&pop, "b") + 1, "offset {wrong}");
+    }
+}

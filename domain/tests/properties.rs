@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
 use queen_domain::ids::{LeaseId, PartitionRef, TransactionId};
-use queen_domain::machine::{apply_encoded, apply_entry_as};
+use queen_domain::machine::{apply_encoded, apply_entry_as, resolve_ack_offsets};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants};
@@ -16,6 +16,7 @@ enum Op {
     Push { part: u8, txn: u8 },
     Pop { group: u8, batch: u8, parts: u8 },
     AckLast { status: u8, idx: u8 },
+    AckAll { status: u8 },
     Extend,
     Tick,
     Wait { secs: u8 },
@@ -30,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..3, 0u8..12).prop_map(|(part, txn)| Op::Push { part, txn }),
         3 => (0u8..3, 1u8..4, 1u8..3).prop_map(|(group, batch, parts)| Op::Pop { group, batch, parts }),
         3 => (0u8..4, 0u8..4).prop_map(|(status, idx)| Op::AckLast { status, idx }),
+        1 => (0u8..4).prop_map(|status| Op::AckAll { status }),
         1 => Just(Op::Extend),
         1 => Just(Op::Tick),
         1 => (0u8..8).prop_map(|secs| Op::Wait { secs }),
@@ -97,6 +99,28 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                         error: None,
                         lease_id: Some(LeaseId::new(pop.lease_id.clone()).unwrap()),
                     }],
+                }
+            }
+            Op::AckAll { status } => {
+                let Some((group, pop)) = &last_pop else {
+                    continue;
+                };
+                let lease = LeaseId::new(pop.lease_id.clone()).unwrap();
+                Command::Ack {
+                    group: GroupName::or_queue_mode(Some(group)).unwrap(),
+                    items: pop
+                        .claims
+                        .iter()
+                        .flat_map(|c| c.messages.iter().map(move |m| (c.pid, m)))
+                        .map(|(pid, m)| AckItem {
+                            transaction_id: TransactionId::new(m.transaction_id.clone()).unwrap(),
+                            partition_id: PartitionRef::Id(pid),
+                            status: ["completed", "failed", "dlq", "retry"][*status as usize]
+                                .into(),
+                            error: None,
+                            lease_id: Some(lease.clone()),
+                        })
+                        .collect(),
                 }
             }
             Op::Extend => {
@@ -224,6 +248,42 @@ proptest! {
             follower.commit(w);
         }
         prop_assert_eq!(one_by_one, follower);
+    }
+
+    #[test]
+    fn acks_with_offsets_found_ahead_apply_as_acks_without(ops in proptest::collection::vec(op(), 1..60), lag in 0usize..4) {
+        // Each ack goes again as `AckAt`, its offsets found in the state `lag` entries before
+        // it (a proposer whose applied state lags the log): the same answers and the same state.
+        let (entries, plain) = build_entries(&ops);
+        let mut states = vec![MemStore::new()];
+        let mut at = MemStore::new();
+        let mut answers = (Vec::new(), Vec::new());
+        for (i, e) in entries.iter().enumerate() {
+            let mut txn = Txn::new(&states[states.len() - 1]);
+            answers.0.push(apply_entry(&mut txn, e, i as u64 + 1).unwrap().outcome);
+            let w = txn.into_writes();
+            let mut next = states[states.len() - 1].clone();
+            next.commit(w);
+            let command = match &e.command {
+                Command::Ack { group, items } => {
+                    let seen = &states[states.len().saturating_sub(1 + lag)];
+                    Command::AckAt {
+                        group: group.clone(),
+                        items: items.clone(),
+                        offsets: resolve_ack_offsets(seen, group, items).unwrap(),
+                    }
+                }
+                c => c.clone(),
+            };
+            let e = Entry { proposed_at: e.proposed_at, command };
+            let mut txn = Txn::new(&at);
+            answers.1.push(apply_entry(&mut txn, &e, i as u64 + 1).unwrap().outcome);
+            let w = txn.into_writes();
+            at.commit(w);
+            states.push(next);
+        }
+        prop_assert_eq!(&plain, &at);
+        prop_assert_eq!(answers.0, answers.1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Three real nodes on loopback and their membership: changes need the raft token, a node is
 //! replaced while health reports a lost quorum, the cluster version rises only when every
-//! member reads it, and a node refuses a data directory marked newer than it reads.
+//! member reads it, acks settle alike in either log format, and a node refuses a data
+//! directory marked newer than it reads.
 
 use std::path::Path;
 use std::time::Duration;
@@ -239,52 +240,52 @@ fn raft_field(n: &Node, field: &str) -> u64 {
 
 #[test]
 fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data() {
-    // Nodes 1 and 2 pretend a newer build that reads format 4 (test-only switch); node 3 reads
-    // this build's 3.
+    // Nodes 1 and 2 pretend a newer build that reads format 5 (test-only switch); node 3 reads
+    // this build's 4.
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), |i| {
         let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
         if i < 2 {
-            env.push(("QUEEN_TEST_LOG_KINDS", "4"));
+            env.push(("QUEEN_TEST_LOG_KINDS", "5"));
         }
         env
     });
     let kinds: Vec<u64> = nodes.iter().map(|n| raft_field(n, "kinds")).collect();
-    assert_eq!(kinds, [4, 4, 3], "each node reports the format it reads");
+    assert_eq!(kinds, [5, 5, 4], "each node reports the format it reads");
     assert!(
         eventually(Duration::from_secs(30), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 3)),
+            .all(|n| raft_field(n, "clusterVersion") == 4)),
         "the leader raised the cluster version to what every member reads"
     );
     // For several gate rounds it does not go past what node 3 reads.
     assert!(
         queen_tests::holds_for(Duration::from_secs(3), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 3)),
+            .all(|n| raft_field(n, "clusterVersion") == 4)),
         "{:?}",
         nodes.iter().map(health).collect::<Vec<_>>()
     );
-    // Upgrade node 3: now every member reads 4, and the version follows.
+    // Upgrade node 3: now every member reads 5, and the version follows.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
-    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "4");
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "5");
     nodes[2].restart();
     assert!(
         eventually(Duration::from_secs(30), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 4)),
+            .all(|n| raft_field(n, "clusterVersion") == 5)),
         "the version rises once the last member reads it: {:?}",
         nodes.iter().map(health).collect::<Vec<_>>()
     );
     let marker = nodes[2].dir.join("cluster-version");
     assert!(
         eventually(Duration::from_secs(10), || std::fs::read_to_string(&marker)
-            .is_ok_and(|t| t.trim() == "4")),
+            .is_ok_and(|t| t.trim() == "5")),
         "each node records the version in its data directory"
     );
     // A downgrade past the format change stops at the first node: it refuses to start.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
-    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "3");
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "4");
     nodes[2].launch();
     let status = nodes[2]
         .wait_exit(Duration::from_secs(30))
@@ -293,12 +294,80 @@ fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data
     assert!(
         nodes[2]
             .log_text()
-            .contains("holds cluster format version 4, newer than this build reads (3)"),
+            .contains("holds cluster format version 5, newer than this build reads (4)"),
         "{}",
         nodes[2].log_text()
     );
     // The other two go on writing.
     push(&nodes[0], "after-downgrade", "still-writing");
+}
+
+/// Pop `n` messages of `queue` from `from` and acknowledge them all in one batch through `to`;
+/// answers the verdicts.
+fn pop_and_ack(from: &Node, to: &Node, queue: &str, n: usize) -> Vec<serde_json::Value> {
+    let got = from.get(&format!("/api/v1/pop/queue/{queue}?batch={n}&wait=false"));
+    assert_eq!(got.status, 200, "{}", got.text);
+    let msgs = got.json["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(msgs.len(), n, "{}", got.text);
+    let acks: Vec<_> = msgs
+        .iter()
+        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": got.json["leaseId"], "status": "completed"}))
+        .collect();
+    let a = to.post("/api/v1/ack/batch", &json!({"acknowledgments": acks}));
+    assert_eq!(a.status, 200, "{}", a.text);
+    a.json.as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn acks_apply_alike_before_and_after_every_member_reads_acks_with_offsets() {
+    // Node 3 reads format 3 (acks without offsets) until it is upgraded; acks taken by a
+    // follower and by the leader settle every message either way.
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster_with(dir.path(), |i| {
+        let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
+        if i == 2 {
+            env.push(("QUEEN_TEST_LOG_KINDS", "3"));
+        }
+        env
+    });
+    for version in [3, 4] {
+        assert!(
+            eventually(Duration::from_secs(30), || nodes
+                .iter()
+                .all(|n| raft_field(n, "clusterVersion") == version)),
+            "{:?}",
+            nodes.iter().map(health).collect::<Vec<_>>()
+        );
+        let leader = leader_index(&nodes, None).expect("a leader");
+        let follower = (leader + 1) % 3;
+        let queue = format!("acks-v{version}");
+        for i in 0..10 {
+            push(&nodes[leader], &queue, &format!("m{i}"));
+        }
+        for (from, to) in [(leader, follower), (follower, leader)] {
+            // Each ack settles its own message (none is a repeat) and the last one ends the
+            // lease.
+            let verdicts = pop_and_ack(&nodes[from], &nodes[to], &queue, 5);
+            let settled: Vec<_> = verdicts
+                .iter()
+                .map(|v| (&v["success"], &v["noop"], &v["error"], &v["leaseReleased"]))
+                .collect();
+            let mut expected = vec![(&json!(true), &json!(false), &json!(null), &json!(false)); 5];
+            expected[4].3 = &json!(true);
+            assert_eq!(settled, expected, "format {version}: {verdicts:?}");
+        }
+        let rest = nodes[leader].get(&format!("/api/v1/pop/queue/{queue}?batch=10&wait=false"));
+        assert_eq!(
+            rest.status, 204,
+            "format {version}: every message was settled: {}",
+            rest.text
+        );
+        if version == 3 {
+            assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
+            nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "4");
+            nodes[2].restart();
+        }
+    }
 }
 
 #[test]
@@ -320,7 +389,7 @@ fn a_node_refuses_a_data_directory_marked_newer_than_it_reads() {
     assert_eq!(status.code(), Some(2), "{}", node.log_text());
     let log = node.log_text();
     assert!(
-        log.contains("holds cluster format version 7, newer than this build reads (3)"),
+        log.contains("holds cluster format version 7, newer than this build reads (4)"),
         "{log}"
     );
     assert!(

@@ -44,8 +44,9 @@ use crate::waiters::Waiters;
 use propose::Proposer;
 
 /// The highest log format this build reads (entries are versioned by their command set):
-/// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`.
-pub(crate) const LOG_KINDS: u32 = 3;
+/// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`,
+/// 4 `Command::AckAt`.
+pub(crate) const LOG_KINDS: u32 = 4;
 
 /// How long a tick may wait for its outcome.
 const TICK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -449,7 +450,7 @@ impl ClientApi for Broker {
         let statuses: Vec<AckStatus> = items.iter().map(|i| i.status.clone()).collect();
         let out = self
             .proposer
-            .propose_for(Command::Ack { group, items }, Outcome::into_ack)
+            .propose_for(self.ack_command(group, items), Outcome::into_ack)
             .await?;
         let m = self.telemetry.metrics();
         for (o, s) in out.iter().zip(&statuses) {

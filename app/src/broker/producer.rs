@@ -1,10 +1,13 @@
-//! `producerSub`: the producer a push is stamped with, once every member of the cluster reads
-//! the log format that carries it (`Command::AsProducer`, format 2).
+//! Commands of newer log formats, used once every member of the cluster reads them:
+//! `producerSub`, the producer a push is stamped with (`Command::AsProducer`, format 2), and
+//! acks that carry their offsets (`Command::AckAt`, format 4).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use queen_domain::command::Command;
+use queen_domain::command::{AckItem, Command};
+use queen_domain::machine::resolve_ack_offsets;
+use queen_domain::names::GroupName;
 use queen_domain::reads;
 
 use super::Broker;
@@ -30,6 +33,28 @@ impl Broker {
             tracing::warn!(target: "queen-app", version, "producerSub not stamped: the cluster writes log format {version} because a member runs an earlier build; pushes are stored without their producer until every member is upgraded");
         }
         None
+    }
+
+    /// The command for an ack: `AckAt`, with the offsets this node finds the messages at under
+    /// their leases (so no replica reads the leased messages back to find them), once every
+    /// member reads it; else, or when this node cannot read its state, `Ack`. Never waits:
+    /// an ack of a cluster that has just started goes as `Ack`.
+    pub(super) fn ack_command(&self, group: GroupName, items: Vec<AckItem>) -> Command {
+        let view = self.state.view();
+        if reads::cluster_version(&*view).unwrap_or(0) < Command::ACK_AT_FORMAT {
+            return Command::Ack { group, items };
+        }
+        match resolve_ack_offsets(&*view, &group, &items) {
+            Ok(offsets) => Command::AckAt {
+                group,
+                items,
+                offsets,
+            },
+            Err(e) => {
+                tracing::debug!(target: "queen-app", error = %e, "ack offsets not resolved");
+                Command::Ack { group, items }
+            }
+        }
     }
 
     /// The log format the cluster writes; on a cluster that has written none yet (it has just

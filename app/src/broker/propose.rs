@@ -36,7 +36,7 @@ fn kind(c: &Command) -> &'static str {
         Command::Tick => "tick",
         Command::Push(_) => "push",
         Command::Pop(_) => "pop",
-        Command::Ack { .. } => "ack",
+        Command::Ack { .. } | Command::AckAt { .. } => "ack",
         Command::ExtendLease { .. } => "extend",
         Command::Configure { .. } => "configure",
         Command::DeleteQueue { .. } => "delete_queue",

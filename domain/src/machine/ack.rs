@@ -20,19 +20,23 @@ fn refused(error: impl Into<String>) -> AckVerdict {
     }
 }
 
-/// Apply acknowledgements in order; each is answered on its own.
+/// Apply acknowledgements in order; each is answered on its own. `found` holds, per item, the
+/// offset the proposer found it at under the lease it names ([`resolve_offsets`]; empty when
+/// the entry carries none, as `Command::Ack` does).
 /// With `answered` false (nobody on this node waits) the answers do not copy the ids.
 pub(crate) fn ack(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     group: &GroupName,
     items: &[AckItem],
+    found: &[Option<u64>],
     answered: bool,
 ) -> Result<Vec<AckOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut leased = LeasedOffsets::default();
-    for item in items {
-        let verdict = ack_one(txn, stamp, group.as_str(), item, &mut leased)?;
+    for (i, item) in items.iter().enumerate() {
+        let hint = found.get(i).copied().flatten();
+        let verdict = ack_one(txn, stamp, group.as_str(), item, hint, &mut leased)?;
         out.push(AckOutcome {
             transaction_id: text_for_answer(answered, item.transaction_id.as_str()),
             verdict,
@@ -40,6 +44,40 @@ pub(crate) fn ack(
     }
     leased.write_cursors(txn);
     Ok(out)
+}
+
+/// Where the node that takes an ack finds each item's message under the lease the item names,
+/// in its applied state: `Some(offset)` when the item's partition is held by that lease in
+/// `group` and the lease's messages hold the transactionId, else `None`. Carried in
+/// `Command::AckAt`, so that each replica's apply need not read the leased messages back
+/// (each stored message's offset never changes; within one lease's range a transactionId
+/// can only lose its message, never move, so the answer holds while the lease does).
+///
+/// # Errors
+/// Only store failures.
+pub fn resolve_offsets(
+    s: &dyn crate::store::StateRead,
+    group: &GroupName,
+    items: &[AckItem],
+) -> Result<Vec<Option<u64>>, StoreError> {
+    let mut leased = LeasedOffsets::default();
+    items
+        .iter()
+        .map(|item| {
+            let (Some(lease), PartitionRef::Id(pid)) = (&item.lease_id, &item.partition_id) else {
+                return Ok(None);
+            };
+            let slot = leased.cursor_slot(s, *pid, group.as_str())?;
+            let c = &leased.cursors[slot].2;
+            match &c.lease {
+                Some(l) if l.id == *lease => {
+                    let (from, end) = (c.next, l.end);
+                    leased.find(s, *pid, lease, from, end, item.transaction_id.as_str())
+                }
+                _ => Ok(None),
+            }
+        })
+        .collect()
 }
 
 /// The offsets of the transactionIds under a lease, read once per ack call from the leased
@@ -63,12 +101,14 @@ pub(crate) struct LeasedOffsets {
     cursors: Vec<(u64, String, CursorRec, bool)>,
 }
 
-/// What an ack reads of a partition's queue.
+/// What an ack reads of a partition and its queue.
 #[derive(Clone, Copy)]
 struct RetryOptions {
     qid: u64,
     retry_limit: u32,
     dlq_after_max_retries: bool,
+    /// The partition's oldest stored offset (acks never move it).
+    log_start: u64,
 }
 
 impl LeasedOffsets {
@@ -104,6 +144,7 @@ impl LeasedOffsets {
                 qid: q.qid,
                 retry_limit: q.options.retry_limit,
                 dlq_after_max_retries: q.options.dlq_after_max_retries,
+                log_start: p.log_start,
             });
         if self.partitions.len() >= 64 {
             self.partitions.remove(0);
@@ -253,6 +294,7 @@ pub(crate) fn ack_one(
     stamp: Stamp,
     group: &str,
     item: &AckItem,
+    hint: Option<u64>,
     leased: &mut LeasedOffsets,
 ) -> Result<AckVerdict, StoreError> {
     if let AckStatus::Unknown(word) = &item.status {
@@ -274,7 +316,7 @@ pub(crate) fn ack_one(
     // marked changed when the item moved it.
     let slot = leased.cursor_slot(txn, pid, group)?;
     let mut c = std::mem::take(&mut leased.cursors[slot].2);
-    let judged = judge(txn, stamp, group, item, pid, opts, &mut c, leased);
+    let judged = judge(txn, stamp, group, item, hint, pid, opts, &mut c, leased);
     let entry = &mut leased.cursors[slot];
     entry.2 = c;
     let (verdict, changed) = judged?;
@@ -283,25 +325,34 @@ pub(crate) fn ack_one(
 }
 
 /// Judge one ack against the cursor `c` of its partition and group; answers the verdict and
-/// whether `c` changed.
+/// whether `c` changed. `hint` is where the proposer found the message under the item's lease.
 #[allow(clippy::too_many_arguments)]
 fn judge(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     group: &str,
     item: &AckItem,
+    hint: Option<u64>,
     pid: u64,
     opts: RetryOptions,
     c: &mut CursorRec,
     leased: &mut LeasedOffsets,
 ) -> Result<(AckVerdict, bool), StoreError> {
     let status = &item.status;
-    // Under the named live lease the leased messages say where the transactionId is; else
-    // (an unfenced ack, an expired lease, a message outside it) the dedup index does.
+    // Under the named live lease the leased messages say where the transactionId is; else (an
+    // unfenced ack, an expired lease, a message outside it) the dedup index does.
+    //
+    // The proposer's `hint` is taken instead of reading them when it lies in what this lease
+    // still covers: the same lease id means the same range, an offset names one message for
+    // good, and every offset from `log_start` up is stored. The proposer found the latest
+    // occurrence of the transactionId in a range that reached up to the lease's end, so no
+    // later one lies in this range either: the answer is the one reading them would give.
+    // Outside (acknowledged since, or deleted by retention since) the messages are read.
     let under_lease = match (&item.lease_id, &c.lease) {
-        (Some(id), Some(l)) if *id == l.id && l.expires > stamp => {
-            leased.find(txn, pid, id, c.next, l.end, item.transaction_id.as_str())?
-        }
+        (Some(id), Some(l)) if *id == l.id && l.expires > stamp => match hint {
+            Some(o) if o >= c.next && o >= opts.log_start && o < l.end => Some(o),
+            _ => leased.find(txn, pid, id, c.next, l.end, item.transaction_id.as_str())?,
+        },
         _ => None,
     };
     let offset = match under_lease {

@@ -26,6 +26,7 @@ use crate::keys;
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
+pub use ack::resolve_offsets as resolve_ack_offsets;
 pub use housekeeping::HousekeepingBudget;
 pub(crate) use pop::pop;
 
@@ -86,8 +87,13 @@ pub fn apply_entry_as(
         }
         Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
         Command::Ack { group, items } => {
-            Outcome::Ack(ack::ack(txn, stamp, group, items, answered)?)
+            Outcome::Ack(ack::ack(txn, stamp, group, items, &[], answered)?)
         }
+        Command::AckAt {
+            group,
+            items,
+            offsets,
+        } => Outcome::Ack(ack::ack(txn, stamp, group, items, offsets, answered)?),
         Command::ExtendLease { lease_id } => ack::extend(txn, stamp, lease_id)?,
         Command::Configure {
             queue,

@@ -62,7 +62,8 @@ pub(crate) fn apply(
                     if item.lease_id.is_none() {
                         item.lease_id.clone_from(&borrowed);
                     }
-                    let verdict = ack_one(&mut child, stamp, group.as_str(), &item, &mut leased)?;
+                    let verdict =
+                        ack_one(&mut child, stamp, group.as_str(), &item, None, &mut leased)?;
                     if !verdict.success {
                         let why = verdict.error.unwrap_or_default();
                         return Ok(failed(format!(
