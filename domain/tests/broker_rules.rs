@@ -568,7 +568,9 @@ fn an_ack_takes_the_offset_its_proposer_found_while_the_lease_still_covers_it() 
     };
     let group = GroupName::queue_mode();
     assert!(s.ack(None, &pop, 0, "completed").success);
-    let found = queen_domain::machine::resolve_ack_offsets(&s.store, &group, &[item("c")]).unwrap();
+    let found =
+        queen_domain::machine::resolve_ack_offsets(&s.store, &group, &[item("c")], |_, _, _| None)
+            .unwrap();
     let at = |m: &PopOutcome, t: &str| {
         m.claims[0]
             .messages

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use queen_domain::command::{AckItem, Command, Entry, Outcome, PopCommand, PushItem, Subscription};
 use queen_domain::ids::{LeaseId, PartitionRef, TransactionId};
-use queen_domain::machine::{apply_encoded, apply_entry_as, resolve_ack_offsets};
+use queen_domain::machine::{DeliveredOffsets, apply_encoded, apply_entry_as, resolve_ack_offsets};
 use queen_domain::model::QueueOptions;
 use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::{MemStore, Txn, apply_entry, invariants};
@@ -251,26 +251,43 @@ proptest! {
     }
 
     #[test]
-    fn acks_with_offsets_found_ahead_apply_as_acks_without(ops in proptest::collection::vec(op(), 1..60), lag in 0usize..4) {
+    fn acks_with_offsets_found_ahead_apply_as_acks_without(ops in proptest::collection::vec(op(), 1..60), lag in 0usize..4, from_pops: bool) {
         // Each ack goes again as `AckAt`, its offsets found in the state `lag` entries before
-        // it (a proposer whose applied state lags the log): the same answers and the same state.
+        // it (a proposer whose applied state lags the log), or first in what the pops
+        // delivered (the node that served them): the same answers and the same state.
         let (entries, plain) = build_entries(&ops);
         let mut states = vec![MemStore::new()];
         let mut at = MemStore::new();
         let mut answers = (Vec::new(), Vec::new());
+        let mut delivered: Vec<(String, u64, DeliveredOffsets)> = Vec::new();
         for (i, e) in entries.iter().enumerate() {
             let mut txn = Txn::new(&states[states.len() - 1]);
-            answers.0.push(apply_entry(&mut txn, e, i as u64 + 1).unwrap().outcome);
+            let outcome = apply_entry(&mut txn, e, i as u64 + 1).unwrap().outcome;
+            if let Outcome::Pop(p) = &outcome {
+                for c in &p.claims {
+                    if let Some(d) = DeliveredOffsets::of_claim(c) {
+                        delivered.push((p.lease_id.clone(), c.pid, d));
+                    }
+                }
+            }
+            answers.0.push(outcome);
             let w = txn.into_writes();
             let mut next = states[states.len() - 1].clone();
             next.commit(w);
             let command = match &e.command {
                 Command::Ack { group, items } => {
                     let seen = &states[states.len().saturating_sub(1 + lag)];
+                    let known = |lease: &LeaseId, pid: u64, t: &str| {
+                        delivered
+                            .iter()
+                            .filter(|_| from_pops)
+                            .find(|(l, p, _)| l == lease.as_str() && *p == pid)
+                            .and_then(|(_, _, d)| d.get(t))
+                    };
                     Command::AckAt {
                         group: group.clone(),
                         items: items.clone(),
-                        offsets: resolve_ack_offsets(seen, group, items).unwrap(),
+                        offsets: resolve_ack_offsets(seen, group, items, known).unwrap(),
                     }
                 }
                 c => c.clone(),

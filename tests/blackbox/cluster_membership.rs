@@ -321,7 +321,8 @@ fn pop_and_ack(from: &Node, to: &Node, queue: &str, n: usize) -> Vec<serde_json:
 #[test]
 fn acks_apply_alike_before_and_after_every_member_reads_acks_with_offsets() {
     // Node 3 reads format 3 (acks without offsets) until it is upgraded; acks taken by a
-    // follower and by the leader settle every message either way.
+    // follower or the leader, the node that answered the pop or another, settle every
+    // message either way.
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), |i| {
         let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
@@ -341,10 +342,17 @@ fn acks_apply_alike_before_and_after_every_member_reads_acks_with_offsets() {
         let leader = leader_index(&nodes, None).expect("a leader");
         let follower = (leader + 1) % 3;
         let queue = format!("acks-v{version}");
-        for i in 0..10 {
+        for i in 0..20 {
             push(&nodes[leader], &queue, &format!("m{i}"));
         }
-        for (from, to) in [(leader, follower), (follower, leader)] {
+        // Acked where the pop was answered (that node knows where it delivered them) and
+        // elsewhere (that node reads them).
+        for (from, to) in [
+            (leader, follower),
+            (follower, leader),
+            (leader, leader),
+            (follower, follower),
+        ] {
             // Each ack settles its own message (none is a repeat) and the last one ends the
             // lease.
             let verdicts = pop_and_ack(&nodes[from], &nodes[to], &queue, 5);

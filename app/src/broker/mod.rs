@@ -6,6 +6,7 @@
 
 mod admin;
 pub mod analytics;
+mod delivered;
 mod ephemeral;
 mod ephemeral_handover;
 mod ephemeral_lane;
@@ -75,6 +76,8 @@ pub struct Broker {
     push_lane: Option<crate::push_lane::PushLane>,
     /// Whether a push was stored without its producer (a cluster below log format 2) yet.
     unstamped_warned: std::sync::atomic::AtomicBool,
+    /// Where this node's pops delivered their messages, for the acks that follow them.
+    delivered: delivered::Delivered,
     /// Largest payload of one message, KV value or timer payload (`QUEEN_MAX_MESSAGE_BYTES`).
     max_message_bytes: usize,
     /// The S3 sink's block of `/status`, when the sink runs.
@@ -149,6 +152,7 @@ impl Broker {
             kinds: LOG_KINDS,
             push_lane: None,
             unstamped_warned: std::sync::atomic::AtomicBool::new(false),
+            delivered: delivered::Delivered::default(),
             max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
             reclaiming: Arc::default(),
@@ -427,6 +431,7 @@ impl ClientApi for Broker {
 
     async fn pop(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
         let mut out = self.long_poll(req).await?;
+        self.delivered.remember(&out);
         self.open_pop(&mut out);
         Ok(out)
     }
@@ -438,6 +443,7 @@ impl ClientApi for Broker {
         req: PopRequest,
     ) -> Result<(String, PopOutcome), BrokerError> {
         let (queue, mut out) = self.long_poll_tagged(namespace, task, req).await?;
+        self.delivered.remember(&out);
         self.open_pop(&mut out);
         Ok((queue, out))
     }

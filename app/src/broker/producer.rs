@@ -2,11 +2,13 @@
 //! `producerSub`, the producer a push is stamped with (`Command::AsProducer`, format 2), and
 //! acks that carry their offsets (`Command::AckAt`, format 4).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{AckItem, Command};
-use queen_domain::machine::resolve_ack_offsets;
+use queen_domain::ids::{LeaseId, PartitionRef};
+use queen_domain::machine::{DeliveredOffsets, resolve_ack_offsets};
 use queen_domain::names::GroupName;
 use queen_domain::reads;
 
@@ -36,15 +38,33 @@ impl Broker {
     }
 
     /// The command for an ack: `AckAt`, with the offsets this node finds the messages at under
-    /// their leases (so no replica reads the leased messages back to find them), once every
-    /// member reads it; else, or when this node cannot read its state, `Ack`. Never waits:
-    /// an ack of a cluster that has just started goes as `Ack`.
+    /// their leases (so no replica reads the leased messages back to find them): where its
+    /// own pop delivered them, else by reading its state. Used once every member reads it;
+    /// else, or when this node cannot read its state, `Ack`. Never waits: an ack of a
+    /// cluster that has just started goes as `Ack`.
     pub(super) fn ack_command(&self, group: GroupName, items: Vec<AckItem>) -> Command {
         let view = self.state.view();
         if reads::cluster_version(&*view).unwrap_or(0) < Command::ACK_AT_FORMAT {
             return Command::Ack { group, items };
         }
-        match resolve_ack_offsets(&*view, &group, &items) {
+        // The claims this node answered, looked up once per (lease, partition) of the items.
+        let mut claims: Vec<(&LeaseId, u64, Option<Arc<DeliveredOffsets>>)> = Vec::new();
+        for item in &items {
+            if let (Some(lease), PartitionRef::Id(pid)) = (&item.lease_id, &item.partition_id)
+                && !claims.iter().any(|(l, p, _)| *l == lease && p == pid)
+            {
+                claims.push((lease, *pid, self.delivered.claim(lease, *pid)));
+            }
+        }
+        let known = |lease: &LeaseId, pid: u64, t: &str| {
+            claims
+                .iter()
+                .find(|(l, p, _)| *l == lease && *p == pid)?
+                .2
+                .as_ref()?
+                .get(t)
+        };
+        match resolve_ack_offsets(&*view, &group, &items, known) {
             Ok(offsets) => Command::AckAt {
                 group,
                 items,

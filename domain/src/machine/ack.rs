@@ -53,12 +53,16 @@ pub(crate) fn ack(
 /// (each stored message's offset never changes; within one lease's range a transactionId
 /// can only lose its message, never move, so the answer holds while the lease does).
 ///
+/// `known(lease, pid, transactionId)` answers first, without reading: a node that served the
+/// pop knows where it delivered each message ([`DeliveredOffsets`]).
+///
 /// # Errors
 /// Only store failures.
 pub fn resolve_offsets(
     s: &dyn crate::store::StateRead,
     group: &GroupName,
     items: &[AckItem],
+    known: impl Fn(&LeaseId, u64, &str) -> Option<u64>,
 ) -> Result<Vec<Option<u64>>, StoreError> {
     let mut leased = LeasedOffsets::default();
     items
@@ -67,6 +71,9 @@ pub fn resolve_offsets(
             let (Some(lease), PartitionRef::Id(pid)) = (&item.lease_id, &item.partition_id) else {
                 return Ok(None);
             };
+            if let Some(o) = known(lease, *pid, item.transaction_id.as_str()) {
+                return Ok(Some(o));
+            }
             let slot = leased.cursor_slot(s, *pid, group.as_str())?;
             let c = &leased.cursors[slot].2;
             match &c.lease {
@@ -220,6 +227,48 @@ impl LeasedOffsets {
         let found = m.get(transaction_id);
         self.by_lease.push(((pid, lease.clone()), m));
         Ok(found)
+    }
+}
+
+/// Where one claim of a pop delivered its messages, by transactionId: what [`resolve_offsets`]
+/// finds under the claim's lease (the latest offset of each transactionId in the lease's
+/// range), known to the node that served the pop without reading the messages back.
+pub struct DeliveredOffsets(LeaseIndex);
+
+impl DeliveredOffsets {
+    /// `None` when the claim stepped over offsets (messages deleted or hidden from the group
+    /// inside it): its lease then covers messages it did not deliver, which only a read of the
+    /// range sees.
+    #[must_use]
+    pub fn of_claim(claim: &crate::command::Claim) -> Option<Self> {
+        let (first, last) = (claim.messages.first()?, claim.messages.last()?);
+        if last.offset.checked_sub(first.offset)? + 1 != claim.messages.len() as u64 {
+            return None;
+        }
+        let mut m = LeaseIndex::with_capacity(claim.messages.len());
+        for d in &claim.messages {
+            m.add(&d.transaction_id, d.offset);
+        }
+        m.seal();
+        Some(Self(m))
+    }
+
+    /// The offset of `transaction_id` in the claim.
+    #[must_use]
+    pub fn get(&self, transaction_id: &str) -> Option<u64> {
+        self.0.get(transaction_id)
+    }
+
+    /// How many messages it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.entries.len()
+    }
+
+    /// Whether it holds none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.entries.is_empty()
     }
 }
 

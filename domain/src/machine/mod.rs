@@ -26,7 +26,7 @@ use crate::keys;
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
-pub use ack::resolve_offsets as resolve_ack_offsets;
+pub use ack::{DeliveredOffsets, resolve_offsets as resolve_ack_offsets};
 pub use housekeeping::HousekeepingBudget;
 pub(crate) use pop::pop;
 
