@@ -242,7 +242,7 @@ impl DeliveredOffsets {
     #[must_use]
     pub fn of_claim(claim: &crate::command::Claim) -> Option<Self> {
         let (first, last) = (claim.messages.first()?, claim.messages.last()?);
-        if last.offset.checked_sub(first.offset)? + 1 != claim.messages.len() as u64 {
+        if last.offset.checked_sub(first.offset)? != claim.messages.len() as u64 - 1 {
             return None;
         }
         let mut m = LeaseIndex::with_capacity(claim.messages.len());
