@@ -42,6 +42,22 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// An ack of message `m` of partition `pid`, delivered by `pop`, under its lease.
+fn ack_item(
+    pop: &queen_domain::command::PopOutcome,
+    pid: u64,
+    m: &queen_domain::command::Delivered,
+    status: u8,
+) -> AckItem {
+    AckItem {
+        transaction_id: TransactionId::new(m.transaction_id.clone()).unwrap(),
+        partition_id: PartitionRef::Id(pid),
+        status: ["completed", "failed", "dlq", "retry"][status as usize].into(),
+        error: None,
+        lease_id: Some(LeaseId::new(pop.lease_id.clone()).unwrap()),
+    }
+}
+
 /// Turn ops into concrete entries; ack and extend entries refer to the last pop's answer, so
 /// the entries are built while a reference replica runs.
 fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
@@ -92,34 +108,20 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 };
                 Command::Ack {
                     group: GroupName::or_queue_mode(Some(group)).unwrap(),
-                    items: vec![AckItem {
-                        transaction_id: TransactionId::new(m.transaction_id.clone()).unwrap(),
-                        partition_id: PartitionRef::Id(*pid),
-                        status: ["completed", "failed", "dlq", "retry"][*status as usize].into(),
-                        error: None,
-                        lease_id: Some(LeaseId::new(pop.lease_id.clone()).unwrap()),
-                    }],
+                    items: vec![ack_item(pop, *pid, m, *status)],
                 }
             }
             Op::AckAll { status } => {
                 let Some((group, pop)) = &last_pop else {
                     continue;
                 };
-                let lease = LeaseId::new(pop.lease_id.clone()).unwrap();
                 Command::Ack {
                     group: GroupName::or_queue_mode(Some(group)).unwrap(),
                     items: pop
                         .claims
                         .iter()
                         .flat_map(|c| c.messages.iter().map(move |m| (c.pid, m)))
-                        .map(|(pid, m)| AckItem {
-                            transaction_id: TransactionId::new(m.transaction_id.clone()).unwrap(),
-                            partition_id: PartitionRef::Id(pid),
-                            status: ["completed", "failed", "dlq", "retry"][*status as usize]
-                                .into(),
-                            error: None,
-                            lease_id: Some(lease.clone()),
-                        })
+                        .map(|(pid, m)| ack_item(pop, pid, m, *status))
                         .collect(),
                 }
             }
@@ -278,11 +280,14 @@ proptest! {
                 Command::Ack { group, items } => {
                     let seen = &states[states.len().saturating_sub(1 + lag)];
                     let known = |lease: &LeaseId, pid: u64, t: &str| {
+                        if !from_pops {
+                            return None;
+                        }
                         delivered
                             .iter()
-                            .filter(|_| from_pops)
-                            .find(|(l, p, _)| l == lease.as_str() && *p == pid)
-                            .and_then(|(_, _, d)| d.get(t))
+                            .find(|(l, p, _)| l == lease.as_str() && *p == pid)?
+                            .2
+                            .get(t)
                     };
                     Command::AckAt {
                         group: group.clone(),
