@@ -10,8 +10,13 @@ impl RaftNode {
         if let Some(n) = hint.filter(|n| !n.raft_addr.is_empty()) {
             return Some(n.raft_addr.clone());
         }
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        if let Some(n) = m.membership_config.get_node(&leader)
+        if let Some(n) = self
+            .inner
+            .raft
+            .server_metrics()
+            .borrow_watched()
+            .membership_config
+            .get_node(&leader)
             && !n.raft_addr.is_empty()
         {
             return Some(n.raft_addr.clone());
@@ -38,11 +43,13 @@ impl RaftNode {
     /// still waiting then will most likely never be answered (it stopped, or lost its
     /// majority), and what it carried is decided by the next leader.
     async fn leadership_over(&self, leader: u64, term: u64) {
-        let mut rx = self.inner.raft.metrics();
+        // The server metrics (leader, vote) change only with them; `metrics()` is sent on every
+        // turn of the core's loop and would wake this call several times per raft round.
+        let mut rx = self.inner.raft.server_metrics();
         loop {
             {
                 let m = rx.borrow_watched();
-                if m.current_term > term || m.current_leader.is_some_and(|l| l != leader) {
+                if m.vote.leader_id.term > term || m.current_leader.is_some_and(|l| l != leader) {
                     return;
                 }
             }

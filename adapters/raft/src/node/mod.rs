@@ -453,27 +453,27 @@ impl RaftNode {
     /// a supervisor starts it again on its data once the cause is fixed.
     pub async fn core_failed(&self) -> String {
         use openraft::errors::Fatal;
-        let mut rx = self.inner.raft.metrics();
+        // Woken by the server metrics (leader, term, membership: they change rarely), not by
+        // `metrics()`, which the core sends on every turn of its loop: a watcher of that one
+        // costs every node a task wake-up, often a thread's, several times per raft round.
+        // The core drops the sender when its task ends (after recording why in `metrics()`), or
+        // as it unwinds from a panic.
+        // `Some(None)`: stopped on purpose; `Some(Some(e))`: stopped on an error.
+        let stopped = || match &self.inner.raft.metrics().borrow_watched().running_state {
+            Ok(()) => None,
+            Err(Fatal::Stopped) => Some(None),
+            Err(e) => Some(Some(e.to_string())),
+        };
+        let mut rx = self.inner.raft.server_metrics();
         loop {
-            // `Some(None)`: stopped on purpose; `Some(Some(e))`: stopped on an error.
-            let stopped = match &rx.borrow_watched().running_state {
-                Ok(()) => None,
-                Err(Fatal::Stopped) => Some(None),
-                Err(e) => Some(Some(e.to_string())),
-            };
-            match stopped {
+            let ended = rx.changed().await.is_err();
+            match stopped() {
                 Some(Some(e)) => return e,
                 Some(None) => return std::future::pending().await,
+                // The core's task ended without saying why (a panic): a stop, deliberate or on
+                // an error, is recorded first.
+                None if ended => return "the raft core ended".to_owned(),
                 None => {}
-            }
-            if rx.changed().await.is_err() {
-                // The core's task ended without saying why (a panic): a deliberate stop sets
-                // `Stopped` first.
-                let on_purpose = matches!(rx.borrow_watched().running_state, Err(Fatal::Stopped));
-                if on_purpose {
-                    return std::future::pending().await;
-                }
-                return "the raft core ended".to_owned();
             }
         }
     }
