@@ -130,24 +130,26 @@ impl PushLane {
         let slot = acquire(&self.slots).await;
         loop {
             let waiting = self.waiting_items();
-            if waiting >= LARGE_ITEMS {
-                if let Some(batch) = self.take() {
-                    return (slot_of(slot, None), batch);
-                }
+            if waiting == 0 {
                 self.wake.notified().await;
-            } else if waiting > 0 {
+                continue;
+            }
+            let small = if waiting < LARGE_ITEMS {
                 // Until the small entry's slot frees, more requests may make this one large.
                 tokio::select! {
-                    small = acquire(&self.small) => {
-                        if let Some(batch) = self.take() {
-                            let small = (batch.items.len() < LARGE_ITEMS).then_some(small);
-                            return (slot_of(slot, small), batch);
-                        }
-                    }
-                    () = self.wake.notified() => {}
+                    small = acquire(&self.small) => Some(small),
+                    () = self.wake.notified() => continue,
                 }
             } else {
-                self.wake.notified().await;
+                None
+            };
+            if let Some(batch) = self.take() {
+                let small = small.filter(|_| batch.items.len() < LARGE_ITEMS);
+                let slot = Slot {
+                    _slot: slot,
+                    _small: small,
+                };
+                return (slot, batch);
             }
         }
     }
@@ -211,13 +213,6 @@ async fn acquire(slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
         .acquire_owned()
         .await
         .unwrap_or_else(|_| unreachable!("the lane never closes its slots"))
-}
-
-fn slot_of(slot: OwnedSemaphorePermit, small: Option<OwnedSemaphorePermit>) -> Slot {
-    Slot {
-        _slot: slot,
-        _small: small,
-    }
 }
 
 /// The queue and partition of a request's first item, which the lane orders requests by.

@@ -453,17 +453,17 @@ impl RaftNode {
     /// a supervisor starts it again on its data once the cause is fixed.
     pub async fn core_failed(&self) -> String {
         use openraft::errors::Fatal;
-        // Woken by the server metrics (leader, term, membership: they change rarely), not by
-        // `metrics()`, which the core sends on every turn of its loop: a watcher of that one
-        // costs every node a task wake-up, often a thread's, several times per raft round.
-        // The core drops the sender when its task ends (after recording why in `metrics()`), or
-        // as it unwinds from a panic.
         // `Some(None)`: stopped on purpose; `Some(Some(e))`: stopped on an error.
         let stopped = || match &self.inner.raft.metrics().borrow_watched().running_state {
             Ok(()) => None,
             Err(Fatal::Stopped) => Some(None),
             Err(e) => Some(Some(e.to_string())),
         };
+        // Woken by the server metrics (leader, term, membership: they change rarely), not by
+        // `metrics()`, which the core sends on every turn of its loop: a watcher of that one
+        // costs every node a task wake-up, often a thread's, several times per raft round.
+        // The core drops the sender when its task ends (after recording why in `metrics()`), or
+        // as it unwinds from a panic.
         let mut rx = self.inner.raft.server_metrics();
         loop {
             let ended = rx.changed().await.is_err();
