@@ -9,8 +9,9 @@
 //! the use-case ports `ClientApi` and `SinkLog` with their typed answers and the typed
 //! `BrokerError` (the HTTP adapter maps it to status codes in one place).
 //! Must never depend on: tokio, hyper, openraft, fjall, object_store, or any file system code.
-//! Payloads that cross the log and state-machine traits are opaque bytes, so no adapter type
-//! leaks through; the use cases speak the domain's commands and outcomes.
+//! Payloads that cross the log and state-machine traits are opaque (bytes, or an answer the
+//! raft adapter only hands over or encodes), so no adapter type leaks through; the use cases
+//! speak the domain's commands and outcomes.
 
 mod analytics;
 mod cipher;
@@ -33,7 +34,8 @@ pub use membership::{Member, Membership, MembershipChange, MembershipError};
 pub use peers::{PeerCallError, PeerCalls, PeerHandler};
 pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
 pub use state_machine::{
-    ApplyEntry, BackendError, LogFiles, LogSpan, SnapshotChunks, StateMachineBackend,
+    Answer, ApplyEntry, BackendError, BuiltAnswer, LogFiles, LogSpan, SnapshotChunks,
+    StateMachineBackend,
 };
 pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{

@@ -72,11 +72,11 @@ pub enum ProposeError {
 /// The replicated log.
 pub trait ReplicatedLog: Send + Sync + 'static {
     /// Append `command` to the log and wait until it is committed (on a majority of fsynced
-    /// disks) and applied on this node; returns the state machine's response bytes.
+    /// disks) and applied on this node; returns the state machine's answer.
     ///
     /// # Errors
     /// See `ProposeError`: a retry helps for `NotLeader` and `Unavailable`.
-    fn propose(&self, command: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>, ProposeError>>;
+    fn propose(&self, command: Vec<u8>) -> BoxFuture<'_, Result<crate::Answer, ProposeError>>;
 
     /// Wait until this node has applied everything the cluster had committed when the call
     /// began (read index).

@@ -1,7 +1,59 @@
 //! What the replicated log needs from the state machine it drives.
 //!
-//! The raft adapter hands committed entries to a `StateMachineBackend` in log order. Commands and
-//! responses are opaque bytes here: the application encodes them, the domain decides them.
+//! The raft adapter hands committed entries to a `StateMachineBackend` in log order. Commands are
+//! opaque bytes here: the application encodes them, the domain decides them. An answer is opaque
+//! too: bytes, or a value built on this node that the raft adapter only hands over or encodes
+//! ([`Answer`]).
+
+/// What the state machine answered for one entry.
+pub enum Answer {
+    /// Encoded: an answer that came from another node (a forwarded proposal), or the empty
+    /// answer of an entry nobody on this node waits for.
+    Bytes(Vec<u8>),
+    /// As the backend built it on this node, for a proposer here: handed over as it is, so a
+    /// pop's hundred messages are not encoded and decoded again on their way to the request.
+    Built(Box<dyn BuiltAnswer>),
+}
+
+impl Answer {
+    /// The answer's bytes (a built one encoded), for a proposer on another node.
+    #[must_use]
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Self::Bytes(b) => b,
+            Self::Built(v) => v.encode(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bytes(b) => write!(f, "Answer::Bytes({} bytes)", b.len()),
+            Self::Built(_) => f.write_str("Answer::Built"),
+        }
+    }
+}
+
+/// An answer as a backend built it: whoever proposed the entry takes its type back with
+/// [`BuiltAnswer::into_any`]; a node that must send it elsewhere encodes it.
+pub trait BuiltAnswer: Send + Sync + 'static {
+    /// The bytes [`Answer::Bytes`] would have held.
+    fn encode(&self) -> Vec<u8>;
+    /// The value, for a downcast to its type.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+/// The domain's response is what the broker's backend builds.
+impl BuiltAnswer for queen_domain::command::Response {
+    fn encode(&self) -> Vec<u8> {
+        queen_domain::command::Response::encode(self)
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
 
 /// One committed log entry to apply.
 #[derive(Debug, Clone)]
@@ -103,12 +155,12 @@ pub trait SnapshotChunks: Send {
 /// - `apply` is deterministic: the same entries on the same state give the same state and
 ///   responses on every node.
 pub trait StateMachineBackend: Send + Sync + 'static {
-    /// Apply `entries` and store `meta` atomically with their effects. Returns one response per
-    /// entry, in order (an empty vector for an entry without command).
+    /// Apply `entries` and store `meta` atomically with their effects. Returns one answer per
+    /// entry, in order (empty bytes for an entry without command or one not `answered`).
     ///
     /// # Errors
     /// Storage failures (fatal: nothing of the batch was applied).
-    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError>;
+    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Answer>, BackendError>;
 
     /// The meta bytes stored by the last successful `apply` or `install_snapshot`.
     ///

@@ -289,7 +289,7 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
             let r: wire::ForwardReply = match raft.client_write(Command(body.clone())).await {
                 Ok(resp) => Ok(wire::Forwarded {
                     index: resp.log_id.index,
-                    data: resp.data,
+                    data: resp.data.into_bytes(),
                 }),
                 Err(e) => Err(map_write_error(e).into()),
             };

@@ -33,6 +33,7 @@ use serde::Serialize;
 
 use crate::snapshot_spool::SpooledSnapshot;
 use crate::type_config::LogId;
+use crate::type_config::Reply;
 use crate::type_config::SnapshotMeta;
 use crate::type_config::StoredMembership;
 use crate::type_config::TypeConfig;
@@ -346,7 +347,7 @@ impl StateMachineStore {
         }
         for (responder, response) in responders.into_iter().zip(responses) {
             if let Some(r) = responder {
-                r.send(response);
+                r.send(Reply(response));
             }
         }
         Ok(())

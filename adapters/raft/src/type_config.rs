@@ -26,6 +26,58 @@ impl fmt::Display for Command {
     }
 }
 
+/// What apply answered for an entry, as openraft carries it to the node's proposer: the
+/// backend's [`queen_ports::Answer`], handed over as it is. openraft asks that a response be
+/// serializable; it never sends one anywhere (a forwarded proposal's answer travels in queen's
+/// own forward reply, encoded there), and if it did, a built answer would go as its bytes.
+pub(crate) struct Reply(pub(crate) queen_ports::Answer);
+
+impl fmt::Debug for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Reply {
+    /// The answer's bytes, for a proposer on another node.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.0.into_bytes()
+    }
+}
+
+impl Serialize for Reply {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            queen_ports::Answer::Bytes(b) => s.serialize_bytes(b),
+            queen_ports::Answer::Built(v) => s.serialize_bytes(&v.encode()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Reply {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self(queen_ports::Answer::Bytes(serde_bytes_vec(d)?)))
+    }
+}
+
+/// A byte string as a vector.
+fn serde_bytes_vec<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = Vec<u8>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("bytes")
+        }
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+    }
+    d.deserialize_byte_buf(V)
+}
+
 /// How a member of the raft group is reached. Stored inside membership entries, so it must stay
 /// serde-compatible across versions.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,10 +89,10 @@ pub(crate) struct NodeInfo {
 }
 
 openraft::declare_raft_types!(
-    /// queen's raft types: commands and responses are opaque bytes.
+    /// queen's raft types: commands are opaque bytes, answers opaque values (`Reply`).
     pub(crate) TypeConfig:
         D = Command,
-        R = Vec<u8>,
+        R = Reply,
         NodeId = u64,
         Node = NodeInfo,
         AsyncRuntime = crate::runtime::QueenRuntime,

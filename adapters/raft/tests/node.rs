@@ -34,7 +34,7 @@ async fn propose_all(node: &RaftNode, commands: Vec<Vec<u8>>) {
         .await;
     for (c, r) in results {
         let got = r.unwrap_or_else(|e| panic!("propose failed: {e}"));
-        assert_eq!(got, response_for(&c), "wrong response");
+        assert_eq!(got.into_bytes(), response_for(&c), "wrong response");
     }
 }
 

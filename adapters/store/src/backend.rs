@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use fjall::PersistMode;
 use queen_domain::Txn;
 use queen_domain::machine::apply_encoded;
-use queen_ports::{ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
+use queen_ports::{Answer, ApplyEntry, BackendError, SnapshotChunks, StateMachineBackend};
 
 use crate::filter::DedupFilter;
 use crate::messages::{self, KeptEntry};
@@ -20,7 +20,7 @@ fn storage(e: impl std::fmt::Display) -> BackendError {
 }
 
 impl StateMachineBackend for FjallStore {
-    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError> {
+    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Answer>, BackendError> {
         let mut responses = Vec::with_capacity(entries.len());
         // One slot for the whole batch: installs, which switch slots, run on the same caller as
         // apply, never during it.
@@ -47,13 +47,18 @@ impl StateMachineBackend for FjallStore {
                         kept.push((r.stamp.0, span, &bytes[..], from..to));
                     }
                     // Nobody here waits for it: its state changes are made, its answer is not.
-                    responses.push(if e.answered { r.encode() } else { Vec::new() });
+                    // Somebody does: it takes the response as built, not encoded.
+                    responses.push(if e.answered {
+                        Answer::Built(Box::new(r))
+                    } else {
+                        Answer::Bytes(Vec::new())
+                    });
                 }
                 // A new leader's blank entry or a membership change: leases timed under the
                 // previous leader are held past their expiry by the clock-skew bound.
                 None => {
                     queen_domain::machine::cluster::leader_changed(&mut txn).map_err(storage)?;
-                    responses.push(Vec::new());
+                    responses.push(Answer::Bytes(Vec::new()));
                 }
             }
         }

@@ -194,7 +194,13 @@ fn apply_in(
                 span: log.map(|l| l.append(e)),
             })
             .collect();
-        responses.extend(store.apply(batch, b"meta".to_vec()).unwrap());
+        responses.extend(
+            store
+                .apply(batch, b"meta".to_vec())
+                .unwrap()
+                .into_iter()
+                .map(queen_ports::Answer::into_bytes),
+        );
     }
     responses
 }

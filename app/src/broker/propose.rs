@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{Command, Entry, Outcome, Response};
-use queen_ports::{BrokerError, Clock, ProposeError, RaftRole, ReplicatedLog, StateReader};
+use queen_ports::{Answer, BrokerError, Clock, ProposeError, RaftRole, ReplicatedLog, StateReader};
 use queen_telemetry::Telemetry;
 
 use crate::disk_gate::{Admission, Admitted, DiskGate, Limits};
@@ -31,6 +31,23 @@ pub(super) fn not_committed(e: &ProposeError) -> BrokerError {
 }
 
 /// The metric label of a command.
+/// The response in a state machine's answer: as built on this node, or decoded from the bytes
+/// another node sent.
+fn response_of(answer: Answer) -> Result<Response, BrokerError> {
+    let unknown =
+        || BrokerError::Internal("the state machine answered in an unknown format".to_owned());
+    match answer {
+        Answer::Built(v) => v.into_any().downcast::<Response>().map(|r| *r).map_err(|_| {
+            tracing::error!(target: "queen-app", "the state machine answered a value of another type");
+            unknown()
+        }),
+        Answer::Bytes(b) => Response::decode(&b).map_err(|e| {
+            tracing::error!(target: "queen-app", error = %e, "undecodable state machine response");
+            unknown()
+        }),
+    }
+}
+
 fn kind(c: &Command) -> &'static str {
     match c {
         Command::Tick => "tick",
@@ -162,14 +179,7 @@ impl Proposer {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(remaining, self.log.propose(bytes.clone())).await {
                 Err(_) => break Err(BrokerError::Timeout),
-                Ok(Ok(resp)) => {
-                    break Response::decode(&resp).map_err(|e| {
-                        tracing::error!(target: "queen-app", error = %e, "undecodable state machine response");
-                        BrokerError::Internal(
-                            "the state machine answered in an unknown format".to_owned(),
-                        )
-                    });
-                }
+                Ok(Ok(answer)) => break response_of(answer),
                 Ok(Err(
                     ProposeError::NotLeader { leader: None } | ProposeError::Unavailable(_),
                 )) if Instant::now() + NO_LEADER_RETRY < deadline => {

@@ -154,8 +154,13 @@ impl FakeLog {
 }
 
 impl ReplicatedLog for FakeLog {
-    fn propose(&self, command: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>, ProposeError>> {
-        let result = self.apply(&command);
+    fn propose(
+        &self,
+        command: Vec<u8>,
+    ) -> BoxFuture<'_, Result<queen_ports::Answer, ProposeError>> {
+        // As bytes, the way a forwarded proposal's answer comes back (the raft node hands a
+        // local proposer the built value).
+        let result = self.apply(&command).map(queen_ports::Answer::Bytes);
         Box::pin(async move { result })
     }
 

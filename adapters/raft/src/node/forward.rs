@@ -3,6 +3,7 @@
 //! entry that carried it, or asks the leader for its read index. The `ReplicatedLog` port.
 
 use super::*;
+use queen_ports::Answer;
 
 impl RaftNode {
     /// The raft address of `leader`: from the membership, else from the configured peers.
@@ -70,7 +71,7 @@ impl RaftNode {
         leader: u64,
         addr: &str,
         command: &[u8],
-    ) -> Result<Vec<u8>, ProposeError> {
+    ) -> Result<Answer, ProposeError> {
         let term = self.term();
         let call = self.inner.transport.post(
             leader,
@@ -98,11 +99,11 @@ impl RaftNode {
             );
             return Err(ProposeError::OutcomeUnknown);
         }
-        Ok(fwd.data)
+        Ok(Answer::Bytes(fwd.data))
     }
 
     /// `propose` on a multi-node group: write locally when leading, else forward to the leader.
-    async fn propose_multi(&self, command: Vec<u8>) -> Result<Vec<u8>, ProposeError> {
+    async fn propose_multi(&self, command: Vec<u8>) -> Result<Answer, ProposeError> {
         let command = bytes::Bytes::from(command);
         let raft = &self.inner.raft;
         let mut hint: Option<(u64, Option<NodeInfo>)> = None;
@@ -118,7 +119,7 @@ impl RaftNode {
             };
             let Some((leader, node)) = target else {
                 match raft.client_write(Command(command.clone())).await {
-                    Ok(resp) => return Ok(resp.data),
+                    Ok(resp) => return Ok(resp.data.0),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                         match f.leader_id {
                             Some(l) if l != self.inner.node_id => {
@@ -220,13 +221,13 @@ impl ReplicatedLog for RaftNode {
     fn propose(
         &self,
         command: Vec<u8>,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, ProposeError>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Answer, ProposeError>> + Send + '_>> {
         Box::pin(async move {
             if self.inner.multi {
                 return self.propose_multi(command).await;
             }
             match self.inner.raft.client_write(Command(command.into())).await {
-                Ok(resp) => Ok(resp.data),
+                Ok(resp) => Ok(resp.data.0),
                 Err(e) => Err(map_write_error(e)),
             }
         })

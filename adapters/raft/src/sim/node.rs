@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::state_machine::Raft;
+use queen_ports::Answer;
 use queen_ports::ApplyEntry;
 use queen_ports::BackendError;
 use queen_ports::SnapshotChunks;
@@ -72,7 +73,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl StateMachineBackend for SimBackend {
-    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError> {
+    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Answer>, BackendError> {
         self.mem.apply(entries, meta)
     }
 

@@ -6,6 +6,7 @@
 
 use std::sync::Mutex;
 
+use queen_ports::Answer;
 use queen_ports::ApplyEntry;
 use queen_ports::BackendError;
 use queen_ports::SnapshotChunks;
@@ -97,7 +98,7 @@ impl MemBackend {
 }
 
 impl StateMachineBackend for MemBackend {
-    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Vec<u8>>, BackendError> {
+    fn apply(&self, entries: Vec<ApplyEntry>, meta: Vec<u8>) -> Result<Vec<Answer>, BackendError> {
         let mut inner = self.inner.lock().expect("mem backend lock");
         let mut next = inner.state.clone();
         let mut responses = Vec::with_capacity(entries.len());
@@ -111,10 +112,10 @@ impl StateMachineBackend for MemBackend {
             next.last_index = Some(e.index);
             match e.command {
                 Some(c) => {
-                    responses.push(response_for(&c));
+                    responses.push(Answer::Bytes(response_for(&c)));
                     next.applied.push((e.index, c.to_vec()));
                 }
-                None => responses.push(Vec::new()),
+                None => responses.push(Answer::Bytes(Vec::new())),
             }
         }
         next.meta = Some(meta);

@@ -61,10 +61,10 @@ pub fn reference(entries: &[Vec<u8>]) -> MemStore {
 
 /// The status and offset of every pushed message in push answers, in order (other answers
 /// are skipped).
-pub fn statuses(responses: &[Vec<u8>]) -> Vec<(PushStatus, u64)> {
+pub fn statuses<A: AnswerBytes>(responses: &[A]) -> Vec<(PushStatus, u64)> {
     responses
         .iter()
-        .flat_map(|r| match Response::decode(r).unwrap().outcome {
+        .flat_map(|r| match Response::decode(&r.bytes()).unwrap().outcome {
             Outcome::Push(items) => items
                 .into_iter()
                 .map(|o| (o.status, o.offset))
@@ -117,4 +117,24 @@ pub fn retained_queue_r(at: u64) -> Vec<u8> {
         },
     }
     .encode()
+}
+
+/// A state machine answer's bytes, from the backend's answers or from bytes.
+pub trait AnswerBytes {
+    fn bytes(&self) -> Vec<u8>;
+}
+
+impl AnswerBytes for Vec<u8> {
+    fn bytes(&self) -> Vec<u8> {
+        self.clone()
+    }
+}
+
+impl AnswerBytes for queen_ports::Answer {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Self::Bytes(b) => b.clone(),
+            Self::Built(v) => v.encode(),
+        }
+    }
 }
