@@ -20,6 +20,7 @@ mod runtime;
 mod server;
 mod snapshot_spool;
 mod state_machine;
+mod stream;
 mod type_config;
 mod wire;
 

@@ -13,6 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use http_body_util::BodyExt;
 use http_body_util::Full;
 use http_body_util::StreamBody;
@@ -21,6 +25,7 @@ use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use openraft::errors::NetworkError;
 use openraft::errors::RPCError;
 use openraft::errors::ReplicationClosed;
@@ -32,6 +37,7 @@ use openraft::network::v2::RaftNetworkV2;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::TransferLeaderRequest;
 use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
@@ -197,17 +203,48 @@ impl Transport {
         body: ReqBody,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        if self.faults.as_ref().is_some_and(|f| f.blocks(target)) {
+        let req = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri(format!("http://{addr}{path}"))
+            .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
+        self.send(target, req, body, timeout, |resp| async move {
+            let status = resp.status();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| CallError::Sent(e.to_string()))?
+                .to_bytes();
+            if status != hyper::StatusCode::OK {
+                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
+                return Err(CallError::Status(status.as_u16(), text));
+            }
+            Ok(bytes)
+        })
+        .await
+    }
+
+    /// Send `req` (with the token) to node `target` and hand its answer to `then`, all within
+    /// `timeout`. The test fault layer fails it as a connection that could not be made.
+    async fn send<T, F, Fut>(
+        &self,
+        target: u64,
+        mut req: hyper::http::request::Builder,
+        body: ReqBody,
+        timeout: Duration,
+        then: F,
+    ) -> Result<T, CallError>
+    where
+        F: FnOnce(hyper::Response<hyper::body::Incoming>) -> Fut,
+        Fut: Future<Output = Result<T, CallError>>,
+    {
+        if self.blocks(target) {
             // Like a partition: nothing arrives. Wait a little so retry loops do not spin.
             tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
             return Err(CallError::Connect(format!(
                 "test fault: traffic to node {target} is dropped"
             )));
         }
-        let mut req = hyper::Request::builder()
-            .method(hyper::Method::POST)
-            .uri(format!("http://{addr}{path}"))
-            .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
         if let Some(t) = &self.token {
             req = req.header(wire::TOKEN_HEADER, t.as_str());
         }
@@ -222,23 +259,47 @@ impl Transport {
                     CallError::Sent(e.to_string())
                 }
             })?;
-            let status = resp.status();
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| CallError::Sent(e.to_string()))?
-                .to_bytes();
-            if status != hyper::StatusCode::OK {
-                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-                return Err(CallError::Status(status.as_u16(), text));
-            }
-            Ok(bytes)
+            then(resp).await
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(CallError::Timeout),
         }
+    }
+
+    /// Whether the test fault layer drops traffic to `target` now.
+    pub(crate) fn blocks(&self, target: u64) -> bool {
+        self.faults.as_ref().is_some_and(|f| f.blocks(target))
+    }
+
+    /// Open a pipelined append stream to `target`: an upgraded connection.
+    pub(crate) async fn open_stream(
+        &self,
+        target: u64,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, CallError> {
+        let req = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri(format!("http://{addr}{}", wire::STREAM))
+            .header(hyper::header::CONNECTION, "upgrade")
+            .header(hyper::header::UPGRADE, wire::STREAM_PROTOCOL);
+        self.send(
+            target,
+            req,
+            full(Bytes::new()),
+            timeout,
+            |resp| async move {
+                if resp.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(CallError::Status(resp.status().as_u16(), String::new()));
+                }
+                let up = hyper::upgrade::on(resp)
+                    .await
+                    .map_err(|e| CallError::Sent(e.to_string()))?;
+                Ok(TokioIo::new(up))
+            },
+        )
+        .await
     }
 
     /// POST an encoded value and decode the reply.
@@ -268,7 +329,10 @@ impl Transport {
 }
 
 /// How many leading entries fit in `limit` bytes of commands (at least one), and their bytes.
-fn entries_within(entries: &[crate::type_config::Entry], limit: usize) -> (usize, usize) {
+pub(crate) fn entries_within(
+    entries: &[crate::type_config::Entry],
+    limit: usize,
+) -> (usize, usize) {
     let mut total = 0usize;
     for (i, e) in entries.iter().enumerate() {
         let size = match &e.payload {
@@ -287,6 +351,9 @@ fn entries_within(entries: &[crate::type_config::Entry], limit: usize) -> (usize
 pub(crate) fn full(b: Bytes) -> ReqBody {
     Full::new(b).map_err(|never| match never {}).boxed()
 }
+
+/// What a stream of appends yields per append.
+type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
 /// Hands openraft one client per target, all sharing the node's connection pool.
 #[derive(Clone)]
@@ -355,6 +422,58 @@ impl RaftNetworkV2<TypeConfig> for NetworkClient {
         Ok(match sent? {
             AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
             other => other,
+        })
+    }
+
+    /// Appends as a pipelined stream (see `crate::stream`). A stream of one append (a heartbeat,
+    /// a probe of where the follower's log matches) goes as a plain call on a pooled connection
+    /// instead, with the byte budget of [`Self::append_entries`].
+    fn stream_append<'s, S>(
+        &'s mut self,
+        mut input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, StreamAnswer>, RPCError<TypeConfig>>>
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + openraft::OptionalSend
+            + Unpin
+            + 'static,
+    {
+        Box::pin(async move {
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, StreamAnswer>);
+            };
+            // openraft's one-shot streams end right after their append; a replication stream
+            // waits for more entries (or has them already).
+            let second = match input.next().now_or_never() {
+                Some(None) => {
+                    let prev = first.prev_log_id;
+                    let last = first.entries.last().map(|e| e.log_id).or(prev);
+                    let r = self.append_entries(first, option).await;
+                    return Ok(Box::pin(futures::stream::once(async move {
+                        r.map(|r| r.into_stream_result(prev, last))
+                    })) as BoxStream<'s, StreamAnswer>);
+                }
+                Some(Some(second)) => Some(second),
+                None => None,
+            };
+            let io = self
+                .transport
+                .open_stream(self.target, &self.addr, crate::stream::OPEN_TIMEOUT)
+                .await
+                .map_err(|e| {
+                    RPCError::Unreachable(Unreachable::from_string(format!(
+                        "{}{}: {e}",
+                        self.addr,
+                        wire::STREAM
+                    )))
+                })?;
+            let input = futures::stream::iter(std::iter::once(first).chain(second)).chain(input);
+            let transport = self.transport.clone();
+            let target = self.target;
+            let blocked = move || transport.blocks(target);
+            Ok(Box::pin(crate::stream::client(io, input, option, blocked))
+                as BoxStream<'s, StreamAnswer>)
         })
     }
 

@@ -191,7 +191,8 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, mut stop: watch::Rece
                 async move { Ok::<_, Infallible>(handle(ctx, req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
             tokio::select! {
                 _ = stop.changed() => {}
                 r = conn => {
@@ -242,6 +243,9 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
         return fail(StatusCode::METHOD_NOT_ALLOWED, "POST only");
     }
     let path = req.uri().path().to_string();
+    if path == wire::STREAM {
+        return upgrade_stream(&ctx, req);
+    }
     if path == wire::SNAPSHOT {
         return receive_snapshot(&ctx, req.into_body()).await;
     }
@@ -324,6 +328,34 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
         },
         _ => fail(StatusCode::NOT_FOUND, "no such route"),
     }
+}
+
+/// Answer an append stream's upgrade and serve the stream on the upgraded connection.
+fn upgrade_stream(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(up) => {
+                let touched = ctx.clone();
+                crate::stream::serve(ctx.raft.clone(), TokioIo::new(up), &ctx.limits, move || {
+                    touched.shared.contact.touch();
+                })
+                .await;
+            }
+            Err(e) => tracing::debug!(error = %e, "raft stream upgrade failed"),
+        }
+    });
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("upgrade"),
+    );
+    r.headers_mut().insert(
+        hyper::header::UPGRADE,
+        hyper::header::HeaderValue::from_static(wire::STREAM_PROTOCOL),
+    );
+    r
 }
 
 /// Read a whole body within the port's bounds; the permit holds its bytes in the budget until

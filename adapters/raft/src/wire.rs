@@ -17,6 +17,12 @@ pub(crate) const TOKEN_HEADER: &str = "x-queen-raft-token";
 
 /// Route of AppendEntries.
 pub(crate) const APPEND: &str = "/raft/append_entries";
+/// Route of a pipelined append stream (an upgraded connection).
+pub(crate) const STREAM: &str = "/raft/stream_append";
+/// The protocol name of an append stream's upgrade.
+pub(crate) const STREAM_PROTOCOL: &str = "queen-raft-stream";
+/// Largest answer frame of an append stream (answers are a log id or a refusal).
+pub(crate) const MAX_REPLY_BYTES: usize = 64 << 10;
 /// Route of RequestVote.
 pub(crate) const VOTE: &str = "/raft/vote";
 /// Route of Pre-Vote.
