@@ -30,7 +30,6 @@ pub(super) fn not_committed(e: &ProposeError) -> BrokerError {
     }
 }
 
-/// The metric label of a command.
 /// The response in a state machine's answer: as built on this node, or decoded from the bytes
 /// another node sent.
 fn response_of(answer: Answer) -> Result<Response, BrokerError> {
@@ -48,6 +47,7 @@ fn response_of(answer: Answer) -> Result<Response, BrokerError> {
     }
 }
 
+/// The metric label of a command.
 fn kind(c: &Command) -> &'static str {
     match c {
         Command::Tick => "tick",
