@@ -302,7 +302,17 @@ fn duplicates_are_found_through_runs_merges_and_reopens() {
         first
     };
     let dedup_dir = dir.path().join("dedup");
-    let runs = std::fs::read_dir(&dedup_dir).unwrap().count();
+    // A full table is written out by a thread of its own, which may outlive the dropped store
+    // on a loaded machine: wait for it (bounded) before counting its files.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let runs = loop {
+        let runs = std::fs::read_dir(&dedup_dir).unwrap().count();
+        let named = dedup_dir.join("MANIFEST").exists();
+        if (named && runs >= 2) || std::time::Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert!(runs >= 2, "runs were written: {runs} files");
     for round in 0..2 {
         if round == 1 {
