@@ -24,6 +24,15 @@ impl Answer {
             Self::Built(v) => v.encode(),
         }
     }
+
+    /// The answer's bytes without taking it (borrowed when it holds them already).
+    #[must_use]
+    pub fn to_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Self::Bytes(b) => std::borrow::Cow::Borrowed(b),
+            Self::Built(v) => std::borrow::Cow::Owned(v.encode()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Answer {

@@ -302,10 +302,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             };
             let last = self.pending.lock().pop_front().is_none_or(|s| s.last);
             match wire::decode::<FrameAnswer>(&frame) {
-                Ok(Ok(Ok(matching))) if !last => {
-                    // A frame before the last of its append: its answer is only progress.
-                    let _ = matching;
-                }
+                // A frame before the last of its append: its answer is only progress.
+                Ok(Ok(Ok(_))) if !last => {}
                 Ok(Ok(r)) => return Some(Ok(r)),
                 Ok(Err(e)) => return Some(Err(RPCError::Network(NetworkError::from_string(e)))),
                 Err(e) => return Some(Err(RPCError::Network(NetworkError::from_string(e)))),

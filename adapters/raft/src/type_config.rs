@@ -47,10 +47,7 @@ impl Reply {
 
 impl Serialize for Reply {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match &self.0 {
-            queen_ports::Answer::Bytes(b) => s.serialize_bytes(b),
-            queen_ports::Answer::Built(v) => s.serialize_bytes(&v.encode()),
-        }
+        s.serialize_bytes(&self.0.to_bytes())
     }
 }
 

@@ -132,9 +132,6 @@ impl AnswerBytes for Vec<u8> {
 
 impl AnswerBytes for queen_ports::Answer {
     fn bytes(&self) -> Vec<u8> {
-        match self {
-            Self::Bytes(b) => b.clone(),
-            Self::Built(v) => v.encode(),
-        }
+        self.to_bytes().into_owned()
     }
 }
