@@ -62,16 +62,16 @@ pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(
     }
 }
 
-/// A text answer.
+/// An answer of `body` as it is (text, or JSON already written).
 pub(crate) fn text_response(
     status: u16,
     content_type: &str,
-    body: String,
+    body: impl Into<Bytes>,
 ) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body.into()))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 

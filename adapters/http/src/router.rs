@@ -733,7 +733,7 @@ pub(crate) async fn push<A: ClientApi>(
     Ok(if b.counts {
         json_response(200, &render::push_counts(&out))
     } else {
-        json_answer_sized(200, &render::push(&out), render::push_len_hint(&out))
+        text_response(200, "application/json", render::push(&out))
     })
 }
 

@@ -91,8 +91,49 @@ fn push_answers_keep_their_bytes() {
         ),
     ];
     assert_eq!(
-        serde_json::to_string(&push(&outcomes)).unwrap(),
+        String::from_utf8(push(&outcomes)).unwrap(),
         serde_json::to_string(&push_as_values(&outcomes)).unwrap()
     );
-    assert_eq!(serde_json::to_string(&push(&[])).unwrap(), "[]");
+    assert_eq!(push(&[]), b"[]");
+}
+
+/// Every string a client chose is escaped as `serde_json` escapes it: quotes, backslashes,
+/// control characters, and text beyond ASCII kept as it is.
+#[test]
+fn push_answers_escape_what_clients_wrote() {
+    let texts = [
+        "plain",
+        "",
+        "quote\"",
+        "back\\slash",
+        "line\nfeed\ttab\r",
+        "nul\u{0}bell\u{7}esc\u{1b}unit\u{1f}",
+        "del\u{7f}",
+        "\u{e9}t\u{e9} \u{1f600} \u{2028}",
+        "slash/</script>",
+    ];
+    let outcomes: Vec<PushOutcome> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| PushOutcome {
+            status: if i % 2 == 0 {
+                PushStatus::Queued
+            } else {
+                PushStatus::Failed(format!("refused: {t}"))
+            },
+            message_id: [i as u8; 16],
+            offset: i as u64 * 1_000_003,
+            partition_id: i as u64,
+            transaction_id: (*t).to_owned(),
+            queue: texts[texts.len() - 1 - i].to_owned(),
+        })
+        .collect();
+    let written = String::from_utf8(push(&outcomes)).unwrap();
+    assert_eq!(
+        written,
+        serde_json::to_string(&push_as_values(&outcomes)).unwrap()
+    );
+    let back: Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(back[3]["transaction_id"], "back\\slash");
+    assert_eq!(back[5]["queueName"], texts[3]);
 }
