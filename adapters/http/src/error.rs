@@ -38,7 +38,7 @@ pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(
 }
 
 /// A JSON answer written into a buffer of about `capacity` bytes (a large answer, such as a
-/// pop or a push of many messages, is then not grown and copied step by step).
+/// pop of many messages, is then not grown and copied step by step).
 pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(
     status: u16,
     v: &T,
@@ -46,11 +46,7 @@ pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(
 ) -> Response<Full<Bytes>> {
     let mut body = Vec::with_capacity(capacity);
     match serde_json::to_writer(&mut body, v).map(|()| body) {
-        Ok(body) => Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
+        Ok(body) => text_response(status, "application/json", body),
         Err(e) => {
             tracing::error!(target: "queen-http", error = %e, "an answer could not be encoded");
             error_response(&ApiError::new(
