@@ -109,6 +109,7 @@ fn push_with<'t, 'i>(
         .map(|(item, &(_, pi))| keys::dedup_key(parts[pi].1.pid, item.transaction_id))
         .collect();
     txn.prefetch_dedup(&dedup_keys);
+    txn.reserve_dedup(items.len());
     for (index, (item, &(qi, pi))) in items.iter().zip(&at).enumerate() {
         let q = &mut queues[qi];
         let (_, p, touched) = &mut parts[pi];
