@@ -13,7 +13,9 @@ use crate::filter::DedupFilter;
 use crate::messages::{self, KeptEntry};
 use crate::segments::Segments;
 use crate::snapshot::{Chunk, Chunks, decode_chunk};
-use crate::store::{FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, open_dedup};
+use crate::store::{
+    ApplyRead, FjallStore, INSTALLING_KEY, META_KEY, SLOT_KEY, Slot, is_hot, open_dedup,
+};
 
 fn storage(e: impl std::fmt::Display) -> BackendError {
     BackendError::Storage(e.to_string())
@@ -25,7 +27,8 @@ impl StateMachineBackend for FjallStore {
         // One slot for the whole batch: installs, which switch slots, run on the same caller as
         // apply, never during it.
         let slot = self.slot();
-        let mut txn = Txn::new(&slot);
+        let base = ApplyRead(&slot);
+        let mut txn = Txn::new(&base);
         // Entries whose command the raft log keeps where it wrote it: (stamp, span, bytes, the
         // range of origins their pushes noted). Only with the log attached.
         let log = self.log.get();
@@ -98,10 +101,21 @@ impl StateMachineBackend for FjallStore {
             .fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
         // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
         // durable record, and `persist` syncs before a snapshot lets the log be purged.
+        // The hot rows this batch writes, for the apply's cache once the batch is committed.
+        let hot: Vec<(Vec<u8>, Option<Vec<u8>>)> = writes
+            .iter()
+            .chain(staged.rows.iter().map(|(k, v)| (k, v)))
+            .filter(|(k, _)| is_hot(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         slot.write_rows(&mut batch, writes.into_iter().chain(staged.rows));
         batch.insert(&self.raft, META_KEY, meta);
-        batch.commit().map_err(storage)?;
+        if let Err(e) = batch.commit() {
+            slot.hot.clear();
+            return Err(storage(e));
+        }
+        slot.hot.committed(hot);
         if queue_options {
             // After the commit: a reader that sees the new number reads the new options.
             self.queue_epoch.fetch_add(1, Ordering::Release);
@@ -193,6 +207,7 @@ impl StateMachineBackend for FjallStore {
             segments: Arc::new(segments),
             dedup_filter: Arc::new(DedupFilter::new()),
             dedup,
+            hot: Arc::default(),
         };
         // A snapshot from a node of layout 1 carries messages as rows, one of layout 2 dedup rows.
         self.migrate(&new).map_err(storage)?;

@@ -1,5 +1,6 @@
 //! Opening the engine and reading state.
 
+mod hot;
 mod open;
 mod read;
 
@@ -12,6 +13,7 @@ use fjall::{Database, Keyspace};
 use crate::dedup::DedupIndex;
 use crate::filter::DedupFilter;
 use crate::segments::{LogLink, SegmentError, Segments};
+pub(crate) use hot::{ApplyRead, HotRows, is_hot};
 pub(crate) use open::open_dedup;
 
 /// Engine settings that bound memory.
@@ -184,6 +186,8 @@ pub(crate) struct Slot {
     pub(crate) dedup_filter: Arc<DedupFilter>,
     /// The dedup rows themselves, derived from the segment log.
     pub(crate) dedup: Arc<DedupIndex>,
+    /// The latest values of the rows every entry reads, for the apply (see [`HotRows`]).
+    pub(crate) hot: Arc<HotRows>,
 }
 
 /// The node's state store.

@@ -126,6 +126,7 @@ impl FjallStore {
             segments: Arc::new(segments),
             dedup_filter: Arc::new(DedupFilter::new()),
             dedup,
+            hot: Arc::default(),
         }));
         let store = Self {
             db,
