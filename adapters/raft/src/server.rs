@@ -72,6 +72,9 @@ struct Ctx {
     info: wire::InfoReply,
     /// The application's handler of peer calls, and when a leader last reached this node.
     shared: Shared,
+    /// Raised when the server stops: append streams, which outlive the connection task they
+    /// were upgraded from, end with it.
+    stop: watch::Receiver<bool>,
 }
 
 /// Where the application's handler of peer calls is put once the application runs.
@@ -147,6 +150,7 @@ impl RaftServer {
         let token = transport.token();
         let listener = TcpListener::bind(addr).await?;
         tracing::info!(node_id, addr, "raft port listening");
+        let (stop, stop_rx) = watch::channel(false);
         let ctx = Arc::new(Ctx {
             limits,
             raft,
@@ -155,8 +159,8 @@ impl RaftServer {
             transport,
             info,
             shared,
+            stop: stop_rx.clone(),
         });
-        let (stop, stop_rx) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, ctx, stop_rx));
         Ok(RaftServer { stop, accept })
     }
@@ -333,16 +337,23 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> 
 /// Answer an append stream's upgrade and serve the stream on the upgraded connection.
 fn upgrade_stream(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let ctx = ctx.clone();
+    let mut stop = ctx.stop.clone();
     tokio::spawn(async move {
-        match hyper::upgrade::on(req).await {
-            Ok(up) => {
-                let touched = ctx.clone();
-                crate::stream::serve(ctx.raft.clone(), TokioIo::new(up), &ctx.limits, move || {
-                    touched.shared.contact.touch();
-                })
-                .await;
+        let serve = async {
+            match hyper::upgrade::on(req).await {
+                Ok(up) => {
+                    let touched = ctx.clone();
+                    let touch = move || touched.shared.contact.touch();
+                    crate::stream::serve(ctx.raft.clone(), TokioIo::new(up), &ctx.limits, touch)
+                        .await;
+                }
+                Err(e) => tracing::debug!(error = %e, "raft stream upgrade failed"),
             }
-            Err(e) => tracing::debug!(error = %e, "raft stream upgrade failed"),
+        };
+        // Dropping the stream's future on stop closes it (and its reader, see `serve`).
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {}
+            () = serve => {}
         }
     });
     let mut r = Response::new(Full::new(Bytes::new()));

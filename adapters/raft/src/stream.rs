@@ -97,7 +97,8 @@ pub(crate) async fn serve<IO>(
     let max = limits.max_bytes;
     let budget = limits.budget.clone();
     let body_timeout = limits.timeout;
-    let reader = tokio::spawn(async move {
+    // Aborted when the stream ends or its future is dropped (the server stopped).
+    let reader = AbortOnDrop(tokio::spawn(async move {
         loop {
             let n = match read_len(&mut rd).await {
                 Ok(Some(n)) if n <= max => n,
@@ -145,7 +146,7 @@ pub(crate) async fn serve<IO>(
                 break;
             }
         }
-    });
+    }));
     let mut rx = rx;
     // The permit of an append is released once raft has taken it from the stream.
     let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|(r, _)| r)));
@@ -167,7 +168,7 @@ pub(crate) async fn serve<IO>(
         }
     }
     let _ = wr.shutdown().await;
-    reader.abort();
+    drop(reader);
 }
 
 // ---- the leader's side ----
