@@ -451,10 +451,10 @@ fn pop_answer(
             .body(Full::new(Bytes::from(framed)))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     }
-    json_answer_sized(
+    text_response(
         200,
-        &render::pop(queue, group, out, echo),
-        render::pop_len_hint(out),
+        "application/json",
+        render::pop_json(queue, group, out, echo),
     )
 }
 
