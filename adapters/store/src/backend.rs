@@ -99,8 +99,6 @@ impl StateMachineBackend for FjallStore {
         }
         self.rows_written
             .fetch_add((writes.len() + staged.rows.len()) as u64, Ordering::Relaxed);
-        // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
-        // durable record, and `persist` syncs before a snapshot lets the log be purged.
         // The hot rows this batch writes, for the apply's cache once the batch is committed.
         let hot: Vec<(Vec<u8>, Option<Vec<u8>>)> = writes
             .iter()
@@ -108,6 +106,8 @@ impl StateMachineBackend for FjallStore {
             .filter(|(k, _)| is_hot(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        // Buffer durability: the batch reaches the OS (survives kill -9); the raft log is the
+        // durable record, and `persist` syncs before a snapshot lets the log be purged.
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         slot.write_rows(&mut batch, writes.into_iter().chain(staged.rows));
         batch.insert(&self.raft, META_KEY, meta);

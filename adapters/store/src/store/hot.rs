@@ -3,7 +3,7 @@
 //!
 //! These rows are rewritten by every push (a partition's next offset, a queue's count, the
 //! stamp), so the engine's memtable holds hundreds of versions of each, and a point read of one
-//! searches a skiplist of all of them: 4-6% of a follower's CPU under batch pushes (`perf`,
+//! searches a skiplist of all of them: 2-6% of a follower's CPU under batch pushes (`perf`,
 //! three nodes, `get_rec` under the apply). Apply is the only writer of a slot's rows and runs
 //! on one caller at a time, so the values it read or committed last are the rows' values until
 //! its next commit: the apply reads them from here and puts what each commit wrote here after
