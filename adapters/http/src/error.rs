@@ -37,8 +37,8 @@ pub(crate) fn json_answer<T: serde::Serialize + ?Sized>(
     json_answer_sized(status, v, 128)
 }
 
-/// A JSON answer written into a buffer of about `capacity` bytes (a large answer, such as a
-/// pop of many messages, is then not grown and copied step by step).
+/// A JSON answer written into a buffer of about `capacity` bytes (a large answer, such as the
+/// acks of a batch, is then not grown and copied step by step).
 pub(crate) fn json_answer_sized<T: serde::Serialize + ?Sized>(
     status: u16,
     v: &T,

@@ -38,13 +38,9 @@ pub(crate) fn push(outcomes: &[PushOutcome]) -> Vec<u8> {
         }
         out.extend_from_slice(b"\"index\":");
         out.extend_from_slice(num.format(i).as_bytes());
-        out.extend_from_slice(b",\"message_id\":\"");
-        let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        uuid::Uuid::from_bytes(o.message_id)
-            .hyphenated()
-            .encode_lower(&mut id);
-        out.extend_from_slice(&id);
-        out.extend_from_slice(b"\",\"offset\":");
+        out.extend_from_slice(b",\"message_id\":");
+        uuid_quoted(&mut out, &o.message_id);
+        out.extend_from_slice(b",\"offset\":");
         out.extend_from_slice(num.format(o.offset).as_bytes());
         out.extend_from_slice(b",\"partitionId\":\"");
         out.extend_from_slice(num.format(o.partition_id).as_bytes());
@@ -298,11 +294,7 @@ pub(crate) fn pop_json(
             }
             comma = true;
             out.extend_from_slice(b"{\"id\":");
-            let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-            uuid::Uuid::from_bytes(m.id)
-                .hyphenated()
-                .encode_lower(&mut id);
-            quoted(&mut out, &id);
+            uuid_quoted(&mut out, &m.id);
             out.extend_from_slice(b",\"transactionId\":");
             json_str(&mut out, &m.transaction_id);
             out.extend_from_slice(b",\"traceId\":");
@@ -350,6 +342,15 @@ fn quoted(out: &mut Vec<u8>, b: &[u8]) {
     out.push(b'"');
     out.extend_from_slice(b);
     out.push(b'"');
+}
+
+/// A UUID's hyphenated text in quotes, written from the stack (no `String`).
+fn uuid_quoted(out: &mut Vec<u8>, b: &[u8; 16]) {
+    let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::from_bytes(*b)
+        .hyphenated()
+        .encode_lower(&mut id);
+    quoted(out, &id);
 }
 
 fn opt_str(out: &mut Vec<u8>, s: Option<&str>) {

@@ -445,11 +445,7 @@ fn pop_answer(
         return no_content();
     }
     if frames && let Some(framed) = pop_frames::encode(queue, group, out, echo) {
-        return Response::builder()
-            .status(200)
-            .header("content-type", pop_frames::CONTENT_TYPE)
-            .body(Full::new(Bytes::from(framed)))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+        return text_response(200, pop_frames::CONTENT_TYPE, framed);
     }
     text_response(
         200,

@@ -48,10 +48,7 @@ impl HotRows {
 
     fn remember(&self, key: &[u8], value: Option<Vec<u8>>) {
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
-        if rows.len() >= MAX_ROWS && !rows.contains_key(key) {
-            rows.clear();
-        }
-        rows.insert(key.to_vec(), value);
+        keep(&mut rows, key.to_vec(), value);
     }
 
     /// What a commit wrote (hot rows only; called after the commit succeeded).
@@ -61,10 +58,7 @@ impl HotRows {
         }
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         for (k, v) in written {
-            if rows.len() >= MAX_ROWS && !rows.contains_key(&k) {
-                rows.clear();
-            }
-            rows.insert(k, v);
+            keep(&mut rows, k, v);
         }
     }
 
@@ -76,6 +70,14 @@ impl HotRows {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
     }
+}
+
+/// Put a row in, emptying a full cache first (see [`MAX_ROWS`]).
+fn keep(rows: &mut HashMap<Vec<u8>, Option<Vec<u8>>>, key: Vec<u8>, value: Option<Vec<u8>>) {
+    if rows.len() >= MAX_ROWS && !rows.contains_key(&key) {
+        rows.clear();
+    }
+    rows.insert(key, value);
 }
 
 /// The slot as the apply reads it: hot rows from the cache, the rest from the slot.
