@@ -72,6 +72,36 @@ async fn read_body<R: AsyncRead + Unpin>(r: &mut R, n: usize) -> std::io::Result
     Ok(b)
 }
 
+/// The largest receive buffer a follower's stream keeps between frames; a larger frame (a
+/// follower catching up reads appends of up to [`MAX_APPEND_BYTES`]) gets a buffer of its own
+/// that is freed after it.
+const KEPT_FRAME_BUFFER: usize = 1 << 20;
+
+/// Read a frame of `n` bytes into `buf`, which keeps its pages from frame to frame. A fresh
+/// buffer per frame is fresh memory: the allocator hands freed pages back to the system within
+/// a fifth of a second, so the kernel faulted in and zeroed every page of every append it
+/// copied in (4% of a follower's samples under batch pushes). Nothing is zeroed here: the
+/// socket's bytes are written into the spare capacity.
+async fn read_body_into<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> std::io::Result<()> {
+    use bytes::BufMut as _;
+    buf.clear();
+    if buf.capacity() > KEPT_FRAME_BUFFER && n <= KEPT_FRAME_BUFFER {
+        *buf = Vec::new();
+    }
+    buf.reserve_exact(n);
+    while buf.len() < n {
+        let want = n - buf.len();
+        if r.read_buf(&mut (&mut *buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
 async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8]) -> std::io::Result<()> {
     let n = u32::try_from(b.len()).map_err(std::io::Error::other)?;
     w.write_all(&n.to_be_bytes()).await?;
@@ -99,6 +129,7 @@ pub(crate) async fn serve<IO>(
     let body_timeout = limits.timeout;
     // Aborted when the stream ends or its future is dropped (the server stopped).
     let reader = AbortOnDrop(tokio::spawn(async move {
+        let mut body = Vec::new();
         loop {
             let n = match read_len(&mut rd).await {
                 Ok(Some(n)) if n <= max => n,
@@ -123,8 +154,8 @@ pub(crate) async fn serve<IO>(
             else {
                 break;
             };
-            let body = match tokio::time::timeout(body_timeout, read_body(&mut rd, n)).await {
-                Ok(Ok(b)) => b,
+            match tokio::time::timeout(body_timeout, read_body_into(&mut rd, &mut body, n)).await {
+                Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "raft stream ended inside a frame");
                     break;
@@ -133,7 +164,7 @@ pub(crate) async fn serve<IO>(
                     tracing::warn!("a raft stream frame did not arrive in time; stream closed");
                     break;
                 }
-            };
+            }
             let req = match wire::decode::<Request>(&body) {
                 Ok(r) => r,
                 Err(e) => {
@@ -141,7 +172,6 @@ pub(crate) async fn serve<IO>(
                     break;
                 }
             };
-            drop(body);
             if tx.send((req, permit)).await.is_err() {
                 break;
             }

@@ -179,3 +179,46 @@ async fn the_fault_layer_stops_a_stream_before_it_sends() {
     wr.shutdown().await.unwrap();
     assert!(out.next().await.is_none());
 }
+
+#[tokio::test]
+async fn a_kept_receive_buffer_reads_frames_in_pieces_and_refuses_a_cut_one() {
+    let (mut wr, mut rd) = tokio::io::duplex(64);
+    let big: Vec<u8> = (0..KEPT_FRAME_BUFFER + 10)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let small = b"a small frame".to_vec();
+    let (b2, s2) = (big.clone(), small.clone());
+    let writer = tokio::spawn(async move {
+        // Written in pieces smaller than the pipe, so every frame arrives in many reads.
+        for part in [&s2[..], &b2[..], &s2[..], &b2[..100]] {
+            for chunk in part.chunks(37) {
+                wr.write_all(chunk).await.unwrap();
+            }
+        }
+        // The writer stops 100 bytes into the second large frame.
+    });
+    let mut buf = Vec::new();
+    read_body_into(&mut rd, &mut buf, small.len())
+        .await
+        .unwrap();
+    assert_eq!(buf, small);
+    read_body_into(&mut rd, &mut buf, big.len()).await.unwrap();
+    assert_eq!(buf, big);
+    // A buffer grown past what a stream keeps is let go before the next small frame.
+    read_body_into(&mut rd, &mut buf, small.len())
+        .await
+        .unwrap();
+    assert_eq!(buf, small);
+    assert!(buf.capacity() <= KEPT_FRAME_BUFFER);
+    let cut = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_body_into(&mut rd, &mut buf, big.len()),
+    )
+    .await
+    .expect("a cut frame ends the read");
+    assert_eq!(
+        cut.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::UnexpectedEof)
+    );
+    writer.await.unwrap();
+}
