@@ -178,7 +178,7 @@ fn a_merge_keeps_each_live_entry_once_in_order() {
         idx.flush((1, run)).unwrap();
     }
     idx.settle();
-    assert_eq!(idx.stats().0, 1, "the eight runs merged into one");
+    assert_eq!(idx.stats().0, 1, "the FANOUT runs merged into one");
     let mut got = Vec::new();
     let runs = read(&idx.inner).runs.clone();
     runs[0].scan(&mut |k, o| got.push((k, o))).unwrap();
