@@ -66,9 +66,10 @@ async fn read_len<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<usi
     }
 }
 
+/// A frame of `n` bytes in a buffer of its own (the leader reads its small answer frames so).
 async fn read_body<R: AsyncRead + Unpin>(r: &mut R, n: usize) -> std::io::Result<Vec<u8>> {
-    let mut b = vec![0u8; n];
-    r.read_exact(&mut b).await?;
+    let mut b = Vec::new();
+    read_body_into(r, &mut b, n).await?;
     Ok(b)
 }
 
