@@ -15,12 +15,14 @@
 #![warn(missing_docs)]
 
 pub mod encode;
+mod endpoint;
 mod error;
 mod store;
 mod verify;
 
 pub use encode::{Compression, Format, ParquetCodec};
-pub use error::LakeError;
+pub use endpoint::{AddressPolicy, EndpointError, check_bucket, check_endpoint, refused_class};
+pub use error::{Failure, FailureReason, LakeError};
 pub use store::{
     Lake, LakeTarget, MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, PutOutcome, RequestObserver,
     S3Target, Secret, Sse,

@@ -4,6 +4,7 @@
 //! Every method is async and needs a tokio runtime (the S3 client and the local folder both use
 //! one). Nothing here deletes an object.
 
+mod guarded;
 mod s3;
 
 use std::fmt;
@@ -19,9 +20,10 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::encode::sha256_hex;
+use crate::endpoint::AddressPolicy;
 use crate::error::LakeError;
 pub(crate) use s3::status_of;
-use s3::{open_s3, parse_key, store_error};
+use s3::{classify, open_s3, parse_key, store_error};
 
 /// Objects of this size and above go up as a multipart upload; smaller ones in one PUT.
 pub const MULTIPART_THRESHOLD_BYTES: usize = 16 * 1024 * 1024;
@@ -142,6 +144,9 @@ pub struct S3Target {
     pub secret_key: Secret,
     /// Server-side encryption to request on every write.
     pub sse: Option<Sse>,
+    /// Which addresses the endpoint may resolve to (a tenant's endpoint is public-only unless
+    /// the operator allows private ones).
+    pub addresses: AddressPolicy,
 }
 
 /// Where the lake lives.
@@ -284,15 +289,23 @@ impl Lake {
         let Err(e) = result else {
             return Ok(());
         };
-        let check = match status_of(&e) {
-            404 => "check that the bucket exists (create it first) and the endpoint and region",
-            401 | 403 => "check the access key, the secret key and s3:ListBucket on the prefix",
-            0 => "check the endpoint URL, the network and path style",
+        let failure = classify(&e);
+        let check = match (failure.status, failure.reason) {
+            (404, _) => {
+                "check that the bucket exists (create it first) and the endpoint and region"
+            }
+            (401 | 403, _) => {
+                "check the access key, the secret key and s3:ListBucket on the prefix"
+            }
+            (_, crate::error::FailureReason::RefusedAddress) => {
+                "the endpoint resolves to a loopback, private, link-local or metadata address, which this node's tenant sinks may not reach (QUEEN_S3_ALLOW_PRIVATE_ENDPOINTS)"
+            }
+            (0, _) => "check the endpoint URL, the network and path style",
             _ => "check the endpoint, region, bucket and that the service is up",
         };
         Err(LakeError::Probe {
             target: self.describe(),
-            reason: e.to_string(),
+            failure,
             check,
         })
     }
@@ -406,7 +419,7 @@ impl Lake {
         self.observe_result("multipart", &aborted);
         if let Err(abort_error) = aborted {
             // The upload's error is returned; this one is handled here, by a lifecycle rule.
-            tracing::warn!(target: "queen-s3", key, error = %abort_error,
+            tracing::warn!(target: "queen-s3", key, error = %classify(&abort_error),
                 "could not abort a failed multipart upload; a bucket lifecycle rule must remove it");
         }
         Err(store_error("multipart", key, failure))
@@ -421,7 +434,7 @@ impl Lake {
         if let Err(e) = &result
             && !matches!(e, object_store::Error::NotFound { .. })
         {
-            tracing::debug!(target: "queen-s3", key, error = %e, "get failed");
+            tracing::debug!(target: "queen-s3", key, error = %classify(e), "get failed");
         }
         result
     }

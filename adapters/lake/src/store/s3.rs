@@ -9,8 +9,10 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
+use super::guarded::{PublicOnlyConnector, is_refused_address};
 use super::{S3Target, Sse};
-use crate::error::LakeError;
+use crate::endpoint::{AddressPolicy, check_endpoint};
+use crate::error::{Failure, FailureReason, LakeError};
 
 /// How long one HTTP request may take, including sending an 8 MiB part on a slow link.
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -71,29 +73,26 @@ pub(super) fn open_s3(t: &S3Target) -> Result<Arc<dyn ObjectStore>, LakeError> {
         .map(str::trim)
         .filter(|e| !e.is_empty())
     {
-        let authority = endpoint
-            .split_once("://")
-            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
-        let Some(authority) = authority else {
-            return Err(LakeError::Config(
-                "endpoint must start with http:// or https://".into(),
-            ));
-        };
-        let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
-        // Credentials in the URL would end up in logs and errors: refuse them without echoing.
-        if !scheme_ok || authority.is_empty() || authority.contains('@') {
-            return Err(LakeError::Config(
-                "endpoint must be http(s)://host[:port] with no user name or password in it".into(),
-            ));
-        }
+        // The same rules as the configuration's, again here: no user name or password (they
+        // would end up in logs and errors), no path, query or fragment; the error never echoes.
+        let endpoint = check_endpoint(endpoint, t.addresses)
+            .map_err(|e| LakeError::Config(format!("endpoint {e}")))?;
         let endpoint = if t.path_style {
-            endpoint.to_owned()
+            endpoint
         } else {
-            virtual_hosted_endpoint(endpoint, t.bucket.trim())
+            virtual_hosted_endpoint(&endpoint, t.bucket.trim())
         };
         builder = builder
             .with_allow_http(endpoint.starts_with("http://"))
             .with_endpoint(endpoint);
+    }
+    if t.addresses == AddressPolicy::PublicOnly {
+        builder = builder.with_http_connector(PublicOnlyConnector {
+            allow_http: t
+                .endpoint
+                .as_deref()
+                .is_some_and(|e| e.trim().starts_with("http://")),
+        });
     }
     builder = match &t.sse {
         None => builder,
@@ -153,6 +152,46 @@ pub(super) fn retryable(e: &object_store::Error) -> bool {
     }
 }
 
+/// A status and a class for an `object_store` error; its text (which holds the peer's answer)
+/// is read for the status only and then dropped.
+pub(crate) fn classify(e: &object_store::Error) -> Failure {
+    let status = status_of(e);
+    let reason = match status {
+        0 => transport_reason(e),
+        300..=399 => FailureReason::Redirected,
+        401 => FailureReason::Unauthenticated,
+        403 => FailureReason::AccessDenied,
+        404 => FailureReason::NotFound,
+        409 | 412 => FailureReason::Conflict,
+        429 | 503 => FailureReason::Throttled,
+        400..=499 => FailureReason::Rejected,
+        500..=599 => FailureReason::ServerError,
+        _ => FailureReason::Other,
+    };
+    Failure { status, reason }
+}
+
+/// Why no answer came: a refused address, a timeout, or no connection.
+fn transport_reason(e: &object_store::Error) -> FailureReason {
+    if is_refused_address(e) {
+        return FailureReason::RefusedAddress;
+    }
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(http) = err.downcast_ref::<object_store::client::HttpError>() {
+            return match http.kind() {
+                object_store::client::HttpErrorKind::Timeout => FailureReason::Timeout,
+                object_store::client::HttpErrorKind::Connect
+                | object_store::client::HttpErrorKind::Request
+                | object_store::client::HttpErrorKind::Interrupted => FailureReason::Unreachable,
+                _ => FailureReason::Other,
+            };
+        }
+        current = err.source();
+    }
+    FailureReason::Other
+}
+
 pub(super) fn store_error(
     operation: &'static str,
     key: &str,
@@ -161,8 +200,8 @@ pub(super) fn store_error(
     LakeError::Store {
         operation,
         key: key.to_owned(),
-        retryable: retryable(&source),
-        source,
+        retryable: retryable(&source) && !is_refused_address(&source),
+        failure: classify(&source),
     }
 }
 

@@ -16,6 +16,7 @@ fn s3_target(endpoint: Option<&str>) -> S3Target {
         sse: Some(Sse::Kms {
             key_id: Some("arn:aws:kms:eu-central-1:1:key/abc".into()),
         }),
+        addresses: AddressPolicy::Any,
     }
 }
 
@@ -221,6 +222,32 @@ async fn a_failing_probe_says_what_to_check_and_hides_the_secret() {
     ));
 }
 
+/// A public-only lake never connects to a name that resolves to loopback: the resolver refuses
+/// it at connection time and the probe says so with a class, not the peer's words.
+#[tokio::test]
+async fn a_public_only_lake_refuses_a_name_that_resolves_to_loopback() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut t = s3_target(Some(&format!("http://localhost:{port}")));
+    t.addresses = AddressPolicy::PublicOnly;
+    let e = Lake::open(&LakeTarget::S3(t))
+        .unwrap()
+        .probe("queen")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.failure().map(|f| f.reason),
+        Some(crate::FailureReason::RefusedAddress),
+        "{e}"
+    );
+    assert!(!e.retryable() || matches!(e, LakeError::Probe { .. }));
+    assert!(listener.accept().is_err(), "the lake connected");
+    let mut literal = s3_target(Some(&format!("http://127.0.0.1:{port}")));
+    literal.addresses = AddressPolicy::PublicOnly;
+    assert!(Lake::open(&LakeTarget::S3(literal)).is_err());
+}
+
 #[test]
 fn sse_parses_the_documented_forms() {
     assert_eq!("AES256".parse::<Sse>().unwrap(), Sse::Aes256);
@@ -320,6 +347,7 @@ async fn s3_when_a_server_is_configured() {
             var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|| "testsecret".into()),
         ),
         sse: Some(Sse::Aes256),
+        addresses: AddressPolicy::Any,
     };
     let (lake, calls) = recording(Lake::open(&LakeTarget::S3(target(bucket))).unwrap());
     lake.probe("queen").await.unwrap();
