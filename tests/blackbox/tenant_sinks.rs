@@ -119,6 +119,8 @@ fn a_bucket_per_tenant_through_the_control_plane() {
         &[
             ("QUEEN_S3_LEASE_TTL_MS", "3000".into()),
             ("QUEEN_S3_CHECKPOINT_EVERY", "1".into()),
+            // The test's S3 server is on loopback: tenant endpoints there are allowed.
+            ("QUEEN_S3_ALLOW_PRIVATE_ENDPOINTS", "true".into()),
         ],
     );
     let nodes = queen_tests::three_nodes(bin(), dir.path(), "tenant-sink-token", |i| {

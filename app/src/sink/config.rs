@@ -5,6 +5,7 @@
 use std::fmt;
 
 use queen_domain::sink::keys::Align;
+pub use queen_lake::AddressPolicy;
 
 pub use queen_lake::{Compression, Format, ParquetCodec};
 
@@ -134,6 +135,12 @@ pub struct SinkSettings {
     /// A tenant's own sink (the control plane's): mirrors that tenant's queues only. The
     /// node's own sink (`QUEEN_S3_*`) mirrors every tenant that has no sink of its own.
     pub own_tenant: bool,
+    /// `QUEEN_S3_ALLOW_PRIVATE_ENDPOINTS` (node-wide): tenant sinks may reach loopback,
+    /// private, link-local and metadata addresses.
+    pub allow_private_endpoints: bool,
+    /// Which addresses this sink's endpoint may reach: any for the operator's own endpoint,
+    /// public-only for a tenant's unless `allow_private_endpoints`.
+    pub addresses: AddressPolicy,
 }
 
 /// A setting that stops the boot.
@@ -303,24 +310,27 @@ pub fn from_env(
                 return Err(bad("QUEEN_S3_ENDPOINT", &e, "names no folder"));
             }
             Target::Local(match env.get("QUEEN_S3_BUCKET") {
-                Some(b) => path.join(b),
+                Some(b) => {
+                    endpoint::folder_bucket(&b)?;
+                    path.join(b)
+                }
                 None => path,
             })
         }
         Some(e) if e.eq_ignore_ascii_case("memory://") => Target::Memory,
         endpoint => {
-            if let Some(e) = &endpoint
-                && !(e.starts_with("http://") || e.starts_with("https://"))
-            {
-                return Err(bad(
-                    "QUEEN_S3_ENDPOINT",
-                    e,
-                    "is not an http(s)://, file:// or memory:// URL",
-                ));
-            }
+            // The operator's own endpoint: its addresses are the operator's choice.
+            let endpoint = endpoint
+                .map(|e| endpoint::s3_endpoint(&e, AddressPolicy::Any))
+                .transpose()?;
             let bucket = env
                 .get("QUEEN_S3_BUCKET")
                 .ok_or_else(|| missing("QUEEN_S3_BUCKET"))?;
+            endpoint::s3_bucket(&bucket)?;
+            let region = env
+                .get("QUEEN_S3_REGION")
+                .unwrap_or_else(|| "us-east-1".to_owned());
+            endpoint::s3_region(&region)?;
             let access_key = env.get("QUEEN_S3_ACCESS_KEY").ok_or_else(|| {
                 SinkConfigError("QUEEN_S3_ACCESS_KEY is required for an S3 endpoint. It is the access key id of the bucket's credentials".into())
             })?;
@@ -338,9 +348,7 @@ pub fn from_env(
             };
             Target::S3 {
                 endpoint,
-                region: env
-                    .get("QUEEN_S3_REGION")
-                    .unwrap_or_else(|| "us-east-1".to_owned()),
+                region,
                 path_style: env.flag("QUEEN_S3_PATH_STYLE")?,
                 bucket,
                 access_key,
@@ -424,6 +432,8 @@ pub fn from_env(
                 .get("QUEEN_S3_INSTANCE")
                 .unwrap_or_else(|| format!("node-{node_id}")),
             own_tenant: false,
+            allow_private_endpoints: env.flag("QUEEN_S3_ALLOW_PRIVATE_ENDPOINTS")?,
+            addresses: AddressPolicy::Any,
         }),
         warnings,
     })
@@ -486,6 +496,7 @@ fn low(v: &dyn fmt::Debug) -> String {
     format!("{v:?}").to_lowercase()
 }
 
+mod endpoint;
 #[cfg(test)]
 mod tests;
 
@@ -514,7 +525,8 @@ const TENANT_FIELDS: [(&str, &str); 18] = [
 
 /// Node-wide settings: environment only, shared by every sink of the node; a tenant document
 /// that names one is refused.
-const NODE_WIDE_FIELDS: [&str; 9] = [
+const NODE_WIDE_FIELDS: [&str; 10] = [
+    "allowPrivateEndpoints",
     "memoryMb",
     "leaseTtlMs",
     "fetchConcurrency",
@@ -612,5 +624,19 @@ pub fn tenant_settings(
     s.fetch_concurrency = node.fetch_concurrency;
     s.shutdown_grace_ms = node.shutdown_grace_ms;
     s.instance.clone_from(&node.instance);
+    s.allow_private_endpoints = node.allow_private_endpoints;
+    s.addresses = if node.allow_private_endpoints {
+        AddressPolicy::Any
+    } else {
+        AddressPolicy::PublicOnly
+    };
+    if let Target::S3 {
+        endpoint: Some(e), ..
+    } = &s.target
+    {
+        // A literal address is judged now (a 400 at the control plane); a name at every
+        // connection the sink makes.
+        queen_lake::check_endpoint(e, s.addresses).map_err(|e| format!("endpoint {e}"))?;
+    }
     Ok(s)
 }

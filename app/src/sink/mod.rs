@@ -102,6 +102,8 @@ struct SinkStatus {
     phase: &'static str,
     bucket_reachable: bool,
     bucket_error: Option<String>,
+    /// The last probe's failure, classified: a status and a reason, never the peer's words.
+    bucket_failure: Option<queen_lake::Failure>,
     nodes: u64,
     /// Queues found by the last discovery.
     queues: u64,
@@ -234,6 +236,7 @@ pub fn open_lake(settings: &SinkSettings, telemetry: &Telemetry) -> Result<Lake,
                 Some(s) => Some(s.parse::<queen_lake::Sse>()?),
                 None => None,
             },
+            addresses: settings.addresses,
         }),
         Target::Local(p) => LakeTarget::Local(p.clone()),
         Target::Memory => LakeTarget::Memory,
@@ -437,7 +440,7 @@ fn status_json(shared: &Shared) -> Value {
             "error": sink.bucket_error,
             "ok": health_ok && sink.bucket_reachable,
             "health": {"ok": health_ok, "queues": n_queues, "lagging": lagging, "failing": failing},
-            "bucket": {"reachable": sink.bucket_reachable, "error": sink.bucket_error, "target": shared.lake.describe(), "createOnly": shared.lake.supports_create_only()},
+            "bucket": {"reachable": sink.bucket_reachable, "error": sink.bucket_error, "failure": sink.bucket_failure.map(|f| json!({"status": f.status, "reason": f.reason.as_str()})), "target": shared.lake.describe(), "createOnly": shared.lake.supports_create_only()},
             "placement": {"givingBack": shared.give_back.lock().unwrap_or_else(PoisonError::into_inner).clone(), "held": held, "nodes": sink.nodes, "queues": n_queues, "share": share},
             "memory": {
                 "bufferedBytes": shared.buffered_total.load(Ordering::Relaxed),

@@ -28,6 +28,11 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(200);
 /// hand-off in the same moment makes the first tries fail).
 const PRESENCE_REMOVE_FOR: Duration = Duration::from_secs(3);
 
+/// The longest wait between two probes of a bucket that does not answer (the first wait is
+/// half a second, doubled each time): a failing endpoint sees at most one probe (the store's
+/// own three retries inside it) every half minute.
+const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
 /// Probe the bucket until it answers, then discover queues and run them.
 pub(super) async fn supervise(shared: Arc<Shared>) {
     let mut stop = shared.stop.clone();
@@ -38,6 +43,7 @@ pub(super) async fn supervise(shared: Arc<Shared>) {
                 shared.set_sink(|s| {
                     s.bucket_reachable = true;
                     s.bucket_error = None;
+                    s.bucket_failure = None;
                     s.phase = "running";
                 });
                 break;
@@ -50,6 +56,7 @@ pub(super) async fn supervise(shared: Arc<Shared>) {
                 shared.set_sink(|s| {
                     s.bucket_reachable = false;
                     s.bucket_error = Some(msg);
+                    s.bucket_failure = e.failure();
                     s.phase = "backoff";
                 });
             }
@@ -58,7 +65,7 @@ pub(super) async fn supervise(shared: Arc<Shared>) {
             () = tokio::time::sleep(wait) => {}
             _ = stop.changed() => { shared.set_sink(|s| s.phase = "stopped"); return; }
         }
-        wait = (wait * 2).min(Duration::from_secs(10));
+        wait = (wait * 2).min(PROBE_BACKOFF_MAX);
     }
     let mut tasks: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut over_since: Option<std::time::Instant> = None;

@@ -221,6 +221,10 @@ impl QueueTask {
     /// Run the queue while this node holds its lease.
     pub(super) async fn run(&mut self) -> Ended {
         self.set(|q| q.state = "restoring");
+        // A restore that keeps failing (a bucket that went away) is tried again after a wait
+        // that doubles up to a third of the lease TTL, so the lease is still refreshed in time.
+        let mut wait = Duration::from_secs(1);
+        let most = Duration::from_millis(self.shared.settings.lease_ttl_ms / 3).max(wait);
         loop {
             match self.restore().await {
                 Ok(()) => {
@@ -230,9 +234,10 @@ impl QueueTask {
                 Err(BatchError::Fenced) => return Ended::Fenced,
                 Err(BatchError::Retry(e)) => {
                     self.error(&e);
-                    if self.pause(Duration::from_secs(1)).await {
+                    if self.pause(wait).await {
                         return self.release().await;
                     }
+                    wait = (wait * 2).min(most);
                     // Keep the lease while the restore waits (a bucket that is down, say), so
                     // that a slow restore does not hand the queue to another node.
                     if self.lease_refreshed.elapsed()

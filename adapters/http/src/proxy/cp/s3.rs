@@ -159,14 +159,47 @@ impl<A: ClientApi> Cp<'_, A> {
     }
 }
 
-/// A sink as answered: everything but the secret.
+/// A sink as answered: everything but the secret (and any user name or password a row stored
+/// before endpoints were checked carries in its endpoint).
 pub(super) fn sink_view(c: &ClusterDoc, doc: &S3SinkDoc) -> Value {
+    let mut config = doc.config.clone();
+    if let Some(Value::String(e)) = config.get_mut("endpoint") {
+        *e = without_userinfo(e);
+    }
     json!({
         "cluster": c.slug,
         "tenant": doc.tenant,
         "enabled": doc.enabled,
-        "config": doc.config,
+        "config": config,
         "secretKeySet": !doc.secret_key_sealed.is_empty(),
         "updatedAt": queen_domain::time::Stamp(doc.updated_us).iso_millis(),
     })
+}
+
+/// `scheme://user:pw@host/...` shown as `scheme://***@host/...`; anything else as it is.
+fn without_userinfo(endpoint: &str) -> String {
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        return endpoint.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => endpoint.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_stored_user_name_and_password_are_never_shown() {
+        assert_eq!(
+            super::without_userinfo("http://u:p@s3.example.com:9000/x"),
+            "http://***@s3.example.com:9000/x"
+        );
+        assert_eq!(
+            super::without_userinfo("https://s3.example.com"),
+            "https://s3.example.com"
+        );
+        assert_eq!(super::without_userinfo("u:p@h"), "u:p@h");
+    }
 }
