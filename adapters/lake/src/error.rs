@@ -86,7 +86,7 @@ pub enum FailureReason {
     Unauthenticated,
     /// 409 or 412: a condition did not hold.
     Conflict,
-    /// 429 or 503 slow-down.
+    /// 429 (S3's own 503 SlowDown counts as a server error: its status does not tell it apart).
     Throttled,
     /// Another 4xx.
     Rejected,

@@ -163,7 +163,7 @@ pub(crate) fn classify(e: &object_store::Error) -> Failure {
         403 => FailureReason::AccessDenied,
         404 => FailureReason::NotFound,
         409 | 412 => FailureReason::Conflict,
-        429 | 503 => FailureReason::Throttled,
+        429 => FailureReason::Throttled,
         400..=499 => FailureReason::Rejected,
         500..=599 => FailureReason::ServerError,
         _ => FailureReason::Other,
