@@ -296,6 +296,16 @@ pub fn host_label(host: &str) -> Option<String> {
     is_slug(&label).then_some(label)
 }
 
+/// Whether a request whose `Host` names the cluster `label` (`None`: an address, or no
+/// `Host`) may act on `key_cluster`, the cluster of its (valid) key: the `Host` names that
+/// cluster, or that cluster is the node's `default` one, the fallback of every `Host` that
+/// names no cluster. A default cluster's key acts on it whatever the `Host` says, so no key's
+/// answer tells whether the cluster a `Host` names exists.
+#[must_use]
+pub fn host_admits(label: Option<&str>, key_cluster: &str, default: Option<&str>) -> bool {
+    label == Some(key_cluster) || default == Some(key_cluster)
+}
+
 /// The host part of a `Host` header, lowercased, without the port.
 #[must_use]
 pub fn host_name(host: &str) -> String {
@@ -313,6 +323,20 @@ pub fn host_name(host: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_admits_its_own_cluster_and_the_default_cluster_any_host() {
+        assert!(host_admits(Some("acme"), "acme", None));
+        assert!(!host_admits(Some("beta"), "acme", None));
+        assert!(!host_admits(None, "acme", None));
+        // The default cluster's key: whatever the host, known or not.
+        assert!(host_admits(Some("beta"), "acme", Some("acme")));
+        assert!(host_admits(Some("nowhere"), "acme", Some("acme")));
+        assert!(host_admits(None, "acme", Some("acme")));
+        // Another cluster's key: the same refusal for a known and an unknown name.
+        assert!(!host_admits(Some("nowhere"), "beta", Some("acme")));
+        assert!(!host_admits(None, "beta", Some("acme")));
+    }
 
     #[test]
     fn the_worse_status_applies() {

@@ -280,7 +280,8 @@ pub struct Proxy {
     settings: ProxySettings,
     pub(crate) limits: limits::Limits,
     dir: RwLock<Arc<Directory>>,
-    /// When the directory was last read (a missed key reads it again at most this often).
+    /// When the directory was last read or its change marker checked (a missed key checks the
+    /// marker again at most every [`MISS_RELOAD`]).
     reloaded: Mutex<Option<Instant>>,
     started: AtomicBool,
 }
@@ -293,7 +294,7 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
-/// How soon after a reload a request with an unknown key may read the directory again.
+/// How soon after a check a request with an unknown key may check the change marker again.
 const MISS_RELOAD: Duration = Duration::from_millis(250);
 
 /// What the gate decided about one request.
@@ -378,7 +379,12 @@ impl Proxy {
             .map(|r| r.is_none_or(|t| t.elapsed() >= MISS_RELOAD))
             .unwrap_or(true);
         if due {
-            self.reload(api);
+            // One read of the change marker; the whole directory only when it moved, so a
+            // flood of unknown keys costs no directory reads.
+            if let Ok(mut r) = self.reloaded.lock() {
+                *r = Some(Instant::now());
+            }
+            self.refresh(api);
         }
     }
 
@@ -421,39 +427,6 @@ impl Proxy {
                 let name = rules::host_name(h);
                 self.settings.shared_hosts.contains(&name)
             })
-    }
-
-    /// The cluster a request's `Host` names.
-    fn cluster_of_host<'d>(
-        &self,
-        dir: &'d Directory,
-        host: Option<&str>,
-    ) -> Result<&'d ClusterEntry, ApiError> {
-        let named = host.and_then(rules::host_label);
-        if let Some(c) = named.as_deref().and_then(|l| dir.clusters.get(l)) {
-            return Ok(c);
-        }
-        if let Some(c) = self
-            .settings
-            .default_cluster
-            .as_deref()
-            .and_then(|d| dir.clusters.get(d))
-        {
-            return Ok(c);
-        }
-        if self.settings.shared_hosts.is_empty() {
-            Err(ApiError::new(
-                421,
-                "cluster_unknown",
-                "the Host header names no cluster this proxy knows",
-            ))
-        } else {
-            Err(ApiError::new(
-                401,
-                "unauthorized",
-                "missing or unknown credential",
-            ))
-        }
     }
 
     /// Whether a request carries the control-plane token (in `x-queen-cp-token` or as a
@@ -505,30 +478,15 @@ impl Proxy {
             }
             _ => {}
         }
+        // The route's class refuses the same to everyone, and says nothing of any cluster.
+        gate_refusal(routes::authorize(class, rules::Scopes::ALL))?;
         let mut dir = self.directory();
         if dir.generation == 0 {
             self.reload_after_miss(api);
             dir = self.directory();
         }
-        let host = headers
-            .get(hyper::header::HOST)
-            .and_then(|h| h.to_str().ok());
-        let shared = self.is_shared_host(host);
-        // 1. The cluster (from the Host), its status and the route's class, before the key:
-        //    what a cluster refuses, it refuses to everyone.
-        let mut cluster = None;
-        if !shared {
-            // A cluster made a moment ago on another node: read the directory once more.
-            if self.cluster_of_host(&dir, host).is_err() {
-                self.reload_after_miss(api);
-                dir = self.directory();
-            }
-            let c = self.cluster_of_host(&dir, host)?;
-            gate_refusal(routes::status_gate(class, c.effective(), true))?;
-            cluster = Some(c.doc.id.clone());
-        }
-        gate_refusal(routes::authorize(class, rules::Scopes::ALL))?;
-        // 2. The key.
+        // 1. The key, before anything about a cluster: without a valid key every request gets
+        //    the same 401, whatever its Host names and whatever that cluster's status.
         let Some(token) = bearer(headers) else {
             return Err(ApiError::new(
                 401,
@@ -544,32 +502,43 @@ impl Proxy {
             ));
         }
         let hash = rules::key_hash(token);
-        if !dir.keys.contains_key(&hash) {
+        let known = |d: &Directory| {
+            d.keys
+                .get(&hash)
+                .is_some_and(|k| d.cluster_by_id(&k.cluster_id).is_some())
+        };
+        if !known(&dir) {
+            // A key or cluster made a moment ago on another node.
             self.reload_after_miss(api);
             dir = self.directory();
         }
+        let unknown = || ApiError::new(401, "unauthorized", "unknown or revoked API key");
         let key = match dir.keys.get(&hash) {
             Some(k) if !k.revoked => k,
-            _ => {
-                return Err(ApiError::new(
-                    401,
-                    "unauthorized",
-                    "unknown or revoked API key",
-                ));
-            }
+            _ => return Err(unknown()),
         };
-        let entry = match cluster {
-            Some(id) if id != key.cluster_id => {
-                return Err(ApiError::new(403, "forbidden", "key/cluster mismatch"));
-            }
-            _ => dir
-                .cluster_by_id(&key.cluster_id)
-                .ok_or_else(|| ApiError::new(401, "unauthorized", "unknown or revoked API key"))?,
-        };
-        if shared {
-            gate_refusal(routes::status_gate(class, entry.effective(), true))?;
+        let entry = dir.cluster_by_id(&key.cluster_id).ok_or_else(unknown)?;
+        // 2. The cluster the Host names must be the key's: one answer whether the named
+        //    cluster exists or not, so a key cannot list other clusters.
+        let host = headers
+            .get(hyper::header::HOST)
+            .and_then(|h| h.to_str().ok());
+        if !self.is_shared_host(host)
+            && !rules::host_admits(
+                host.and_then(rules::host_label).as_deref(),
+                &entry.doc.slug,
+                self.settings.default_cluster.as_deref(),
+            )
+        {
+            return Err(ApiError::new(
+                403,
+                "forbidden",
+                "this API key is not valid for the cluster this request's Host names",
+            ));
         }
-        // 3. The key's scopes, then the plan's limits.
+        // 3. The cluster's status, now that the caller is one of its keys.
+        gate_refusal(routes::status_gate(class, entry.effective(), true))?;
+        // 4. The key's scopes, then the plan's limits.
         gate_refusal(routes::authorize(class, key.scopes))?;
         let ticket = self.limits.admit(api, entry, class, segs, query)?;
         let tenant = Tenant::parse(&entry.doc.broker_tenant_uuid).map_err(|_| {
@@ -608,10 +577,15 @@ fn gate_refusal(r: Result<(), Refusal>) -> Result<(), ApiError> {
             "cluster_suspended",
             "this cluster or its tenant is suspended",
         ),
-        Refusal::PushBlocked => ApiError::new(
-            403,
-            "push_blocked",
-            "pushes to this cluster are blocked; consumers may still drain it",
-        ),
+        Refusal::PushBlocked => push_blocked(),
     })
+}
+
+/// 403 `push_blocked`.
+pub(crate) fn push_blocked() -> ApiError {
+    ApiError::new(
+        403,
+        "push_blocked",
+        "pushes to this cluster are blocked; consumers may still drain it",
+    )
 }

@@ -275,7 +275,7 @@ async fn answer<A: ClientApi>(
                     }
                 }
                 (Some(proxy), Some(t)) => {
-                    if let Err(e) = proxy.limits.check_body(t, segs, &body.bytes) {
+                    if let Err(e) = proxy.limits.check_body(&**api, t, segs, &body.bytes) {
                         return error_response(&e);
                     }
                     handle(api, &scope, method, segs, query, &body.bytes, kind).await

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use queen_domain::command::PushItem;
 use queen_domain::kv::{Expiry, KvOp, Num};
+use queen_domain::proxy::Effective;
 use queen_domain::proxy::directory::{self as d, ClusterEntry, USAGE_MIN, USAGE_MONTH};
 use queen_domain::proxy::plans::{self, Bucket, Plan};
 use queen_domain::proxy::routes::{Class, GatedOp};
@@ -22,6 +23,9 @@ use queen_ports::ClientApi;
 use serde_json::Value;
 
 use crate::api::ApiError;
+
+mod blocked;
+mod caps;
 
 /// How long usage rows are kept (`QUEEN_PROXY_USAGE_KEEP_DAYS`, 90).
 const USAGE_KEEP: u64 = 90 * 86_400;
@@ -49,6 +53,8 @@ struct ClusterState {
     shadow_logged: Option<Instant>,
     shadow_count: u64,
     storage: Storage,
+    /// The cluster's queues as last counted (for the queue cap).
+    queues: Option<caps::QueueCount>,
 }
 
 /// A cluster's storage quota on this node: the bytes its stored messages took at the last
@@ -81,6 +87,8 @@ pub(crate) struct Ticket {
     plan: Arc<Plan>,
     op: &'static str,
     msgs: u64,
+    /// The cluster's pushes are blocked (what its body would add is refused).
+    push_blocked: bool,
     /// Held while a long poll waits.
     _parked: Option<Parked>,
 }
@@ -275,6 +283,7 @@ impl Limits {
             plan,
             op: op_class(class, segs),
             msgs: 0,
+            push_blocked: entry.effective() == Effective::PushBlocked,
             _parked: held,
         })
     }
@@ -312,13 +321,21 @@ impl Limits {
         self.queue_cap(api, t, items)
     }
 
-    /// The checks of any other body: the retention ceiling of a queue's configuration.
-    pub(crate) fn check_body(
+    /// The checks of any other body: what a push block refuses (a new queue, a lock
+    /// acquire) and the retention ceiling of a queue's configuration.
+    pub(crate) fn check_body<A: ClientApi>(
         &self,
+        api: &A,
         t: &Ticket,
         segs: &[&str],
         body: &[u8],
     ) -> Result<(), ApiError> {
+        if t.push_blocked
+            && let Ok(tenant) = queen_domain::tenant::Tenant::parse(&t.tenant)
+            && blocked::grows(&*api.state(), &tenant, segs, body)
+        {
+            return Err(crate::proxy::push_blocked());
+        }
         let plan = &t.plan;
         match (t.class, segs) {
             (Class::QueueAdmin, ["api", "v1", "configure"]) => {
@@ -375,7 +392,9 @@ impl Limits {
         }
     }
 
-    /// A push that would make a queue, or a partition of a queue, beyond the plan's counts.
+    /// A push that would make a queue, or a partition of a queue, beyond the plan's counts
+    /// (O(1) reads per distinct queue and partition: see [`caps`]). No lock is held while the
+    /// state is read.
     fn queue_cap<A: ClientApi>(
         &self,
         api: &A,
@@ -389,56 +408,36 @@ impl Limits {
         let Ok(tenant) = queen_domain::tenant::Tenant::parse(&t.tenant) else {
             return Ok(());
         };
-        let state = api.state();
-        let mut new_queue = false;
-        let mut full_queue = None;
-        let mut seen = std::collections::HashSet::new();
-        for item in items {
-            let (q, p) = (item.queue.as_str(), item.partition.as_str());
-            if !seen.insert((q, p)) {
-                continue;
-            }
-            let stored = tenant.name(q);
-            match queen_domain::reads::queue(&*state, &stored) {
-                Ok(None) => new_queue = true,
-                Ok(Some(_)) => {
-                    let Some(max) = max_parts else { continue };
-                    if queen_domain::reads::partition_by_name(&*state, &stored, p)
-                        .is_ok_and(|found| found.is_none())
-                    {
-                        // Read only when a partition is about to be made.
-                        let count = queen_domain::reads::queue_view(&*state, &stored)
-                            .ok()
-                            .flatten()
-                            .map_or(0, |v| v.partitions.len() as u64);
-                        if count >= max {
-                            full_queue = Some((q.to_owned(), max));
-                        }
-                    }
-                }
-                Err(_) => {}
-            }
-        }
-        let count = match (new_queue, max_queues) {
-            (true, Some(max)) => {
-                let limit = usize::try_from(max).unwrap_or(usize::MAX);
-                queen_domain::reads::tenant_queues(&*state, &tenant, limit.saturating_add(1))
-                    .map_or(0, |q| q.len() as u64)
-            }
-            _ => 0,
+        let growth = {
+            let state = api.state();
+            caps::growth(&*state, &tenant, max_parts, items)
         };
-        drop(state);
-        if let (true, Some(max)) = (new_queue, max_queues)
-            && count >= max
-        {
-            let e = ApiError::new(
-                403,
-                "quota_exceeded",
-                format!("this cluster's plan allows {max} queues"),
-            );
-            self.shadow(&t.cluster, e)?;
+        if let (true, Some(max)) = (growth.new_queues > 0, max_queues) {
+            let kept = {
+                let all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+                all.get(&t.cluster)
+                    .and_then(|st| caps::QueueCount::fresh(st.queues))
+            };
+            let count = kept.unwrap_or_else(|| {
+                let counted = {
+                    let state = api.state();
+                    caps::count_queues(&*state, &tenant, max)
+                };
+                self.with_cluster(&t.cluster, |st| {
+                    st.queues = Some(caps::QueueCount::now(counted));
+                });
+                counted
+            });
+            if count >= max {
+                let e = ApiError::new(
+                    403,
+                    "quota_exceeded",
+                    format!("this cluster's plan allows {max} queues"),
+                );
+                self.shadow(&t.cluster, e)?;
+            }
         }
-        if let Some((q, max)) = full_queue {
+        if let Some((q, max)) = growth.full_queue {
             let e = ApiError::new(
                 403,
                 "quota_exceeded",
@@ -446,7 +445,21 @@ impl Limits {
             );
             self.shadow(&t.cluster, e)?;
         }
+        if growth.new_queues > 0 {
+            // The push is let through: its queues count until the next count.
+            self.with_cluster(&t.cluster, |st| {
+                if let Some(c) = st.queues.as_mut() {
+                    c.add(growth.new_queues);
+                }
+            });
+        }
         Ok(())
+    }
+
+    /// `f` on a cluster's state, under the lock for as long as `f` takes (keep it short).
+    fn with_cluster(&self, cluster: &str, f: impl FnOnce(&mut ClusterState)) {
+        let mut all = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+        f(all.entry(cluster.to_owned()).or_default());
     }
 
     /// Count a served request.
