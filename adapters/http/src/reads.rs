@@ -33,6 +33,8 @@ pub(crate) use resources::resources;
 
 pub(crate) mod messages;
 
+mod heavy;
+
 /// Most entries one fetch may carry.
 const MAX_FETCH_ENTRIES: usize = 1024;
 /// The default and largest byte budget of a fetch.
