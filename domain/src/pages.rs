@@ -253,10 +253,10 @@ pub fn group_rows(
 /// A queue by its id: the name comes from one of its partitions, or from a scan of the queue
 /// table when it has none yet.
 fn queue_by_id(s: &dyn StateRead, qid: u64) -> Result<Option<QueueRec>, StoreError> {
-    if let Some(pid) = partition_ids_after(s, qid, None, 0)?.first() {
-        if let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(*pid))? {
-            return crate::reads::queue(s, &p.queue);
-        }
+    if let Some(pid) = partition_ids_after(s, qid, None, 0)?.first()
+        && let Some(p) = get_rec::<PartitionRec>(s, &keys::partition(*pid))?
+    {
+        return crate::reads::queue(s, &p.queue);
     }
     let mut found = None;
     try_scan(
