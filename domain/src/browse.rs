@@ -133,27 +133,6 @@ fn dead_letters(
     Ok(rows.into_iter().map(|d| (d.pid, d.offset)).collect())
 }
 
-/// A page of a queue's messages, oldest first within each partition and partitions in creation
-/// order: `limit` messages after skipping `skip` that pass `only`. Answers the page and the
-/// number of stored messages the page was cut from (known without a filter; `None` with one).
-///
-/// # Errors
-/// Store failures.
-#[allow(clippy::too_many_arguments)]
-pub fn list(
-    s: &dyn StateRead,
-    queue: &str,
-    partition: Option<&str>,
-    group: &str,
-    only: Option<Status>,
-    skip: usize,
-    limit: usize,
-    now: Stamp,
-) -> Result<(Vec<Browsed>, Option<u64>), StoreError> {
-    let l = list_after(s, queue, partition, group, only, skip, limit, None, now)?;
-    Ok((l.page, l.total))
-}
-
 /// One page of a message listing.
 #[derive(Debug, Clone, Default)]
 pub struct Listing {
@@ -168,14 +147,16 @@ pub struct Listing {
     pub next: Option<(u64, u64)>,
 }
 
-/// [`list`] continuing after `after` (a [`Listing::next`]): reads at most [`MAX_SCANNED`]
-/// messages and [`crate::pages::WALK_BUDGET`] partitions per call, whatever the filter, and
-/// says where it stopped.
+/// A page of a queue's messages, oldest first within each partition and partitions in creation
+/// order: `limit` messages that pass `only` after skipping `skip` of them, from the start or
+/// after `after` (a [`Listing::next`]). Reads at most [`MAX_SCANNED`] messages and
+/// [`crate::pages::WALK_BUDGET`] partitions per call, whatever the filter, and says where it
+/// stopped.
 ///
 /// # Errors
 /// Store failures.
 #[allow(clippy::too_many_arguments)]
-pub fn list_after(
+pub fn list(
     s: &dyn StateRead,
     queue: &str,
     partition: Option<&str>,

@@ -199,50 +199,38 @@ fn status_routes_of_a_queue_with_many_partitions_answer_bounded_pages_that_visit
         "a cursor the broker did not issue"
     );
 
-    // Following each cursor visits every partition exactly once.
+    // Following each cursor visits every partition exactly once; the message listing pages
+    // the queue-mode group's pending messages, one in each partition.
     let every = all_partitions();
-    let name = str_of("name");
-    assert_eq!(
-        follow_object(
-            &n,
+    for (first, rows_at, cursor_at, key) in [
+        (
             "/api/v1/resources/queues/wide?limit=1000",
-            &["partitions"],
-            &["nextCursor"],
-            &name
+            &["partitions"][..],
+            &["nextCursor"][..],
+            "name",
         ),
-        every
-    );
-    assert_eq!(
-        follow_object(
-            &n,
+        (
             "/api/v1/resources/queues/wide/depth?limit=1000",
-            &["partitions"],
-            &["nextCursor"],
-            &str_of("partition")
+            &["partitions"][..],
+            &["nextCursor"][..],
+            "partition",
         ),
-        every
-    );
-    assert_eq!(
-        follow_object(
-            &n,
+        (
             "/api/v1/resources/partitions?queue=wide",
-            &["partitions"],
-            &["nextCursor"],
-            &name
+            &["partitions"][..],
+            &["nextCursor"][..],
+            "name",
         ),
-        every
-    );
-    // Pending for the queue-mode group: every message, one page of 1,000 at a time.
-    assert_eq!(
-        follow_object(
-            &n,
+        (
             "/api/v1/messages?queue=wide&status=pending&limit=1000",
-            &["messages"],
-            &["pagination", "nextCursor"],
-            &str_of("partition")
+            &["messages"][..],
+            &["pagination", "nextCursor"][..],
+            "partition",
         ),
-        every
-    );
+    ] {
+        let seen = follow_object(&n, first, rows_at, cursor_at, &str_of(key));
+        assert_eq!(seen, every, "{first}");
+    }
     let lagging = follow_header(
         &n,
         "/api/v1/consumer-groups/lagging?minLagSeconds=0",
@@ -275,7 +263,7 @@ fn status_routes_of_a_queue_with_many_partitions_answer_bounded_pages_that_visit
         &n,
         "/api/v1/consumer-groups?limit=1",
         &|v| v.as_array().unwrap().clone(),
-        &name,
+        &str_of("name"),
     );
     assert_eq!(groups, ["g1", "g2", "g3"].map(str::to_owned).into());
 }

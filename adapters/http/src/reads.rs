@@ -281,13 +281,15 @@ pub(crate) async fn changed<A: ClientApi>(
     heavy::off_runtime(api, move |api| changed_pages(api, &parsed)).await
 }
 
+/// One entry of `partitions/changed`: (stored queue name, limit, since, after).
+type ChangedEntry = (String, usize, Option<Stamp>, Option<u64>);
+
 /// The pages of `partitions/changed`, on a blocking thread: each entry walks at most its share
 /// of `pages::WALK_BUDGET` partitions (so every entry progresses), and answers `next` while
 /// partitions may follow (a page can be short, even empty, when `since` skips many).
-#[allow(clippy::type_complexity)]
 fn changed_pages<A: ClientApi>(
     api: &A,
-    parsed: &[(String, usize, Option<Stamp>, Option<u64>)],
+    parsed: &[ChangedEntry],
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     use queen_domain::pages::{Flow, WALK_BUDGET, walk_partitions};
     let state = api.state();

@@ -22,9 +22,13 @@ fn secs_since(now: Stamp, t: Option<Stamp>) -> u64 {
     t.map_or(0, |t| now.0.saturating_sub(t.0) / 1_000_000)
 }
 
-/// A (group row, partition) cursor: `<row key hex>.<partition id>` continues that row after
-/// the partition, `<row key hex>.` starts after that row.
-fn parse_cursor(q: &[(String, String)]) -> Result<Option<(Vec<u8>, Option<u64>)>, ApiError> {
+/// Where a (group row, partition) walk continues: the row's key, and the partition to continue
+/// after in it (none: start after the row).
+type LagCursor = (Vec<u8>, Option<u64>);
+
+/// A [`LagCursor`] as text: `<row key hex>.<partition id>` continues that row after the
+/// partition, `<row key hex>.` starts after that row.
+fn parse_cursor(q: &[(String, String)]) -> Result<Option<LagCursor>, ApiError> {
     let bad = || ApiError::bad_request("after", "is not a cursor this broker issued");
     let Some(a) = q_get(q, "after") else {
         return Ok(None);
@@ -53,7 +57,7 @@ fn cursor(key: &[u8], pid: Option<u64>) -> String {
 fn walk_lag(
     state: &dyn StateRead,
     scope: &Scope,
-    from: Option<(Vec<u8>, Option<u64>)>,
+    from: Option<LagCursor>,
     only: Option<&str>,
     limit: usize,
     now: Stamp,

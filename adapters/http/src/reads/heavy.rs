@@ -46,14 +46,13 @@ where
         .await
         .map_err(|_| ApiError::new(503, "unavailable", "the node is shutting down"))?;
     let api = api.clone();
-    let out = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let out = work(&api);
         drop(permit);
         out
     })
     .await
-    .map_err(|_| ApiError::new(500, "internal", "a status read failed"))?;
-    out
+    .map_err(|_| ApiError::new(500, "internal", "a status read failed"))?
 }
 
 /// The `limit` of a page: `default` when absent, at least 1 and at most [`MAX_PAGE`].
@@ -90,7 +89,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 fn unhex(text: &str) -> Result<Vec<u8>, ApiError> {
     let bad = || ApiError::bad_request("after", "is not a cursor this broker issued");
-    if text.len() % 2 != 0 || text.len() > 1024 {
+    if !text.len().is_multiple_of(2) || text.len() > 1024 {
         return Err(bad());
     }
     (0..text.len())

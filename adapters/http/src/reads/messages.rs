@@ -114,7 +114,7 @@ pub(crate) async fn list<A: ClientApi>(
     let scope = scope.clone();
     super::heavy::off_runtime(api, move |api| {
         let state = api.state();
-        let listing = browse::list_after(
+        let listing = browse::list(
             &*state,
             queue.as_str(),
             q_get(&q, "partition"),
