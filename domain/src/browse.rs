@@ -11,7 +11,7 @@ use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
 /// Most messages one listing reads to fill a filtered page (a status filter skips the rest).
-pub const MAX_SCANNED: usize = 100_000;
+pub const MAX_SCANNED: usize = 10_000;
 
 /// Where a message stands for a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,9 +133,25 @@ fn dead_letters(
     Ok(rows.into_iter().map(|d| (d.pid, d.offset)).collect())
 }
 
+/// One page of a message listing.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The messages.
+    pub page: Vec<Browsed>,
+    /// Stored messages the page was cut from (the queue's or the partition's counter; `None`
+    /// with a status filter).
+    pub total: Option<u64>,
+    /// Where the next page continues, (partition id, offset) exclusive, when the listing
+    /// stopped before the end (a full page, or [`MAX_SCANNED`] messages or
+    /// [`crate::pages::WALK_BUDGET`] partitions read).
+    pub next: Option<(u64, u64)>,
+}
+
 /// A page of a queue's messages, oldest first within each partition and partitions in creation
-/// order: `limit` messages after skipping `skip` that pass `only`. Answers the page and the
-/// number of stored messages the page was cut from (known without a filter; `None` with one).
+/// order: `limit` messages that pass `only` after skipping `skip` of them, from the start or
+/// after `after` (a [`Listing::next`]). Reads at most [`MAX_SCANNED`] messages and
+/// [`crate::pages::WALK_BUDGET`] partitions per call, whatever the filter, and says where it
+/// stopped.
 ///
 /// # Errors
 /// Store failures.
@@ -148,56 +164,71 @@ pub fn list(
     only: Option<Status>,
     skip: usize,
     limit: usize,
+    after: Option<(u64, u64)>,
     now: Stamp,
-) -> Result<(Vec<Browsed>, Option<u64>), StoreError> {
-    let Some(view) = reads::queue_view(s, queue)? else {
-        return Ok((Vec::new(), Some(0)));
+) -> Result<Listing, StoreError> {
+    use crate::pages::{Flow, WALK_BUDGET, walk_partitions};
+    let Some(q) = reads::queue(s, queue)? else {
+        return Ok(Listing {
+            total: Some(0),
+            ..Listing::default()
+        });
     };
-    let parts: Vec<PartitionRec> = view
-        .partitions
-        .into_iter()
-        .filter(|p| partition.is_none_or(|n| p.name == n))
-        .collect();
-    let total = only
-        .is_none()
-        .then(|| parts.iter().map(|p| p.next_offset - p.log_start).sum());
-    let dead = dead_letters(s, view.queue.qid, group)?;
+    let one = match partition {
+        Some(n) => match reads::partition_by_name(s, queue, n)? {
+            Some(p) => Some(p),
+            None => {
+                return Ok(Listing {
+                    total: Some(0),
+                    ..Listing::default()
+                });
+            }
+        },
+        None => None,
+    };
+    let total = only.is_none().then(|| {
+        one.as_ref()
+            .map_or(q.messages, |p| p.next_offset - p.log_start)
+    });
+    let dead = dead_letters(s, q.qid, group)?;
     let (mut out, mut skipped, mut scanned) = (Vec::new(), 0usize, 0usize);
-    for p in parts {
-        if out.len() == limit || scanned >= MAX_SCANNED {
-            break;
+    // Where the listing stopped early, and whether anything follows it in that partition.
+    let mut stopped: Option<(u64, u64, bool)> = None;
+    let mut visit = |p: &PartitionRec| -> Result<Flow, StoreError> {
+        let mut from = match after {
+            Some((pid, offset)) if pid == p.pid => offset.saturating_add(1),
+            _ => p.log_start,
         }
-        let standing = Standing::of(s, &p, group, &dead, now)?;
+        .max(p.log_start);
         // Without a filter whole partitions are skipped by their counts, unread.
-        let mut from = p.log_start;
         if only.is_none() {
-            let stored = usize::try_from(p.next_offset - p.log_start).unwrap_or(usize::MAX);
+            let stored = usize::try_from(p.next_offset.saturating_sub(from)).unwrap_or(usize::MAX);
             if skipped + stored <= skip {
                 skipped += stored;
-                continue;
+                return Ok(Flow::Continue);
             }
             from += (skip - skipped) as u64;
             skipped = skip;
         }
+        if from >= p.next_offset {
+            return Ok(Flow::Continue);
+        }
+        let standing = Standing::of(s, p, group, &dead, now)?;
         let mut at = from;
-        while at < p.next_offset && out.len() < limit && scanned < MAX_SCANNED {
-            let batch = reads::messages(s, &p, at, 4 << 20, 1000)?;
+        while at < p.next_offset {
+            let count = (MAX_SCANNED - scanned).min(1000);
+            let batch = reads::messages(s, p, at, 4 << 20, count)?;
             let Some((last, _)) = batch.last() else { break };
             at = last + 1;
             for (offset, message) in batch {
                 scanned += 1;
-                if standing.hidden(offset) {
-                    continue;
-                }
-                let status = standing.status(offset);
-                if only.is_some_and(|o| o != status) {
-                    continue;
-                }
-                if skipped < skip {
+                let full = scanned == MAX_SCANNED;
+                let keep =
+                    !standing.hidden(offset) && only.is_none_or(|o| o == standing.status(offset));
+                if keep && skipped < skip {
                     skipped += 1;
-                    continue;
-                }
-                if out.len() < limit {
+                } else if keep {
+                    let status = standing.status(offset);
                     out.push(Browsed {
                         partition: p.clone(),
                         offset,
@@ -205,10 +236,37 @@ pub fn list(
                         status,
                     });
                 }
+                if out.len() == limit || full {
+                    stopped = Some((p.pid, offset, offset + 1 < p.next_offset));
+                    return Ok(Flow::Stop);
+                }
             }
         }
-    }
-    Ok((out, total))
+        Ok(Flow::Continue)
+    };
+    let next = match one {
+        Some(p) => {
+            visit(&p)?;
+            stopped.and_then(|(pid, offset, more)| more.then_some((pid, offset)))
+        }
+        None => {
+            let start = after.and_then(|(pid, _)| pid.checked_sub(1));
+            let walked = walk_partitions(s, q.qid, start, WALK_BUDGET, &mut visit)?;
+            match (stopped, walked.next) {
+                (Some((pid, offset, more)), rest) => {
+                    (more || rest.is_some()).then_some((pid, offset))
+                }
+                // The partition budget ran out: continue after the last one walked.
+                (None, Some(pid)) => Some((pid, u64::MAX)),
+                (None, None) => None,
+            }
+        }
+    };
+    Ok(Listing {
+        page: out,
+        total,
+        next,
+    })
 }
 
 /// One message by its partition and transactionId, with where it stands for `group`.

@@ -25,6 +25,7 @@ pub mod kv;
 pub mod machine;
 pub mod model;
 pub mod names;
+pub mod pages;
 pub mod proxy;
 pub mod pushed;
 pub mod reads;

@@ -28,7 +28,8 @@ fn each_message_stands_where_the_group_left_it() {
     let second = s.pop("q", None, 1);
     assert_eq!(txns(&second), vec!["c"]);
     let now = Stamp(s.now);
-    let (page, total) = browse::list(&s.store, "q", None, GROUP, None, 0, 10, now).unwrap();
+    let l = browse::list(&s.store, "q", None, GROUP, None, 0, 10, None, now).unwrap();
+    let (page, total) = (l.page, l.total);
     assert_eq!(total, Some(4));
     let seen: Vec<(&str, Status)> = page
         .iter()
@@ -44,7 +45,7 @@ fn each_message_stands_where_the_group_left_it() {
         ]
     );
     // A filtered page, and a page past a skip.
-    let (pending, total) = browse::list(
+    let pending = browse::list(
         &s.store,
         "q",
         Some("p"),
@@ -52,11 +53,14 @@ fn each_message_stands_where_the_group_left_it() {
         Some(Status::Pending),
         0,
         10,
+        None,
         now,
     )
     .unwrap();
-    assert_eq!((pending.len(), total), (1, None));
-    let (skipped, _) = browse::list(&s.store, "q", None, GROUP, None, 3, 10, now).unwrap();
+    assert_eq!((pending.page.len(), pending.total), (1, None));
+    let skipped = browse::list(&s.store, "q", None, GROUP, None, 3, 10, None, now)
+        .unwrap()
+        .page;
     assert_eq!(skipped[0].message.transaction_id, "d");
     // One message by partition and transactionId; an unknown one is none.
     let pid = page[0].partition.pid;

@@ -33,6 +33,8 @@ pub(crate) use resources::resources;
 
 pub(crate) mod messages;
 
+mod heavy;
+
 /// Most entries one fetch may carry.
 const MAX_FETCH_ENTRIES: usize = 1024;
 /// The default and largest byte budget of a fetch.
@@ -276,27 +278,33 @@ pub(crate) async fn changed<A: ClientApi>(
         parsed.push((queue, limit as usize, since, after));
     }
     api.read_barrier().await?;
+    heavy::off_runtime(api, move |api| changed_pages(api, &parsed)).await
+}
+
+/// One entry of `partitions/changed`: (stored queue name, limit, since, after).
+type ChangedEntry = (String, usize, Option<Stamp>, Option<u64>);
+
+/// The pages of `partitions/changed`, on a blocking thread: each entry walks at most its share
+/// of `pages::WALK_BUDGET` partitions (so every entry progresses), and answers `next` while
+/// partitions may follow (a page can be short, even empty, when `since` skips many).
+fn changed_pages<A: ClientApi>(
+    api: &A,
+    parsed: &[ChangedEntry],
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    use queen_domain::pages::{Flow, WALK_BUDGET, walk_partitions};
     let state = api.state();
     let safe = reads::safe_time(&*state).map_err(|e| store_err(&e))?;
+    let share = WALK_BUDGET / parsed.len().max(1);
     let mut out = Vec::new();
     for (queue, limit, since, after) in parsed {
-        let Some(view) = reads::queue_view(&*state, &queue).map_err(|e| store_err(&e))? else {
+        let Some(q) = reads::queue(&*state, queue).map_err(|e| store_err(&e))? else {
             out.push(json!({"partitions": [], "error": "UNKNOWN_TOPIC_OR_PARTITION"}));
             continue;
         };
         let mut rows = Vec::new();
-        let mut next = None;
-        for p in view
-            .partitions
-            .iter()
-            .filter(|p| after.is_none_or(|a| p.pid > a))
-        {
+        let walked = walk_partitions(&*state, q.qid, *after, share, &mut |p| {
             if since.is_some_and(|s| p.last_write < s || p.next_offset == 0) {
-                continue;
-            }
-            if rows.len() == limit {
-                next = rows.last().map(|_: &Value| ());
-                break;
+                return Ok(Flow::Continue);
             }
             rows.push(json!({
                 "name": p.name, "id": p.pid.to_string(),
@@ -304,16 +312,16 @@ pub(crate) async fn changed<A: ClientApi>(
                 "logStart": p.log_start,
                 "lastWriteAt": if p.next_offset == 0 { Value::Null } else { json!(p.last_write.iso_micros()) },
             }));
-        }
+            Ok(if rows.len() == *limit {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            })
+        })
+        .map_err(|e| store_err(&e))?;
         let mut e = json!({ "partitions": rows });
-        if next.is_some() {
-            e["next"] = json!(
-                e["partitions"]
-                    .as_array()
-                    .and_then(|r| r.last())
-                    .and_then(|r| r["id"].as_str())
-                    .unwrap_or_default()
-            );
+        if let Some(next) = walked.next {
+            e["next"] = json!(next.to_string());
         }
         out.push(e);
     }

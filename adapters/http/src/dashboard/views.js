@@ -248,9 +248,10 @@ const queues = {
 
 const queue = {
   nav: "queues",
-  async render(el, [name]) {
+  async render(el, [name], p) {
     el.appendChild(h("h2", {}, "Queue ", h("code", {}, name)));
-    const r = await guarded(el, "queue", () => get(`/api/v1/resources/queues/${enc(name)}`));
+    const after = p.get("after");
+    const r = await guarded(el, "queue", () => get(q(`/api/v1/resources/queues/${enc(name)}`, { after })));
     if (!r) return;
     el.appendChild(
       h(
@@ -269,6 +270,9 @@ const queue = {
         ["Dead letters", r.messages.deadLetter, "deadLetter"],
       ]),
     );
+    if (r.approximate) {
+      el.appendChild(h("p", { class: "muted" }, `Pending counted over the first ${r.pendingPartitionsCounted} partitions.`));
+    }
     el.appendChild(h("h3", {}, "Partitions"));
     el.appendChild(
       table(
@@ -286,6 +290,13 @@ const queue = {
         r.partitions,
       ),
     );
+    // The partitions come a page at a time (the node answers at most 1000 per call).
+    if (r.truncated && r.nextCursor) {
+      const next = new URLSearchParams({ after: r.nextCursor });
+      el.appendChild(h("p", { class: "pager" }, after ? link(`#queue/${enc(name)}`, "← first ") : null, link(`#queue/${enc(name)}?${next}`, "next partitions →")));
+    } else if (after) {
+      el.appendChild(h("p", { class: "pager" }, link(`#queue/${enc(name)}`, "← first")));
+    }
     el.appendChild(h("h3", {}, "Options"));
     el.appendChild(fields(r.options));
     const st = await request("GET", `/api/v1/status/queues/${enc(name)}`);
@@ -382,7 +393,7 @@ function queueList({ name, title, path, extra, columns, empty, total }) {
       const r = await guarded(el, path, () => get(q(path, params)));
       if (!r) return;
       el.appendChild(table(columns, r.messages, empty));
-      pager(el, name, p, r.messages.length, total(r));
+      pager(el, name, p, r.messages.length, total(r), r.pagination && r.pagination.nextCursor);
     },
   };
 }
@@ -408,15 +419,26 @@ const messages = queueList({
   total: (r) => r.pagination && r.pagination.total,
 });
 
-function pager(el, name, p, got, total) {
+/** Offset paging, or the node's cursor when it gave one (a listing reads a bounded number of
+ * messages per call, so a filtered page may be short yet not the last). */
+function pager(el, name, p, got, total, cursor) {
   const limit = Number(p.get("limit") || 50);
   const offset = Number(p.get("offset") || 0);
   const at = (o) => {
     const next = new URLSearchParams(p);
     next.set("offset", String(Math.max(0, o)));
     next.set("limit", String(limit));
+    next.delete("after");
     return `#${name}?${next}`;
   };
+  if (cursor) {
+    const next = new URLSearchParams(p);
+    next.set("after", cursor);
+    next.set("offset", "0");
+    next.set("limit", String(limit));
+    el.appendChild(h("p", { class: "pager" }, p.get("after") ? link(at(0), "← first ") : null, ` ${got} shown `, link(`#${name}?${next}`, "next →")));
+    return;
+  }
   if (got === 0 && offset === 0) return;
   el.appendChild(
     h(

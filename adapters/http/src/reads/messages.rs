@@ -72,7 +72,23 @@ fn group_of(q: &[(String, String)]) -> Result<String, ApiError> {
     Ok(g.as_str().to_owned())
 }
 
-/// `GET /api/v1/messages?queue=&partition=&status=&consumerGroup=&limit=&offset=`.
+/// The cursor of a message listing: `<partition id>.<offset>`, exclusive.
+fn after_message(q: &[(String, String)]) -> Result<Option<(u64, u64)>, ApiError> {
+    let bad = || ApiError::bad_request("after", "is not a cursor this broker issued");
+    q_get(q, "after")
+        .map(|a| {
+            let (pid, offset) = a.split_once('.').ok_or_else(bad)?;
+            Ok((
+                pid.parse().map_err(|_| bad())?,
+                offset.parse().map_err(|_| bad())?,
+            ))
+        })
+        .transpose()
+}
+
+/// `GET /api/v1/messages?queue=&partition=&status=&consumerGroup=&limit=&offset=&after=`: one
+/// page, read off the runtime's threads; at most `browse::MAX_SCANNED` messages are read per
+/// call, so a filtered page may come back short with a `nextCursor` to continue from.
 pub(crate) async fn list<A: ClientApi>(
     api: &Arc<A>,
     scope: &Scope,
@@ -93,35 +109,45 @@ pub(crate) async fn list<A: ClientApi>(
     let group = group_of(&q)?;
     let limit = q_num(&q, "limit", 100)?.clamp(1, MAX_PAGE);
     let offset = q_num(&q, "offset", 0)?;
+    let after = after_message(&q)?;
     api.read_barrier().await?;
-    let state = api.state();
-    let (page, total) = browse::list(
-        &*state,
-        queue.as_str(),
-        q_get(&q, "partition"),
-        &group,
-        only,
-        usize::try_from(offset).unwrap_or(usize::MAX),
-        limit as usize,
-        api.now(),
-    )
-    .map_err(|e| store_err(&e))?;
-    let payloads: Vec<std::borrow::Cow<'_, [u8]>> = page
-        .iter()
-        .map(|b| api.open_payload(&b.message.payload))
-        .collect();
-    let messages = page
-        .iter()
-        .zip(&payloads)
-        .map(|(b, p)| out(scope, b, p, &group, false))
-        .collect();
-    Ok(json_answer(
-        200,
-        &Page {
-            messages,
-            pagination: json!({"limit": limit, "offset": offset, "total": total}),
-        },
-    ))
+    let scope = scope.clone();
+    super::heavy::off_runtime(api, move |api| {
+        let state = api.state();
+        let listing = browse::list(
+            &*state,
+            queue.as_str(),
+            q_get(&q, "partition"),
+            &group,
+            only,
+            usize::try_from(offset).unwrap_or(usize::MAX),
+            limit as usize,
+            after,
+            api.now(),
+        )
+        .map_err(|e| store_err(&e))?;
+        let payloads: Vec<std::borrow::Cow<'_, [u8]>> = listing
+            .page
+            .iter()
+            .map(|b| api.open_payload(&b.message.payload))
+            .collect();
+        let messages = listing
+            .page
+            .iter()
+            .zip(&payloads)
+            .map(|(b, p)| out(&scope, b, p, &group, false))
+            .collect();
+        let next = listing.next.map(|(pid, off)| format!("{pid}.{off}"));
+        Ok(json_answer(
+            200,
+            &Page {
+                messages,
+                pagination: json!({"limit": limit, "offset": offset, "total": listing.total,
+                    "truncated": next.is_some(), "nextCursor": next}),
+            },
+        ))
+    })
+    .await
 }
 
 /// `GET /api/v1/messages/{partitionId}/{transactionId}`: 404 when the partition is unknown, is
