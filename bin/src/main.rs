@@ -367,6 +367,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The client port's browser rules and scrape token (`QUEEN_ALLOWED_*`, `QUEEN_METRICS_TOKEN`).
+    let front = match queen_http::FrontRules::from_env(&|k| std::env::var(k).ok()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ERROR boot: FATAL: {e}");
+            telemetry.shutdown();
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -396,6 +405,7 @@ fn main() -> ExitCode {
         // The proxy fronts the client port itself unless it has a port of its own.
         proxy: proxy.clone().filter(|_| proxy_listener.is_none()),
         tls: tls.clone().filter(|_| proxy_listener.is_none()),
+        front,
     };
     let result = runtime.block_on(queen_app::run(
         config,

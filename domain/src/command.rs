@@ -332,6 +332,22 @@ pub struct TxnOutcome {
     pub timers: Vec<crate::timers::TimerResult>,
 }
 
+impl TxnOutcome {
+    /// The answer of a transaction whose required lease is not live (expired, released or
+    /// unknown); also what a tenant hears about another tenant's lease, so the two cannot be
+    /// told apart.
+    #[must_use]
+    pub fn lease_not_live(lease: &LeaseId) -> Self {
+        Self {
+            success: false,
+            error: Some(format!("lease {lease} is expired, released or unknown")),
+            results: Vec::new(),
+            kv: None,
+            timers: Vec::new(),
+        }
+    }
+}
+
 /// Every command of the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {

@@ -40,6 +40,24 @@ pub fn check_ns(ns: &str) -> Result<(), KvNameError> {
     }
 }
 
+/// The namespaces the node keeps its own records in (lock permits, traces, stream state,
+/// ephemeral settings, the sink's documents): the generic KV routes refuse writes to them, so
+/// a client cannot forge a lock or a stream's state through plain KV (reads and a lock
+/// guard's `check` stay allowed).
+pub const RESERVED_NAMESPACES: [&str; 5] = [
+    LOCKS_NS,
+    crate::traces::NS,
+    crate::streams::NS,
+    crate::ephemeral::CONFIG_NS,
+    crate::sink::documents::NS,
+];
+
+/// Whether a namespace is one of [`RESERVED_NAMESPACES`].
+#[must_use]
+pub fn is_reserved_ns(ns: &str) -> bool {
+    RESERVED_NAMESPACES.contains(&ns)
+}
+
 /// Validate a key.
 ///
 /// # Errors
@@ -344,6 +362,29 @@ pub enum LockResult {
 }
 
 impl KvOp {
+    /// Whether the operation changes a row (a reserved namespace refuses it from clients).
+    #[must_use]
+    pub fn writes(&self) -> bool {
+        matches!(
+            self,
+            KvOp::Put { .. } | KvOp::Delete { .. } | KvOp::Incr { .. }
+        )
+    }
+
+    /// The namespace the operation works in.
+    #[must_use]
+    pub fn ns(&self) -> &str {
+        match self {
+            KvOp::Get { ns, .. }
+            | KvOp::GetMany { ns, .. }
+            | KvOp::GetPrefix { ns, .. }
+            | KvOp::Put { ns, .. }
+            | KvOp::Delete { ns, .. }
+            | KvOp::Check { ns, .. }
+            | KvOp::Incr { ns, .. } => ns,
+        }
+    }
+
     /// The namespace the operation works in (a tenant's scope is put in front of it).
     pub fn ns_mut(&mut self) -> &mut String {
         match self {

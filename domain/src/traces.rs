@@ -59,6 +59,11 @@ fn refuse(field: &'static str, reason: impl Into<String>) -> TraceError {
 fn text(field: &'static str, v: &str) -> Result<(), TraceError> {
     if v.is_empty() || v.len() > MAX_TEXT {
         Err(refuse(field, format!("must be 1 to {MAX_TEXT} bytes")))
+    } else if v.chars().any(char::is_control) {
+        Err(refuse(
+            field,
+            "must not contain control characters".to_owned(),
+        ))
     } else {
         Ok(())
     }

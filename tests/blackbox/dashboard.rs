@@ -137,8 +137,18 @@ fn the_page_and_its_files_are_served_without_a_credential_and_load_nothing_from_
     // route.
     assert_eq!(n.request("POST", "/", Some("{}")).status, 404);
 
-    // Requests of the page are counted under their own route label.
-    let metrics = n.get("/metrics/prometheus").text;
+    // Requests of the page are counted under their own route label (the metrics need a
+    // token under JWT: they name every tenant's queues).
+    let auth = format!("Bearer {}", token("read-only"));
+    let metrics = n
+        .try_request_with(
+            "GET",
+            "/metrics/prometheus",
+            None,
+            &[("authorization", &auth)],
+        )
+        .expect("metrics")
+        .text;
     assert!(
         metrics
             .lines()

@@ -7,6 +7,7 @@
 //! `bad_signature`, `wrong_issuer`, ...), a valid token whose roles do not reach the route's
 //! level a 403 `forbidden`. A token never reaches a log line, an answer or an error.
 
+mod claims;
 mod jwks;
 pub(crate) mod routes;
 #[cfg(test)]
@@ -245,7 +246,8 @@ impl Auth {
             ));
         }
         let skip_paths = set(get, "JWT_SKIP_PATHS")
-            .unwrap_or_else(|| "/health,/metrics/prometheus,/metrics,/".to_owned())
+            // The metrics name every tenant's queues: not skipped unless the operator says so.
+            .unwrap_or_else(|| "/health,/".to_owned())
             .split(',')
             .map(str::trim)
             .filter(|p| !p.is_empty())
@@ -325,6 +327,17 @@ impl Auth {
         }
     }
 
+    /// Who a token that verifies says the request is, on a route the check was skipped on (a
+    /// skip path, or the raft token): its tenant still counts. A token that does not verify
+    /// names no one.
+    pub(crate) async fn identify(
+        &self,
+        authorization: Option<&hyper::header::HeaderValue>,
+    ) -> Option<Principal> {
+        let token = bearer(authorization).ok()?;
+        self.verify(token).await.ok()
+    }
+
     /// Verify a token's signature and claims and read its roles.
     async fn verify(&self, token: &str) -> Result<Principal, ApiError> {
         let header = jsonwebtoken::decode_header(token)
@@ -369,8 +382,15 @@ impl Auth {
         };
         let mut v = Validation::new(alg);
         v.algorithms = vec![alg];
-        // `exp` is optional, as in Queen; when present it is checked, with the skew.
+        // `exp` is optional, as in Queen; when present it is checked, with the skew. A
+        // configured issuer or audience must be in the token (`null` counts as absent).
         v.required_spec_claims = HashSet::new();
+        if self.issuer.is_some() {
+            v.required_spec_claims.insert("iss".to_owned());
+        }
+        if self.audience.is_some() {
+            v.required_spec_claims.insert("aud".to_owned());
+        }
         v.leeway = self.clock_skew;
         v.validate_nbf = true;
         match &self.audience {
@@ -380,12 +400,20 @@ impl Auth {
         if let Some(i) = &self.issuer {
             v.set_issuer(&[i]);
         }
-        let data = jsonwebtoken::decode::<Value>(token, &key, &v).map_err(|e| {
+        let data = jsonwebtoken::decode::<claims::Claims>(token, &key, &v).map_err(|e| {
             let (reason, why) = match e.kind() {
                 ErrorKind::ExpiredSignature => ("expired", "the token has expired"),
                 ErrorKind::ImmatureSignature => {
                     ("not_yet_valid", "the token is not valid yet (nbf)")
                 }
+                ErrorKind::MissingRequiredClaim(c) if c == "iss" => (
+                    "wrong_issuer",
+                    "the token has no issuer (iss); this node requires one",
+                ),
+                ErrorKind::MissingRequiredClaim(c) if c == "aud" => (
+                    "wrong_audience",
+                    "the token has no audience (aud); this node requires one",
+                ),
                 ErrorKind::InvalidIssuer => (
                     "wrong_issuer",
                     "the token's issuer (iss) is not the one this node expects",
@@ -405,11 +433,17 @@ impl Auth {
                     "bad_claims",
                     "a registered claim of the token has the wrong type",
                 ),
+                // Read after the signature verified: the payload is not one JSON object with
+                // distinct keys (`claims`).
+                ErrorKind::Json(_) => (
+                    "bad_claims",
+                    "the token's claims are not a JSON object with distinct keys",
+                ),
                 _ => ("malformed", "the bearer token could not be read"),
             };
             unauthorized(reason, why)
         })?;
-        Ok(self.principal(&data.claims))
+        Ok(self.principal(&data.claims.0))
     }
 
     /// The roles and subject a token's claims carry. Claim names may be dotted paths into

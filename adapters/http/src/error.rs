@@ -81,7 +81,11 @@ pub(crate) fn no_content() -> Response<Full<Bytes>> {
 
 /// Whether `req` carries a body (a length above zero, or chunks).
 pub(crate) fn has_body<B>(req: &Request<B>) -> bool {
-    let h = req.headers();
+    declares_body(req.headers())
+}
+
+/// Whether request headers declare a body (a length above zero, or chunks).
+pub(crate) fn declares_body(h: &hyper::HeaderMap) -> bool {
     h.contains_key(hyper::header::TRANSFER_ENCODING)
         || h.get(hyper::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())

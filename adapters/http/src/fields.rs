@@ -26,6 +26,18 @@ pub(crate) fn object(body: &[u8], empty_ok: bool) -> Result<Map<String, Value>, 
     }
 }
 
+/// A name a client gives (a KV key, a timer key, a stream's name): control characters are
+/// refused, so no name can break a log line, a header or a terminal that shows it.
+pub(crate) fn no_control(field: &str, text: &str) -> Result<(), ApiError> {
+    if text.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
 /// A field as an optional string (`null` = absent).
 pub(crate) fn opt_str(
     m: &Map<String, Value>,

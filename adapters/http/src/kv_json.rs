@@ -77,10 +77,26 @@ fn ns_of(o: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
     Ok(ns)
 }
 
+/// A write to a namespace the node keeps for itself is refused on the generic KV routes.
+pub(crate) fn client_write(op: &KvOp, field: &str) -> Result<(), ApiError> {
+    if op.writes() && queen_domain::kv::is_reserved_ns(op.ns()) {
+        return Err(ApiError::bad_request(
+            field,
+            &format!(
+                "'{}' is reserved for the node's own records ({}): written only by the routes of that feature",
+                op.ns(),
+                queen_domain::kv::RESERVED_NAMESPACES.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn ns_key(o: &Map<String, Value>, at: &str) -> Result<(String, String), ApiError> {
     let ns = ns_of(o, at)?;
     let key = req_string(o, at, "key")?;
     check_key(&key).map_err(|e| ApiError::bad_request(&path(at, "key"), &e.to_string()))?;
+    crate::fields::no_control(&path(at, "key"), &key)?;
     Ok((ns, key))
 }
 
@@ -187,7 +203,12 @@ pub(crate) fn kv_list(
     }
     a.iter()
         .enumerate()
-        .map(|(i, v)| kv_op(v, in_transaction, &format!("{name}[{i}]")))
+        .map(|(i, v)| {
+            let at = format!("{name}[{i}]");
+            let op = kv_op(v, in_transaction, &at)?;
+            client_write(&op, &path(&at, "ns"))?;
+            Ok(op)
+        })
         .collect()
 }
 
@@ -208,7 +229,7 @@ fn kv_op(v: &RawValue, in_transaction: bool, at: &str) -> Result<KvOp, ApiError>
                     .iter()
                     .map(|k| {
                         k.as_str()
-                            .filter(|k| check_key(k).is_ok())
+                            .filter(|k| check_key(k).is_ok() && !k.chars().any(char::is_control))
                             .map(str::to_owned)
                     })
                     .collect::<Option<Vec<_>>>()

@@ -391,6 +391,7 @@ async fn kv_path<A: ClientApi>(
     use queen_domain::kv::{KvOp, KvResult, check_key, check_ns};
     check_ns(ns).map_err(|e| ApiError::bad_request("ns", &e.to_string()))?;
     check_key(key).map_err(|e| ApiError::bad_request("key", &e.to_string()))?;
+    crate::fields::no_control("key", key)?;
     let (ns, key) = (ns.to_owned(), key.to_owned());
     let op = match method {
         "GET" => KvOp::Get { ns, key },
@@ -403,6 +404,7 @@ async fn kv_path<A: ClientApi>(
         // The value is stored as the client wrote it.
         _ => kv_json::path_put(body, ns, key)?,
     };
+    kv_json::client_write(&op, "ns")?;
     let mut scoped = [op.clone()];
     scope.kv(&mut scoped);
     let out = api.kv(scoped.into()).await?;
@@ -745,12 +747,10 @@ pub(crate) async fn transaction<A: ClientApi>(
     let mut kv = kv.to_vec();
     if scope.guarded() {
         let state = api.state();
-        for (i, l) in leases.iter().enumerate() {
+        // Another tenant's lease is answered as an unknown one.
+        for l in &leases {
             if !scope.lease_ours(&*state, l.as_str())? {
-                return Err(ApiError::bad_request(
-                    &format!("requiredLeases[{i}]"),
-                    "is not a lease of this tenant",
-                ));
+                return Ok(TxnOutcome::lease_not_live(l));
             }
         }
         scope.transaction(Some(&*state), &mut ops, &mut kv, &mut timers)?;

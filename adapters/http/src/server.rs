@@ -51,6 +51,9 @@ pub struct ServeConfig {
     pub proxy: Option<Arc<Proxy>>,
     /// TLS on this listener (the proxy's, with `QUEEN_TLS_CERT` and `QUEEN_TLS_KEY`).
     pub tls: Option<crate::Tls>,
+    /// The browser rules (body type, `Origin`, `Host`) and the scrape credential of
+    /// `/metrics*`.
+    pub front: crate::FrontRules,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -65,6 +68,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("tenancy", &self.tenancy)
             .field("proxy", &self.proxy)
             .field("tls", &self.tls.is_some())
+            .field("front", &self.front)
             .finish()
     }
 }
@@ -87,6 +91,7 @@ struct Shared<A> {
     auth: Option<Arc<Auth>>,
     tenancy: Tenancy,
     proxy: Option<Arc<Proxy>>,
+    front: crate::FrontRules,
 }
 
 impl<A> Shared<A> {
@@ -111,6 +116,15 @@ fn node_wide(segs: &[&str]) -> bool {
             // The analytics samples are the node's (group 0 samples every group's queues).
             | ["api", "v1", "status", "analytics"]
             | ["api", "v1", "analytics", ..]
+    )
+}
+
+/// Routes whose answers name every tenant's queues or the nodes' addresses: the operator's,
+/// refused to any request acting for a tenant, whatever credential it also carries.
+fn tenant_barred(segs: &[&str]) -> bool {
+    matches!(
+        segs,
+        ["status"] | ["metrics", ..] | ["api", "v1", "system", ..]
     )
 }
 
@@ -186,6 +200,10 @@ async fn answer<A: ClientApi>(
     query: &str,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    // A foreign Host, a foreign page's Origin, a body a page could send without a preflight.
+    if let Err(e) = shared.front.check(method, req.headers()) {
+        return closing_if_body(&req, error_response(&e));
+    }
     // The dashboard's page and files hold no data: served without a credential (the page then
     // calls the API with the user's token).
     if crate::dashboard::is_dashboard(method, segs) {
@@ -217,6 +235,13 @@ async fn answer<A: ClientApi>(
         None => admit(shared, method, segs, &req).await,
     };
     let scope = match admitted {
+        Ok(s) if s.names_a_tenant() && tenant_barred(segs) => {
+            return closing_if_body(&req, error_response(&ApiError::new(
+                403,
+                "forbidden",
+                "this route names every tenant's queues or the nodes' addresses; a request acting for a tenant cannot use it",
+            ).with_reason("node_wide")));
+        }
         Ok(s) => s,
         // Refused before its body is read: the body is still on the connection, so the answer
         // says the connection closes, and no client sends its next request on it.
@@ -318,20 +343,34 @@ async fn admit<A: ClientApi>(
             req.headers().get(ADMIN_TOKEN_HEADER),
         )
     });
+    // The scrape credential of `/metrics*` (`QUEEN_METRICS_TOKEN`), JWT or not.
+    let metrics = matches!(segs, ["metrics", ..]);
+    let scraper = metrics && shared.front.is_metrics_bearer(req.headers());
+    if metrics && !scraper && shared.auth.is_none() && shared.front.metrics_token_set() {
+        return Err(ApiError::new(
+            401,
+            "unauthorized",
+            "the metrics need the scrape token: send Authorization: Bearer <QUEEN_METRICS_TOKEN>",
+        )
+        .with_reason("missing_token"));
+    }
     // Broker JWT, before anything else reads the request; a membership change needs the raft
     // token whatever the JWT says.
     let mut principal = None;
+    let authorization = req.headers().get(hyper::header::AUTHORIZATION);
     if let Some(auth) = &shared.auth
-        && !auth.skips(segs)
-        && !matches!(raft_token, Some(Ok(())))
+        && !scraper
     {
-        principal = Some(
-            auth.check(
-                req.headers().get(hyper::header::AUTHORIZATION),
-                routes::need(method, segs),
-            )
-            .await?,
-        );
+        if !auth.skips(segs) && !matches!(raft_token, Some(Ok(()))) {
+            principal = Some(
+                auth.check(authorization, routes::need(method, segs))
+                    .await?,
+            );
+        } else if tenant_barred(segs) && authorization.is_some() {
+            // Skipped (a skip path, or the raft token): a token that verifies still says whom
+            // the request acts for, and a tenant's is refused on the node-wide routes.
+            principal = auth.identify(authorization).await;
+        }
     }
     let scope = tenancy::resolve(
         shared.tenancy,
@@ -377,6 +416,7 @@ pub async fn serve_groups<A: ClientApi>(
         auth: cfg.auth.clone(),
         tenancy: cfg.tenancy,
         proxy: cfg.proxy.clone(),
+        front: cfg.front.clone(),
     });
     if let Some(a) = &shared.auth {
         a.warm().await;

@@ -70,6 +70,7 @@ fn text(m: &Map<String, Value>, k: &str) -> Result<String, ApiError> {
             &format!("must be 1 to {} bytes", streams::MAX_TEXT),
         ));
     }
+    crate::fields::no_control(k, &v)?;
     Ok(v)
 }
 

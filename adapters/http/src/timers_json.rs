@@ -88,6 +88,7 @@ fn parse_op(v: &Value, i: usize, name: &str) -> Result<TimerOp, ApiError> {
     let key = opt_str(o, "timerKey", &f("timerKey"))?
         .filter(|k| key_ok(k))
         .ok_or_else(|| ApiError::bad_request(&f("timerKey"), "must be 1 to 1024 bytes"))?;
+    crate::fields::no_control(&f("timerKey"), &key)?;
     match opt_str(o, "op", &f("op"))?.as_deref() {
         Some(op @ ("schedule" | "reschedule")) => schedule(o, &f, queue, key, op == "reschedule"),
         Some("cancel") => Ok(TimerOp::Cancel { queue, key }),

@@ -41,9 +41,7 @@ pub(crate) fn apply(
         let live = get_rec::<LeaseRec>(txn, &keys::lease(lease.as_str()))?
             .is_some_and(|l| l.expires > lease_now);
         if !live {
-            return Ok(failed(format!(
-                "lease {lease} is expired, released or unknown"
-            )));
+            return Ok(TxnOutcome::lease_not_live(lease));
         }
     }
     // With exactly one required lease, an ack that names none is fenced by it.

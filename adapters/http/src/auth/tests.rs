@@ -77,8 +77,10 @@ fn skip_paths_match_their_path_and_under_a_trailing_slash_only() {
     let d = auth(&[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)])
         .expect("ok")
         .expect("on");
-    assert!(d.skips(&["metrics", "prometheus"]) && d.skips(&["health"]) && d.skips(&[]));
+    assert!(d.skips(&["health"]) && d.skips(&[]));
     assert!(!d.skips(&["status"]));
+    // The metrics name every tenant's queues: they need a credential by default.
+    assert!(!d.skips(&["metrics", "prometheus"]) && !d.skips(&["metrics"]));
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -121,6 +123,22 @@ fn tokens_are_checked_for_signature_time_issuer_audience_and_role() {
     let mut aud = good.clone();
     aud["aud"] = "other".into();
     assert_eq!(reason(&aud, Need::Read), Some((401, "wrong_audience")));
+    for (claim, want) in [("iss", "wrong_issuer"), ("aud", "wrong_audience")] {
+        let mut missing = good.clone();
+        missing.as_object_mut().expect("object").remove(claim);
+        assert_eq!(
+            reason(&missing, Need::Read),
+            Some((401, want)),
+            "no {claim}"
+        );
+        let mut null = good.clone();
+        null[claim] = Value::Null;
+        assert_eq!(
+            reason(&null, Need::Read),
+            Some((401, want)),
+            "{claim}: null"
+        );
+    }
     let mut no_exp = good.clone();
     no_exp.as_object_mut().expect("object").remove("exp");
     assert_eq!(reason(&no_exp, Need::Read), None, "exp is optional");
@@ -188,4 +206,30 @@ fn an_hmac_node_refuses_tokens_of_another_family() {
 fn base64_url(b: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+#[test]
+fn a_payload_with_a_repeated_key_is_refused_as_bad_claims() {
+    let a = auth(&[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)])
+        .expect("ok")
+        .expect("on");
+    let sign = |payload: &str| {
+        use jsonwebtoken::crypto::sign;
+        let head = base64_url(br#"{"alg":"HS256","typ":"JWT"}"#);
+        let msg = format!("{head}.{}", base64_url(payload.as_bytes()));
+        let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).expect("a key");
+        format!(
+            "{msg}.{}",
+            sign(msg.as_bytes(), &key, Algorithm::HS256).expect("signed")
+        )
+    };
+    for payload in [
+        r#"{"role":"read-only","role":"admin"}"#,
+        r#"{"role":"admin","x":{"y":1,"y":2}}"#,
+    ] {
+        let e = block_on(a.check(Some(&header(&sign(payload))), Need::Read)).expect_err(payload);
+        assert_eq!((e.status, e.reason), (401, Some("bad_claims")), "{payload}");
+    }
+    let p = block_on(a.check(Some(&header(&sign(r#"{"role":"admin"}"#))), Need::Admin));
+    assert!(p.is_ok(), "the same token without the repeat passes");
 }
