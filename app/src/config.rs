@@ -60,8 +60,9 @@ pub struct RawConfig {
     pub heartbeat_ms: Option<String>,
     /// `QUEEN_EPHEMERAL_MAX_BYTES`, `QUEEN_EPHEMERAL_QUEUE_MAX_BYTES`,
     /// `QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH`, `QUEEN_EPHEMERAL_LEASE_S`,
-    /// `QUEEN_EPHEMERAL_RETRY_LIMIT`, `QUEEN_EPHEMERAL_IDLE_S`, in this order.
-    pub ephemeral: [Option<String>; 6],
+    /// `QUEEN_EPHEMERAL_RETRY_LIMIT`, `QUEEN_EPHEMERAL_IDLE_S`, `QUEEN_EPHEMERAL_MAX_QUEUES`,
+    /// `QUEEN_EPHEMERAL_MAX_QUEUES_PER_TENANT`, in this order.
+    pub ephemeral: [Option<String>; 8],
     /// `QUEEN_ANALYTICS_INTERVAL_MS`, `QUEEN_ANALYTICS_RETENTION_S`,
     /// `QUEEN_ANALYTICS_MAX_BYTES`, in this order.
     pub analytics: [Option<String>; 3],
@@ -323,7 +324,7 @@ fn number<T: std::str::FromStr>(
 
 /// The ephemeral queues' settings, each checked against its range.
 fn ephemeral_limits(
-    raw: &[Option<String>; 6],
+    raw: &[Option<String>; 8],
 ) -> Result<queen_domain::ephemeral::Limits, ConfigError> {
     let d = queen_domain::ephemeral::Limits::default();
     let within = |i: usize, var: &'static str, default: u64, lo: u64, hi: u64| {
@@ -341,6 +342,7 @@ fn ephemeral_limits(
         1 << 20,
         1 << 40,
     )?;
+    let max_queues = within(6, "QUEEN_EPHEMERAL_MAX_QUEUES", d.max_queues, 1, 1_000_000)?;
     Ok(queen_domain::ephemeral::Limits {
         node_max_bytes,
         queue_max_bytes: within(
@@ -367,6 +369,14 @@ fn ephemeral_limits(
         )?)
         .unwrap_or(1000),
         idle_ms: within(5, "QUEEN_EPHEMERAL_IDLE_S", d.idle_ms / 1000, 0, 7 * 86_400)? * 1000,
+        max_queues,
+        max_queues_per_tenant: within(
+            7,
+            "QUEEN_EPHEMERAL_MAX_QUEUES_PER_TENANT",
+            d.max_queues_per_tenant.min(max_queues),
+            1,
+            max_queues,
+        )?,
     })
 }
 

@@ -25,6 +25,25 @@ impl Waiters {
         m.entry(queue.to_owned()).or_default().clone()
     }
 
+    /// The queue's notifier for one waiting pop, or `None` when `most` queues already have
+    /// one and `queue` is not among them. The entry goes when the last `Watch` of it drops, so
+    /// names a client makes up (ephemeral queues) hold nothing past their pops.
+    pub(crate) fn watch(&self, queue: &str, most: usize) -> Option<Watch<'_>> {
+        let mut m = self
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if m.len() >= most && !m.contains_key(queue) {
+            return None;
+        }
+        let notify = m.entry(queue.to_owned()).or_default().clone();
+        Some(Watch {
+            waiters: self,
+            queue: queue.to_owned(),
+            notify,
+        })
+    }
+
     /// Wake the pops parked on `queue`.
     pub(crate) fn wake(&self, queue: &str) {
         let m = self
@@ -76,5 +95,29 @@ pub(crate) struct Parked<'a>(&'a AtomicU64);
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One waiting pop's hold on its queue's notifier (`Waiters::watch`).
+pub(crate) struct Watch<'a> {
+    waiters: &'a Waiters,
+    queue: String,
+    /// The queue's notifier.
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        let mut m = self
+            .waiters
+            .by_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map's copy and this one: nobody else waits on it.
+        if m.get(&self.queue)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify) && Arc::strong_count(n) == 2)
+        {
+            m.remove(&self.queue);
+        }
     }
 }

@@ -258,6 +258,8 @@ fn main() -> ExitCode {
             "QUEEN_EPHEMERAL_LEASE_S",
             "QUEEN_EPHEMERAL_RETRY_LIMIT",
             "QUEEN_EPHEMERAL_IDLE_S",
+            "QUEEN_EPHEMERAL_MAX_QUEUES",
+            "QUEEN_EPHEMERAL_MAX_QUEUES_PER_TENANT",
         ]
         .map(|v| std::env::var(v).ok()),
         analytics: [

@@ -125,7 +125,8 @@ pub fn declared(
         .and_then(|row| serde_json::from_slice(&row.value).ok()))
 }
 
-/// Every declared queue of `tenant`: `(stored name, options)`, at most `limit`.
+/// The declared queues of `tenant` in name order, after the name `after` (a name the tenant
+/// uses) when given: `(stored name, options)`, at most `limit`.
 ///
 /// # Errors
 /// A failed read.
@@ -133,17 +134,24 @@ pub fn declared_queues(
     s: &dyn crate::store::StateRead,
     tenant: &crate::tenant::Tenant,
     now: crate::time::Stamp,
+    after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<(String, Declared)>, crate::store::StoreError> {
     let ns = tenant.name(CONFIG_NS);
-    let start = crate::keys::kv_ns(&ns);
-    let mut end = start.clone();
+    let prefix = crate::keys::kv_ns(&ns);
+    let mut end = prefix.clone();
     if let Some(last) = end.last_mut() {
         *last = 1;
     }
+    // The first key after `after`: names hold no control character, so none sorts between.
+    let mut start = prefix.clone();
+    if let Some(a) = after {
+        start.extend_from_slice(a.as_bytes());
+        start.push(0);
+    }
     let mut keys = Vec::new();
     s.scan(&start, &end, &mut |k, _| {
-        if let Ok(key) = std::str::from_utf8(&k[start.len()..]) {
+        if let Ok(key) = std::str::from_utf8(&k[prefix.len()..]) {
             keys.push(key.to_owned());
         }
         keys.len() < limit

@@ -231,8 +231,10 @@ fn a_dropped_message_is_skipped_by_the_groups_that_had_not_consumed_it() {
 
 #[test]
 fn ttl_drops_old_messages_and_the_node_budget_refuses_growth() {
+    // Room for one queue's structures (about 3.5 KB), its two messages and a group (about
+    // 2 KB), not for another queue with a 4000-byte message.
     let limits = Limits {
-        node_max_bytes: 200,
+        node_max_bytes: 7000,
         ..Limits::default()
     };
     let mut r = Rings::new(1, limits.clone());
@@ -242,7 +244,7 @@ fn ttl_drops_old_messages_and_the_node_budget_refuses_growth() {
     r.push("q", "p", vec![vec![b'1'; 10]], &o, 0).unwrap();
     r.push("q", "p", vec![vec![b'2'; 10]], &o, 1500).unwrap();
     assert!(matches!(
-        r.push("other", "p", vec![vec![b'3'; 100]], &o, 1600),
+        r.push("other", "p", vec![vec![b'3'; 4000]], &o, 1600),
         Err(PushRefusal::NodeFull { .. })
     ));
     let got = r.pop("q", take(None, "g", 10, true), &o, 2100);

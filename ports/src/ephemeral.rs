@@ -71,6 +71,16 @@ pub enum EphemeralOp {
         /// A group.
         group: Option<String>,
     },
+    /// A page of a tenant's ephemeral queues in name order (last, so the older variants keep
+    /// their encoding between members of two versions).
+    QueuesPage {
+        /// The tenant's id.
+        tenant: String,
+        /// Start after this name (as the tenant writes it).
+        after: Option<String>,
+        /// At most this many.
+        limit: u32,
+    },
 }
 
 /// One queue as the cluster holds it.
@@ -105,4 +115,11 @@ pub enum EphemeralAnswer {
     Queues(Vec<EphemeralQueue>),
     /// `Depth`.
     Depth(EphemeralQueue),
+    /// `QueuesPage`: the page, and whether more queues follow it.
+    QueuesPage {
+        /// The queues, in name order.
+        queues: Vec<EphemeralQueue>,
+        /// More follow.
+        more: bool,
+    },
 }

@@ -82,6 +82,7 @@ impl From<BrokerError> for ApiError {
                 PushRefusal::QueueFull { .. } => (429, "queue_full"),
                 PushRefusal::NodeFull { .. } => (503, "ephemeral_unavailable"),
                 PushRefusal::TooLarge { .. } => (400, "ephemeral_bad_request"),
+                PushRefusal::TooManyQueues { .. } => (429, "too_many_queues"),
             },
             BrokerError::EphemeralQueueNotFound { .. } => (404, "ephemeral_queue_not_found"),
             BrokerError::Membership(m) => match m {

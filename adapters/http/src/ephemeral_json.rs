@@ -21,6 +21,10 @@ use crate::fields;
 use crate::pop_query::{self, parse_query};
 use crate::tenancy::Scope;
 
+/// Queues on one page of the listing when the request names no `limit`.
+const DEFAULT_PAGE: u32 = 100;
+/// Most queues on one page of the listing.
+const MAX_PAGE: u32 = 1_000;
 /// Largest batch one pop may ask for.
 const MAX_BATCH: u32 = 10_000;
 /// Longest wait a pop may ask for.
@@ -75,22 +79,7 @@ pub(crate) async fn route<A: ClientApi>(
         ("POST", ["push"]) => push(api, scope, body).await,
         ("GET", ["pop"]) => pop(api, scope, query).await,
         ("POST", ["ack"]) => ack(api, scope, body).await,
-        ("GET", ["queues"]) => {
-            let EphemeralAnswer::Queues(qs) = api
-                .ephemeral(EphemeralOp::Queues {
-                    tenant: scope.tenant.id().to_owned(),
-                })
-                .await?
-            else {
-                return Err(unexpected());
-            };
-            let bytes: u64 = qs.iter().map(|q| q.view.bytes).sum();
-            let rows: Vec<Value> = qs.iter().map(|q| queue_row(scope, q)).collect();
-            Ok(json_response(
-                200,
-                &json!({"queues": rows, "count": rows.len(), "bytes": bytes}),
-            ))
-        }
+        ("GET", ["queues"]) => queues(api, scope, query).await,
         ("GET", ["queues", name, "depth"]) => {
             let queue = stored(scope, name, "queue")?;
             let q = parse_query(query);
@@ -212,6 +201,54 @@ async fn push<A: ClientApi>(
         return Err(unexpected());
     };
     Ok(json_response(201, &json!({"pushed": n})))
+}
+
+/// One page of the tenant's queues in name order: `limit` (default 100, at most 1000) after
+/// the name `after`; `next` is the cursor of the next page (`null` on the last).
+async fn queues<A: ClientApi>(
+    api: &Arc<A>,
+    scope: &Scope,
+    query: &str,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let q = parse_query(query);
+    let get = |k: &str| pop_query::get(&q, k).filter(|v| !v.is_empty());
+    let limit = match get("limit") {
+        None => DEFAULT_PAGE,
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                bad(
+                    "limit",
+                    &format!("must be a whole number from 1 to {MAX_PAGE}"),
+                )
+            })?,
+    };
+    let after = get("after").map(str::to_owned);
+    if let Some(a) = &after {
+        ephemeral::check_name(a).map_err(|p| bad("after", p))?;
+    }
+    let EphemeralAnswer::QueuesPage { queues, more } = api
+        .ephemeral(EphemeralOp::QueuesPage {
+            tenant: scope.tenant.id().to_owned(),
+            after,
+            limit,
+        })
+        .await?
+    else {
+        return Err(unexpected());
+    };
+    let bytes: u64 = queues.iter().map(|q| q.view.bytes).sum();
+    let rows: Vec<Value> = queues.iter().map(|q| queue_row(scope, q)).collect();
+    let next = queues
+        .last()
+        .filter(|_| more)
+        .map(|q| scope.local(&q.queue).to_owned());
+    Ok(json_response(
+        200,
+        &json!({"queues": rows, "count": rows.len(), "bytes": bytes, "next": next}),
+    ))
 }
 
 /// A delivered message as the client reads it (the payload verbatim).

@@ -23,8 +23,13 @@ const LIST_LIMIT: usize = 10_000;
 /// How long a queue's declared options are read from memory before the store is asked
 /// again (a `configure` through another node shows here within this time).
 const OPTIONS_FRESH: Duration = Duration::from_secs(1);
-/// Most queues whose options are kept in memory (the map is emptied when it grows past it).
-const OPTIONS_KEPT: usize = 100_000;
+/// Most queues whose options are kept in memory (the map is emptied when it grows past it):
+/// pushes and pops name queues a client makes up, so this is part of the memory no budget
+/// counts (about 400 bytes an entry at most, `docs/ephemeral.md`).
+const OPTIONS_KEPT: usize = 4_096;
+/// Most queue names with a waiting pop parked on them at once; a waiting pop on one more name
+/// is refused (503, retried): a name a client makes up must not hold memory past its pop.
+const WATCHED_MAX: usize = 4_096;
 
 /// The rings of the ephemeral partitions this node owns, and the pops waiting on them.
 pub(crate) struct EphemeralRings {
@@ -66,10 +71,10 @@ impl EphemeralRings {
         self.waiters.wake(queue);
     }
 
-    /// `(bytes, messages, queues)` held, for the gauges.
+    /// `(bytes counted against the budget, messages, queues)` held, for the gauges.
     pub(crate) fn figures(&self) -> (u64, u64, u64) {
         let r = self.lock();
-        (r.bytes(), r.len(), r.queue_names().count() as u64)
+        (r.used(), r.len(), r.queue_count())
     }
 }
 
@@ -227,7 +232,22 @@ impl Broker {
                     field: "tenant".into(),
                     problem: e.to_string(),
                 })?;
-                Ok(EphemeralAnswer::Queues(self.eph_queues(&tenant)?))
+                Ok(EphemeralAnswer::Queues(
+                    self.eph_queues(&tenant, None, LIST_LIMIT)?.0,
+                ))
+            }
+            EphemeralOp::QueuesPage {
+                tenant,
+                after,
+                limit,
+            } => {
+                let tenant = Tenant::any(&tenant).map_err(|e| BrokerError::Invalid {
+                    field: "tenant".into(),
+                    problem: e.to_string(),
+                })?;
+                let limit = (limit as usize).clamp(1, LIST_LIMIT);
+                let (queues, more) = self.eph_queues(&tenant, after.as_deref(), limit)?;
+                Ok(EphemeralAnswer::QueuesPage { queues, more })
             }
             EphemeralOp::Depth { queue, group } => {
                 let declared = self.eph_declared(&queue)?;
@@ -268,13 +288,21 @@ impl Broker {
         Ok(true)
     }
 
-    /// Every ephemeral queue of `tenant`: the declared ones and those held in memory.
-    fn eph_queues(&self, tenant: &Tenant) -> Result<Vec<EphemeralQueue>, BrokerError> {
+    /// A page of `tenant`'s ephemeral queues, the declared ones and those held in memory, in
+    /// name order after `after` (a name the tenant uses), at most `limit`; and whether more
+    /// follow.
+    fn eph_queues(
+        &self,
+        tenant: &Tenant,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<EphemeralQueue>, bool), BrokerError> {
         let declared = ephemeral::declared_queues(
             &*self.state.view(),
             tenant,
             Stamp(self.clock.now_micros()),
-            LIST_LIMIT,
+            after,
+            limit + 1,
         )
         .map_err(|e| Self::read_error(&e))?;
         let rings = self.ephemeral.lock();
@@ -294,7 +322,21 @@ impl Broker {
                 )
             })
             .collect();
-        for q in rings.queue_names().filter(|q| tenant.owns(q)) {
+        // Scoped names sort before every unscoped one (they start with the scope mark), and a
+        // tenant's own sort together after its scope.
+        let start = match after {
+            Some(a) => tenant.name(a),
+            None if tenant.is_default() => {
+                format!("{}\u{10ffff}", queen_domain::tenant::SCOPE_MARK)
+            }
+            None => tenant.name(""),
+        };
+        let held: Vec<&str> = rings
+            .queue_names_after(Some(&start))
+            .take_while(|q| tenant.owns(q))
+            .take(limit + 1)
+            .collect();
+        for q in held {
             if out.contains_key(q) {
                 continue;
             }
@@ -308,7 +350,8 @@ impl Broker {
                 },
             );
         }
-        Ok(out.into_values().collect())
+        let more = out.len() > limit;
+        Ok((out.into_values().take(limit).collect(), more))
     }
 
     /// Pop, waiting up to `wait_ms` for a message; a queue with a window waits on, once one
@@ -324,7 +367,22 @@ impl Broker {
     ) -> Result<Vec<Delivered>, BrokerError> {
         let opts = self.eph_options(queue)?;
         let deadline = Instant::now() + Duration::from_millis(wait_ms.unwrap_or(0));
-        let notify = self.ephemeral.waiters.of(queue);
+        // Only a pop that waits registers, and its name goes when its last waiter does.
+        let watch = match wait_ms {
+            Some(ms) if ms > 0 => Some(
+                self.ephemeral
+                    .waiters
+                    .watch(queue, WATCHED_MAX)
+                    .ok_or_else(|| {
+                        BrokerError::Unavailable(format!(
+                            "this node already parks waiting ephemeral pops on {WATCHED_MAX} queues; retry, or pop without waiting"
+                        ))
+                    })?,
+            ),
+            _ => None,
+        };
+        let idle = tokio::sync::Notify::new();
+        let notify = watch.as_ref().map_or(&idle, |w| &*w.notify);
         let take = Take {
             partition,
             group,
@@ -354,7 +412,16 @@ impl Broker {
                 if hold {
                     None
                 } else {
-                    Some(rings.pop(queue, take, &opts, now))
+                    let out = rings.pop(queue, take, &opts, now);
+                    if out.is_empty() && available > 0 {
+                        // Messages are there but a new group or lease does not fit the budget.
+                        return Err(ephemeral::PushRefusal::NodeFull {
+                            bytes: rings.used(),
+                            limit: self.ephemeral.limits.node_max_bytes,
+                        }
+                        .into());
+                    }
+                    Some(out)
                 }
             };
             match ready {
@@ -396,7 +463,8 @@ impl Broker {
         let limits = self.ephemeral.limits();
         let mut known = std::collections::HashMap::with_capacity(names.len());
         for q in names {
-            let d = self.eph_declared_cached(&q).ok().flatten();
+            // Read, not cached: the cache is for the hot path, and is kept small.
+            let d = self.eph_declared(&q).ok().flatten();
             known.insert(
                 q,
                 (d.clone().unwrap_or_default().effective(limits), d.is_some()),

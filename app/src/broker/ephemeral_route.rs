@@ -364,27 +364,41 @@ impl Broker {
                     }
                 })
             }
-            EphemeralOp::Queues { .. } => {
+            EphemeralOp::Queues { .. } | EphemeralOp::QueuesPage { .. } => {
                 self.proposer.read_barrier().await?;
                 let mut all: BTreeMap<String, EphemeralQueue> = BTreeMap::new();
+                let mut more = false;
                 for to in me_first(me, &members) {
                     let answer = self.eph_at(to, me, op.clone(), CALL_TIMEOUT).await;
-                    match answer {
-                        Ok(EphemeralAnswer::Queues(qs)) => {
-                            for q in qs {
-                                let mut slot = all.remove(&q.queue);
-                                let name = q.queue.clone();
-                                merge_into(&mut slot, q, to == me);
-                                if let Some(s) = slot {
-                                    all.insert(name, s);
-                                }
-                            }
+                    let qs = match answer {
+                        Ok(EphemeralAnswer::Queues(qs)) => qs,
+                        Ok(EphemeralAnswer::QueuesPage { queues, more: m }) => {
+                            more |= m;
+                            queues
                         }
                         Err(e) if to == me => return Err(e),
-                        _ => {}
+                        _ => continue,
+                    };
+                    for q in qs {
+                        let mut slot = all.remove(&q.queue);
+                        let name = q.queue.clone();
+                        merge_into(&mut slot, q, to == me);
+                        if let Some(s) = slot {
+                            all.insert(name, s);
+                        }
                     }
                 }
-                Ok(EphemeralAnswer::Queues(all.into_values().collect()))
+                let EphemeralOp::QueuesPage { limit, .. } = op else {
+                    return Ok(EphemeralAnswer::Queues(all.into_values().collect()));
+                };
+                // Each member's first `limit` after the cursor: the union's first `limit` are
+                // the cluster's.
+                let limit = limit as usize;
+                more |= all.len() > limit;
+                Ok(EphemeralAnswer::QueuesPage {
+                    queues: all.into_values().take(limit).collect(),
+                    more,
+                })
             }
             EphemeralOp::Configure { .. } => self.ephemeral_here(op).await,
         }

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::options::{Limits, Options, Policy};
 use super::{MESSAGE_OVERHEAD, MessageId};
 
+mod books;
+mod cost;
+
 /// One held message.
 #[derive(Debug, Clone)]
 struct Held {
@@ -73,6 +76,8 @@ struct Ring {
     held: VecDeque<Held>,
     bytes: u64,
     groups: BTreeMap<String, Position>,
+    /// What its structure costs as last counted (`books.rs`), beside its messages.
+    cost: u64,
 }
 
 impl Ring {
@@ -101,6 +106,7 @@ impl Ring {
                 g.skipped += 1;
             }
         }
+        self.shrink();
         Some(h.cost())
     }
 
@@ -120,7 +126,16 @@ impl Ring {
             n += 1;
             b += h.cost();
         }
+        self.shrink();
         (n, b)
+    }
+
+    /// Give back most of a buffer that emptied (it never shrinks on its own, and it is counted).
+    fn shrink(&mut self) {
+        let (len, cap) = (self.held.len(), self.held.capacity());
+        if cap > 16 && len < cap / 4 {
+            self.held.shrink_to((len * 2).max(4));
+        }
     }
 }
 
@@ -146,6 +161,8 @@ struct QueueRings {
     used: u64,
     /// Where the next partition-less pop starts looking (round robin).
     turn: usize,
+    /// What its name and map of rings cost as last counted (`books.rs`).
+    own: u64,
 }
 
 /// Why a push was refused; nothing of it was kept.
@@ -192,6 +209,21 @@ pub enum PushRefusal {
         max_length: u64,
         /// The bound.
         max_bytes: u64,
+    },
+    /// A new queue over a cap on how many queues the node keeps: a push to a queue it holds
+    /// still passes, a new one once idle queues are forgotten or deleted.
+    #[error(
+        "{whose} already holds {held} ephemeral queues, the most it may ({limit}, {setting}); push to a queue it holds, or delete one"
+    )]
+    TooManyQueues {
+        /// Queues held.
+        held: u64,
+        /// The cap.
+        limit: u64,
+        /// Whose cap: the node's or the tenant's.
+        whose: String,
+        /// The setting that holds the cap.
+        setting: String,
     },
 }
 
@@ -346,7 +378,12 @@ pub struct Rings {
     epoch: u64,
     limits: Limits,
     queues: BTreeMap<String, QueueRings>,
+    /// Messages' bytes (payload and `MESSAGE_OVERHEAD` each).
     bytes: u64,
+    /// What the queues, rings, groups and leases cost beside their messages (`books.rs`).
+    structure: u64,
+    /// Queues held per tenant id (`""`: the default tenant), for its cap.
+    tenants: BTreeMap<String, u64>,
     totals: Totals,
 }
 
@@ -359,6 +396,8 @@ impl Rings {
             limits,
             queues: BTreeMap::new(),
             bytes: 0,
+            structure: 0,
+            tenants: BTreeMap::new(),
             totals: Totals::default(),
         }
     }
@@ -375,7 +414,7 @@ impl Rings {
         &self.limits
     }
 
-    /// Bytes held by every queue.
+    /// Bytes of the messages held by every queue (the budget counts [`Rings::used`]).
     #[must_use]
     pub fn bytes(&self) -> u64 {
         self.bytes
@@ -446,13 +485,7 @@ impl Rings {
                 shed += 1;
             }
         }
-        if shed > 0 {
-            payloads.drain(..shed);
-            let q = self.queues.entry(queue.to_owned()).or_default();
-            q.drops.bounds += shed as u64;
-            self.totals.drops.bounds += shed as u64;
-            self.totals.pushed += shed as u64;
-        }
+        payloads.drain(..shed);
         if count > opts.max_length || add > opts.max_bytes {
             return Err(PushRefusal::TooLarge {
                 queue: crate::tenant::display(queue).into_owned(),
@@ -463,12 +496,12 @@ impl Rings {
             });
         }
         self.sweep_queue(queue, opts, now);
-        let q = self.queues.entry(queue.to_owned()).or_default();
-        q.used = now;
         let over =
-            |q: &QueueRings| q.len + count > opts.max_length || q.bytes + add > opts.max_bytes;
+            |len: u64, bytes: u64| len + count > opts.max_length || bytes + add > opts.max_bytes;
         let mut dropping = 0;
-        if over(q) {
+        if let Some(q) = self.queues.get(queue)
+            && over(q.len, q.bytes)
+        {
             if opts.policy == Policy::Reject {
                 return Err(PushRefusal::QueueFull {
                     queue: crate::tenant::display(queue).into_owned(),
@@ -478,22 +511,16 @@ impl Rings {
                     max_bytes: opts.max_bytes,
                 });
             }
-            dropping = oldest_first(q, |len, bytes| {
-                len + count > opts.max_length || bytes + add > opts.max_bytes
-            })
-            .1;
+            dropping = oldest_first(q, over).1;
         }
-        let after = self.bytes - dropping + add;
-        if after > self.limits.node_max_bytes {
-            return Err(PushRefusal::NodeFull {
-                bytes: self.bytes,
-                limit: self.limits.node_max_bytes,
-            });
-        }
-        let q = self.queues.get_mut(queue).expect("inserted above");
+        self.admit(queue, partition, payloads.len(), add, dropping)?;
+        self.enter(queue);
+        let q = self.queues.get_mut(queue).expect("entered above");
+        q.used = now;
+        q.drops.bounds += shed as u64;
+        let mut touched = Vec::new();
         if dropping > 0 {
-            let limit = (opts.max_length, opts.max_bytes);
-            while q.len + count > limit.0 || q.bytes + add > limit.1 {
+            while over(q.len, q.bytes) {
                 let Some(p) = oldest_partition(q) else { break };
                 let ring = q.partitions.get_mut(&p).expect("named by oldest_partition");
                 let Some(cost) = ring.drop_front() else { break };
@@ -502,6 +529,7 @@ impl Rings {
                 q.drops.bounds += 1;
                 self.bytes -= cost;
                 self.totals.drops.bounds += 1;
+                touched.push(p);
             }
         }
         let ring = q.partitions.entry(partition.to_owned()).or_default();
@@ -513,7 +541,13 @@ impl Rings {
         q.len += count;
         q.bytes += add;
         self.bytes += add;
-        self.totals.pushed += count;
+        self.totals.pushed += count + shed as u64;
+        self.totals.drops.bounds += shed as u64;
+        touched.dedup();
+        for p in touched {
+            self.recount(queue, Some(&p));
+        }
+        self.recount(queue, Some(partition));
         Ok(count + shed as u64)
     }
 
@@ -529,7 +563,12 @@ impl Rings {
         } = take;
         self.sweep_queue(queue, opts, now);
         let epoch = self.epoch;
-        let q = self.queues.entry(queue.to_owned()).or_default();
+        // A new group and each new lease must fit the node's budget; a pop on a queue this
+        // node does not hold creates nothing.
+        let mut room = self.limits.node_max_bytes.saturating_sub(self.used());
+        let Some(q) = self.queues.get_mut(queue) else {
+            return Vec::new();
+        };
         q.used = now;
         let names: Vec<String> = match partition {
             Some(p) => vec![p.to_owned()],
@@ -544,6 +583,7 @@ impl Rings {
             }
         };
         let mut out = Vec::new();
+        let mut touched = Vec::new();
         let (mut freed_n, mut freed_b) = (0, 0);
         for name in names {
             if out.len() >= batch {
@@ -551,6 +591,19 @@ impl Rings {
             }
             let Some(ring) = q.partitions.get_mut(&name) else {
                 continue;
+            };
+            if !ring.groups.contains_key(group) {
+                let need = cost::new_group(group, ring.groups.len());
+                if need > room {
+                    continue;
+                }
+                room -= need;
+            }
+            touched.push(name.clone());
+            let fresh_max = if auto_ack {
+                u64::MAX
+            } else {
+                room / cost::lease()
             };
             let base = ring.base;
             let end = ring.end();
@@ -569,9 +622,14 @@ impl Rings {
                 };
                 picked.push((seq, n + 1));
             }
-            while out.len() + picked.len() < batch && pos.next < end {
+            let mut fresh = 0;
+            while out.len() + picked.len() < batch && pos.next < end && fresh < fresh_max {
                 picked.push((pos.next, 1));
                 pos.next += 1;
+                fresh += 1;
+            }
+            if !auto_ack {
+                room -= fresh * cost::lease();
             }
             if !auto_ack {
                 for (seq, attempts) in &picked {
@@ -609,6 +667,9 @@ impl Rings {
         self.totals.delivered += delivered;
         if auto_ack {
             self.totals.acked += delivered;
+        }
+        for p in touched {
+            self.recount(queue, Some(&p));
         }
         out
     }
@@ -652,6 +713,7 @@ impl Rings {
                 .collect();
         };
         let (mut freed_n, mut freed_b) = (0, 0);
+        let mut touched = std::collections::BTreeSet::new();
         for (id, status) in acks {
             let Some(m) = MessageId::parse(id) else {
                 out.push(AckOutcome::Unknown);
@@ -697,10 +759,14 @@ impl Rings {
                 freed_n += n;
                 freed_b += b;
             }
+            touched.insert(m.partition);
         }
         q.len -= freed_n;
         q.bytes -= freed_b;
         self.bytes -= freed_b;
+        for p in touched {
+            self.recount(queue, Some(&p));
+        }
         out
     }
 
@@ -712,17 +778,19 @@ impl Rings {
         };
         let dropped = q.len;
         self.bytes -= q.bytes;
+        self.structure -= q.partitions.values().map(|r| r.cost).sum::<u64>();
         q.partitions.clear();
         q.len = 0;
         q.bytes = 0;
         self.totals.wiped += dropped;
+        self.recount(queue, None);
         dropped
     }
 
     /// Forget `queue` entirely; answers whether this node held it.
     pub fn delete(&mut self, queue: &str) -> bool {
         self.reset(queue);
-        self.queues.remove(queue).is_some()
+        self.leave(queue).is_some()
     }
 
     /// Apply `ttl` and lease expiry to every queue, forget idle groups and idle queues.
@@ -748,13 +816,23 @@ impl Rings {
                 freed_n += n;
                 freed_b += b;
             }
-            q.partitions
-                .retain(|_, r| !(r.held.is_empty() && r.groups.is_empty()));
+            let mut gone = 0;
+            q.partitions.retain(|_, r| {
+                let keep = !(r.held.is_empty() && r.groups.is_empty());
+                if !keep {
+                    gone += r.cost;
+                }
+                keep
+            });
             q.len -= freed_n;
             q.bytes -= freed_b;
             self.bytes -= freed_b;
-            if !declared && q.len == 0 && now.saturating_sub(q.used) >= idle {
-                self.queues.remove(&name);
+            self.structure -= gone;
+            let forget = !declared && q.len == 0 && now.saturating_sub(q.used) >= idle;
+            if forget {
+                self.leave(&name);
+            } else {
+                self.recount_all(&name);
             }
         }
     }
@@ -803,6 +881,7 @@ impl Rings {
         q.len -= gone_n;
         q.bytes -= gone_b;
         self.bytes -= gone_b;
+        self.recount_all(queue);
     }
 
     /// `queue` as this node holds it; `group` narrows each partition's `pending`. `None` when
@@ -847,11 +926,13 @@ impl Rings {
 
     /// Take `(queue, partition)` out of these rings to hand it to its next owner.
     pub fn detach(&mut self, queue: &str, partition: &str) -> Option<RingExport> {
+        self.uncount_ring(queue, partition);
         let q = self.queues.get_mut(queue)?;
         let ring = q.partitions.remove(partition)?;
         q.len -= ring.held.len() as u64;
         q.bytes -= ring.bytes;
         self.bytes -= ring.bytes;
+        self.recount(queue, None);
         let base = ring.base;
         let groups = ring
             .groups
@@ -891,7 +972,10 @@ impl Rings {
     /// kept; the node's budget is not checked (the messages were already admitted once), the
     /// queue's bounds apply at the next push.
     pub fn adopt(&mut self, ring: RingExport, now: u64) -> u64 {
-        let q = self.queues.entry(ring.queue).or_default();
+        // Handed-over rings were admitted once: no cap refuses them, but they are counted.
+        self.uncount_ring(&ring.queue, &ring.partition);
+        self.enter(&ring.queue);
+        let q = self.queues.get_mut(&ring.queue).expect("entered above");
         q.used = now;
         let mine = q.partitions.remove(&ring.partition).unwrap_or_default();
         let mut merged = Ring::default();
@@ -945,7 +1029,8 @@ impl Rings {
         q.len += count;
         q.bytes += added;
         self.bytes += added;
-        q.partitions.insert(ring.partition, merged);
+        q.partitions.insert(ring.partition.clone(), merged);
+        self.recount(&ring.queue, Some(&ring.partition));
         count
     }
 }

@@ -201,7 +201,8 @@ impl Declared {
 /// The node's ceilings and defaults (`QUEEN_EPHEMERAL_*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Bytes every ephemeral queue of the node may hold together (503 above).
+    /// Bytes every ephemeral queue of the node may hold together, their messages and their
+    /// structures (503 above).
     pub node_max_bytes: u64,
     /// A queue's `maxBytes` when it declares none.
     pub queue_max_bytes: u64,
@@ -214,6 +215,10 @@ pub struct Limits {
     /// An implicit queue with nothing held, or a group that has not popped, is forgotten after
     /// this many milliseconds (0: never).
     pub idle_ms: u64,
+    /// Queues the node holds at most (a push that would create one more is refused).
+    pub max_queues: u64,
+    /// Queues one tenant holds at most on the node.
+    pub max_queues_per_tenant: u64,
 }
 
 impl Default for Limits {
@@ -225,6 +230,8 @@ impl Default for Limits {
             lease_ms: 30_000,
             retry_limit: 5,
             idle_ms: 300_000,
+            max_queues: 10_000,
+            max_queues_per_tenant: 2_500,
         }
     }
 }
