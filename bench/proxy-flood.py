@@ -6,11 +6,13 @@ cap used to recount the queue's partitions for each new partition, holding the n
 while it counted.
 
     python3 bench/proxy-flood.py --bin target/release/queen [--partitions 25000] [--seconds 10]
+        [--flooders 4] [--batch 200]
 
 Starts one node on loopback (a temporary data directory, the proxy on its own port, shadow
 mode as by default), two clusters on the dev plan with a key each, seeds the flooding tenant's
-queue with --partitions partitions on the data port, then runs the flood (pushes of --batch
-items, each a new partition) and the calm tenant's one-item pushes for --seconds. Every phase
+queue with --partitions partitions on the data port, then runs the flood (--flooders
+connections, each pushing --batch items, each item a new partition) and the calm tenant's
+one-item pushes for --seconds. Every phase
 is bounded in time; the node is stopped by its pid at the end.
 """
 import argparse
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--partitions", type=int, default=25000)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--flooders", type=int, default=4, help="connections flooding at once")
     args = ap.parse_args()
 
     data = tempfile.mkdtemp(prefix="proxy-flood-")
@@ -157,38 +160,49 @@ def run(args, port, proxy_port):
     stop = threading.Event()
     flood = []  # (seconds, items)
 
-    def flooding():
+    def flooding(k):
         c = Client(proxy_port)
-        start = 0
-        while not stop.is_set() and start < 1000 * args.batch:
+        start = k * 1_000_000
+        while not stop.is_set() and start < k * 1_000_000 + 1000 * args.batch:
             t = time.monotonic()
-            s, text = c.call("POST", "/api/v1/push", spread("wide", "flood-", start, args.batch), auth["flood"])
+            try:
+                s, text = c.call("POST", "/api/v1/push", spread("wide", "flood-", start, args.batch), auth["flood"])
+            except OSError as e:
+                print(f"flood push: {e}")
+                return
             if s != 200:
                 print(f"flood push: {s} {text[:200]!r}")
                 return
             flood.append(time.monotonic() - t)
             start += args.batch
 
-    th = threading.Thread(target=flooding)
-    th.start()
+    threads = [threading.Thread(target=flooding, args=(k,)) for k in range(args.flooders)]
+    for th in threads:
+        th.start()
     calm, n = [], 0
     calm_client = Client(proxy_port)
     end = time.monotonic() + args.seconds
     while time.monotonic() < end and n < 100_000:
         n += 1
         t = time.monotonic()
-        s, _ = calm_client.call("POST", "/api/v1/push", {"items": [{"queue": "calm", "payload": n}]}, auth["calm"])
+        try:
+            s, _ = calm_client.call("POST", "/api/v1/push", {"items": [{"queue": "calm", "payload": n}]}, auth["calm"])
+        except OSError as e:
+            calm.append(time.monotonic() - t)
+            print(f"calm push: {e} after {calm[-1]:.0f} s")
+            break
         calm.append(time.monotonic() - t)
         if s != 200:
             print(f"calm push answered {s}")
     stop.set()
-    th.join(600)
+    for th in threads:
+        th.join(600)
     ms = lambda x: f"{x * 1000:.1f} ms"
     print(f"calm tenant: {len(calm)} one-item pushes in {args.seconds:.0f} s: p50 {ms(pct(calm, 50))}, "
           f"p99 {ms(pct(calm, 99))}, worst {ms(max(calm))}")
     if flood:
         per = lambda x: f"{x / args.batch * 1e6:.0f} us"
-        print(f"flooding tenant: {len(flood)} pushes of {args.batch} new partitions "
+        print(f"flooding tenant: {len(flood)} pushes of {args.batch} new partitions on {args.flooders} connections "
               f"({args.partitions} to {args.partitions + len(flood) * args.batch} partitions); "
               f"per new partition: first push {per(flood[0])}, last {per(flood[-1])}, worst {per(max(flood))}")
     else:
