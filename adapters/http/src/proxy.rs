@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use hyper::header::HeaderValue;
 use queen_domain::proxy as rules;
-use queen_domain::proxy::directory::{self, ClusterEntry, Directory};
+use queen_domain::proxy::directory::{self, Directory};
 use queen_domain::proxy::routes::{self, Class, Refusal};
 use queen_domain::tenant::Tenant;
 use queen_ports::ClientApi;
