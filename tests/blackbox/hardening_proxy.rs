@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use queen_tests::proxy::{call, key};
 use queen_tests::{Answer, Node, eventually, free_port};
 use serde_json::{Value, json};
 
@@ -19,37 +20,8 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_queen"))
 }
 
-/// A key of the documented form, different per `seed`.
-fn key(seed: char) -> String {
-    format!("qk_test_{}", seed.to_string().repeat(43))
-}
-
-/// A request through `via` with a bearer key (or none) and a `Host` (or none).
-fn call(
-    via: &Node,
-    key: Option<&str>,
-    host: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Answer {
-    let auth = key.map(|k| format!("Bearer {k}"));
-    let mut headers: Vec<(&str, &str)> = Vec::new();
-    if let Some(a) = &auth {
-        headers.push(("authorization", a));
-    }
-    if let Some(h) = host {
-        headers.push(("host", h));
-    }
-    let text = body.map(Value::to_string);
-    via.try_request_with(method, path, text.as_deref(), &headers)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
 fn cp(via: &Node, method: &str, path: &str, body: Option<&Value>) -> Answer {
-    let text = body.map(Value::to_string);
-    via.try_request_with(method, path, text.as_deref(), &[("x-queen-cp-token", CP)])
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    queen_tests::proxy::control(via, CP, method, path, body)
 }
 
 /// A cluster `slug` of tenant `slug` with a key of every scope; its id and broker tenant.

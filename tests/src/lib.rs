@@ -13,6 +13,7 @@ use serde_json::Value;
 pub mod linearizable;
 pub mod netdelay;
 pub mod netns;
+pub mod proxy;
 pub mod s3;
 pub mod sink;
 
