@@ -78,6 +78,9 @@ pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
         }
         *per_queue.entry(p.qid).or_default() += p.next_offset - p.log_start;
     }
+    for (_, q) in &queues {
+        check_ready(s, q.qid)?;
+    }
     for (_, q) in queues {
         let stored = per_queue.get(&q.qid).copied().unwrap_or(0);
         if stored != q.messages {
@@ -85,6 +88,53 @@ pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
                 "queue {} counts {} messages, stores {stored}",
                 q.name, q.messages
             )));
+        }
+    }
+    Ok(())
+}
+
+/// "Every partition a group could claim from is in that group's ready index (where the index
+/// covers it), no entry is under a lease, and the index's two tables agree": what a pop that
+/// names no partition reads instead of scanning the queue (`machine::ready`).
+fn check_ready(s: &dyn StateRead, qid: u64) -> Result<(), Violation> {
+    use crate::machine::ready;
+    let err = |e: crate::store::StoreError| Violation(e.to_string());
+    let pids = crate::machine::partition_ids_pub(s, qid).map_err(err)?;
+    for (group, mark) in ready::groups(s, qid).map_err(err)? {
+        for &pid in pids.iter().filter(|pid| **pid < mark) {
+            let Some(p) =
+                crate::machine::get_rec::<PartitionRec>(s, &keys::partition(pid)).map_err(err)?
+            else {
+                continue;
+            };
+            let c: Option<CursorRec> =
+                crate::machine::get_rec(s, &keys::cursor(pid, &group)).map_err(err)?;
+            let since: Option<u64> =
+                crate::machine::get_rec(s, &keys::ready_of(pid, &group)).map_err(err)?;
+            if ready::wanted(&p, c.as_ref()) && since.is_none() {
+                return Err(Violation(format!(
+                    "partition {pid} is claimable by group {group} but not in its ready index"
+                )));
+            }
+            if since.is_some() && c.as_ref().is_some_and(|c| c.lease.is_some()) {
+                return Err(Violation(format!(
+                    "partition {pid} is in group {group}'s ready index under a lease"
+                )));
+            }
+        }
+        let prefix = keys::ready_prefix(qid, &group);
+        let rows: Vec<(Vec<u8>, ())> =
+            scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX).map_err(err)?;
+        for (k, ()) in rows {
+            let pid = keys::pid_of_ready_key(&k).unwrap_or(u64::MAX);
+            let since = keys::u64_at(&k, k.len().saturating_sub(16));
+            let of: Option<u64> =
+                crate::machine::get_rec(s, &keys::ready_of(pid, &group)).map_err(err)?;
+            if of != since || pid >= mark {
+                return Err(Violation(format!(
+                    "group {group}'s ready row for partition {pid} disagrees with its place ({of:?} vs {since:?}) or lies past the fill mark {mark}"
+                )));
+            }
         }
     }
     Ok(())

@@ -47,6 +47,14 @@ pub mod table {
     /// `pid | offset -> Option<group>`: a message deleted for every group (`None`) or kept
     /// for one group only (a retried dead letter's copy).
     pub const MARK: u8 = 0x14;
+    /// The ready index (see `machine::ready`): `(queue id, group, since, partition id) -> ()`,
+    /// the partitions a group may claim, oldest first.
+    pub const READY: u8 = 0x15;
+    /// `(partition id, group) -> since`: where a partition sits in its group's ready index.
+    pub const READY_OF: u8 = 0x16;
+    /// `(queue id, group) -> partition id`: how far a group's ready index has been filled from
+    /// the queue's partitions (`u64::MAX` once every partition is covered).
+    pub const READY_FILL: u8 = 0x17;
     /// Owned by the store adapter, never written by the domain: the sparse index of message
     /// records by (partition id, base offset).
     pub const SEGMENT_INDEX: u8 = 0x20;
@@ -371,6 +379,49 @@ pub fn lease_expiry(expires: u64, id: &str) -> Vec<u8> {
 #[must_use]
 pub fn group(qid: u64, group: &str) -> Vec<u8> {
     let mut k = pid_prefix(table::GROUP, qid);
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// The prefix of one group's ready rows on a queue (see [`table::READY`]).
+#[must_use]
+pub fn ready_prefix(qid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::READY, qid);
+    // Group names are at most a few hundred bytes; the length keeps one group's rows apart
+    // from a longer name's that starts the same.
+    let len = u16::try_from(group.len()).unwrap_or(u16::MAX);
+    k.extend_from_slice(&len.to_be_bytes());
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// A ready row: partition `pid` ready for `group` since `since` (µs).
+#[must_use]
+pub fn ready(qid: u64, group: &str, since: u64, pid: u64) -> Vec<u8> {
+    let mut k = ready_prefix(qid, group);
+    k.extend_from_slice(&since.to_be_bytes());
+    k.extend_from_slice(&pid.to_be_bytes());
+    k
+}
+
+/// The partition id at the end of a ready row's key.
+#[must_use]
+pub fn pid_of_ready_key(key: &[u8]) -> Option<u64> {
+    u64_at(key, key.len().checked_sub(8)?)
+}
+
+/// Where partition `pid` sits in `group`'s ready index (see [`table::READY_OF`]).
+#[must_use]
+pub fn ready_of(pid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::READY_OF, pid);
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// How far `group`'s ready index on queue `qid` is filled (see [`table::READY_FILL`]).
+#[must_use]
+pub fn ready_fill(qid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::READY_FILL, qid);
     k.extend_from_slice(group.as_bytes());
     k
 }

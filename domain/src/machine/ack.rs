@@ -42,7 +42,7 @@ pub(crate) fn ack(
             verdict,
         });
     }
-    leased.write_cursors(txn);
+    leased.write_cursors(txn, stamp)?;
     Ok(out)
 }
 
@@ -179,13 +179,23 @@ impl LeasedOffsets {
         Ok(self.cursors.len() - 1)
     }
 
-    /// Write every cursor an item changed.
-    pub(crate) fn write_cursors(&mut self, txn: &mut Txn<'_>) {
+    /// Write every cursor an item changed, and keep the partition's entry in the group's ready
+    /// index in step with it (as of `stamp`).
+    pub(crate) fn write_cursors(
+        &mut self,
+        txn: &mut Txn<'_>,
+        stamp: Stamp,
+    ) -> Result<(), StoreError> {
         for (pid, group, c, dirty) in self.cursors.drain(..) {
             if dirty {
                 put_rec(txn, keys::cursor(pid, &group), &c);
+                // Read afresh: a transaction may have pushed to it since its ack was judged.
+                if let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
+                    super::ready::sync(txn, &group, &p, Some(&c), stamp)?;
+                }
             }
         }
+        Ok(())
     }
 
     const MAX_LEASED: u64 = 10_000;

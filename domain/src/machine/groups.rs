@@ -53,6 +53,7 @@ pub(crate) fn delete(
     let (mut parts, mut meta) = (0, 0);
     let (queues, group) = queues_of(txn, group.as_str(), queue)?;
     for q in queues {
+        super::ready::reset(txn, q.qid, group)?;
         for pid in partition_ids(txn, q.qid)? {
             let ck = keys::cursor(pid, group);
             if get_rec::<CursorRec>(txn, &ck)?.is_some() {
@@ -92,6 +93,7 @@ pub(crate) fn seek(
             },
         );
     }
+    super::ready::reset(txn, q.qid, group.as_str())?;
     let mut n = 0;
     for pid in partition_ids(txn, q.qid)? {
         let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
@@ -127,6 +129,7 @@ pub(crate) fn resubscribe(
     for q in queues {
         let gk = keys::group(q.qid, group);
         if let Some(mut g) = get_rec::<GroupRec>(txn, &gk)? {
+            super::ready::reset(txn, q.qid, group)?;
             g.start = SubscriptionStart::From(from);
             put_rec(txn, gk, &g);
             n += 1;

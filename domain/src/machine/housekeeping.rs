@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::keys;
-use crate::model::{CursorRec, LeaseRec, MessageHead, PartitionRec, QueueRec};
+use crate::model::{CursorRec, MessageHead, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
@@ -45,21 +45,9 @@ pub(crate) fn run(
 
 fn expire_leases(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize) -> Result<(), StoreError> {
     // While a leader change holds leases, they expire `skew` late.
-    let stamp = super::cluster::lease_now(txn, stamp)?;
-    let start = keys::table_start(keys::table::LEASE_EXPIRY);
-    let end = keys::lease_expiry(stamp.0, "");
-    let due: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &end, (*deletes / 2).max(1))?;
-    for (k, ()) in due {
-        let id = String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned();
-        let lk = keys::lease(&id);
-        if let Some(l) = get_rec::<LeaseRec>(txn, &lk)?
-            && l.expires <= stamp
-        {
-            txn.delete(lk);
-        }
-        txn.delete(k);
-        *deletes = deletes.saturating_sub(2);
-    }
+    let lease_now = super::cluster::lease_now(txn, stamp)?;
+    let done = super::ready::release_expired(txn, stamp, lease_now, (*deletes / 2).max(1))?;
+    *deletes = deletes.saturating_sub(done);
     Ok(())
 }
 
@@ -95,9 +83,15 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
                 keys::table::DEDUP_HASH,
                 keys::table::CURSOR,
                 keys::table::MARK,
+                keys::table::READY_OF,
             ]
         } else {
-            &[keys::table::GROUP, keys::table::DLQ]
+            &[
+                keys::table::GROUP,
+                keys::table::DLQ,
+                keys::table::READY,
+                keys::table::READY_FILL,
+            ]
         };
         let mut all_done = true;
         for t in tables {

@@ -14,6 +14,7 @@ pub(crate) mod marks;
 mod pop;
 mod push;
 mod queue;
+pub(crate) mod ready;
 pub(crate) mod timers;
 mod transaction;
 

@@ -9,12 +9,13 @@ use crate::model::{
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
 
-use super::queue::partition_ids;
 use super::{get_rec, put_rec, try_scan};
 
-/// Claim up to `batch` messages over up to `max_partitions` partitions. Partitions under a
-/// live lease of the same group are skipped; an expired lease is simply replaced (redelivery
-/// without counting a retry).
+/// Claim up to `batch` messages over up to `max_partitions` partitions. A pop that names its
+/// partition looks at that one only (an expired lease on it is simply replaced: redelivery
+/// without counting a retry); one that does not takes the partitions at the front of the
+/// group's ready index ([`super::ready`]), so its cost does not grow with the partitions of the
+/// queue.
 ///
 /// `answered` is false when nobody on this node waits for the answer (a follower applying the
 /// leader's pop): the state changes are the same, but without a delay the messages are not
@@ -53,47 +54,170 @@ pub(crate) fn pop(
             last_pid: 0,
         },
     };
-    let candidates: Vec<u64> = match &cmd.partition {
-        Some(name) => get_rec::<u64>(txn, &keys::partition_name(q.qid, name.as_str()))?
-            .into_iter()
-            .collect(),
-        None => {
-            let mut all = partition_ids(txn, q.qid)?;
-            // Start after the partition this group claimed last, so competing consumers
-            // spread over the partitions.
-            let split = all.partition_point(|pid| *pid <= g.last_pid);
-            all.rotate_left(split);
-            all
-        }
-    };
-    let lease_expires = stamp.plus_seconds(q.options.lease_time);
     // Leases are judged live against this (behind `stamp` while a leader change holds them).
     let lease_now = super::cluster::lease_now(txn, stamp)?;
-    let delay = q.options.delayed_processing;
-    let mut budget = cmd.batch.max(1) as usize;
-    let max_parts = cmd.max_partitions.max(1) as usize;
-    for pid in candidates {
-        if budget == 0 || out.claims.len() >= max_parts {
-            break;
+    let mut claimer = Claimer {
+        cmd,
+        stamp,
+        answered,
+        group,
+        start: g.start,
+        lease_now,
+        lease_expires: stamp.plus_seconds(q.options.lease_time),
+        delay: q.options.delayed_processing,
+        budget: cmd.batch.max(1) as usize,
+        max_parts: cmd.max_partitions.max(1) as usize,
+    };
+    match &cmd.partition {
+        Some(name) => {
+            if let Some(pid) = get_rec::<u64>(txn, &keys::partition_name(q.qid, name.as_str()))? {
+                claimer.claim(txn, pid, &mut out)?;
+            }
         }
+        None => {
+            // Leases that ran out are released first (a few a pop; ticks do the rest), so
+            // their partitions are back in the index this pop reads.
+            super::ready::release_expired(txn, stamp, lease_now, RELEASE_PER_POP)?;
+            super::ready::fill(txn, &q, group, stamp, lease_now)?;
+            claimer.sweep(txn, q.qid, &mut out)?;
+        }
+    }
+    if let Some(last) = out.claims.last() {
+        g.last_pid = last.pid;
+    }
+    put_rec(txn, group_key, &g);
+    if !out.claims.is_empty() && !cmd.auto_ack {
+        out.lease_id = cmd.lease_id.as_str().to_owned();
+        out.lease_expires = claimer.lease_expires;
+        put_rec(
+            txn,
+            keys::lease(cmd.lease_id.as_str()),
+            &LeaseRec {
+                qid: q.qid,
+                group: group.to_owned(),
+                parts: out.claims.iter().map(|c| c.pid).collect(),
+                expires: claimer.lease_expires,
+            },
+        );
+        put_rec(
+            txn,
+            keys::lease_expiry(claimer.lease_expires.0, cmd.lease_id.as_str()),
+            &(),
+        );
+        super::cluster::note_lease_expiry(txn, claimer.lease_expires)?;
+    }
+    Ok(out)
+}
+
+/// Expired leases one wildcard pop releases before it reads the ready index.
+const RELEASE_PER_POP: usize = 16;
+
+/// Entries of the ready index one pop may look at without claiming from them (partitions whose
+/// next message is still delayed, entries left stale by retention): the bound on a pop's
+/// work when little is claimable.
+const MAX_IDLE_LOOKS: usize = 256;
+
+/// What one pop claims with, the same for each partition it looks at.
+struct Claimer<'c> {
+    cmd: &'c PopCommand,
+    stamp: Stamp,
+    answered: bool,
+    group: &'c str,
+    start: SubscriptionStart,
+    lease_now: Stamp,
+    lease_expires: Stamp,
+    /// The queue's `delayedProcessing` (seconds).
+    delay: u64,
+    /// Messages still to claim.
+    budget: usize,
+    max_parts: usize,
+}
+
+impl Claimer<'_> {
+    fn full(&self, out: &PopOutcome) -> bool {
+        self.budget == 0 || out.claims.len() >= self.max_parts
+    }
+
+    /// Take the partitions at the front of the group's ready index of queue `qid`, oldest
+    /// first, until the pop is full or has looked at [`MAX_IDLE_LOOKS`] entries in vain.
+    fn sweep(
+        &mut self,
+        txn: &mut Txn<'_>,
+        qid: u64,
+        out: &mut PopOutcome,
+    ) -> Result<(), StoreError> {
+        let prefix = keys::ready_prefix(qid, self.group);
+        let end = keys::prefix_end(&prefix);
+        let mut from = prefix;
+        let mut idle = 0;
+        while !self.full(out) && idle < MAX_IDLE_LOOKS {
+            // A few more than still wanted, read before any is claimed (claims rewrite rows).
+            let want = (self.max_parts - out.claims.len() + 8).min(MAX_IDLE_LOOKS);
+            let mut rows: Vec<Vec<u8>> = Vec::with_capacity(want);
+            StateRead::scan(&*txn, &from, &end, &mut |k, _| {
+                rows.push(k.to_vec());
+                rows.len() < want
+            })?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            from = last.clone();
+            from.push(0);
+            for k in rows {
+                if self.full(out) || idle >= MAX_IDLE_LOOKS {
+                    break;
+                }
+                let Some(pid) = keys::pid_of_ready_key(&k) else {
+                    txn.delete(k);
+                    continue;
+                };
+                if !self.claim(txn, pid, out)? {
+                    idle += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim from partition `pid` into `out` when it has messages this group may take now;
+    /// answers whether it did. The partition's entry in the ready index follows the claim (it
+    /// goes to the back when the partition stays claimable, out when it does not).
+    fn claim(
+        &mut self,
+        txn: &mut Txn<'_>,
+        pid: u64,
+        out: &mut PopOutcome,
+    ) -> Result<bool, StoreError> {
+        let group = self.group;
         let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
-            continue;
+            // Its queue was deleted: only the ready rows of a collected partition are left.
+            txn.delete(keys::ready_of(pid, group));
+            return Ok(false);
         };
         let cursor_key = keys::cursor(pid, group);
-        let mut c = match get_rec::<CursorRec>(txn, &cursor_key)? {
+        let stored = get_rec::<CursorRec>(txn, &cursor_key)?;
+        let mut c = match stored.clone() {
             Some(c) => c,
             None => CursorRec {
-                next: start_offset(txn, &p, g.start)?,
+                next: start_offset(txn, &p, self.start)?,
                 ..CursorRec::default()
             },
         };
-        if c.live_lease(lease_now).is_some() {
-            continue;
+        if c.live_lease(self.lease_now).is_some() {
+            super::ready::sync(txn, group, &p, stored.as_ref(), self.stamp)?;
+            return Ok(false);
         }
         let from = c.next.max(p.log_start);
         if from >= p.next_offset {
-            continue;
+            if stored.is_none() {
+                // Where the group starts here is written down, so that the next push finds
+                // the partition newly ready for it (see `ready::pushed`).
+                put_rec(txn, cursor_key, &c);
+            }
+            super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
+            return Ok(false);
         }
+        let budget = self.budget;
         let mut until = p.next_offset.min(from.saturating_add(budget as u64));
         // Deleted messages, and retried dead letters of other groups, are stepped over: the
         // claim starts at its first message this group may see and ends after its last, and
@@ -116,64 +240,47 @@ pub(crate) fn pop(
             let (Some(&first), Some(&last)) = (seen.first(), seen.last()) else {
                 c.next = at;
                 put_rec(txn, cursor_key, &c);
-                continue;
+                super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
+                return Ok(false);
             };
             (from, until, live) = (first, last + 1, seen.len() as u64);
         }
-        let (count, last, delivered) = if !answered && delay == 0 {
+        let (count, last, delivered) = if !self.answered && self.delay == 0 {
             (live, until - 1, Vec::new())
         } else {
             let d = read_claim(
-                txn, pid, from, until, budget, delay, stamp, &c, &marks, group,
+                txn, pid, from, until, budget, self.delay, self.stamp, &c, &marks, group,
             )?;
             let Some(last) = d.last().map(|d| d.offset) else {
-                continue;
+                // Still delayed: it stays where it is in the index.
+                return Ok(false);
             };
             (d.len() as u64, last, d)
         };
-        budget -= count as usize;
+        self.budget -= count as usize;
         c.next = from;
-        if cmd.auto_ack {
+        if self.cmd.auto_ack {
             c.next = last + 1;
             c.lease = None;
-            c.last_consumed = stamp;
+            c.last_consumed = self.stamp;
         } else {
             c.lease = Some(CursorLease {
-                id: cmd.lease_id.clone(),
-                expires: lease_expires,
+                id: self.cmd.lease_id.clone(),
+                expires: self.lease_expires,
                 end: last + 1,
             });
         }
         put_rec(txn, cursor_key, &c);
-        g.last_pid = pid;
+        // Out of the index, and back at its end when something is left to claim now.
+        super::ready::set(txn, p.qid, group, pid, false, self.stamp)?;
+        super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
         out.claims.push(Claim {
             pid,
             partition: p.name.clone(),
             messages: delivered,
         });
+        Ok(true)
     }
-    put_rec(txn, group_key, &g);
-    if !out.claims.is_empty() && !cmd.auto_ack {
-        out.lease_id = cmd.lease_id.as_str().to_owned();
-        out.lease_expires = lease_expires;
-        put_rec(
-            txn,
-            keys::lease(cmd.lease_id.as_str()),
-            &LeaseRec {
-                qid: q.qid,
-                group: group.to_owned(),
-                parts: out.claims.iter().map(|c| c.pid).collect(),
-                expires: lease_expires,
-            },
-        );
-        put_rec(
-            txn,
-            keys::lease_expiry(lease_expires.0, cmd.lease_id.as_str()),
-            &(),
-        );
-        super::cluster::note_lease_expiry(txn, lease_expires)?;
-    }
-    Ok(out)
 }
 
 /// The messages of a claim on partition `pid` from `from` (at most `budget`, before `until`):

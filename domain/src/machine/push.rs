@@ -77,8 +77,8 @@ fn push_with<'t, 'i>(
 ) -> Result<Vec<PushOutcome>, StoreError> {
     let mut out = Vec::with_capacity(items.len());
     let mut queues: Vec<QueueRec> = Vec::new();
-    // (index in `queues`, partition record, whether a message went to it)
-    let mut parts: Vec<(usize, PartitionRec, bool)> = Vec::new();
+    // (index in `queues`, partition record, whether a message went to it, its end before)
+    let mut parts: Vec<(usize, PartitionRec, bool, u64)> = Vec::new();
     // Queues and partitions first, in item order (the order they are created in), then every
     // item's dedup key, so that the store can bring the rows' filter blocks in together.
     let mut at: Vec<(usize, usize)> = Vec::with_capacity(items.len());
@@ -92,12 +92,13 @@ fn push_with<'t, 'i>(
         };
         let pi = match parts
             .iter()
-            .position(|(i, p, _)| *i == qi && p.name == item.partition)
+            .position(|(i, p, _, _)| *i == qi && p.name == item.partition)
         {
             Some(i) => i,
             None => {
                 let p = ensure_partition(txn, &mut queues[qi], item.partition, stamp)?;
-                parts.push((qi, p, false));
+                let end = p.next_offset;
+                parts.push((qi, p, false, end));
                 parts.len() - 1
             }
         };
@@ -112,7 +113,7 @@ fn push_with<'t, 'i>(
     txn.reserve_dedup(items.len());
     for (index, (item, &(qi, pi))) in items.iter().zip(&at).enumerate() {
         let q = &mut queues[qi];
-        let (_, p, touched) = &mut parts[pi];
+        let (_, p, touched, _) = &mut parts[pi];
         let mut answer = PushOutcome {
             status: PushStatus::Queued,
             message_id: item.message_id,
@@ -166,10 +167,17 @@ fn push_with<'t, 'i>(
         out.push(answer);
     }
     let mut touched_queues = vec![false; queues.len()];
-    for (qi, p, touched) in &parts {
+    // The groups of each queue, read once per push and only for a queue that got a message.
+    let mut groups: Vec<Option<Vec<(String, u64)>>> = vec![None; queues.len()];
+    for (qi, p, touched, old_next) in &parts {
         if *touched {
             put_rec(txn, keys::partition(p.pid), p);
             touched_queues[*qi] = true;
+            if groups[*qi].is_none() {
+                groups[*qi] = Some(super::ready::groups(txn, queues[*qi].qid)?);
+            }
+            let of_queue = groups[*qi].as_deref().unwrap_or_default();
+            super::ready::pushed(txn, of_queue, p, *old_next, stamp)?;
         }
     }
     for (q, touched) in queues.iter().zip(touched_queues) {

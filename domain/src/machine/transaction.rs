@@ -94,7 +94,7 @@ pub(crate) fn apply(
                 }
             }
         }
-        leased.write_cursors(&mut child);
+        leased.write_cursors(&mut child, stamp)?;
         let kv = if kv_ops.is_empty() {
             None
         } else {

@@ -1,0 +1,240 @@
+//! The ready index: for each (queue, group), the partitions a pop that names no partition may
+//! claim, in the order they became ready, so that a pop finds its partitions in a few row reads
+//! whatever the number of partitions in the queue.
+//!
+//! A partition is *wanted* in a group's index when the group holds no lease on it and it has
+//! offsets beyond the group's position (`wanted`). Every command that moves a cursor, a lease or
+//! a partition's end keeps the index in step (`sync`, `pushed`, `release_expired`); retention
+//! and message deletions may leave an entry whose partition has nothing left, which the next pop
+//! that meets it removes. So the index always holds every wanted partition, and a stale entry
+//! costs one look. Entries are ordered by the stamp they became ready at (then by partition id):
+//! a claimed partition goes to the back when it is ready again, so competing consumers spread
+//! over the partitions and none starves.
+//!
+//! A group's index is filled from the queue's partitions in bounded steps by its pops
+//! (`fill`): a group created late on a queue of a million partitions, or any group of a store
+//! written before the index existed, is covered a step at a time, and pushes keep only the
+//! partitions already covered. The rows live in the store, so a restart, a snapshot install
+//! and every replica see the same index: nothing is rebuilt at start and memory does not grow
+//! with the partitions.
+
+use crate::keys;
+use crate::model::{CursorRec, LeaseRec, PartitionRec, QueueRec};
+use crate::store::{StateRead, StoreError, Txn};
+use crate::time::Stamp;
+
+use super::{get_rec, put_rec, scan_recs};
+
+/// Partitions one pop adds to a group's index while it is being filled.
+pub(crate) const FILL_STEP: usize = 256;
+
+/// The fill mark of a group whose index covers every partition of its queue.
+const FILLED: u64 = u64::MAX;
+
+/// Whether a group without a lease on `p` could claim from it, `c` being its cursor there.
+/// Without a cursor, the group's start decides where it begins; any stored message counts
+/// (a group subscribed from a later time may find nothing and drop the entry on its pop).
+#[must_use]
+pub(crate) fn wanted(p: &PartitionRec, c: Option<&CursorRec>) -> bool {
+    match c {
+        Some(c) => c.lease.is_none() && c.next.max(p.log_start) < p.next_offset,
+        None => p.log_start < p.next_offset,
+    }
+}
+
+/// The partition ids below which `group`'s index on queue `qid` is kept (`0` before the first
+/// pop fills it, [`FILLED`] once it covers the queue).
+pub(crate) fn fill_mark(s: &dyn StateRead, qid: u64, group: &str) -> Result<u64, StoreError> {
+    Ok(get_rec::<u64>(s, &keys::ready_fill(qid, group))?.unwrap_or(0))
+}
+
+/// Put partition `pid` in `group`'s index (at the back, as of `stamp`) or take it out, as
+/// `want` says; an entry already in stays where it is.
+pub(crate) fn set(
+    txn: &mut Txn<'_>,
+    qid: u64,
+    group: &str,
+    pid: u64,
+    want: bool,
+    stamp: Stamp,
+) -> Result<(), StoreError> {
+    let of = keys::ready_of(pid, group);
+    match (want, get_rec::<u64>(txn, &of)?) {
+        (true, None) => {
+            put_rec(txn, keys::ready(qid, group, stamp.0, pid), &());
+            put_rec(txn, of, &stamp.0);
+        }
+        (false, Some(since)) => {
+            txn.delete(keys::ready(qid, group, since, pid));
+            txn.delete(of);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Bring partition `p`'s entry in `group`'s index in step with the group's cursor `c` there.
+pub(crate) fn sync(
+    txn: &mut Txn<'_>,
+    group: &str,
+    p: &PartitionRec,
+    c: Option<&CursorRec>,
+    stamp: Stamp,
+) -> Result<(), StoreError> {
+    if p.pid >= fill_mark(txn, p.qid, group)? {
+        return Ok(());
+    }
+    set(txn, p.qid, group, p.pid, wanted(p, c), stamp)
+}
+
+/// The groups of queue `qid` with their fill marks.
+pub(crate) fn groups(s: &dyn StateRead, qid: u64) -> Result<Vec<(String, u64)>, StoreError> {
+    let prefix = keys::pid_prefix(keys::table::GROUP, qid);
+    let mut names = Vec::new();
+    s.scan(&prefix, &keys::prefix_end(&prefix), &mut |k, _| {
+        names.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+        true
+    })?;
+    let mut out = Vec::with_capacity(names.len());
+    for g in names {
+        let mark = fill_mark(s, qid, &g)?;
+        out.push((g, mark));
+    }
+    Ok(out)
+}
+
+/// After a push appended to `p` (which ended at `old_next` before): the partition is ready for
+/// every group that covers it, holds no lease on it and had nothing left in it before (one
+/// that had something left is in its index already). `groups` is [`groups`] of its queue.
+pub(crate) fn pushed(
+    txn: &mut Txn<'_>,
+    groups: &[(String, u64)],
+    p: &PartitionRec,
+    old_next: u64,
+    stamp: Stamp,
+) -> Result<(), StoreError> {
+    for (group, mark) in groups {
+        if p.pid >= *mark {
+            continue;
+        }
+        let c = get_rec::<CursorRec>(txn, &keys::cursor(p.pid, group))?;
+        if c.as_ref().is_some_and(|c| c.lease.is_some()) {
+            continue;
+        }
+        let before = PartitionRec {
+            next_offset: old_next,
+            ..p.clone()
+        };
+        if wanted(&before, c.as_ref()) {
+            continue;
+        }
+        set(txn, p.qid, group, p.pid, true, stamp)?;
+    }
+    Ok(())
+}
+
+/// Cover up to [`FILL_STEP`] more partitions of queue `q` in `group`'s index (nothing once it
+/// covers them all). A lease found expired at `lease_now` is released on the way: its record
+/// may have been swept by a build that did not release cursors.
+pub(crate) fn fill(
+    txn: &mut Txn<'_>,
+    q: &QueueRec,
+    group: &str,
+    stamp: Stamp,
+    lease_now: Stamp,
+) -> Result<(), StoreError> {
+    let mark = fill_mark(txn, q.qid, group)?;
+    if mark == FILLED {
+        return Ok(());
+    }
+    let prefix = keys::pid_prefix(keys::table::QUEUE_PARTITION, q.qid);
+    let rows: Vec<(Vec<u8>, ())> = scan_recs(
+        txn,
+        &keys::queue_partition(q.qid, mark),
+        &keys::prefix_end(&prefix),
+        FILL_STEP,
+    )?;
+    let mut next = FILLED;
+    if rows.len() == FILL_STEP {
+        next = rows
+            .last()
+            .and_then(|(k, ())| keys::u64_at(k, 9))
+            .map_or(FILLED, |pid| pid + 1);
+    }
+    for (k, ()) in &rows {
+        let Some(pid) = keys::u64_at(k, 9) else {
+            continue;
+        };
+        let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? else {
+            continue;
+        };
+        let ck = keys::cursor(pid, group);
+        let mut c = get_rec::<CursorRec>(txn, &ck)?;
+        if let Some(cur) = c.as_mut()
+            && cur.lease.as_ref().is_some_and(|l| l.expires <= lease_now)
+        {
+            cur.lease = None;
+            put_rec(txn, ck, &*cur);
+        }
+        set(txn, q.qid, group, pid, wanted(&p, c.as_ref()), stamp)?;
+    }
+    put_rec(txn, keys::ready_fill(q.qid, group), &next);
+    Ok(())
+}
+
+/// Forget `group`'s index on queue `qid` (its positions moved everywhere at once: a seek, a
+/// deleted group, a new subscription); its next pop fills it again.
+pub(crate) fn reset(txn: &mut Txn<'_>, qid: u64, group: &str) -> Result<(), StoreError> {
+    let prefix = keys::ready_prefix(qid, group);
+    let rows: Vec<(Vec<u8>, ())> = scan_recs(txn, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
+    for (k, ()) in rows {
+        if let Some(pid) = keys::pid_of_ready_key(&k) {
+            txn.delete(keys::ready_of(pid, group));
+        }
+        txn.delete(k);
+    }
+    txn.delete(keys::ready_fill(qid, group));
+    Ok(())
+}
+
+/// Release the cursors of leases expired at `lease_now` (at most `max` leases, oldest first)
+/// and delete their records: each partition they held is ready again where it has something
+/// left. Answers how many rows it deleted.
+pub(crate) fn release_expired(
+    txn: &mut Txn<'_>,
+    stamp: Stamp,
+    lease_now: Stamp,
+    max: usize,
+) -> Result<usize, StoreError> {
+    let start = keys::table_start(keys::table::LEASE_EXPIRY);
+    let end = keys::lease_expiry(lease_now.0, "");
+    let due: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &end, max)?;
+    let mut deleted = 0;
+    for (k, ()) in due {
+        let id = String::from_utf8_lossy(k.get(9..).unwrap_or_default()).into_owned();
+        let lk = keys::lease(&id);
+        if let Some(l) = get_rec::<LeaseRec>(txn, &lk)?
+            && l.expires <= lease_now
+        {
+            for pid in &l.parts {
+                let ck = keys::cursor(*pid, &l.group);
+                let Some(mut c) = get_rec::<CursorRec>(txn, &ck)? else {
+                    continue;
+                };
+                if c.lease.as_ref().is_none_or(|cl| cl.id.as_str() != id) {
+                    continue;
+                }
+                c.lease = None;
+                put_rec(txn, ck, &c);
+                if let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(*pid))? {
+                    sync(txn, &l.group, &p, Some(&c), stamp)?;
+                }
+            }
+            txn.delete(lk);
+            deleted += 1;
+        }
+        txn.delete(k);
+        deleted += 1;
+    }
+    Ok(deleted)
+}
