@@ -124,6 +124,11 @@ impl Command {
     /// The log format that first reads [`Command::AckAt`].
     pub const ACK_AT_FORMAT: u32 = 4;
 
+    /// The log format whose pops that name no partition read the ready index
+    /// (`machine::ready`) instead of every partition of the queue: all members must apply a
+    /// pop alike, so they switch together once every member reads it.
+    pub const READY_INDEX_FORMAT: u32 = 5;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {

@@ -534,7 +534,7 @@ fn a_leader_change_holds_leases_past_their_expiry_by_the_clock_skew() {
 
 #[test]
 fn the_cluster_version_only_rises() {
-    let mut s = Sim::new();
+    let mut s = Sim::before_ready_index();
     assert_eq!(reads::cluster_version(&s.store).unwrap(), 0);
     let r = s.apply(Command::ClusterSettings {
         version: 2,

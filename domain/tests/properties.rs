@@ -64,6 +64,19 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
     let mut store = MemStore::new();
     let mut now = 1_000_000_000_000u64;
     let mut entries = Vec::new();
+    // Every member reads this build's format: pops read the ready index.
+    let settings = Entry {
+        proposed_at: now,
+        command: Command::ClusterSettings {
+            version: Command::READY_INDEX_FORMAT,
+            max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
+        },
+    };
+    let mut txn = Txn::new(&store);
+    apply_entry(&mut txn, &settings, 1).unwrap();
+    let w = txn.into_writes();
+    store.commit(w);
+    entries.push(settings);
     let mut last_pop: Option<(String, queen_domain::command::PopOutcome)> = None;
     let q = QueueName::new("q").unwrap();
     for (i, op) in ops.iter().enumerate() {

@@ -46,8 +46,8 @@ use propose::Proposer;
 
 /// The highest log format this build reads (entries are versioned by their command set):
 /// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`,
-/// 4 `Command::AckAt`.
-pub(crate) const LOG_KINDS: u32 = 4;
+/// 4 `Command::AckAt`, 5 pops that read the ready index (`Command::READY_INDEX_FORMAT`).
+pub(crate) const LOG_KINDS: u32 = 5;
 
 /// How long a tick may wait for its outcome.
 const TICK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);

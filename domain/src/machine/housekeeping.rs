@@ -46,7 +46,10 @@ pub(crate) fn run(
 fn expire_leases(txn: &mut Txn<'_>, stamp: Stamp, deletes: &mut usize) -> Result<(), StoreError> {
     // While a leader change holds leases, they expire `skew` late.
     let lease_now = super::cluster::lease_now(txn, stamp)?;
-    let done = super::ready::release_expired(txn, stamp, lease_now, (*deletes / 2).max(1))?;
+    let cursors =
+        super::cluster::cluster_version(txn)? >= crate::command::Command::READY_INDEX_FORMAT;
+    let done =
+        super::ready::release_expired(txn, stamp, lease_now, (*deletes / 2).max(1), cursors)?;
     *deletes = deletes.saturating_sub(done);
     Ok(())
 }
@@ -77,6 +80,9 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
             txn.delete(k);
             continue;
         };
+        if kind == 1 && !detach_partitions(txn, id, deletes)? {
+            continue;
+        }
         let tables: &[u8] = if kind == 0 {
             &[
                 keys::table::MESSAGE,
@@ -108,6 +114,31 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
         }
     }
     Ok(())
+}
+
+/// Detach the partitions of deleted queue `qid` that are still listed under it (names and
+/// list rows go; each partition gets a grave of its own, collected later), within `deletes`.
+/// Answers whether none is left.
+fn detach_partitions(txn: &mut Txn<'_>, qid: u64, deletes: &mut usize) -> Result<bool, StoreError> {
+    let prefix = keys::pid_prefix(keys::table::QUEUE_PARTITION, qid);
+    let rows: Vec<(Vec<u8>, ())> = scan_recs(
+        txn,
+        &prefix,
+        &keys::prefix_end(&prefix),
+        (*deletes / 3).max(1),
+    )?;
+    let done = rows.len() < (*deletes / 3).max(1);
+    for (k, ()) in rows {
+        if let Some(pid) = keys::u64_at(&k, 9) {
+            if let Some(p) = get_rec::<PartitionRec>(txn, &keys::partition(pid))? {
+                txn.delete(keys::partition_name(qid, &p.name));
+            }
+            put_rec(txn, keys::grave(0, pid), &());
+        }
+        txn.delete(k);
+        *deletes = deletes.saturating_sub(3);
+    }
+    Ok(done)
 }
 
 fn retention(

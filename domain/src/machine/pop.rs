@@ -1,6 +1,6 @@
 //! Pop: claim deliverable messages for a group under one lease.
 
-use crate::command::{Claim, Delivered, PopCommand, PopOutcome, Subscription};
+use crate::command::{Claim, Command, Delivered, PopCommand, PopOutcome, Subscription};
 use crate::keys;
 use crate::model::{
     CursorLease, CursorRec, GroupRec, LeaseRec, MessageRec, PartitionRec, QueueRec,
@@ -57,6 +57,7 @@ pub(crate) fn pop(
     // Leases are judged live against this (behind `stamp` while a leader change holds them).
     let lease_now = super::cluster::lease_now(txn, stamp)?;
     let mut claimer = Claimer {
+        indexed: super::cluster::cluster_version(txn)? >= Command::READY_INDEX_FORMAT,
         cmd,
         stamp,
         answered,
@@ -74,12 +75,25 @@ pub(crate) fn pop(
                 claimer.claim(txn, pid, &mut out)?;
             }
         }
-        None => {
+        None if claimer.indexed => {
             // Leases that ran out are released first (a few a pop; ticks do the rest), so
             // their partitions are back in the index this pop reads.
-            super::ready::release_expired(txn, stamp, lease_now, RELEASE_PER_POP)?;
+            super::ready::release_expired(txn, stamp, lease_now, RELEASE_PER_POP, true)?;
             super::ready::fill(txn, &q, group, stamp, lease_now)?;
             claimer.sweep(txn, q.qid, &mut out)?;
+        }
+        None => {
+            // Before the cluster reads the index: every partition, starting after the one
+            // this group claimed last, so competing consumers spread over them.
+            let mut all = super::queue::partition_ids(txn, q.qid)?;
+            let split = all.partition_point(|pid| *pid <= g.last_pid);
+            all.rotate_left(split);
+            for pid in all {
+                if claimer.full(&out) {
+                    break;
+                }
+                claimer.claim(txn, pid, &mut out)?;
+            }
         }
     }
     if let Some(last) = out.claims.last() {
@@ -119,6 +133,8 @@ const MAX_IDLE_LOOKS: usize = 256;
 
 /// What one pop claims with, the same for each partition it looks at.
 struct Claimer<'c> {
+    /// The cluster reads the ready index ([`Command::READY_INDEX_FORMAT`]).
+    indexed: bool,
     cmd: &'c PopCommand,
     stamp: Stamp,
     answered: bool,
@@ -209,7 +225,7 @@ impl Claimer<'_> {
         }
         let from = c.next.max(p.log_start);
         if from >= p.next_offset {
-            if stored.is_none() {
+            if stored.is_none() && self.indexed {
                 // Where the group starts here is written down, so that the next push finds
                 // the partition newly ready for it (see `ready::pushed`).
                 put_rec(txn, cursor_key, &c);

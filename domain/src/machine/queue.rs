@@ -89,13 +89,20 @@ pub(crate) fn configure(
     Ok(q.options)
 }
 
-/// Delete a queue: its records go at once, its rows are collected by later ticks.
+/// Delete a queue: its record goes at once, its rows are collected by later ticks. Once the
+/// cluster reads the ready index's format, its partitions are also detached by those ticks, in
+/// bounded steps (`housekeeping`), so deleting a queue of a million partitions costs one entry
+/// little; before, they are detached here, all in this entry, as the build before did.
 pub(crate) fn delete(txn: &mut Txn<'_>, name: &QueueName) -> Result<bool, StoreError> {
     let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(name.as_str()))? else {
         return Ok(false);
     };
     txn.delete(keys::queue(name.as_str()));
     txn.note_queue_options();
+    if super::cluster::cluster_version(txn)? >= crate::command::Command::READY_INDEX_FORMAT {
+        put_rec(txn, keys::grave(1, q.qid), &());
+        return Ok(true);
+    }
     let start = keys::pid_prefix(keys::table::QUEUE_PARTITION, q.qid);
     let parts: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &keys::prefix_end(&start), usize::MAX)?;
     for (k, ()) in parts {

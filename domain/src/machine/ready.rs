@@ -197,17 +197,20 @@ pub(crate) fn reset(txn: &mut Txn<'_>, qid: u64, group: &str) -> Result<(), Stor
     Ok(())
 }
 
-/// Release the cursors of leases expired at `lease_now` (at most `max` leases, oldest first)
-/// and delete their records: each partition they held is ready again where it has something
-/// left. Answers how many rows it deleted.
+/// Delete the records of leases expired at `lease_now` (at most `max` leases, oldest first)
+/// and, with `cursors` (the cluster reads the index), release their cursors: each partition
+/// they held is ready again where it has something left. Answers how many rows it deleted.
 pub(crate) fn release_expired(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     lease_now: Stamp,
     max: usize,
+    cursors: bool,
 ) -> Result<usize, StoreError> {
     let start = keys::table_start(keys::table::LEASE_EXPIRY);
-    let end = keys::lease_expiry(lease_now.0, "");
+    // A lease is live while its expiry is after `lease_now`: one expiring at it is due too
+    // (the build before the index left that one for the next tick).
+    let end = keys::lease_expiry(lease_now.0 + u64::from(cursors), "");
     let due: Vec<(Vec<u8>, ())> = scan_recs(txn, &start, &end, max)?;
     let mut deleted = 0;
     for (k, ()) in due {
@@ -216,7 +219,7 @@ pub(crate) fn release_expired(
         if let Some(l) = get_rec::<LeaseRec>(txn, &lk)?
             && l.expires <= lease_now
         {
-            for pid in &l.parts {
+            for pid in l.parts.iter().filter(|_| cursors) {
                 let ck = keys::cursor(*pid, &l.group);
                 let Some(mut c) = get_rec::<CursorRec>(txn, &ck)? else {
                     continue;

@@ -22,7 +22,19 @@ pub struct Sim {
 }
 
 impl Sim {
+    /// A replica of a cluster whose members all read this build's log format (pops read the
+    /// ready index).
     pub fn new() -> Self {
+        let mut sim = Self::before_ready_index();
+        sim.apply(Command::ClusterSettings {
+            version: Command::READY_INDEX_FORMAT,
+            max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
+        });
+        sim
+    }
+
+    /// A replica of a cluster whose version is still 0 (pops read every partition).
+    pub fn before_ready_index() -> Self {
         Self {
             store: MemStore::new(),
             now: 1_700_000_000_000_000,
