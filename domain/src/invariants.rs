@@ -100,7 +100,8 @@ fn check_ready(s: &dyn StateRead, qid: u64) -> Result<(), Violation> {
     use crate::machine::ready;
     let err = |e: crate::store::StoreError| Violation(e.to_string());
     let pids = crate::machine::partition_ids_pub(s, qid).map_err(err)?;
-    for (group, mark) in ready::groups(s, qid).map_err(err)? {
+    for (group, meta) in ready::groups(s, qid).map_err(err)? {
+        let mark = meta.fill;
         for &pid in pids.iter().filter(|pid| **pid < mark) {
             let Some(p) =
                 crate::machine::get_rec::<PartitionRec>(s, &keys::partition(pid)).map_err(err)?
@@ -130,9 +131,10 @@ fn check_ready(s: &dyn StateRead, qid: u64) -> Result<(), Violation> {
             let since = keys::u64_at(&k, k.len().saturating_sub(16));
             let of: Option<u64> =
                 crate::machine::get_rec(s, &keys::ready_of(pid, &group)).map_err(err)?;
-            if of != since || pid >= mark {
+            if of != since || pid >= mark || since.is_some_and(|t| t < meta.front) {
                 return Err(Violation(format!(
-                    "group {group}'s ready row for partition {pid} disagrees with its place ({of:?} vs {since:?}) or lies past the fill mark {mark}"
+                    "group {group}'s ready row for partition {pid} disagrees with its place ({of:?} vs {since:?}) or lies past the fill mark {mark} or before the front {}",
+                    meta.front
                 )));
             }
         }

@@ -164,7 +164,9 @@ impl Claimer<'_> {
     ) -> Result<(), StoreError> {
         let prefix = keys::ready_prefix(qid, self.group);
         let end = keys::prefix_end(&prefix);
-        let mut from = prefix;
+        let start = super::ready::meta(txn, qid, self.group)?;
+        let first = keys::ready(qid, self.group, start.front, 0);
+        let mut from = first.clone();
         let mut idle = 0;
         while !self.full(out) && idle < MAX_IDLE_LOOKS {
             // A few more than still wanted, read before any is claimed (claims rewrite rows).
@@ -191,6 +193,18 @@ impl Claimer<'_> {
                     idle += 1;
                 }
             }
+        }
+        // The front moves up to the first row left (the rows this pop took out are behind it
+        // now), unless an entry went in before it meanwhile.
+        let mut front = self.stamp.0;
+        StateRead::scan(&*txn, &first, &end, &mut |k, _| {
+            front = keys::u64_at(k, k.len() - 16).unwrap_or(front);
+            false
+        })?;
+        let mut now = super::ready::meta(txn, qid, self.group)?;
+        if now.front >= start.front && now.front != front {
+            now.front = front;
+            super::ready::put_meta(txn, qid, self.group, now);
         }
         Ok(())
     }
@@ -288,7 +302,7 @@ impl Claimer<'_> {
         }
         put_rec(txn, cursor_key, &c);
         // Out of the index, and back at its end when something is left to claim now.
-        super::ready::set(txn, p.qid, group, pid, false, self.stamp)?;
+        super::ready::remove(txn, p.qid, group, pid)?;
         super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
         out.claims.push(Claim {
             pid,

@@ -168,7 +168,7 @@ fn push_with<'t, 'i>(
     }
     let mut touched_queues = vec![false; queues.len()];
     // The groups of each queue, read once per push and only for a queue that got a message.
-    let mut groups: Vec<Option<Vec<(String, u64)>>> = vec![None; queues.len()];
+    let mut groups: Vec<Option<Vec<(String, super::ready::Meta)>>> = vec![None; queues.len()];
     for (qi, p, touched, old_next) in &parts {
         if *touched {
             put_rec(txn, keys::partition(p.pid), p);
@@ -176,7 +176,7 @@ fn push_with<'t, 'i>(
             if groups[*qi].is_none() {
                 groups[*qi] = Some(super::ready::groups(txn, queues[*qi].qid)?);
             }
-            let of_queue = groups[*qi].as_deref().unwrap_or_default();
+            let of_queue = groups[*qi].as_deref_mut().unwrap_or_default();
             super::ready::pushed(txn, of_queue, p, *old_next, stamp)?;
         }
     }

@@ -30,6 +30,11 @@ pub(crate) fn ensure_queue(
     };
     put_rec(txn, keys::queue(name), &q);
     txn.note_queue_options();
+    if super::cluster::cluster_version(txn)? >= crate::command::Command::READY_INDEX_FORMAT {
+        // Most consumers pop in queue mode: its index is kept from the first push, so a queue
+        // filled before anyone pops has nothing left to fill at its first pop.
+        super::ready::start_queue_mode(txn, q.qid, crate::names::GroupName::queue_mode().as_str());
+    }
     Ok(q)
 }
 

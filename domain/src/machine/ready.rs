@@ -19,6 +19,8 @@
 //! with the partitions.
 
 use crate::keys;
+use serde::{Deserialize, Serialize};
+
 use crate::model::{CursorRec, LeaseRec, PartitionRec, QueueRec};
 use crate::store::{StateRead, StoreError, Txn};
 use crate::time::Stamp;
@@ -29,7 +31,42 @@ use super::{get_rec, put_rec, scan_recs};
 pub(crate) const FILL_STEP: usize = 256;
 
 /// The fill mark of a group whose index covers every partition of its queue.
-const FILLED: u64 = u64::MAX;
+pub(crate) const FILLED: u64 = u64::MAX;
+
+/// What a group's index keeps besides its rows (`READY_FILL(queue, group)`); absent until the
+/// group's first pop fills it (or, for queue mode, until its queue is created).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    /// Partition ids below this are covered ([`FILLED`]: all of them).
+    pub fill: u64,
+    /// No row of the index has a `since` below this: a pop's scan starts here instead of at the
+    /// start of the group's rows, so it does not step over the deleted rows of every claim
+    /// since the store last compacted them (its cost would grow with the messages drained).
+    pub front: u64,
+}
+
+/// The meta row of `group`'s index on queue `qid` (all zero while it has none).
+pub(crate) fn meta(s: &dyn StateRead, qid: u64, group: &str) -> Result<Meta, StoreError> {
+    Ok(get_rec::<Meta>(s, &keys::ready_fill(qid, group))?.unwrap_or_default())
+}
+
+pub(crate) fn put_meta(txn: &mut Txn<'_>, qid: u64, group: &str, m: Meta) {
+    put_rec(txn, keys::ready_fill(qid, group), &m);
+}
+
+/// Start queue mode's index with its queue (`qid` has no partition yet): covered from the
+/// start, pushes keep it, and its first pop has nothing to fill.
+pub(crate) fn start_queue_mode(txn: &mut Txn<'_>, qid: u64, group: &str) {
+    put_meta(
+        txn,
+        qid,
+        group,
+        Meta {
+            fill: FILLED,
+            front: 0,
+        },
+    );
+}
 
 /// Whether a group without a lease on `p` could claim from it, `c` being its cursor there.
 /// Without a cursor, the group's start decides where it begins; any stored message counts
@@ -42,14 +79,9 @@ pub(crate) fn wanted(p: &PartitionRec, c: Option<&CursorRec>) -> bool {
     }
 }
 
-/// The partition ids below which `group`'s index on queue `qid` is kept (`0` before the first
-/// pop fills it, [`FILLED`] once it covers the queue).
-pub(crate) fn fill_mark(s: &dyn StateRead, qid: u64, group: &str) -> Result<u64, StoreError> {
-    Ok(get_rec::<u64>(s, &keys::ready_fill(qid, group))?.unwrap_or(0))
-}
-
 /// Put partition `pid` in `group`'s index (at the back, as of `stamp`) or take it out, as
-/// `want` says; an entry already in stays where it is.
+/// `want` says; an entry already in stays where it is. `m` is the index's meta row as read
+/// (its front moves back if this entry lies before it).
 pub(crate) fn set(
     txn: &mut Txn<'_>,
     qid: u64,
@@ -57,12 +89,17 @@ pub(crate) fn set(
     pid: u64,
     want: bool,
     stamp: Stamp,
+    m: &mut Meta,
 ) -> Result<(), StoreError> {
     let of = keys::ready_of(pid, group);
     match (want, get_rec::<u64>(txn, &of)?) {
         (true, None) => {
             put_rec(txn, keys::ready(qid, group, stamp.0, pid), &());
             put_rec(txn, of, &stamp.0);
+            if stamp.0 < m.front {
+                m.front = stamp.0;
+                put_meta(txn, qid, group, *m);
+            }
         }
         (false, Some(since)) => {
             txn.delete(keys::ready(qid, group, since, pid));
@@ -73,6 +110,11 @@ pub(crate) fn set(
     Ok(())
 }
 
+/// Take partition `pid` out of `group`'s index.
+pub(crate) fn remove(txn: &mut Txn<'_>, qid: u64, group: &str, pid: u64) -> Result<(), StoreError> {
+    set(txn, qid, group, pid, false, Stamp(0), &mut Meta::default())
+}
+
 /// Bring partition `p`'s entry in `group`'s index in step with the group's cursor `c` there.
 pub(crate) fn sync(
     txn: &mut Txn<'_>,
@@ -81,26 +123,21 @@ pub(crate) fn sync(
     c: Option<&CursorRec>,
     stamp: Stamp,
 ) -> Result<(), StoreError> {
-    if p.pid >= fill_mark(txn, p.qid, group)? {
+    let mut m = meta(txn, p.qid, group)?;
+    if p.pid >= m.fill {
         return Ok(());
     }
-    set(txn, p.qid, group, p.pid, wanted(p, c), stamp)
+    set(txn, p.qid, group, p.pid, wanted(p, c), stamp, &mut m)
 }
 
-/// The groups of queue `qid` with their fill marks.
-pub(crate) fn groups(s: &dyn StateRead, qid: u64) -> Result<Vec<(String, u64)>, StoreError> {
-    let prefix = keys::pid_prefix(keys::table::GROUP, qid);
-    let mut names = Vec::new();
-    s.scan(&prefix, &keys::prefix_end(&prefix), &mut |k, _| {
-        names.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
-        true
-    })?;
-    let mut out = Vec::with_capacity(names.len());
-    for g in names {
-        let mark = fill_mark(s, qid, &g)?;
-        out.push((g, mark));
-    }
-    Ok(out)
+/// The groups of queue `qid` whose index has started, with its meta row.
+pub(crate) fn groups(s: &dyn StateRead, qid: u64) -> Result<Vec<(String, Meta)>, StoreError> {
+    let prefix = keys::pid_prefix(keys::table::READY_FILL, qid);
+    let rows: Vec<(Vec<u8>, Meta)> = scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX)?;
+    Ok(rows
+        .into_iter()
+        .map(|(k, m)| (String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), m))
+        .collect())
 }
 
 /// After a push appended to `p` (which ended at `old_next` before): the partition is ready for
@@ -108,13 +145,13 @@ pub(crate) fn groups(s: &dyn StateRead, qid: u64) -> Result<Vec<(String, u64)>, 
 /// that had something left is in its index already). `groups` is [`groups`] of its queue.
 pub(crate) fn pushed(
     txn: &mut Txn<'_>,
-    groups: &[(String, u64)],
+    groups: &mut [(String, Meta)],
     p: &PartitionRec,
     old_next: u64,
     stamp: Stamp,
 ) -> Result<(), StoreError> {
-    for (group, mark) in groups {
-        if p.pid >= *mark {
+    for (group, m) in groups.iter_mut() {
+        if p.pid >= m.fill {
             continue;
         }
         let c = get_rec::<CursorRec>(txn, &keys::cursor(p.pid, group))?;
@@ -128,7 +165,7 @@ pub(crate) fn pushed(
         if wanted(&before, c.as_ref()) {
             continue;
         }
-        set(txn, p.qid, group, p.pid, true, stamp)?;
+        set(txn, p.qid, group, p.pid, true, stamp, m)?;
     }
     Ok(())
 }
@@ -143,10 +180,11 @@ pub(crate) fn fill(
     stamp: Stamp,
     lease_now: Stamp,
 ) -> Result<(), StoreError> {
-    let mark = fill_mark(txn, q.qid, group)?;
-    if mark == FILLED {
+    let mut m = meta(txn, q.qid, group)?;
+    if m.fill == FILLED {
         return Ok(());
     }
+    let mark = m.fill;
     let prefix = keys::pid_prefix(keys::table::QUEUE_PARTITION, q.qid);
     let rows: Vec<(Vec<u8>, ())> = scan_recs(
         txn,
@@ -176,9 +214,18 @@ pub(crate) fn fill(
             cur.lease = None;
             put_rec(txn, ck, &*cur);
         }
-        set(txn, q.qid, group, pid, wanted(&p, c.as_ref()), stamp)?;
+        set(
+            txn,
+            q.qid,
+            group,
+            pid,
+            wanted(&p, c.as_ref()),
+            stamp,
+            &mut m,
+        )?;
     }
-    put_rec(txn, keys::ready_fill(q.qid, group), &next);
+    m.fill = next;
+    put_meta(txn, q.qid, group, m);
     Ok(())
 }
 
