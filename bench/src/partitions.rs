@@ -1,0 +1,454 @@
+//! `queen-bench partitions --counts 1000,50000,...`: consumption at scale (issue 60). For each
+//! partition count N, on fresh nodes with an empty store (one node, three nodes, or both):
+//! fill one queue with one message in each of N partitions (100 per push request, a few
+//! requests in flight), then drain it with consumers that pop the queue without naming a
+//! partition, the way the official client's default consumer does (`autopilot=true`, long poll,
+//! no knobs unless `--batch`/`--pop-partitions` set them), acking every answer with one
+//! `ack/batch`. Prints, per N and topology: fill time, drain rate, messages per pop, pop
+//! p50/p99, the servers' CPU per message during the drain (every node summed), each node's peak
+//! RSS and its store's bytes on disk per partition. Every phase is bounded in time; a drain cut
+//! short says how far it got.
+
+mod report;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use queen_bench::load::{self, Procs, drain};
+use tokio::sync::{Notify, watch};
+
+use crate::cluster::{To, start_queen};
+use crate::pop::pop_ack;
+use crate::{Args, Target, http_client, queen_bin, start_single};
+
+/// The queue every run fills and drains (each run has a store of its own).
+const QUEUE: &str = "scale";
+
+#[derive(clap::Args, Debug)]
+pub struct PartitionsArgs {
+    /// Partition counts, comma-separated; one message in each partition, fresh nodes and an
+    /// empty store for every count and topology.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000")]
+    counts: Vec<u64>,
+    /// Topologies to run for each count: one node, three nodes, or both.
+    #[arg(long, value_enum, default_value_t = Nodes::Both)]
+    nodes: Nodes,
+    /// Consumers draining the queue, each with one request at a time.
+    #[arg(long, default_value_t = 16)]
+    consumers: usize,
+    /// Push requests (100 messages each) in flight during the fill.
+    #[arg(long, default_value_t = 4)]
+    fill_inflight: usize,
+    /// Longest fill, seconds; what a fill cut short stored is drained and reported.
+    #[arg(long, default_value_t = 600)]
+    fill_max_seconds: u64,
+    /// Longest drain, seconds; a drain cut short is reported as "drained X of N".
+    #[arg(long, default_value_t = 300)]
+    max_seconds: u64,
+    /// `batch` sent on every pop (default: not sent; the broker's autopilot picks it).
+    #[arg(long)]
+    batch: Option<u32>,
+    /// `partitions` sent on every pop (default: not sent; the broker's autopilot picks it).
+    #[arg(long)]
+    pop_partitions: Option<u32>,
+    /// The pops' long-poll `timeout` in ms (they send `wait=true`, as the client's consumer).
+    #[arg(long, default_value_t = 30_000)]
+    timeout_ms: u64,
+    /// Which of the three nodes the fill and the consumers talk to (consumer i to node i mod 3
+    /// with `all`; followers forward).
+    #[arg(long, value_enum, default_value_t = To::Leader)]
+    to: To,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Nodes {
+    One,
+    Three,
+    Both,
+}
+
+impl Nodes {
+    fn list(self) -> &'static [usize] {
+        match self {
+            Nodes::One => &[1],
+            Nodes::Three => &[3],
+            Nodes::Both => &[1, 3],
+        }
+    }
+}
+
+/// What one run (one count, one topology) found.
+struct Outcome {
+    nodes: usize,
+    partitions: u64,
+    /// Messages the fill stored, and how long it took.
+    filled: u64,
+    fill_seconds: f64,
+    fill_error: Option<String>,
+    drain: Drained,
+    /// Peak RSS (VmHWM) of each node over the whole run, MiB.
+    rss_mib: Vec<u64>,
+    /// Bytes on disk of each node's store after the fill and after the drain.
+    disk_filled: Vec<u64>,
+    disk_drained: Vec<u64>,
+}
+
+/// What the drain moved.
+#[derive(Default)]
+struct Drained {
+    messages: u64,
+    /// Pops that answered messages, and pops that answered none.
+    pops: u64,
+    empty: u64,
+    pop_lat: Vec<Duration>,
+    ack_lat: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+    /// The first `autopilot` echo seen.
+    echo: Option<String>,
+    /// From the first pop to the last ack (or the cap).
+    seconds: f64,
+    /// The servers' CPU seconds over `seconds`, every node summed.
+    cpu_s: f64,
+}
+
+impl Drained {
+    fn add(&mut self, o: Drained) {
+        self.messages += o.messages;
+        self.pops += o.pops;
+        self.empty += o.empty;
+        self.pop_lat.extend(o.pop_lat);
+        self.ack_lat.extend(o.ack_lat);
+        self.errors += o.errors;
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+        if self.echo.is_none() {
+            self.echo = o.echo;
+        }
+    }
+}
+
+/// The pop request of every consumer, with the knobs the client would send (API.md 2.0.7):
+/// `autopilot=true` and only the knobs set; both knobs set: no autopilot, `partitions` only
+/// above 1.
+fn pop_path(p: &PartitionsArgs) -> String {
+    let mut q = String::new();
+    let both = p.batch.is_some() && p.pop_partitions.is_some();
+    if !both {
+        q.push_str("autopilot=true&");
+    }
+    if let Some(b) = p.batch {
+        let _ = write!(q, "batch={b}&");
+    }
+    let _ = write!(q, "wait=true&timeout={}", p.timeout_ms);
+    match p.pop_partitions {
+        Some(n) if n > 1 || !both => {
+            let _ = write!(q, "&partitions={n}");
+        }
+        _ => {}
+    }
+    format!("/api/v1/pop/queue/{QUEUE}?{q}")
+}
+
+pub async fn run(args: &Args, p: &PartitionsArgs) -> Result<(), String> {
+    // Declared first so it is removed last, after every process below has stopped.
+    let dir = tempfile::tempdir_in(".")
+        .or_else(|_| tempfile::tempdir())
+        .map_err(|e| format!("a temp dir: {e}"))?;
+    let bin = queen_bin(args.bin.as_ref());
+    let path = pop_path(p);
+    let prefix = load::run_prefix(&mut load::Rng::seeded(u64::from(std::process::id())));
+    println!(
+        "queen-bench partitions: {} ({}), {}-byte messages, fill 100/request with {} in flight, {} consumers popping `GET {path}` and acking with ack/batch{}, drain capped at {} s; data in {}",
+        bin.display(),
+        version(&bin),
+        args.size,
+        p.fill_inflight,
+        p.consumers,
+        if p.nodes == Nodes::One {
+            String::new()
+        } else {
+            format!(
+                ", on three nodes to {}",
+                if p.to == To::All {
+                    "every node"
+                } else {
+                    "the leader"
+                }
+            )
+        },
+        p.max_seconds,
+        dir.path().display()
+    );
+    let mut found = Vec::new();
+    for &n in &p.counts {
+        for &nodes in p.nodes.list() {
+            let run_dir = dir.path().join(format!("n{n}-{nodes}"));
+            let tag = format!("{prefix}-{n}-{nodes}-");
+            let r = one_run(args, p, &bin, &run_dir, nodes, n, &tag, &path).await;
+            // A million partitions take a few GB: free them before the next run.
+            let _ = std::fs::remove_dir_all(&run_dir);
+            match r {
+                Ok(o) => {
+                    report::print_run(&o);
+                    found.push(o);
+                }
+                Err(e) => println!("{n} partitions on {nodes} node(s): failed: {e}"),
+            }
+        }
+    }
+    println!("\n{}", report::table(&found));
+    Ok(())
+}
+
+/// The queen binary's `--version` line, or "?".
+fn version(bin: &Path) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Fresh nodes in `dir`: their processes, where the clients send, and each node's data dir.
+async fn start(
+    bin: &Path,
+    dir: &Path,
+    nodes: usize,
+    to: To,
+) -> Result<(Procs, Arc<Target>, Vec<PathBuf>), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if nodes == 1 {
+        let (procs, port) = start_single(bin, dir).await?;
+        let t = Target::new(http_client(), &[port]);
+        return Ok((procs, Arc::new(t), vec![dir.to_path_buf()]));
+    }
+    let q = start_queen(bin, dir).await?;
+    let ports = match to {
+        To::All => q.ports.clone(),
+        To::Leader => vec![q.ports[q.leader]],
+    };
+    let data = (1..=3).map(|i| dir.join(format!("queen-{i}"))).collect();
+    Ok((q.procs, Arc::new(Target::new(http_client(), &ports)), data))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn one_run(
+    args: &Args,
+    p: &PartitionsArgs,
+    bin: &Path,
+    dir: &Path,
+    nodes: usize,
+    n: u64,
+    tag: &str,
+    path: &str,
+) -> Result<Outcome, String> {
+    let (procs, t, data) = start(bin, dir, nodes, p.to).await?;
+    println!(
+        "\n{n} partitions on {nodes} node(s) (pids {:?}): filling",
+        procs.pids()
+    );
+    let requests = n.div_ceil(100);
+    let fill = drain(p.fill_inflight, p.fill_max_seconds, 1, {
+        let (t, tag, size) = (t.clone(), Arc::<str>::from(tag), args.size);
+        move |k| {
+            let (t, tag) = (t.clone(), tag.clone());
+            async move {
+                if k < requests {
+                    push_fill(&t, &tag, k, n, size).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    })
+    .await;
+    let disk_filled = data.iter().map(|d| du(d)).collect();
+    println!(
+        "  filled {} of {n} in {:.1} s ({:.0} msg/s), {} errors; draining",
+        fill.messages,
+        fill.seconds,
+        fill.msg_per_s(),
+        fill.errors
+    );
+    let drained = drain_queue(
+        &t,
+        &procs,
+        path,
+        p.consumers,
+        fill.messages,
+        Duration::from_secs(p.max_seconds),
+    )
+    .await;
+    let rss_mib = procs
+        .pids()
+        .into_iter()
+        .map(|pid| load::peak_rss_kib(pid) / 1024)
+        .collect();
+    let disk_drained = data.iter().map(|d| du(d)).collect();
+    drop(procs);
+    Ok(Outcome {
+        nodes,
+        partitions: n,
+        filled: fill.messages,
+        fill_seconds: fill.seconds,
+        fill_error: fill.first_error,
+        drain: drained,
+        rss_mib,
+        disk_filled,
+        disk_drained,
+    })
+}
+
+/// Push request `k` of the fill: partitions `p{100k}` to `p{100k+99}` (below `n`), one message
+/// each; answers the messages it stored.
+async fn push_fill(t: &Target, tag: &str, k: u64, n: u64, size: usize) -> Result<u64, String> {
+    let (first, end) = (k * 100, (k * 100 + 100).min(n));
+    let mut rng = load::Rng::seeded(k);
+    let mut body = String::with_capacity((end - first) as usize * (size + 96) + 12);
+    body.push_str("{\"items\":[");
+    for idx in first..end {
+        if idx > first {
+            body.push(',');
+        }
+        // Names and ids are JSON-safe by construction (no escapes needed).
+        let _ = write!(
+            body,
+            "{{\"queue\":\"{QUEUE}\",\"partition\":\"p{idx}\",\"transactionId\":\"{tag}{idx}\",\"payload\":"
+        );
+        load::random_payload(&mut rng, size, &mut body);
+        body.push('}');
+    }
+    body.push_str("]}");
+    match t
+        .send_at(
+            k,
+            "POST",
+            "/api/v1/push",
+            "application/json",
+            Bytes::from(body),
+        )
+        .await?
+    {
+        (200, b) if !b.windows(8).any(|w| w == b"\"failed\"") => Ok(end - first),
+        (code, b) => Err(format!(
+            "push answered {code}: {}",
+            String::from_utf8_lossy(&b[..b.len().min(300)])
+        )),
+    }
+}
+
+/// `consumers` loops of pop + ack (consumer `c` on node `c` of `t`) until `target` messages
+/// are acked or `max` has passed; the servers' CPU is read at the same two moments. Prints the
+/// progress every 30 s.
+async fn drain_queue(
+    t: &Arc<Target>,
+    procs: &Procs,
+    path: &str,
+    consumers: usize,
+    target: u64,
+    max: Duration,
+) -> Drained {
+    if target == 0 {
+        return Drained::default();
+    }
+    let acked = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(Notify::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let path: Arc<str> = Arc::from(path);
+    let (cpu0, started) = (procs.cpu_seconds(), Instant::now());
+    let tasks: Vec<_> = (0..consumers as u64)
+        .map(|c| {
+            let (t, path, acked, done) = (t.clone(), path.clone(), acked.clone(), done.clone());
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let mut d = Drained::default();
+                while !*stop.borrow() {
+                    let r = tokio::select! {
+                        r = pop_ack(&t, c, &path) => r,
+                        _ = stop.changed() => break,
+                    };
+                    match r {
+                        Ok(Some(pa)) => {
+                            d.messages += pa.messages;
+                            d.pops += 1;
+                            d.pop_lat.push(pa.pop);
+                            d.ack_lat.push(pa.ack);
+                            if d.echo.is_none() {
+                                d.echo = pa.echo;
+                            }
+                            if acked.fetch_add(pa.messages, Ordering::Relaxed) + pa.messages
+                                >= target
+                            {
+                                done.notify_one();
+                            }
+                        }
+                        // With wait=true an empty answer comes after the long poll's timeout.
+                        Ok(None) => d.empty += 1,
+                        Err(e) => {
+                            d.errors += 1;
+                            d.first_error.get_or_insert(e);
+                            if d.errors > 1000 {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                d
+            })
+        })
+        .collect();
+    loop {
+        let left = max.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        tokio::select! {
+            _ = done.notified() => break,
+            _ = tokio::time::sleep(left.min(Duration::from_secs(30))) => {
+                let a = acked.load(Ordering::Relaxed);
+                println!(
+                    "  {:.0} s: drained {a} of {target} ({:.0} msg/s so far)",
+                    started.elapsed().as_secs_f64(),
+                    a as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+    let (seconds, cpu_s) = (started.elapsed().as_secs_f64(), procs.cpu_seconds() - cpu0);
+    let _ = stop_tx.send(true);
+    let mut all = Drained::default();
+    for task in tasks {
+        if let Ok(d) = task.await {
+            all.add(d);
+        }
+    }
+    all.pop_lat.sort_unstable();
+    all.ack_lat.sort_unstable();
+    all.seconds = seconds;
+    all.cpu_s = cpu_s;
+    all
+}
+
+/// Bytes a directory takes on disk (allocated blocks, as `du` counts them), recursively.
+fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => du(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
