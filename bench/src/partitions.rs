@@ -62,6 +62,11 @@ pub struct PartitionsArgs {
     /// with `all`; followers forward).
     #[arg(long, value_enum, default_value_t = To::Leader)]
     to: To,
+    /// On one node: after the fill, stop the node (SIGTERM) and start it again on the same
+    /// store, and time its /health and its first pop (issue 60: within 10 s at a million
+    /// partitions).
+    #[arg(long)]
+    restart: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +100,14 @@ struct Outcome {
     /// Bytes on disk of each node's store after the fill and after the drain.
     disk_filled: Vec<u64>,
     disk_drained: Vec<u64>,
+    restart: Option<Restart>,
+}
+
+/// A restart on the filled store: seconds to /health, then to the first pop's answer with
+/// messages (which are acked and counted in the drain).
+struct Restart {
+    healthy_s: f64,
+    first_pop_s: f64,
 }
 
 /// What the drain moved.
@@ -250,7 +263,7 @@ async fn one_run(
     tag: &str,
     path: &str,
 ) -> Result<Outcome, String> {
-    let (procs, t, data) = start(bin, dir, nodes, p.to).await?;
+    let (mut procs, mut t, data) = start(bin, dir, nodes, p.to).await?;
     println!(
         "\n{n} partitions on {nodes} node(s) (pids {:?}): filling",
         procs.pids()
@@ -278,19 +291,48 @@ async fn one_run(
         fill.msg_per_s(),
         fill.errors
     );
-    let drained = drain_queue(
+    let mut rss_kib = vec![0; nodes];
+    let mut restart = None;
+    let mut moved = Drained::default();
+    if p.restart && nodes == 1 {
+        rss_kib[0] = load::peak_rss_kib(procs.pids()[0]);
+        procs.stop_all();
+        let started = Instant::now();
+        let (again, port) = start_single(bin, dir).await?;
+        let healthy_s = started.elapsed().as_secs_f64();
+        (procs, t) = (again, Arc::new(Target::new(http_client(), &[port])));
+        let first = pop_ack(&t, 0, path).await?;
+        let first_pop_s = started.elapsed().as_secs_f64();
+        if let Some(pa) = first {
+            moved.messages = pa.messages;
+            moved.pops = 1;
+        }
+        println!(
+            "  restarted (pid {:?}): healthy after {healthy_s:.2} s, first pop answered {} message(s) after {first_pop_s:.2} s",
+            procs.pids(),
+            moved.messages
+        );
+        restart = Some(Restart {
+            healthy_s,
+            first_pop_s,
+        });
+    }
+    let mut drained = drain_queue(
         &t,
         &procs,
         path,
         p.consumers,
-        fill.messages,
+        fill.messages.saturating_sub(moved.messages),
         Duration::from_secs(p.max_seconds),
     )
     .await;
+    (drained.messages, drained.pops) =
+        (drained.messages + moved.messages, drained.pops + moved.pops);
     let rss_mib = procs
         .pids()
         .into_iter()
-        .map(|pid| load::peak_rss_kib(pid) / 1024)
+        .zip(rss_kib)
+        .map(|(pid, before)| load::peak_rss_kib(pid).max(before) / 1024)
         .collect();
     let disk_drained = data.iter().map(|d| du(d)).collect();
     drop(procs);
@@ -304,6 +346,7 @@ async fn one_run(
         rss_mib,
         disk_filled,
         disk_drained,
+        restart,
     })
 }
 

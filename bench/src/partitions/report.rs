@@ -77,6 +77,12 @@ pub(super) fn print_run(o: &Outcome) {
         o.per_partition(&o.disk_drained),
         d.echo.as_deref().unwrap_or("none")
     );
+    if let Some(r) = &o.restart {
+        println!(
+            "  restart on the filled store: /health after {:.2} s, first pop answered after {:.2} s",
+            r.healthy_s, r.first_pop_s
+        );
+    }
     for e in [&o.fill_error, &d.first_error].into_iter().flatten() {
         println!("  first error: {e}");
     }
