@@ -9,21 +9,21 @@
 //! RSS and its store's bytes on disk per partition. Every phase is bounded in time; a drain cut
 //! short says how far it got.
 
+mod drain;
 mod report;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use queen_bench::load::{self, Procs, drain};
-use tokio::sync::{Notify, watch};
 
 use crate::cluster::{To, start_queen};
 use crate::pop::pop_ack;
 use crate::{Args, Target, http_client, queen_bin, start_single};
+use drain::{Drained, drain_queue};
 
 /// The queue every run fills and drains (each run has a store of its own).
 const QUEUE: &str = "scale";
@@ -108,42 +108,6 @@ struct Outcome {
 struct Restart {
     healthy_s: f64,
     first_pop_s: f64,
-}
-
-/// What the drain moved.
-#[derive(Default)]
-struct Drained {
-    messages: u64,
-    /// Pops that answered messages, and pops that answered none.
-    pops: u64,
-    empty: u64,
-    pop_lat: Vec<Duration>,
-    ack_lat: Vec<Duration>,
-    errors: u64,
-    first_error: Option<String>,
-    /// The first `autopilot` echo seen.
-    echo: Option<String>,
-    /// From the first pop to the last ack (or the cap).
-    seconds: f64,
-    /// The servers' CPU seconds over `seconds`, every node summed.
-    cpu_s: f64,
-}
-
-impl Drained {
-    fn add(&mut self, o: Drained) {
-        self.messages += o.messages;
-        self.pops += o.pops;
-        self.empty += o.empty;
-        self.pop_lat.extend(o.pop_lat);
-        self.ack_lat.extend(o.ack_lat);
-        self.errors += o.errors;
-        if self.first_error.is_none() {
-            self.first_error = o.first_error;
-        }
-        if self.echo.is_none() {
-            self.echo = o.echo;
-        }
-    }
 }
 
 /// The pop request of every consumer, with the knobs the client would send (API.md 2.0.7):
@@ -388,99 +352,6 @@ async fn push_fill(t: &Target, tag: &str, k: u64, n: u64, size: usize) -> Result
     }
 }
 
-/// `consumers` loops of pop + ack (consumer `c` on node `c` of `t`) until `target` messages
-/// are acked or `max` has passed; the servers' CPU is read at the same two moments. Prints the
-/// progress every 30 s.
-async fn drain_queue(
-    t: &Arc<Target>,
-    procs: &Procs,
-    path: &str,
-    consumers: usize,
-    target: u64,
-    max: Duration,
-) -> Drained {
-    if target == 0 {
-        return Drained::default();
-    }
-    let acked = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let path: Arc<str> = Arc::from(path);
-    let (cpu0, started) = (procs.cpu_seconds(), Instant::now());
-    let tasks: Vec<_> = (0..consumers as u64)
-        .map(|c| {
-            let (t, path, acked, done) = (t.clone(), path.clone(), acked.clone(), done.clone());
-            let mut stop = stop_rx.clone();
-            tokio::spawn(async move {
-                let mut d = Drained::default();
-                while !*stop.borrow() {
-                    let r = tokio::select! {
-                        r = pop_ack(&t, c, &path) => r,
-                        _ = stop.changed() => break,
-                    };
-                    match r {
-                        Ok(Some(pa)) => {
-                            d.messages += pa.messages;
-                            d.pops += 1;
-                            d.pop_lat.push(pa.pop);
-                            d.ack_lat.push(pa.ack);
-                            if d.echo.is_none() {
-                                d.echo = pa.echo;
-                            }
-                            if acked.fetch_add(pa.messages, Ordering::Relaxed) + pa.messages
-                                >= target
-                            {
-                                done.notify_one();
-                            }
-                        }
-                        // With wait=true an empty answer comes after the long poll's timeout.
-                        Ok(None) => d.empty += 1,
-                        Err(e) => {
-                            d.errors += 1;
-                            d.first_error.get_or_insert(e);
-                            if d.errors > 1000 {
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-                d
-            })
-        })
-        .collect();
-    loop {
-        let left = max.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            break;
-        }
-        tokio::select! {
-            _ = done.notified() => break,
-            _ = tokio::time::sleep(left.min(Duration::from_secs(30))) => {
-                let a = acked.load(Ordering::Relaxed);
-                println!(
-                    "  {:.0} s: drained {a} of {target} ({:.0} msg/s so far)",
-                    started.elapsed().as_secs_f64(),
-                    a as f64 / started.elapsed().as_secs_f64()
-                );
-            }
-        }
-    }
-    let (seconds, cpu_s) = (started.elapsed().as_secs_f64(), procs.cpu_seconds() - cpu0);
-    let _ = stop_tx.send(true);
-    let mut all = Drained::default();
-    for task in tasks {
-        if let Ok(d) = task.await {
-            all.add(d);
-        }
-    }
-    all.pop_lat.sort_unstable();
-    all.ack_lat.sort_unstable();
-    all.seconds = seconds;
-    all.cpu_s = cpu_s;
-    all
-}
-
 /// Bytes a directory takes on disk (allocated blocks, as `du` counts them), recursively.
 fn du(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
@@ -494,4 +365,45 @@ fn du(dir: &Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        p: super::PartitionsArgs,
+    }
+
+    fn path(args: &[&str]) -> String {
+        let cli = Cli::parse_from(std::iter::once("partitions").chain(args.iter().copied()));
+        super::pop_path(&cli.p)
+    }
+
+    #[test]
+    fn pops_carry_the_knobs_the_way_the_official_client_sends_them() {
+        let q = "/api/v1/pop/queue/scale?";
+        assert_eq!(
+            path(&[]),
+            format!("{q}autopilot=true&wait=true&timeout=30000")
+        );
+        assert_eq!(
+            path(&["--batch", "5"]),
+            format!("{q}autopilot=true&batch=5&wait=true&timeout=30000")
+        );
+        assert_eq!(
+            path(&["--pop-partitions", "4", "--timeout-ms", "500"]),
+            format!("{q}autopilot=true&wait=true&timeout=500&partitions=4")
+        );
+        assert_eq!(
+            path(&["--batch", "100", "--pop-partitions", "100"]),
+            format!("{q}batch=100&wait=true&timeout=30000&partitions=100")
+        );
+        assert_eq!(
+            path(&["--batch", "100", "--pop-partitions", "1"]),
+            format!("{q}batch=100&wait=true&timeout=30000")
+        );
+    }
 }
