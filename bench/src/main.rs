@@ -6,6 +6,10 @@
 //! `queen-bench cluster [--vs-nats]` starts a three-node cluster instead (and, with `--vs-nats`,
 //! a three-node NATS JetStream cluster with replicas 3 and `sync_interval: always` in the same
 //! run) and compares push throughput and latency; see `cluster.rs`.
+//!
+//! `queen-bench partitions --counts 1000,50000,1000000 [--nodes one|three|both]` fills one
+//! queue with one message in each of N partitions and drains it the way the official client's
+//! default consumer does, for each N; see `partitions.rs` and docs/performance.md.
 
 mod cluster;
 mod http1;
