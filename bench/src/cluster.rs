@@ -56,7 +56,7 @@ use nats::nats_bin;
 use queen_bench::load::{self, Procs, Stats};
 use report::{bench_cpu, goals_table, rounds_table};
 use rounds::rounds;
-use start::start_queen;
+pub(crate) use start::start_queen;
 
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
@@ -121,7 +121,7 @@ pub struct ClusterArgs {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum To {
+pub(crate) enum To {
     All,
     Leader,
 }
@@ -254,10 +254,10 @@ impl Meter {
     }
 }
 
-struct Queen {
-    procs: Procs,
-    ports: Vec<u16>,
-    leader: usize,
+pub(crate) struct Queen {
+    pub(crate) procs: Procs,
+    pub(crate) ports: Vec<u16>,
+    pub(crate) leader: usize,
 }
 
 struct Nats {

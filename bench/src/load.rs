@@ -39,9 +39,14 @@ impl Stats {
 
     /// Latency percentile in milliseconds (`lat` is sorted by `drive`).
     pub fn pct_ms(&self, p: f64) -> f64 {
-        let i = ((self.lat.len() as f64 * p) as usize).min(self.lat.len().saturating_sub(1));
-        self.lat.get(i).copied().unwrap_or_default().as_secs_f64() * 1000.0
+        pct_ms(&self.lat, p)
     }
+}
+
+/// Percentile `p` (0 to 1) of sorted latencies, in milliseconds; 0 when there are none.
+pub fn pct_ms(lat: &[Duration], p: f64) -> f64 {
+    let i = ((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1));
+    lat.get(i).copied().unwrap_or_default().as_secs_f64() * 1000.0
 }
 
 /// Run `inflight` loops of `one` for `seconds`; `one(n)` gets a request sequence number and

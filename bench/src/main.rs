@@ -6,10 +6,16 @@
 //! `queen-bench cluster [--vs-nats]` starts a three-node cluster instead (and, with `--vs-nats`,
 //! a three-node NATS JetStream cluster with replicas 3 and `sync_interval: always` in the same
 //! run) and compares push throughput and latency; see `cluster.rs`.
+//!
+//! `queen-bench partitions --counts 1000,50000,1000000 [--nodes one|three|both]` fills one
+//! queue with one message in each of N partitions and drains it the way the official client's
+//! default consumer does, for each N; see `partitions.rs` and docs/performance.md.
 
 mod cluster;
 mod http1;
 mod noop;
+mod partitions;
+mod pop;
 mod qpb1;
 
 use std::fmt::Write as _;
@@ -46,6 +52,12 @@ struct Args {
 enum Cmd {
     /// Three queen nodes on loopback; with --vs-nats, also three NATS JetStream servers.
     Cluster(cluster::ClusterArgs),
+    /// One message in each of N partitions of one queue, drained by consumers that pop the
+    /// queue without naming a partition (the official client's autopilot), for each N, on one
+    /// node and on three: drain rate, messages per pop, pop latency, server CPU per message,
+    /// peak RSS and store bytes per partition. E.g. `queen-bench partitions --counts
+    /// 1000,50000,1000000 --nodes both`.
+    Partitions(partitions::PartitionsArgs),
     /// A push server that stores nothing (started by `cluster --floor`).
     #[command(hide = true)]
     NoopServer {
@@ -321,70 +333,6 @@ async fn push_one(
     }
 }
 
-/// What a pop answer holds that its ack needs, each as the JSON text it came as.
-#[derive(serde::Deserialize)]
-struct Popped<'a> {
-    #[serde(borrow)]
-    messages: Vec<PoppedMessage<'a>>,
-    #[serde(rename = "leaseId", borrow)]
-    lease_id: Option<&'a serde_json::value::RawValue>,
-}
-
-#[derive(serde::Deserialize)]
-struct PoppedMessage<'a> {
-    #[serde(rename = "transactionId", borrow)]
-    transaction_id: &'a serde_json::value::RawValue,
-    #[serde(rename = "partitionId", borrow)]
-    partition_id: &'a serde_json::value::RawValue,
-}
-
-/// Pop up to 100 messages of queue `bench` (its default group) from node `i` of `t`, then ack
-/// them all completed with one `ack/batch` to the same node: the messages acked, or `None` when
-/// the pop found nothing.
-async fn pop_ack_one(t: &Target, i: u64) -> Result<Option<u64>, String> {
-    let (status, body) = t
-        .call_at(
-            i,
-            "GET",
-            "/api/v1/pop/queue/bench?batch=100&wait=false",
-            None,
-        )
-        .await?;
-    if status == 204 {
-        return Ok(None);
-    }
-    // Only the fields an ack names are read (the payloads are skipped, not built), and the
-    // ack body is written straight out: the client shares the cores with the servers.
-    let popped: Popped<'_> =
-        serde_json::from_slice(&body).map_err(|e| format!("pop answered {status}: {e}"))?;
-    let n = popped.messages.len() as u64;
-    if n == 0 {
-        return Ok(None);
-    }
-    let lease = popped.lease_id.map_or("null", |l| l.get());
-    let mut ack = String::with_capacity(32 + popped.messages.len() * 160);
-    ack.push_str("{\"acknowledgments\":[");
-    for (k, m) in popped.messages.iter().enumerate() {
-        if k > 0 {
-            ack.push(',');
-        }
-        let _ = write!(
-            ack,
-            "{{\"transactionId\":{},\"partitionId\":{},\"leaseId\":{lease},\"status\":\"completed\"}}",
-            m.transaction_id.get(),
-            m.partition_id.get()
-        );
-    }
-    ack.push_str("]}");
-    match t.call_at(i, "POST", "/api/v1/ack/batch", Some(ack)).await? {
-        (200, _) => Ok(Some(n)),
-        (code, b) => Err(format!(
-            "ack/batch answered {code}: {}",
-            String::from_utf8_lossy(&b[..b.len().min(300)])
-        )),
-    }
-}
-
 fn print_phase(name: &str, st: &Stats, fsyncs: u64) {
     println!(
         "{:<34} {:>10.0} msg/s {:>9.0} req/s {:>8.0} fsync/s {:>8.2} ms p50 {:>8.2} ms p99 {:>6} errors",
@@ -401,7 +349,7 @@ fn print_phase(name: &str, st: &Stats, fsyncs: u64) {
     }
 }
 
-fn start_node(bin: &PathBuf, dir: &std::path::Path, port: u16) -> Result<Proc, String> {
+fn start_node(bin: &std::path::Path, dir: &std::path::Path, port: u16) -> Result<Proc, String> {
     let child = Command::new(bin)
         .env("PORT", port.to_string())
         .env("HOST", "127.0.0.1")
@@ -431,17 +379,16 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-/// The single-node benchmark (the default).
-async fn single_node(args: &Args) -> Result<(), String> {
-    let bin = queen_bin(args.bin.as_ref());
-    let dir = tempfile::tempdir_in(".")
-        .or_else(|_| tempfile::tempdir())
-        .map_err(|e| format!("a temp dir: {e}"))?;
+/// One node on a free port with its data in `dir`; waits (30 s at most) until /health
+/// answers 200.
+async fn start_single(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<(Procs, u16), String> {
     let port = free_port()?;
     let mut procs = Procs::default();
-    procs.0.push(start_node(&bin, dir.path(), port)?);
-    let pid = procs.pids()[0];
-    let t = Arc::new(Target::new(http_client(), &[port]));
+    procs.0.push(start_node(bin, dir, port)?);
+    let t = Target::new(http_client(), &[port]);
     let ready = Instant::now() + Duration::from_secs(30);
     while !matches!(t.call("GET", "/health", None).await, Ok((200, _))) {
         if let Some(e) = procs.exited() {
@@ -452,6 +399,18 @@ async fn single_node(args: &Args) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok((procs, port))
+}
+
+/// The single-node benchmark (the default).
+async fn single_node(args: &Args) -> Result<(), String> {
+    let bin = queen_bin(args.bin.as_ref());
+    let dir = tempfile::tempdir_in(".")
+        .or_else(|_| tempfile::tempdir())
+        .map_err(|e| format!("a temp dir: {e}"))?;
+    let (mut procs, port) = start_single(&bin, dir.path()).await?;
+    let pid = procs.pids()[0];
+    let t = Arc::new(Target::new(http_client(), &[port]));
     let tag = format!("{}-", load::run_prefix(&mut load::Rng::seeded(0)));
     println!(
         "queen-bench: {} s per phase, {}-byte messages, node pid {pid}, data in {}",
@@ -493,7 +452,7 @@ async fn single_node(args: &Args) -> Result<(), String> {
     let tc = t.clone();
     let consume = load::drain(8, args.seconds, 3, move |n| {
         let t = tc.clone();
-        async move { pop_ack_one(&t, n).await }
+        async move { pop::pop_ack_one(&t, n).await }
     })
     .await;
     print_phase(
@@ -523,6 +482,7 @@ async fn main() {
             match &args.cmd {
                 None => single_node(&args).await,
                 Some(Cmd::Cluster(c)) => cluster::run(&args, c).await,
+                Some(Cmd::Partitions(p)) => partitions::run(&args, p).await,
                 Some(Cmd::NoopServer { port }) => noop::serve(*port).await,
             }
         } => r,

@@ -10,7 +10,8 @@ use super::profile::profile;
 use super::report::print_row;
 use super::start::start_floor;
 use super::{ClusterArgs, MODES, Meter, Mode, QueenSide, Row, System, To, rss_mib};
-use crate::{Args, Format, Pushes, pop_ack_one, push_one, push_phase};
+use crate::pop::pop_ack_one;
+use crate::{Args, Format, Pushes, push_one, push_phase};
 
 /// The rounds: every mode once per system per round, then the peak RSS and the profile.
 pub(super) async fn rounds(

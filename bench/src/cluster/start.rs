@@ -13,7 +13,7 @@ use crate::{Target, free_port, http_client};
 
 /// Three queen nodes with their own ports and directories, the same peer list and token;
 /// waits until every node's /health answers 200 and finds the leader.
-pub(super) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
+pub(crate) async fn start_queen(bin: &Path, dir: &Path) -> Result<Queen, String> {
     Ok(start_cluster(bin, dir, &[]).await?.0)
 }
 
