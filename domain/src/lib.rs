@@ -12,6 +12,7 @@
 
 pub mod access;
 pub mod analytics;
+pub mod autopilot;
 pub mod browse;
 pub mod codec;
 pub mod command;

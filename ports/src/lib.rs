@@ -39,7 +39,7 @@ pub use state_machine::{
 };
 pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{
-    BrokerError, ClientApi, DiskRefusal, EncryptionStatus, HealthView, MembershipOp, NodeStatus,
-    NotReady, PopRequest, PopsStatus, PurgeReport, QueueStatus, QueuesStatus, SinkLog, StatusView,
-    StorageStatus,
+    AutopilotAsk, AutopilotEcho, BrokerError, ClientApi, DiskRefusal, EncryptionStatus, HealthView,
+    MembershipOp, NodeStatus, NotReady, PopRequest, Popped, PopsStatus, PurgeReport, QueueStatus,
+    QueuesStatus, SinkLog, StatusView, StorageStatus,
 };

@@ -147,6 +147,39 @@ pub struct PopRequest {
     pub wait: bool,
     /// Long-poll limit.
     pub timeout: Duration,
+    /// The autopilot (`autopilot=true`): the broker chooses the knobs the client left out.
+    pub autopilot: Option<AutopilotAsk>,
+}
+
+/// What an autopilot pop brings for the broker's choice (contract 2.0.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutopilotAsk {
+    /// The knobs the client set: used exactly as set.
+    pub set: queen_domain::autopilot::SetKnobs,
+    /// Who pops, as the broker tells its consumers apart (the peer's address): the recent pops
+    /// the choice looks at are this consumer's of this queue and group.
+    pub consumer: String,
+}
+
+/// What an autopilot pop used, echoed to the client (`"autopilot": {...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutopilotEcho {
+    /// Sweep width.
+    pub partitions: u32,
+    /// Message budget.
+    pub batch: u32,
+    /// How long a consumer that does not wait should sleep after this answer if it was empty
+    /// (0: no advice).
+    pub wait_ms: u32,
+}
+
+/// A pop's answer: what it delivered, and the autopilot's echo when the pop engaged it.
+#[derive(Debug, Clone)]
+pub struct Popped {
+    /// The claims.
+    pub outcome: PopOutcome,
+    /// The knobs the autopilot used.
+    pub autopilot: Option<AutopilotEcho>,
 }
 
 /// One pass of a tenant purge.
@@ -330,15 +363,16 @@ pub trait ClientApi: Send + Sync + 'static {
         items: Vec<PushItem>,
         producer: Option<String>,
     ) -> impl Future<Output = Result<Vec<PushOutcome>, BrokerError>> + Send;
-    /// Pop, with an optional long poll.
-    fn pop(&self, req: PopRequest) -> impl Future<Output = Result<PopOutcome, BrokerError>> + Send;
+    /// Pop, with an optional long poll; with `req.autopilot`, the knobs the client left out are
+    /// chosen first (and remembered for this consumer's next pop).
+    fn pop(&self, req: PopRequest) -> impl Future<Output = Result<Popped, BrokerError>> + Send;
     /// Pop from any queue tagged with `namespace` and/or `task`; answers the queue it popped.
     fn pop_tagged(
         &self,
         namespace: Option<String>,
         task: Option<String>,
         req: PopRequest,
-    ) -> impl Future<Output = Result<(String, PopOutcome), BrokerError>> + Send;
+    ) -> impl Future<Output = Result<(String, Popped), BrokerError>> + Send;
     /// Acknowledge in one group.
     fn ack(
         &self,

@@ -25,7 +25,7 @@ pub(crate) fn encode(
     queue: &str,
     group: &str,
     p: &PopOutcome,
-    autopilot: Option<(u32, u32)>,
+    autopilot: Option<queen_ports::AutopilotEcho>,
 ) -> Option<Vec<u8>> {
     let mut own = Map::new();
     own.insert(
@@ -222,7 +222,17 @@ mod tests {
             lease_expires: Stamp(9_000),
             claims,
         };
-        let b = encode("q", "g", &p, Some((200, 1))).unwrap();
+        let b = encode(
+            "q",
+            "g",
+            &p,
+            Some(queen_ports::AutopilotEcho {
+                partitions: 1,
+                batch: 200,
+                wait_ms: 0,
+            }),
+        )
+        .unwrap();
         let (own, got) = decode(&b);
         assert_eq!(own["leaseExpiresAt"], Stamp(9_000).iso_millis());
         assert_eq!(own["autopilot"]["batch"], 200);

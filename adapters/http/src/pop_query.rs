@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use queen_domain::autopilot::SetKnobs;
 use queen_domain::command::{PopCommand, Subscription};
 use queen_domain::ids::LeaseId;
 use queen_domain::model::MAX_DURATION_MS;
@@ -9,10 +10,8 @@ use queen_domain::names::{GroupName, PartitionName, QueueName};
 use queen_domain::time::Stamp;
 
 use crate::api::ApiError;
-use queen_ports::PopRequest;
+use queen_ports::{AutopilotAsk, PopRequest};
 
-/// The batch autopilot picks when the client left it to the broker.
-pub(crate) const AUTOPILOT_BATCH: u32 = 200;
 /// Longest long poll we hold.
 const MAX_WAIT_MS: u64 = 60_000;
 /// Largest batch one pop may ask for.
@@ -67,12 +66,14 @@ pub(crate) fn wants_frames(query: &str) -> Result<bool, ApiError> {
     Ok(flag(&q, "frames")?.unwrap_or(false) && flag(&q, "conflation")? != Some(true))
 }
 
-/// A pop request from its path parts and query.
+/// A pop request from its path parts and query. With `autopilot=true` it carries the knobs the
+/// client set (the broker chooses the others, and `consumer` is left for the caller to name);
+/// the knobs it left out hold their defaults until then.
 pub(crate) fn pop_request(
     queue: &str,
     partition: Option<&str>,
     query: &str,
-) -> Result<(PopRequest, bool), ApiError> {
+) -> Result<PopRequest, ApiError> {
     let q = parse_query(query);
     let queue =
         QueueName::new(queue).map_err(|e| ApiError::bad_request("queue", &e.to_string()))?;
@@ -84,18 +85,17 @@ pub(crate) fn pop_request(
     let group = GroupName::or_queue_mode(get(&q, "consumerGroup"))
         .map_err(|e| ApiError::bad_request("consumerGroup", &e.to_string()))?;
     let autopilot = flag(&q, "autopilot")?.unwrap_or(false);
-    let batch = match number(&q, "batch")? {
+    let set_batch = match number(&q, "batch")? {
         Some(0) => return Err(ApiError::bad_request("batch", "must be at least 1")),
-        Some(b) => u32::try_from(b).unwrap_or(MAX_BATCH).min(MAX_BATCH),
-        None if autopilot => AUTOPILOT_BATCH,
-        None => 1,
+        Some(b) => Some(u32::try_from(b).unwrap_or(MAX_BATCH).min(MAX_BATCH)),
+        None => None,
     };
-    let max_partitions = match number(&q, "partitions")? {
+    let set_partitions = match number(&q, "partitions")? {
         Some(0) => return Err(ApiError::bad_request("partitions", "must be at least 1")),
-        Some(p) => u32::try_from(p).unwrap_or(1024).min(1024),
-        None => 1,
+        Some(p) => Some(u32::try_from(p).unwrap_or(1024).min(1024)),
+        None => None,
     };
-    let wait = flag(&q, "wait")?.unwrap_or(false);
+    let set_wait = flag(&q, "wait")?;
     // A long poll is held at most MAX_WAIT_MS; beyond ten years the value is a mistake.
     let timeout = match number(&q, "timeout")? {
         Some(t) if t > MAX_DURATION_MS => {
@@ -134,21 +134,26 @@ pub(crate) fn pop_request(
         queue,
         partition,
         group,
-        batch,
-        max_partitions,
+        batch: set_batch.unwrap_or(1),
+        max_partitions: set_partitions.unwrap_or(1),
         // Minted again by the broker for every attempt.
         lease_id: LeaseId::minted(crate::json::uuid_v7().to_string()),
         auto_ack,
         subscription,
     };
-    Ok((
-        PopRequest {
-            command,
-            wait,
-            timeout,
-        },
-        autopilot && get(&q, "batch").is_none(),
-    ))
+    Ok(PopRequest {
+        command,
+        wait: set_wait.unwrap_or(false),
+        timeout,
+        autopilot: autopilot.then(|| AutopilotAsk {
+            set: SetKnobs {
+                batch: set_batch,
+                partitions: set_partitions,
+                wait: set_wait,
+            },
+            consumer: String::new(),
+        }),
+    })
 }
 
 #[cfg(test)]
@@ -157,18 +162,39 @@ mod tests {
 
     #[test]
     fn reads_the_default_client_query() {
-        let (r, echo) = pop_request(
+        let r = pop_request(
             "orders",
             None,
             "autopilot=true&wait=true&timeout=30000&consumerGroup=g+w",
         )
         .unwrap();
-        assert_eq!(r.command.batch, AUTOPILOT_BATCH);
-        assert!(echo && r.wait);
+        let set = r.autopilot.as_ref().map(|a| a.set);
+        assert_eq!(
+            set,
+            Some(SetKnobs {
+                batch: None,
+                partitions: None,
+                wait: Some(true)
+            }),
+            "the broker chooses batch and partitions"
+        );
+        assert!(r.wait);
         assert_eq!(r.command.group.as_str(), "g w");
         assert_eq!(r.timeout, Duration::from_secs(30));
-        let (r, _) = pop_request("orders", Some("p 1"), "batch=5&wait=false").unwrap();
+        let r = pop_request("orders", Some("p 1"), "batch=5&wait=false").unwrap();
         assert_eq!((r.command.batch, r.wait), (5, false));
+        assert!(r.autopilot.is_none());
+        let r = pop_request("orders", None, "autopilot=true&partitions=3").unwrap();
+        let set = r.autopilot.map(|a| a.set);
+        assert_eq!(
+            set,
+            Some(SetKnobs {
+                batch: None,
+                partitions: Some(3),
+                wait: None
+            }),
+            "a knob the client set travels as set"
+        );
         assert!(
             pop_request("orders", None, "batch=x")
                 .unwrap_err()
@@ -176,7 +202,7 @@ mod tests {
                 .starts_with("batch")
         );
         assert!(pop_request("orders", None, "subscriptionFrom=2026-01-01T00%3A00%3A00Z").is_ok());
-        let (r, _) = pop_request("orders", None, "timeout=315360000000").unwrap();
+        let r = pop_request("orders", None, "timeout=315360000000").unwrap();
         assert_eq!(
             r.timeout,
             Duration::from_millis(MAX_WAIT_MS),

@@ -173,9 +173,10 @@ pub(crate) fn group_on_wire(group: &str) -> &str {
     }
 }
 
-/// The `autopilot` key of a pop answer: the batch and partitions the broker chose.
-pub(crate) fn autopilot_echo((batch, partitions): (u32, u32)) -> Value {
-    json!({"batch": batch, "partitions": partitions, "waitMs": 0})
+/// The `autopilot` key of a pop answer: the knobs the pop used and the broker's `waitMs`
+/// advice (contract 2.0.7).
+pub(crate) fn autopilot_echo(a: queen_ports::AutopilotEcho) -> Value {
+    json!({"batch": a.batch, "partitions": a.partitions, "waitMs": a.wait_ms})
 }
 
 /// About how many bytes a push answer takes (ids and names of each item, plus the text).
@@ -207,7 +208,7 @@ pub(crate) fn pop<'a>(
     queue: &'a str,
     group: &'a str,
     p: &'a PopOutcome,
-    autopilot: Option<(u32, u32)>,
+    autopilot: Option<queen_ports::AutopilotEcho>,
 ) -> PopOut<'a> {
     let group_out = group_on_wire(group);
     let mut messages = Vec::new();
@@ -255,7 +256,7 @@ pub(crate) fn pop_json(
     queue: &str,
     group: &str,
     p: &PopOutcome,
-    autopilot: Option<(u32, u32)>,
+    autopilot: Option<queen_ports::AutopilotEcho>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(pop_len_hint(p));
     let mut num = itoa::Buffer::new();

@@ -133,12 +133,12 @@ pub(crate) async fn handle<A: ClientApi>(
                 return Err(ApiError::bad_request("namespace", "or task is required"));
             }
             // The queue is chosen among the tagged ones; the placeholder name is never used.
-            let (req, autopilot) = pop_query::pop_request("tagged", None, query)?;
+            let mut req = pop_query::pop_request("tagged", None, query)?;
+            scope.name_consumer(&mut req);
             let frames = pop_query::wants_frames(query)?;
             let group = req.command.group.as_str().to_owned();
-            let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
             let (queue, out) = api.pop_tagged(namespace, task, req).await?;
-            Ok(pop_answer(scope.local(&queue), &group, &out, echo, frames))
+            Ok(pop_answer(scope.local(&queue), &group, &out, frames))
         }
         ("GET", ["api", "v1", "pop", "queue", queue, "partition", partition]) => {
             pop(api, scope, queue, Some(partition), query).await
@@ -424,26 +424,26 @@ async fn pop<A: ClientApi>(
     partition: Option<&str>,
     query: &str,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
-    let (mut req, autopilot) = pop_query::pop_request(queue, partition, query)?;
+    let mut req = pop_query::pop_request(queue, partition, query)?;
     req.command.queue = scope.tenant.scope_queue(req.command.queue);
+    scope.name_consumer(&mut req);
     // Read before the pop: a bad value must be refused before anything is leased.
     let frames = pop_query::wants_frames(query)?;
     let group = req.command.group.as_str().to_owned();
-    let echo = autopilot.then_some((req.command.batch, req.command.max_partitions));
     let out = api.pop(req).await?;
-    Ok(pop_answer(queue, &group, &out, echo, frames))
+    Ok(pop_answer(queue, &group, &out, frames))
 }
 
-/// A pop's answer: 204 when empty, QPF1 when the query asked for `frames` and every message
-/// can be framed, JSON otherwise.
+/// A pop's answer: 204 when empty without an autopilot echo to carry, QPF1 when the query
+/// asked for `frames` and every message can be framed, JSON otherwise.
 fn pop_answer(
     queue: &str,
     group: &str,
-    out: &queen_domain::command::PopOutcome,
-    echo: Option<(u32, u32)>,
+    popped: &queen_ports::Popped,
     frames: bool,
 ) -> Response<Full<Bytes>> {
-    if out.is_empty() {
+    let (out, echo) = (&popped.outcome, popped.autopilot);
+    if out.is_empty() && echo.is_none() {
         return no_content();
     }
     if frames && let Some(framed) = pop_frames::encode(queue, group, out, echo) {

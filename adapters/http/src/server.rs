@@ -167,6 +167,10 @@ fn check_admin(
     }
 }
 
+/// The address a request's connection came from (a request extension).
+#[derive(Debug, Clone, Copy)]
+struct Peer(std::net::IpAddr);
+
 async fn serve_one<A: ClientApi>(
     shared: Arc<Shared<A>>,
     req: Request<Incoming>,
@@ -242,7 +246,10 @@ async fn answer<A: ClientApi>(
                 "this route names every tenant's queues or the nodes' addresses; a request acting for a tenant cannot use it",
             ).with_reason("node_wide")));
         }
-        Ok(s) => s,
+        Ok(mut s) => {
+            s.peer = req.extensions().get::<Peer>().map(|p| p.0);
+            s
+        }
         // Refused before its body is read: the body is still on the connection, so the answer
         // says the connection closes, and no client sends its next request on it.
         Err(e) => return closing_if_body(&req, error_response(&e)),
@@ -433,7 +440,7 @@ pub async fn serve_groups<A: ClientApi>(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(target: "queen-http", error = %e, "accept failed");
@@ -443,8 +450,9 @@ pub async fn serve_groups<A: ClientApi>(
                 };
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
-                let svc = tower::service_fn(move |req: Request<Incoming>| {
+                let svc = tower::service_fn(move |mut req: Request<Incoming>| {
                     let shared = shared.clone();
+                    req.extensions_mut().insert(Peer(peer.ip()));
                     async move { Ok::<_, Infallible>(serve_one(shared, req).await) }
                 });
                 let svc = tower::ServiceBuilder::new().concurrency_limit(1024).service(svc);

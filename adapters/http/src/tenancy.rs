@@ -61,6 +61,8 @@ pub(crate) struct Scope {
     pub(crate) via: Via,
     /// The token's `sub` (`producerSub` of what it pushes); never read from a body.
     pub(crate) producer: Option<String>,
+    /// The address the request came from: how the autopilot tells consumers apart.
+    pub(crate) peer: Option<std::net::IpAddr>,
 }
 
 impl Default for Scope {
@@ -70,6 +72,7 @@ impl Default for Scope {
             guard: false,
             via: Via::Nothing,
             producer: None,
+            peer: None,
         }
     }
 }
@@ -123,10 +126,19 @@ pub(crate) fn resolve(
         guard: cfg.on(),
         via,
         producer: principal.and_then(|p| p.sub.clone()),
+        peer: None,
     })
 }
 
 impl Scope {
+    /// Name the consumer of an autopilot pop by its address (the autopilot remembers each
+    /// consumer's recent pops; several consumers on one host count as one).
+    pub(crate) fn name_consumer(&self, req: &mut queen_ports::PopRequest) {
+        if let Some(a) = &mut req.autopilot {
+            a.consumer = self.peer.map(|p| p.to_string()).unwrap_or_default();
+        }
+    }
+
     /// The scope of a request the embedded proxy let through for a cluster whose data lives
     /// under `tenant`.
     pub(crate) fn proxied(tenant: Tenant) -> Self {
@@ -135,6 +147,7 @@ impl Scope {
             guard: true,
             via: Via::Header,
             producer: None,
+            peer: None,
         }
     }
 

@@ -193,6 +193,7 @@ mod tests {
             },
             wait: !wait.is_zero(),
             timeout: wait,
+            autopilot: None,
         }
     }
 
@@ -209,7 +210,7 @@ mod tests {
         let b = broker(&log, Arc::new(ManualClock::at(T0)), Duration::from_secs(5));
         let started = Instant::now();
         let p = b.pop(pop("q", Duration::ZERO)).await.unwrap();
-        assert!(p.is_empty());
+        assert!(p.outcome.is_empty() && p.autopilot.is_none());
         assert!(started.elapsed() < Duration::from_secs(1));
         assert_eq!(log.proposals(), 0, "nothing to deliver: nothing proposed");
     }
@@ -239,7 +240,8 @@ mod tests {
             .await
             .expect("woken well before its wait ran out")
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert_eq!(delivered(&p), ["t1"]);
         assert!(!p.lease_id.is_empty(), "a fresh lease id per attempt");
         assert_eq!(b.waiters.parked(), 0);
@@ -269,6 +271,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(queue, "b");
-        assert_eq!(delivered(&p), ["b1"]);
+        assert_eq!(delivered(&p.outcome), ["b1"]);
     }
 }

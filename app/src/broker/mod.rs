@@ -6,6 +6,7 @@
 
 mod admin;
 pub mod analytics;
+mod autopilot;
 mod delivered;
 mod ephemeral;
 mod ephemeral_handover;
@@ -26,8 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{
-    AckItem, AckOutcome, AckStatus, Command, Outcome, PopOutcome, PushItem, PushOutcome,
-    PushStatus, Response, TxnOp, TxnOutcome, TxnResult,
+    AckItem, AckOutcome, AckStatus, Command, Outcome, PushItem, PushOutcome, PushStatus, Response,
+    TxnOp, TxnOutcome, TxnResult,
 };
 use queen_domain::ids::LeaseId;
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
@@ -36,7 +37,7 @@ use queen_domain::names::{GroupName, QueueName};
 use queen_domain::time::Stamp;
 use queen_ports::{
     BrokerError, ClientApi, Clock, HealthView, Member, Membership, MembershipOp, PopRequest,
-    RaftRole, ReplicatedLog, StateReader, StatusView,
+    Popped, RaftRole, ReplicatedLog, StateReader, StatusView,
 };
 use queen_telemetry::Telemetry;
 
@@ -78,6 +79,8 @@ pub struct Broker {
     unstamped_warned: std::sync::atomic::AtomicBool,
     /// Where this node's pops delivered their messages, for the acks that follow them.
     delivered: delivered::Delivered,
+    /// Each consumer's recent autopilot pops, which size its next one (`autopilot.rs`).
+    autopilot: autopilot::Memory,
     /// Largest payload of one message, KV value or timer payload (`QUEEN_MAX_MESSAGE_BYTES`).
     max_message_bytes: usize,
     /// The S3 sink's block of `/status`, when the sink runs.
@@ -153,6 +156,7 @@ impl Broker {
             push_lane: None,
             unstamped_warned: std::sync::atomic::AtomicBool::new(false),
             delivered: delivered::Delivered::default(),
+            autopilot: autopilot::Memory::default(),
             max_message_bytes: 8 << 20,
             s3_status: std::sync::OnceLock::new(),
             reclaiming: Arc::default(),
@@ -429,23 +433,43 @@ impl ClientApi for Broker {
         Ok(out)
     }
 
-    async fn pop(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
+    async fn pop(&self, mut req: PopRequest) -> Result<Popped, BrokerError> {
+        let queue = req.command.queue.as_str().to_owned();
+        let plan = self.autopilot_plan(&mut req, &queue, true)?;
         let mut out = self.long_poll(req).await?;
         self.delivered.remember(&out);
         self.open_pop(&mut out);
-        Ok(out)
+        let autopilot = plan.map(|p| self.autopilot_done(p, &out));
+        Ok(Popped {
+            outcome: out,
+            autopilot,
+        })
     }
 
     async fn pop_tagged(
         &self,
         namespace: Option<String>,
         task: Option<String>,
-        req: PopRequest,
-    ) -> Result<(String, PopOutcome), BrokerError> {
+        mut req: PopRequest,
+    ) -> Result<(String, Popped), BrokerError> {
+        // The queue is chosen among the tagged ones: the consumer is known by its tags.
+        let tags = format!(
+            "\u{1e}{}\u{1e}{}",
+            namespace.as_deref().unwrap_or(""),
+            task.as_deref().unwrap_or("")
+        );
+        let plan = self.autopilot_plan(&mut req, &tags, false)?;
         let (queue, mut out) = self.long_poll_tagged(namespace, task, req).await?;
         self.delivered.remember(&out);
         self.open_pop(&mut out);
-        Ok((queue, out))
+        let autopilot = plan.map(|p| self.autopilot_done(p, &out));
+        Ok((
+            queue,
+            Popped {
+                outcome: out,
+                autopilot,
+            },
+        ))
     }
 
     async fn ack(

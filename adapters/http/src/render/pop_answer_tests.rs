@@ -88,7 +88,14 @@ fn pop_answers_written_by_hand_keep_their_bytes() {
     for out in &outcomes {
         for group in ["g", "g\\2", queen_domain::names::QUEUE_MODE_GROUP] {
             for queue in ["q", "q\u{2028}"] {
-                for echo in [None, Some((200, 1))] {
+                for echo in [
+                    None,
+                    Some(queen_ports::AutopilotEcho {
+                        partitions: 1,
+                        batch: 200,
+                        wait_ms: 0,
+                    }),
+                ] {
                     let by_hand = pop_json(queue, group, out, echo);
                     let by_serde = serde_json::to_vec(&pop(queue, group, out, echo)).unwrap();
                     assert_eq!(

@@ -29,7 +29,17 @@ fn pops_answer_the_producers_text() {
             messages,
         }],
     };
-    let text = serde_json::to_string(&pop("q", "g", &out, Some((200, 1)))).unwrap();
+    let text = serde_json::to_string(&pop(
+        "q",
+        "g",
+        &out,
+        Some(queen_ports::AutopilotEcho {
+            partitions: 1,
+            batch: 200,
+            wait_ms: 0,
+        }),
+    ))
+    .unwrap();
     for p in crate::raw::ODD_PAYLOADS {
         assert!(text.contains(&format!(r#""data":{p}"#)), "{p} in {text}");
     }
