@@ -9,8 +9,8 @@ use crate::time::Stamp;
 
 mod outcome;
 pub use outcome::{
-    AckOutcome, Claim, DecodeError, Delivered, MessageChange, Outcome, PopOutcome, PushOutcome,
-    PushStatus, Response,
+    AckOutcome, Claim, ConflationEcho, DecodeError, Delivered, MessageChange, Outcome, PopOutcome,
+    PushOutcome, PushStatus, Response,
 };
 
 /// One entry of the replicated log.
@@ -124,6 +124,9 @@ impl Command {
     /// The log format that first reads [`Command::AckAt`].
     pub const ACK_AT_FORMAT: u32 = 4;
 
+    /// The log format that first reads [`Command::PopConflating`].
+    pub const CONFLATION_FORMAT: u32 = 5;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {
@@ -133,6 +136,7 @@ impl Command {
                 Self::MESSAGE_MARKS_FORMAT
             }
             Command::AckAt { .. } => Self::ACK_AT_FORMAT,
+            Command::PopConflating(_) => Self::CONFLATION_FORMAT,
             _ => 1,
         }
     }
@@ -479,6 +483,10 @@ pub enum Command {
         /// Per item (same order), the offset found under its lease; `None` where none was.
         offsets: Vec<Option<u64>>,
     },
+    /// [`Command::Pop`] that declares conflation (`conflation=true`, contract 2.0.8): a group
+    /// it registers is stored as conflating; on a group registered otherwise the stored policy
+    /// applies and the answer says so. A `Pop` declares the default policy. Log format 5.
+    PopConflating(PopCommand),
 }
 
 #[cfg(test)]

@@ -147,6 +147,9 @@ pub struct PopRequest {
     pub wait: bool,
     /// Long-poll limit.
     pub timeout: Duration,
+    /// The pop declares conflation (`conflation=true`, contract 2.0.8): it is proposed as
+    /// `Command::PopConflating`, and its answer, empty or not, carries the conflation echo.
+    pub conflation: bool,
 }
 
 /// One pass of a tenant purge.
