@@ -9,8 +9,8 @@ use crate::time::Stamp;
 
 mod outcome;
 pub use outcome::{
-    AckOutcome, Claim, DecodeError, Delivered, MessageChange, Outcome, PopOutcome, PushOutcome,
-    PushStatus, Response,
+    AckOutcome, Claim, ConflationEcho, DecodeError, Delivered, MessageChange, Outcome, PopOutcome,
+    PushOutcome, PushStatus, Response,
 };
 
 /// One entry of the replicated log.
@@ -129,6 +129,9 @@ impl Command {
     /// pop alike, so they switch together once every member reads it.
     pub const READY_INDEX_FORMAT: u32 = 5;
 
+    /// The log format that first reads [`Command::PopConflating`].
+    pub const CONFLATION_FORMAT: u32 = 5;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {
@@ -138,6 +141,7 @@ impl Command {
                 Self::MESSAGE_MARKS_FORMAT
             }
             Command::AckAt { .. } => Self::ACK_AT_FORMAT,
+            Command::PopConflating(_) => Self::CONFLATION_FORMAT,
             _ => 1,
         }
     }
@@ -484,6 +488,10 @@ pub enum Command {
         /// Per item (same order), the offset found under its lease; `None` where none was.
         offsets: Vec<Option<u64>>,
     },
+    /// [`Command::Pop`] that declares conflation (`conflation=true`, contract 2.0.8): a group
+    /// it registers is stored as conflating; on a group registered otherwise the stored policy
+    /// applies and the answer says so. A `Pop` declares the default policy. Log format 5.
+    PopConflating(PopCommand),
 }
 
 #[cfg(test)]

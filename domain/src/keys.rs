@@ -55,6 +55,9 @@ pub mod table {
     /// `(queue id, group) -> partition id`: how far a group's ready index has been filled from
     /// the queue's partitions (`u64::MAX` once every partition is covered).
     pub const READY_FILL: u8 = 0x17;
+    /// `(queue id, group) -> flags`: a group's delivery policy, written by the pop that
+    /// registers the group (see `machine::conflation`); no row is the default policy.
+    pub const GROUP_POLICY: u8 = 0x18;
     /// Owned by the store adapter, never written by the domain: the sparse index of message
     /// records by (partition id, base offset).
     pub const SEGMENT_INDEX: u8 = 0x20;
@@ -422,6 +425,14 @@ pub fn ready_of(pid: u64, group: &str) -> Vec<u8> {
 #[must_use]
 pub fn ready_fill(qid: u64, group: &str) -> Vec<u8> {
     let mut k = pid_prefix(table::READY_FILL, qid);
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+/// A group's delivery policy on queue `qid` (see [`table::GROUP_POLICY`]).
+#[must_use]
+pub fn group_policy(qid: u64, group: &str) -> Vec<u8> {
+    let mut k = pid_prefix(table::GROUP_POLICY, qid);
     k.extend_from_slice(group.as_bytes());
     k
 }

@@ -211,9 +211,32 @@ pub fn would_pop(
     now: Stamp,
     cmd: &PopCommand,
 ) -> Result<PopOutcome, StoreError> {
+    would_pop_declaring(s, now, cmd, false)
+}
+
+/// [`would_pop`] for a pop that declares conflation (`Command::PopConflating`) when
+/// `conflation` is set: the answer's conflation echo is the one such a pop would get (an empty
+/// answer carries it too).
+///
+/// # Errors
+/// Store failures.
+pub fn would_pop_declaring(
+    s: &dyn StateRead,
+    now: Stamp,
+    cmd: &PopCommand,
+    conflation: bool,
+) -> Result<PopOutcome, StoreError> {
     let mut scratch = Txn::new(s);
     let now = now.max(Stamp(safe_time(s)?.0 + 1));
-    pop(&mut scratch, now, cmd, false)
+    pop(&mut scratch, now, cmd, conflation, false)
+}
+
+/// Whether `group`'s stored delivery policy on queue `qid` conflates (contract 2.0.8).
+///
+/// # Errors
+/// Store failures.
+pub fn group_conflates(s: &dyn StateRead, qid: u64, group: &str) -> Result<bool, StoreError> {
+    crate::machine::conflation::stored(s, qid, group)
 }
 
 /// The stamp of the newest message retention deleted from a partition, if any.

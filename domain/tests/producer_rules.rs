@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use queen_domain::command::{Claim, Delivered, TxnOp};
+use queen_domain::command::{Claim, ConflationEcho, Delivered, TxnOp};
 use queen_domain::model::MessageRec;
 use queen_domain::time::Stamp;
 use serde::{Deserialize, Serialize};
@@ -136,13 +136,31 @@ fn pop_answers_cross_builds_both_ways() {
             partition: "p".into(),
             messages: vec![delivered(producer), delivered(None)],
         }],
+        conflation: ConflationEcho::default(),
     };
+    let echoes = [
+        ConflationEcho::default(),
+        ConflationEcho {
+            conflating: true,
+            conflict: false,
+        },
+        ConflationEcho {
+            conflating: false,
+            conflict: true,
+        },
+    ];
     for p in [None, Some("alice")] {
-        let bytes = postcard::to_allocvec(&pop(p)).unwrap();
-        assert_eq!(postcard::from_bytes::<PopOutcome>(&bytes).unwrap(), pop(p));
-        // An earlier build reads it, without the producers.
-        let old: PopBefore = postcard::from_bytes(&bytes).unwrap();
-        assert_eq!(old.claims.len(), 1);
+        for echo in echoes {
+            let answer = PopOutcome {
+                conflation: echo,
+                ..pop(p)
+            };
+            let bytes = postcard::to_allocvec(&answer).unwrap();
+            assert_eq!(postcard::from_bytes::<PopOutcome>(&bytes).unwrap(), answer);
+            // An earlier build reads it, without the producers and the conflation echo.
+            let old: PopBefore = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(old.claims.len(), 1);
+        }
     }
     let old = PopBefore {
         lease_id: "l".into(),

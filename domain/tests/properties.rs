@@ -42,6 +42,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The pop of `group`: group 2 declares conflation (its pops deliver each partition's newest
+/// message and retire the rest), the others do not.
+fn pop_as(group: u8, cmd: PopCommand) -> Command {
+    if group == 2 {
+        Command::PopConflating(cmd)
+    } else {
+        Command::Pop(cmd)
+    }
+}
+
 /// An ack of message `m` of partition `pid`, delivered by `pop`, under its lease.
 fn ack_item(
     pop: &queen_domain::command::PopOutcome,
@@ -93,20 +103,23 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
                 group,
                 batch,
                 parts,
-            } => Command::Pop(PopCommand {
-                queue: q.clone(),
-                partition: None,
-                group: if *group == 0 {
-                    GroupName::queue_mode()
-                } else {
-                    GroupName::new(format!("g{group}")).unwrap()
+            } => pop_as(
+                *group,
+                PopCommand {
+                    queue: q.clone(),
+                    partition: None,
+                    group: if *group == 0 {
+                        GroupName::queue_mode()
+                    } else {
+                        GroupName::new(format!("g{group}")).unwrap()
+                    },
+                    batch: u32::from(*batch),
+                    max_partitions: u32::from(*parts),
+                    lease_id: LeaseId::new(format!("L{i}")).unwrap(),
+                    auto_ack: false,
+                    subscription: Subscription::Default,
                 },
-                batch: u32::from(*batch),
-                max_partitions: u32::from(*parts),
-                lease_id: LeaseId::new(format!("L{i}")).unwrap(),
-                auto_ack: false,
-                subscription: Subscription::Default,
-            }),
+            ),
             Op::AckLast { status, idx } => {
                 let Some((group, pop)) = &last_pop else {
                     continue;
@@ -202,7 +215,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
         store.commit(w);
         if let Outcome::Pop(p) = &r.outcome {
             let group = match &entry.command {
-                Command::Pop(c) => c.group.as_str().to_owned(),
+                Command::Pop(c) | Command::PopConflating(c) => c.group.as_str().to_owned(),
                 _ => unreachable!(),
             };
             if !p.is_empty() {
@@ -333,7 +346,7 @@ proptest! {
             let w = txn.into_writes();
             store.commit(w);
             match (&e.command, &r.outcome) {
-                (Command::Pop(c), Outcome::Pop(p)) => {
+                (Command::Pop(c) | Command::PopConflating(c), Outcome::Pop(p)) => {
                     for cl in &p.claims {
                         for m in &cl.messages {
                             let key = (cl.pid, c.group.as_str().to_owned(), m.offset);

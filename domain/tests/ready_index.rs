@@ -135,7 +135,13 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 sim.seq += 1;
                 let mut cmd = pop_command(*group, None, u32::from(*batch), u32::from(*parts));
                 cmd.lease_id = LeaseId::new(format!("L{}", sim.seq)).unwrap();
-                let Outcome::Pop(p) = sim.apply(Command::Pop(cmd)) else {
+                // Group 2 also declares conflation: its claims are each partition's newest.
+                let pop = if *group == 2 {
+                    Command::PopConflating(cmd)
+                } else {
+                    Command::Pop(cmd)
+                };
+                let Outcome::Pop(p) = sim.apply(pop) else {
                     return Err(TestCaseError::fail("a pop answers a pop"));
                 };
                 let claimed: Vec<&str> = p.claims.iter().map(|c| c.partition.as_str()).collect();

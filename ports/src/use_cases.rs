@@ -149,6 +149,9 @@ pub struct PopRequest {
     pub timeout: Duration,
     /// The autopilot (`autopilot=true`): the broker chooses the knobs the client left out.
     pub autopilot: Option<AutopilotAsk>,
+    /// The pop declares conflation (`conflation=true`, contract 2.0.8): it is proposed as
+    /// `Command::PopConflating`, and its answer, empty or not, carries the conflation echo.
+    pub conflation: bool,
 }
 
 /// What an autopilot pop brings for the broker's choice (contract 2.0.7).

@@ -240,8 +240,8 @@ fn raft_field(n: &Node, field: &str) -> u64 {
 
 #[test]
 fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data() {
-    // Nodes 1 and 2 pretend a newer build that reads format 5 (test-only switch); node 3 reads
-    // this build's 4.
+    // Nodes 1 and 2 pretend a newer build that reads format 6 (test-only switch); node 3 reads
+    // this build's 5.
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), |i| {
         let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
@@ -266,7 +266,7 @@ fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data
         "{:?}",
         nodes.iter().map(health).collect::<Vec<_>>()
     );
-    // Upgrade node 3: now every member reads 5, and the version follows.
+    // Upgrade node 3: now every member reads 6, and the version follows.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
     nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "6");
     nodes[2].restart();

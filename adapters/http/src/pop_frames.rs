@@ -221,6 +221,7 @@ mod tests {
             lease_id: "lease".into(),
             lease_expires: Stamp(9_000),
             claims,
+            conflation: Default::default(),
         };
         let b = encode(
             "q",
@@ -264,6 +265,7 @@ mod tests {
                 partition: "Default".into(),
                 messages: vec![m],
             }],
+            conflation: Default::default(),
         };
         let mut traced = msg(1, 1, "1");
         traced.trace_id = Some("0190b0a8-4d2e-7c3f-8a1b-2c3d4e5f6a7b".into());
@@ -291,6 +293,7 @@ mod tests {
                 partition: "Default".into(),
                 messages: vec![msg(1, 1, "1"), retried],
             }],
+            conflation: Default::default(),
         };
         assert!(encode("q", "g", &mixed, None).is_none());
     }

@@ -109,10 +109,17 @@ pub(crate) fn pop_request(
         t => Duration::from_millis(t.unwrap_or(30_000).min(MAX_WAIT_MS)),
     };
     let auto_ack = flag(&q, "autoAck")?.unwrap_or(false);
-    if auto_ack && flag(&q, "conflation")? == Some(true) {
+    let conflation = flag(&q, "conflation")?.unwrap_or(false);
+    if auto_ack && conflation {
         return Err(ApiError::bad_request(
             "autoAck",
             "cannot be combined with conflation",
+        ));
+    }
+    if conflation && group.is_queue_mode() {
+        return Err(ApiError::bad_request(
+            "consumerGroup",
+            "is required with conflation (a policy of the queue's consumer group)",
         ));
     }
     let subscription = match (get(&q, "subscriptionFrom"), get(&q, "subscriptionMode")) {
@@ -145,6 +152,7 @@ pub(crate) fn pop_request(
         command,
         wait: set_wait.unwrap_or(false),
         timeout,
+        conflation,
         autopilot: autopilot.then(|| AutopilotAsk {
             set: SetKnobs {
                 batch: set_batch,
@@ -215,6 +223,18 @@ mod tests {
                 .starts_with("timeout must be 0 to 315360000000 ms")
         );
         assert!(pop_request("orders", None, "timeout=9223372036854775807").is_err());
+    }
+
+    #[test]
+    fn conflation_needs_a_group_and_no_auto_ack() {
+        let r = pop_request("q", None, "consumerGroup=g&conflation=true").unwrap();
+        assert!(r.conflation);
+        let r = pop_request("q", None, "consumerGroup=g&conflation=false").unwrap();
+        assert!(!r.conflation);
+        let refused = |query| pop_request("q", None, query).unwrap_err().message;
+        assert!(refused("conflation=true").starts_with("consumerGroup is required"));
+        assert!(refused("consumerGroup=g&conflation=true&autoAck=true").starts_with("autoAck"));
+        assert!(refused("consumerGroup=g&conflation=yes").starts_with("conflation must be"));
     }
 
     #[test]

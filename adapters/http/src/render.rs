@@ -162,6 +162,13 @@ pub(crate) struct PopOut<'a> {
     partitions_claimed: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     autopilot: Option<Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    conflation: bool,
+    #[serde(
+        rename = "conflationConflict",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    conflation_conflict: bool,
 }
 
 /// The consumer group as answers name it (queue mode's internal name is `__QUEUE_MODE__`).
@@ -245,6 +252,8 @@ pub(crate) fn pop<'a>(
         messages,
         partitions_claimed: p.claims.len(),
         autopilot: autopilot.map(autopilot_echo),
+        conflation: p.conflation.conflating,
+        conflation_conflict: p.conflation.conflict,
     }
 }
 
@@ -333,6 +342,13 @@ pub(crate) fn pop_json(
             // Writing a value into a vector does not fail; keep the answer valid JSON if it did.
             out.extend_from_slice(b"null");
         }
+    }
+    // Contract 2.0.8: present only when true.
+    if p.conflation.conflating {
+        out.extend_from_slice(b",\"conflation\":true");
+    }
+    if p.conflation.conflict {
+        out.extend_from_slice(b",\"conflationConflict\":true");
     }
     out.push(b'}');
     out

@@ -434,8 +434,9 @@ async fn pop<A: ClientApi>(
     Ok(pop_answer(queue, &group, &out, frames))
 }
 
-/// A pop's answer: 204 when empty without an autopilot echo to carry, QPF1 when the query
-/// asked for `frames` and every message can be framed, JSON otherwise.
+/// A pop's answer: 204 when empty without an autopilot or conflation echo to carry
+/// (contract 2.0.7, 2.0.8), QPF1 when the query asked for `frames` and every message can be
+/// framed (never with a conflation echo), JSON otherwise.
 fn pop_answer(
     queue: &str,
     group: &str,
@@ -443,10 +444,14 @@ fn pop_answer(
     frames: bool,
 ) -> Response<Full<Bytes>> {
     let (out, echo) = (&popped.outcome, popped.autopilot);
-    if out.is_empty() && echo.is_none() {
+    let echo_conflation = out.conflation.any();
+    if out.is_empty() && echo.is_none() && !echo_conflation {
         return no_content();
     }
-    if frames && let Some(framed) = pop_frames::encode(queue, group, out, echo) {
+    if frames
+        && !echo_conflation
+        && let Some(framed) = pop_frames::encode(queue, group, out, echo)
+    {
         return text_response(200, pop_frames::CONTENT_TYPE, framed);
     }
     text_response(

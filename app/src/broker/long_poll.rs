@@ -4,7 +4,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use queen_domain::command::{Command, Outcome, PopOutcome};
+use queen_domain::command::{Command, ConflationEcho, Outcome, PopCommand, PopOutcome};
 use queen_domain::ids::LeaseId;
 use queen_domain::names::QueueName;
 use queen_domain::reads;
@@ -30,6 +30,7 @@ impl Broker {
     }
 
     pub(super) async fn long_poll(&self, req: PopRequest) -> Result<PopOutcome, BrokerError> {
+        let conflation = self.conflation_gate(&req).await?;
         let deadline = Instant::now()
             + if req.wait {
                 req.timeout
@@ -45,22 +46,18 @@ impl Broker {
             // is not missed.
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
-            let mut would =
-                reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
-                    .map_err(|e| Self::read_error(&e))?;
+            let mut would = self.look(&cmd, conflation)?;
             if would.is_empty() && !caught_up {
                 // A follower may not have applied a push another node acknowledged: before it
                 // answers "nothing", it catches up with the leader's commit index once.
                 caught_up = true;
                 if self.catch_up().await {
-                    would =
-                        reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
-                            .map_err(|e| Self::read_error(&e))?;
+                    would = self.look(&cmd, conflation)?;
                 }
             }
             if !would.is_empty() {
                 cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
-                let r = self.propose(Command::Pop(cmd.clone())).await?;
+                let r = self.propose(pop_command(&cmd, conflation)).await?;
                 if let Outcome::Pop(p) = r.outcome
                     && !p.is_empty()
                 {
@@ -70,11 +67,8 @@ impl Broker {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                break Ok(PopOutcome {
-                    lease_id: String::new(),
-                    lease_expires: Stamp(0),
-                    claims: Vec::new(),
-                });
+                // Nothing delivered; the echo is the one the last look found.
+                break Ok(empty(would.conflation));
             }
             if parked.is_none() {
                 parked = Some(self.waiters.park());
@@ -101,6 +95,7 @@ impl Broker {
             } else {
                 Duration::ZERO
             };
+        let conflation = self.conflation_gate(&req).await?;
         let mut cmd = req.command;
         let mut caught_up = false;
         loop {
@@ -116,14 +111,11 @@ impl Broker {
                     continue;
                 };
                 cmd.queue = name;
-                let would =
-                    reads::would_pop(&*self.state.view(), Stamp(self.clock.now_micros()), &cmd)
-                        .map_err(|e| Self::read_error(&e))?;
-                if would.is_empty() {
+                if self.look(&cmd, conflation)?.is_empty() {
                     continue;
                 }
                 cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
-                if let Outcome::Pop(p) = self.propose(Command::Pop(cmd.clone())).await?.outcome
+                if let Outcome::Pop(p) = self.propose(pop_command(&cmd, conflation)).await?.outcome
                     && !p.is_empty()
                 {
                     let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
@@ -140,17 +132,56 @@ impl Broker {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Ok((
-                    String::new(),
-                    PopOutcome {
-                        lease_id: String::new(),
-                        lease_expires: Stamp(0),
-                        claims: Vec::new(),
-                    },
-                ));
+                // No queue delivered: the declaration is echoed as it stands.
+                let echo = ConflationEcho {
+                    conflating: conflation,
+                    conflict: false,
+                };
+                return Ok((String::new(), empty(echo)));
             }
             tokio::time::sleep(remaining.min(RECHECK)).await;
         }
+    }
+}
+
+impl Broker {
+    /// What `cmd` would claim now (declaring conflation or not), without writing anything.
+    fn look(&self, cmd: &PopCommand, conflation: bool) -> Result<PopOutcome, BrokerError> {
+        reads::would_pop_declaring(
+            &*self.state.view(),
+            Stamp(self.clock.now_micros()),
+            cmd,
+            conflation,
+        )
+        .map_err(|e| Self::read_error(&e))
+    }
+
+    /// Whether the pop declares conflation; such a pop is refused (503) until every member of
+    /// the cluster reads `Command::PopConflating`.
+    async fn conflation_gate(&self, req: &PopRequest) -> Result<bool, BrokerError> {
+        if req.conflation {
+            self.require_format(Command::CONFLATION_FORMAT).await?;
+        }
+        Ok(req.conflation)
+    }
+}
+
+/// The command of a pop that declares conflation or not.
+fn pop_command(cmd: &PopCommand, conflation: bool) -> Command {
+    if conflation {
+        Command::PopConflating(cmd.clone())
+    } else {
+        Command::Pop(cmd.clone())
+    }
+}
+
+/// The answer of a pop that delivered nothing.
+fn empty(conflation: ConflationEcho) -> PopOutcome {
+    PopOutcome {
+        lease_id: String::new(),
+        lease_expires: Stamp(0),
+        claims: Vec::new(),
+        conflation,
     }
 }
 
@@ -194,6 +225,7 @@ mod tests {
             wait: !wait.is_zero(),
             timeout: wait,
             autopilot: None,
+            conflation: false,
         }
     }
 

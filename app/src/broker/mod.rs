@@ -47,7 +47,8 @@ use propose::Proposer;
 
 /// The highest log format this build reads (entries are versioned by their command set):
 /// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`,
-/// 4 `Command::AckAt`, 5 pops that read the ready index (`Command::READY_INDEX_FORMAT`).
+/// 4 `Command::AckAt`, 5 `Command::PopConflating` and pops that read the ready index
+/// (`Command::READY_INDEX_FORMAT`).
 pub(crate) const LOG_KINDS: u32 = 5;
 
 /// How long a tick may wait for its outcome.
@@ -631,16 +632,7 @@ impl ClientApi for Broker {
     }
 
     async fn command(&self, command: Command) -> Result<Outcome, BrokerError> {
-        // A command of a newer log format waits until every member reads it.
-        let needs = command.format();
-        if needs > 1 {
-            let version = self.cluster_format().await;
-            if needs > version {
-                return Err(BrokerError::Unavailable(format!(
-                    "the cluster writes log format {version} because a member runs an earlier build; this operation needs format {needs}: upgrade every member first"
-                )));
-            }
-        }
+        self.require_format(command.format()).await?;
         let queue = match &command {
             Command::Seek { queue, .. } => Some(queue.as_str().to_owned()),
             _ => None,

@@ -1,6 +1,7 @@
 //! Commands of newer log formats, used once every member of the cluster reads them:
 //! `producerSub`, the producer a push is stamped with (`Command::AsProducer`, format 2), and
-//! acks that carry their offsets (`Command::AckAt`, format 4).
+//! acks that carry their offsets (`Command::AckAt`, format 4); the gate that refuses the others
+//! until then (`require_format`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,6 +12,7 @@ use queen_domain::ids::{LeaseId, PartitionRef};
 use queen_domain::machine::{DeliveredOffsets, resolve_ack_offsets};
 use queen_domain::names::GroupName;
 use queen_domain::reads;
+use queen_ports::BrokerError;
 
 use super::Broker;
 
@@ -75,6 +77,19 @@ impl Broker {
                 Command::Ack { group, items }
             }
         }
+    }
+
+    /// Refuse (503) an operation that needs log format `needs` until every member reads it.
+    pub(super) async fn require_format(&self, needs: u32) -> Result<(), BrokerError> {
+        if needs > 1 {
+            let version = self.cluster_format().await;
+            if needs > version {
+                return Err(BrokerError::Unavailable(format!(
+                    "the cluster writes log format {version} because a member runs an earlier build; this operation needs format {needs}: upgrade every member first"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The log format the cluster writes; on a cluster that has written none yet (it has just

@@ -52,7 +52,7 @@ fn kind(c: &Command) -> &'static str {
     match c {
         Command::Tick => "tick",
         Command::Push(_) => "push",
-        Command::Pop(_) => "pop",
+        Command::Pop(_) | Command::PopConflating(_) => "pop",
         Command::Ack { .. } | Command::AckAt { .. } => "ack",
         Command::ExtendLease { .. } => "extend",
         Command::Configure { .. } => "configure",

@@ -67,11 +67,13 @@ pub struct Claim {
 
 /// A pop's answer.
 ///
-/// Encoded as its three fields and then, only when a message has one, the producers of every
-/// message in order: the answer of a node of an earlier build (which a follower may receive
-/// for a pop it forwarded during a rolling upgrade) reads as one without producers, and such a
-/// node reads this build's answer and ignores what follows. So a `PopOutcome` is always the last
-/// part of an encoded value (a `Response`'s outcome is its last field).
+/// Encoded as its three fields and then, only when a message has one or the answer has a
+/// conflation echo, the producers of every message in order (possibly none), then, only when
+/// there is one, the conflation echo: the answer of a node of an earlier build (which a
+/// follower may receive for a pop it forwarded during a rolling upgrade) reads as one without
+/// producers or echo, and such a node reads this build's answer and ignores what follows. So a
+/// `PopOutcome` is always the last part of an encoded value (a `Response`'s outcome is its last
+/// field).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PopOutcome {
     /// The lease covering every claim ("" when none was taken).
@@ -80,22 +82,59 @@ pub struct PopOutcome {
     pub lease_expires: Stamp,
     /// The claims, in claim order.
     pub claims: Vec<Claim>,
+    /// The group's delivery policy as the answer echoes it (contract 2.0.8).
+    pub conflation: ConflationEcho,
 }
 
-const POP_FIELDS: [&str; 4] = ["lease_id", "lease_expires", "claims", "producers"];
+/// What a pop answers about conflation (contract 2.0.8): the client checks the answer of every
+/// pop that asked for it, `conflict` first, then `conflating`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflationEcho {
+    /// The group's policy conflates: each claim holds only its partition's newest visible
+    /// message (`"conflation": true`).
+    pub conflating: bool,
+    /// The pop declared the other policy than the one the group registered with, which is the
+    /// one applied (`"conflationConflict": true`).
+    pub conflict: bool,
+}
+
+impl ConflationEcho {
+    /// Whether the answer has anything to say (then it is a 200 with a body, never a 204).
+    #[must_use]
+    pub fn any(self) -> bool {
+        self.conflating || self.conflict
+    }
+}
+
+const POP_FIELDS: [&str; 5] = [
+    "lease_id",
+    "lease_expires",
+    "claims",
+    "producers",
+    "conflation",
+];
 
 impl Serialize for PopOutcome {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let delivered = || self.claims.iter().flat_map(|c| &c.messages);
-        let any = delivered().any(|m| m.producer.is_some());
-        let mut st = s.serialize_struct("PopOutcome", 3 + usize::from(any))?;
+        let echo = self.conflation.any();
+        let any = echo || delivered().any(|m| m.producer.is_some());
+        let fields = 3 + usize::from(any) + usize::from(echo);
+        let mut st = s.serialize_struct("PopOutcome", fields)?;
         st.serialize_field(POP_FIELDS[0], &self.lease_id)?;
         st.serialize_field(POP_FIELDS[1], &self.lease_expires)?;
         st.serialize_field(POP_FIELDS[2], &self.claims)?;
         if any {
-            let producers: Vec<Option<&str>> = delivered().map(|m| m.producer.as_deref()).collect();
+            let producers: Vec<Option<&str>> = if delivered().any(|m| m.producer.is_some()) {
+                delivered().map(|m| m.producer.as_deref()).collect()
+            } else {
+                Vec::new()
+            };
             st.serialize_field(POP_FIELDS[3], &producers)?;
+        }
+        if echo {
+            st.serialize_field(POP_FIELDS[4], &self.conflation)?;
         }
         st.end()
     }
@@ -120,6 +159,9 @@ impl<'de> Deserialize<'de> for PopOutcome {
                 // Written only when a message has a producer.
                 let producers: Vec<Option<String>> =
                     a.next_element().ok().flatten().unwrap_or_default();
+                // Written only when there is something to echo.
+                let conflation: ConflationEcho =
+                    a.next_element().ok().flatten().unwrap_or_default();
                 for (m, p) in claims
                     .iter_mut()
                     .flat_map(|c| c.messages.iter_mut())
@@ -131,6 +173,7 @@ impl<'de> Deserialize<'de> for PopOutcome {
                     lease_id,
                     lease_expires,
                     claims,
+                    conflation,
                 })
             }
         }

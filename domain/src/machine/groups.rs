@@ -63,6 +63,7 @@ pub(crate) fn delete(
         }
         if metadata && get_rec::<GroupRec>(txn, &keys::group(q.qid, group))?.is_some() {
             txn.delete(keys::group(q.qid, group));
+            super::conflation::forget(txn, q.qid, group);
             meta += 1;
         }
     }

@@ -97,6 +97,7 @@ fn collect_graves(txn: &mut Txn<'_>, deletes: &mut usize) -> Result<(), StoreErr
                 keys::table::DLQ,
                 keys::table::READY,
                 keys::table::READY_FILL,
+                keys::table::GROUP_POLICY,
             ]
         };
         let mut all_done = true;

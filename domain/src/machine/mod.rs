@@ -5,6 +5,7 @@
 
 mod ack;
 pub mod cluster;
+pub(crate) mod conflation;
 pub(crate) mod dedup;
 mod groups;
 mod housekeeping;
@@ -86,7 +87,8 @@ pub fn apply_entry_as(
                 txn, stamp, &items, answered, from_entry, producer,
             )?)
         }
-        Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, answered)?),
+        Command::Pop(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, false, answered)?),
+        Command::PopConflating(cmd) => Outcome::Pop(pop::pop(txn, stamp, cmd, true, answered)?),
         Command::Ack { group, items } => {
             Outcome::Ack(ack::ack(txn, stamp, group, items, &[], answered)?)
         }

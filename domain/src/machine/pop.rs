@@ -17,6 +17,10 @@ use super::{get_rec, put_rec, try_scan};
 /// group's ready index ([`super::ready`]), so its cost does not grow with the partitions of the
 /// queue.
 ///
+/// `declared` is whether the pop asked for conflation (`Command::PopConflating`): a group
+/// this pop registers is stored with that policy; a registered group keeps its own
+/// ([`super::conflation`]), and the answer echoes which applied.
+///
 /// `answered` is false when nobody on this node waits for the answer (a follower applying the
 /// leader's pop): the state changes are the same, but without a delay the messages are not
 /// read at all. Every offset from `log_start` to `next_offset` is stored (`invariants::check`),
@@ -26,22 +30,34 @@ pub(crate) fn pop(
     txn: &mut Txn<'_>,
     stamp: Stamp,
     cmd: &PopCommand,
+    declared: bool,
     answered: bool,
 ) -> Result<PopOutcome, StoreError> {
+    let queue_mode = cmd.group.is_queue_mode();
     let mut out = PopOutcome {
         lease_id: String::new(),
         lease_expires: Stamp(0),
         claims: Vec::new(),
+        conflation: super::conflation::echo(None, declared, queue_mode),
     };
     let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(cmd.queue.as_str()))? else {
         return Ok(out);
     };
     let group = cmd.group.as_str();
     let group_key = keys::group(q.qid, group);
-    let mut g = match get_rec::<GroupRec>(txn, &group_key)? {
+    let stored = get_rec::<GroupRec>(txn, &group_key)?;
+    let policy = match &stored {
+        Some(_) => Some(super::conflation::stored(txn, q.qid, group)?),
+        None => None,
+    };
+    out.conflation = super::conflation::echo(policy, declared, queue_mode);
+    if stored.is_none() && out.conflation.conflating {
+        super::conflation::register(txn, q.qid, group);
+    }
+    let mut g = match stored {
         Some(g) => g,
         None => GroupRec {
-            start: if cmd.group.is_queue_mode() {
+            start: if queue_mode {
                 SubscriptionStart::All
             } else {
                 match cmd.subscription {
@@ -68,6 +84,7 @@ pub(crate) fn pop(
         delay: q.options.delayed_processing,
         budget: cmd.batch.max(1) as usize,
         max_parts: cmd.max_partitions.max(1) as usize,
+        conflating: out.conflation.conflating,
     };
     match &cmd.partition {
         Some(name) => {
@@ -147,6 +164,8 @@ struct Claimer<'c> {
     /// Messages still to claim.
     budget: usize,
     max_parts: usize,
+    /// The group conflates: each claim is its partition's newest visible message.
+    conflating: bool,
 }
 
 impl Claimer<'_> {
@@ -247,6 +266,9 @@ impl Claimer<'_> {
             super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
             return Ok(false);
         }
+        if self.conflating {
+            return self.claim_newest(txn, &p, c, from, out);
+        }
         let budget = self.budget;
         let mut until = p.next_offset.min(from.saturating_add(budget as u64));
         // Deleted messages, and retried dead letters of other groups, are stepped over: the
@@ -288,6 +310,71 @@ impl Claimer<'_> {
             (d.len() as u64, last, d)
         };
         self.budget -= count as usize;
+        self.take(txn, &p, c, from, last, delivered, out)?;
+        Ok(true)
+    }
+
+    /// Claim partition `p` for a conflating group, its cursor `c` there at `from` (something
+    /// is beyond it): the newest message the group may see now is the claim, and every offset
+    /// behind it is retired (the cursor moves to it). Answers whether it claimed.
+    fn claim_newest(
+        &mut self,
+        txn: &mut Txn<'_>,
+        p: &PartitionRec,
+        mut c: CursorRec,
+        from: u64,
+        out: &mut PopOutcome,
+    ) -> Result<bool, StoreError> {
+        let group = self.group;
+        let marks = super::marks::in_range(txn, p.pid, from, p.next_offset)?;
+        let until = super::conflation::first_delayed(txn, p, from, self.delay, self.stamp)?;
+        let Some(newest) = super::conflation::newest_seen(from, until, &marks, group) else {
+            if until == p.next_offset {
+                // Everything left is hidden from this group: nothing to deliver here.
+                c.next = p.next_offset;
+                put_rec(txn, keys::cursor(p.pid, group), &c);
+                super::ready::sync(txn, group, p, Some(&c), self.stamp)?;
+            }
+            // Otherwise still delayed: it stays where it is in the index.
+            return Ok(false);
+        };
+        // The message is read only for an answer: which one it is follows from the offsets.
+        let delivered = if self.answered {
+            read_claim(
+                txn,
+                p.pid,
+                newest,
+                newest + 1,
+                1,
+                self.delay,
+                self.stamp,
+                &c,
+                &marks,
+                group,
+            )?
+        } else {
+            Vec::new()
+        };
+        self.budget -= 1;
+        self.take(txn, p, c, newest, newest, delivered, out)?;
+        Ok(true)
+    }
+
+    /// Record a claim of `p` from `from` to `last` (inclusive) with cursor `c`: under the pop's
+    /// lease, or consumed at once with `autoAck`; the partition leaves the group's ready index
+    /// (and goes back at its end when something is left to claim now).
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &self,
+        txn: &mut Txn<'_>,
+        p: &PartitionRec,
+        mut c: CursorRec,
+        from: u64,
+        last: u64,
+        delivered: Vec<Delivered>,
+        out: &mut PopOutcome,
+    ) -> Result<(), StoreError> {
+        let group = self.group;
         c.next = from;
         if self.cmd.auto_ack {
             c.next = last + 1;
@@ -300,16 +387,16 @@ impl Claimer<'_> {
                 end: last + 1,
             });
         }
-        put_rec(txn, cursor_key, &c);
+        put_rec(txn, keys::cursor(p.pid, group), &c);
         // Out of the index, and back at its end when something is left to claim now.
-        super::ready::remove(txn, p.qid, group, pid)?;
-        super::ready::sync(txn, group, &p, Some(&c), self.stamp)?;
+        super::ready::remove(txn, p.qid, group, p.pid)?;
+        super::ready::sync(txn, group, p, Some(&c), self.stamp)?;
         out.claims.push(Claim {
-            pid,
+            pid: p.pid,
             partition: p.name.clone(),
             messages: delivered,
         });
-        Ok(true)
+        Ok(())
     }
 }
 

@@ -272,8 +272,18 @@ fn read<A: ClientApi>(
                 Ok(Flow::Continue)
             })
             .map_err(err)?;
+            // A conflating group owes one delivery per partition with something pending.
+            let conflation = match &group {
+                Some(g) => reads::group_conflates(&*state, qr.qid, g).map_err(err)?,
+                None => false,
+            };
+            let effective = if conflation {
+                partitions_pending
+            } else {
+                pending
+            };
             let mut v = json!({"queue": local(qr), "group": group, "pending": pending, "partitionsPending": partitions_pending,
-                "conflation": false, "effectivePending": pending, "partitions": parts,
+                "conflation": conflation, "effectivePending": effective, "partitions": parts,
                 "approximate": totals.next.is_some(), "pendingPartitionsCounted": totals.visited});
             page_fields(&mut v, limit, walked.next.map(|n| n.to_string()));
             Ok(json_response(200, &v))

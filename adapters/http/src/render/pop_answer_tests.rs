@@ -1,4 +1,4 @@
-use queen_domain::command::{Claim, Delivered};
+use queen_domain::command::{Claim, ConflationEcho, Delivered};
 use queen_domain::time::Stamp;
 
 use super::*;
@@ -24,7 +24,7 @@ fn delivered(
 
 /// The pop answer written by hand is byte for byte what `serde_json` writes from the answer's
 /// structs: payloads of every odd shape, text that needs escapes in every field that is text,
-/// several claims, no lease, queue mode, with and without the autopilot echo.
+/// several claims, no lease, queue mode, with and without the autopilot and conflation echoes.
 #[test]
 fn pop_answers_written_by_hand_keep_their_bytes() {
     let mut payloads: Vec<&[u8]> = crate::raw::ODD_PAYLOADS
@@ -73,16 +73,25 @@ fn pop_answers_written_by_hand_keep_their_bytes() {
             lease_id: "l\"1".into(),
             lease_expires: Stamp(9_000_000),
             claims: claims.clone(),
+            conflation: Default::default(),
         },
         PopOutcome {
             lease_id: String::new(),
             lease_expires: Stamp(9),
             claims,
+            conflation: ConflationEcho {
+                conflating: true,
+                conflict: true,
+            },
         },
         PopOutcome {
             lease_id: "l".into(),
             lease_expires: Stamp(9),
             claims: vec![],
+            conflation: ConflationEcho {
+                conflating: true,
+                conflict: false,
+            },
         },
     ];
     for out in &outcomes {

@@ -28,6 +28,7 @@ fn pops_answer_the_producers_text() {
             partition: "Default".into(),
             messages,
         }],
+        conflation: Default::default(),
     };
     let text = serde_json::to_string(&pop(
         "q",
@@ -88,6 +89,7 @@ fn pops_answer_the_producers_text() {
         lease_id: String::new(),
         lease_expires: Stamp(9),
         claims: vec![],
+        conflation: Default::default(),
     };
     let v = serde_json::to_value(pop(
         "q",
