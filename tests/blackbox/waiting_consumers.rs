@@ -76,7 +76,7 @@ async fn read_answer(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<
 }
 
 /// One consumer: pops `queue` (waiting) over and over on its own connection until `stop`,
-/// noting every message it got in `seen`.
+/// noting every message it got in `seen` and acking it.
 async fn consumer(port: u16, queue: String, seen: Seen, stop: tokio::sync::watch::Receiver<bool>) {
     let Ok(stream) = TcpStream::connect(("127.0.0.1", port)).await else {
         return;
@@ -93,14 +93,25 @@ async fn consumer(port: u16, queue: String, seen: Seen, stop: tokio::sync::watch
             return;
         };
         let at = Instant::now();
-        if status == 200
-            && let Ok(v) = serde_json::from_slice::<Value>(&body)
-        {
-            let mut s = seen.lock().unwrap();
-            for m in v["messages"].as_array().into_iter().flatten() {
-                if let Some(t) = m["transactionId"].as_str() {
-                    s.insert(t.to_owned(), at);
-                }
+        if status != 200 {
+            continue;
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+            return;
+        };
+        for m in v["messages"].as_array().into_iter().flatten() {
+            if let Some(t) = m["transactionId"].as_str() {
+                seen.lock().unwrap().insert(t.to_owned(), at);
+            }
+            let ack = json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": v["leaseId"], "status": "completed"}).to_string();
+            let req = format!(
+                "POST /api/v1/ack HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ack}",
+                ack.len()
+            );
+            if r.get_mut().write_all(req.as_bytes()).await.is_err()
+                || read_answer(&mut r).await.is_err()
+            {
+                return;
             }
         }
     }
@@ -131,13 +142,17 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 
 /// What one run measured.
 struct Figures {
+    /// The node's CPU (share of a core) while the waiters were parked and nothing arrived.
     idle_cpu: f64,
+    /// Its CPU while single pushes came one at a time.
+    push_cpu: f64,
     latencies: Vec<Duration>,
 }
 
-/// Park `waiters` consumers on `queue` of `on`, measure `on`'s CPU while idle, then push
-/// `pushes` single messages (each into its own partition) through `via`, one at a time, and
-/// time each from its push's answer to the pop answer that carried it.
+/// Park `waiters` consumers on `queue` of `on`, push `pushes` single messages (each into its
+/// own partition) through `via`, one at a time, timing each from its push's answer to the pop
+/// answer that carried it, then, everything acked and the waiters parked again, measure `on`'s
+/// CPU while nothing arrives.
 fn measure(on: &Node, via: &Node, queue: &str, waiters: usize, pushes: usize) -> Figures {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -162,11 +177,8 @@ fn measure(on: &Node, via: &Node, queue: &str, waiters: usize, pushes: usize) ->
         "only {} of {waiters} pops parked",
         waiting_pops(on)
     );
-    // Let the parking settle (connections opened, first looks done).
-    std::thread::sleep(Duration::from_millis(500));
     let pid = on.pid().expect("the node runs");
-    let idle_cpu = cpu_share(pid, Duration::from_secs(4));
-
+    let started = (Instant::now(), cpu_time(pid));
     let mut acked: Vec<(String, Instant)> = Vec::with_capacity(pushes);
     for i in 0..pushes {
         let txn = format!("{queue}-t{i}");
@@ -180,14 +192,22 @@ fn measure(on: &Node, via: &Node, queue: &str, waiters: usize, pushes: usize) ->
         // One at a time: each push meets parked waiters, not a queue of answers.
         std::thread::sleep(Duration::from_millis(15));
     }
+    let push_cpu = (cpu_time(pid) - started.1).as_secs_f64() / started.0.elapsed().as_secs_f64();
     let all_seen = eventually(Duration::from_secs(30), || {
         let s = seen.lock().unwrap();
         acked.iter().all(|(t, _)| s.contains_key(t))
     });
+    // Idle: every waiter parked again on a queue of `pushes` drained partitions.
+    let parked = eventually(Duration::from_secs(30), || {
+        waiting_pops(on) >= waiters as u64
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let idle_cpu = cpu_share(pid, Duration::from_secs(4));
     stop_tx.send(true).unwrap();
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(tasks);
     assert!(all_seen, "every pushed message reached a waiter");
+    assert!(parked, "the waiters parked again");
     let s = seen.lock().unwrap();
     let mut latencies: Vec<Duration> = acked
         .iter()
@@ -196,14 +216,16 @@ fn measure(on: &Node, via: &Node, queue: &str, waiters: usize, pushes: usize) ->
     latencies.sort();
     Figures {
         idle_cpu,
+        push_cpu,
         latencies,
     }
 }
 
 fn report(what: &str, waiters: usize, f: &Figures) {
     println!(
-        "{what}: {waiters} waiters, idle CPU {:.2}% of a core; wake-up after the push's answer p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} pushes)",
+        "{what}: {waiters} waiters, idle CPU {:.2}% of a core, {:.1}% while single pushes came; wake-up after the push's answer p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} pushes)",
         f.idle_cpu * 100.0,
+        f.push_cpu * 100.0,
         pct(&f.latencies, 0.5).as_secs_f64() * 1000.0,
         pct(&f.latencies, 0.99).as_secs_f64() * 1000.0,
         f.latencies.last().unwrap().as_secs_f64() * 1000.0,
@@ -257,4 +279,39 @@ fn waiters_on_a_follower_and_on_the_leader_wake_within_milliseconds_of_the_commi
     report("three nodes, waiters on a follower", 300, &on_follower);
     check(&on_leader);
     check(&on_follower);
+}
+
+#[test]
+fn a_waiting_pop_gets_a_delayed_message_when_it_comes_due_not_a_recheck_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = Node::start(&bin(), &dir.path().join("n1"), &[]);
+    let c = n.post(
+        "/api/v1/configure",
+        &json!({"queue": "later", "namespace": null, "task": null, "options": {"delayedProcessing": 1}}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text);
+    let url = n.url("/api/v1/pop/queue/later?batch=1&wait=true&timeout=10000");
+    let waiting = std::thread::spawn(move || {
+        let answer = queen_tests::get_url(&url);
+        (answer, Instant::now())
+    });
+    assert!(queen_tests::a_pop_waits(&n, Duration::from_secs(30)));
+    let a = n.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "later", "partition": "p", "transactionId": "d1", "payload": {"d": 1}}]}),
+    );
+    let pushed = Instant::now();
+    assert_eq!(a.status, 200, "{}", a.text);
+    let ((status, body), at) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let after = at.saturating_duration_since(pushed);
+    println!("a message delayed by 1 s reached its waiting pop {after:?} after the push");
+    assert!(
+        after >= Duration::from_millis(900),
+        "not before it is due: {after:?}"
+    );
+    assert!(
+        after < Duration::from_secs(3),
+        "soon after it is due: {after:?}"
+    );
 }

@@ -317,7 +317,7 @@ mod tests {
 
     use queen_domain::command::PushItem;
     use queen_domain::names::{PartitionName, QueueName};
-    use queen_ports::ClientApi;
+    use queen_ports::{ClientApi, PopRequest};
 
     use super::*;
     use crate::broker::twins::{FakeLog, ManualClock, MemState, broker};
@@ -421,6 +421,63 @@ mod tests {
         let a = armed(&named);
         b.push(vec![item("mine", "t2")], None).await.unwrap();
         assert_eq!(woken(a).await, 1);
+    }
+
+    #[tokio::test]
+    async fn an_ack_that_frees_a_partition_wakes_a_waiter_of_its_own_group_only() {
+        use queen_domain::command::{AckItem, AckStatus, PopCommand, Subscription};
+        use queen_domain::ids::{LeaseId, PartitionRef};
+        use queen_domain::names::GroupName;
+        let (_log, b) = twin();
+        b.push(vec![item("a", "t1"), item("a", "t2")], None)
+            .await
+            .unwrap();
+        let pop = |group: &str| PopRequest {
+            command: PopCommand {
+                queue: QueueName::new("q".to_owned()).unwrap(),
+                partition: None,
+                group: GroupName::new(group.to_owned()).unwrap(),
+                batch: 1,
+                max_partitions: 1,
+                lease_id: LeaseId::new("placeholder").unwrap(),
+                auto_ack: false,
+                subscription: Subscription::All,
+            },
+            wait: false,
+            timeout: Duration::ZERO,
+        };
+        // Both groups hold the partition's lease: their waiters have nothing to take.
+        let got = b.pop(pop("g1")).await.unwrap();
+        b.pop(pop("g2")).await.unwrap();
+        let g1 = arm(&b.wakeups, 5, "g1", None);
+        let g2 = arm(&b.wakeups, 5, "g2", None);
+        let (a1, a2) = (armed(&g1), armed(&g2));
+        let claim = &got.claims[0];
+        b.ack(
+            GroupName::new("g1".to_owned()).unwrap(),
+            vec![AckItem {
+                transaction_id: queen_domain::ids::TransactionId::new(
+                    claim.messages[0].transaction_id.clone(),
+                )
+                .unwrap(),
+                partition_id: PartitionRef::Id(claim.pid),
+                status: AckStatus::Completed,
+                error: None,
+                lease_id: Some(LeaseId::new(got.lease_id.clone()).unwrap()),
+            }],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            woken(a1).await,
+            1,
+            "g1's partition is claimable again, with t2"
+        );
+        assert_eq!(
+            woken(a2).await,
+            0,
+            "g2 still holds its lease: its waiters sleep on"
+        );
     }
 
     #[tokio::test]
