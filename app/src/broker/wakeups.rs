@@ -70,6 +70,9 @@ impl Slot {
     }
 }
 
+/// A key with waiters, and the partitions an applied batch made worth a look for it.
+type Touched = (Key, Arc<Slot>, HashSet<u64>);
+
 /// The wake-up registry of one broker.
 #[derive(Default)]
 pub(crate) struct Wakeups {
@@ -169,7 +172,7 @@ impl Wakeups {
                 .clone()
         };
         // Per queue: its keys, and per key the partitions that may serve it.
-        let mut touched: HashMap<String, Vec<(Key, Arc<Slot>, HashSet<u64>)>> = HashMap::new();
+        let mut touched: HashMap<String, Vec<Touched>> = HashMap::new();
         let mut delayed: HashSet<String> = HashSet::new();
         let mut note = |queue: &str, pid: u64, pname: &str, group: Option<&str>| {
             let keys = touched.entry(queue.to_owned()).or_insert_with(|| {
