@@ -310,9 +310,9 @@ where
     Ok(())
 }
 
-/// The background work of one group until `stop`: the applied-index watch, the cluster
-/// version gate, the ephemeral queues' sweep and placement, the tick, and (with several
-/// groups) the hand-back to the group's preferred leader.
+/// The background work of one group until `stop`: the cluster version gate, the ephemeral
+/// queues' sweep and placement, the tick, and (with several groups) the hand-back to the
+/// group's preferred leader.
 fn group_tasks(
     g: &group::Group,
     cfg: &Config,
@@ -321,11 +321,6 @@ fn group_tasks(
     stop_rx: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
-    tasks.push({
-        let broker = g.broker.clone();
-        let stop = stop_rx.clone();
-        tokio::spawn(async move { broker.watch_applied(stop).await })
-    });
     tasks.push({
         let broker = g.broker.clone();
         let mut stop = stop_rx.clone();

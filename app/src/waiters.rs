@@ -1,5 +1,5 @@
-//! Long-poll wake-ups: one `Notify` per queue, signalled after a commit that may make messages
-//! deliverable there.
+//! Long-poll wake-ups of ephemeral queues: one `Notify` per queue, signalled after an operation
+//! that may make messages deliverable there (replicated queues: `broker/wakeups.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,15 +16,6 @@ pub(crate) struct Waiters {
 }
 
 impl Waiters {
-    /// The queue's notifier (created on first use).
-    pub(crate) fn of(&self, queue: &str) -> Arc<Notify> {
-        let mut m = self
-            .by_queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.entry(queue.to_owned()).or_default().clone()
-    }
-
     /// The queue's notifier for one waiting pop, or `None` when `most` queues already have
     /// one and `queue` is not among them. The entry goes when the last `Watch` of it drops, so
     /// names a client makes up (ephemeral queues) hold nothing past their pops.
@@ -55,17 +46,6 @@ impl Waiters {
         }
     }
 
-    /// Wake every parked pop (after acks, which do not name their queue).
-    pub(crate) fn wake_all(&self) {
-        let m = self
-            .by_queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for n in m.values() {
-            n.notify_waiters();
-        }
-    }
-
     /// Forget a deleted queue.
     pub(crate) fn forget(&self, queue: &str) {
         let mut m = self
@@ -75,10 +55,6 @@ impl Waiters {
         if let Some(n) = m.remove(queue) {
             n.notify_waiters();
         }
-    }
-
-    pub(crate) fn parked(&self) -> u64 {
-        self.parked.load(Ordering::Relaxed)
     }
 
     /// Count one parked pop until the returned guard drops: at its end, or when the request is

@@ -407,6 +407,13 @@ pub fn ready(qid: u64, group: &str, since: u64, pid: u64) -> Vec<u8> {
     k
 }
 
+/// The group a ready row's key is of (see [`ready`]).
+#[must_use]
+pub fn group_of_ready_key(key: &[u8]) -> Option<&[u8]> {
+    let len = usize::from(u16::from_be_bytes(key.get(9..11)?.try_into().ok()?));
+    key.get(11..11 + len)
+}
+
 /// The partition id at the end of a ready row's key.
 #[must_use]
 pub fn pid_of_ready_key(key: &[u8]) -> Option<u64> {

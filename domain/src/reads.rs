@@ -103,6 +103,14 @@ pub fn scoped_tenants(s: &dyn StateRead, table: u8) -> Result<Vec<String>, Store
     }
 }
 
+/// A partition's record, if the partition exists.
+///
+/// # Errors
+/// Store failures.
+pub fn partition(s: &dyn StateRead, pid: u64) -> Result<Option<PartitionRec>, StoreError> {
+    get_rec::<PartitionRec>(s, &keys::partition(pid))
+}
+
 /// The queue a partition belongs to (its stored name), if the partition exists.
 ///
 /// # Errors

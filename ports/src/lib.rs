@@ -34,8 +34,8 @@ pub use membership::{Member, Membership, MembershipChange, MembershipError};
 pub use peers::{PeerCallError, PeerCalls, PeerHandler};
 pub use replicated_log::{BoxFuture, LogProgress, ProposeError, RaftRole, ReplicatedLog};
 pub use state_machine::{
-    Answer, ApplyEntry, BackendError, BuiltAnswer, LogFiles, LogSpan, SnapshotChunks,
-    StateMachineBackend,
+    Answer, AppliedChanges, ApplyEntry, ApplyObserver, BackendError, BuiltAnswer, LogFiles,
+    LogSpan, SnapshotChunks, StateMachineBackend,
 };
 pub use state_reader::{StateReader, StoreFigures};
 pub use use_cases::{

@@ -217,3 +217,32 @@ pub trait StateMachineBackend: Send + Sync + 'static {
         Ok(())
     }
 }
+
+/// What an applied batch changed that a waiting pop may care about, as the backend found it in
+/// the batch's writes ([`ApplyObserver`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AppliedChanges {
+    /// Partitions whose record was written (a push appended to them, a timer delivered into
+    /// them, retention moved their start), each once.
+    pub partitions: Vec<u64>,
+    /// Partitions that became claimable for a group (a ready-index row was put): a lease was
+    /// released or expired, a cursor moved with messages left, a push reached a group's index.
+    pub ready: Vec<(u64, String)>,
+}
+
+impl AppliedChanges {
+    /// Whether the batch changed nothing a waiting pop cares about.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.partitions.is_empty() && self.ready.is_empty()
+    }
+}
+
+/// Told of every applied batch, on every node (leader or follower), after its writes are
+/// visible to readers: the broker wakes its waiting pops from here.
+pub trait ApplyObserver: Send + Sync {
+    /// Whether anybody waits at all; when not, the backend does not collect the changes.
+    fn wants(&self) -> bool;
+    /// A batch was applied; `state` reads the state with it.
+    fn applied(&self, changes: &AppliedChanges, state: &dyn queen_domain::StateRead);
+}

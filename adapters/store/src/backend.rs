@@ -72,6 +72,10 @@ impl StateMachineBackend for FjallStore {
             dedup,
             queue_options,
         } = txn.into_parts();
+        // What waiting pops care about, read before the writes go into the engine's batch.
+        let observed = self
+            .observer_wanting()
+            .map(|o| (o.clone(), crate::observe::changes_of(&writes)));
         let kept: Vec<KeptEntry<'_>> = kept
             .into_iter()
             .map(|(stamp, span, bytes, range)| KeptEntry {
@@ -119,6 +123,11 @@ impl StateMachineBackend for FjallStore {
         if queue_options {
             // After the commit: a reader that sees the new number reads the new options.
             self.queue_epoch.fetch_add(1, Ordering::Release);
+        }
+        if let Some((observer, changes)) = observed
+            && !changes.is_empty()
+        {
+            observer.applied(&changes, &*queen_ports::StateReader::view(self));
         }
         for file in staged.released {
             slot.segments.release(file);

@@ -14,12 +14,14 @@ mod dedup;
 mod filter;
 mod messages;
 mod migrate;
+mod observe;
 mod samples;
 mod segments;
 mod snapshot;
 mod store;
 mod writeback;
 
+pub use observe::changes_of;
 pub use samples::SampleFiles;
 pub use segments::SegmentError;
 pub use store::{FjallStore, ReclaimError, StateView, StoreConfig, StoreOpenError};

@@ -214,6 +214,8 @@ pub struct FjallStore {
     pub(crate) queue_epoch: Arc<AtomicU64>,
     /// The raft log's files, where records of push entries stay (every slot's segments share it).
     pub(crate) log: Arc<LogLink>,
+    /// Told of every applied batch (`observe.rs`).
+    pub(crate) observer: crate::observe::ObserverCell,
 }
 
 impl FjallStore {

@@ -100,7 +100,7 @@ impl Broker {
                     0.0
                 },
             ),
-            ("waiting_pops".to_owned(), f(self.waiters.parked())),
+            ("waiting_pops".to_owned(), f(self.wakeups.parked())),
             ("ephemeral_bytes".to_owned(), f(eph_bytes)),
             ("ephemeral_messages".to_owned(), f(eph_messages)),
             ("analytics_bytes".to_owned(), f(log.bytes())),

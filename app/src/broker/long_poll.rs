@@ -1,5 +1,6 @@
 //! Pops that wait: a look at the applied state, a proposal when something is deliverable, and
-//! a park until a commit (or a periodic re-check) when nothing is.
+//! a park until what this node applies makes something deliverable (`wakeups.rs`) when
+//! nothing is.
 
 use std::pin::pin;
 use std::time::{Duration, Instant};
@@ -13,9 +14,8 @@ use queen_ports::{BrokerError, PopRequest};
 
 use super::Broker;
 
-/// How often a parked pop re-checks on its own (lease expiry and delayed messages are not
-/// signalled by a commit).
-const RECHECK: Duration = Duration::from_millis(250);
+/// How often a pop by namespace or task, which waits on no one queue, looks again.
+const TAGGED_RECHECK: Duration = Duration::from_millis(250);
 
 impl Broker {
     /// On a node that does not lead: wait until it has applied what the leader had committed
@@ -37,13 +37,22 @@ impl Broker {
             } else {
                 Duration::ZERO
             };
-        let notify = self.waiters.of(req.command.queue.as_str());
         let mut cmd = req.command;
-        let mut parked = None;
+        // Only a pop that waits takes a place among the waiters of its (queue, group,
+        // partition); registered before its first look, so a commit between the look and the
+        // park still wakes it.
+        let reg = req.wait.then(|| {
+            self.wakeups.register(
+                cmd.queue.as_str(),
+                cmd.group.as_str(),
+                cmd.partition.as_ref().map(|p| p.as_str()),
+            )
+        });
+        let idle = tokio::sync::Notify::new();
         let mut caught_up = false;
+        let mut woken = false;
         let result = loop {
-            // Register for a wake-up before looking, so a commit between the look and the wait
-            // is not missed.
+            let notify = reg.as_ref().map_or(&idle, |r| r.notify());
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
             let mut would = self.look(&cmd, conflation)?;
@@ -61,21 +70,23 @@ impl Broker {
                 if let Outcome::Pop(p) = r.outcome
                     && !p.is_empty()
                 {
+                    if woken && let Some(reg) = &reg {
+                        // Woken and served: there may be more, for the next waiter.
+                        reg.pass_on();
+                    }
                     break Ok(p);
                 }
                 // Another consumer won the race: wait like an empty look.
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
+            let Some(reg) = reg.as_ref().filter(|_| !remaining.is_zero()) else {
                 // Nothing delivered; the echo is the one the last look found.
                 break Ok(empty(would.conflation));
-            }
-            if parked.is_none() {
-                parked = Some(self.waiters.park());
-            }
-            let _ = tokio::time::timeout(remaining.min(RECHECK), notified).await;
+            };
+            let _ = tokio::time::timeout(reg.park_for(remaining), notified).await;
+            woken = true;
         };
-        drop(parked);
+        drop(reg);
         if let Ok(p) = &result {
             let n: usize = p.claims.iter().map(|c| c.messages.len()).sum();
             self.telemetry.metrics().messages_delivered(n as u64);
@@ -139,7 +150,7 @@ impl Broker {
                 };
                 return Ok((String::new(), empty(echo)));
             }
-            tokio::time::sleep(remaining.min(RECHECK)).await;
+            tokio::time::sleep(remaining.min(TAGGED_RECHECK)).await;
         }
     }
 }
@@ -261,12 +272,12 @@ mod tests {
         };
         // Parked before the push: the wake-up, not the re-check, must deliver it.
         for _ in 0..200 {
-            if b.waiters.parked() > 0 {
+            if b.wakeups.parked() > 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(b.waiters.parked(), 1);
+        assert_eq!(b.wakeups.parked(), 1);
         b.push(vec![item("q", "t1")], None).await.unwrap();
         let p = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
@@ -276,7 +287,7 @@ mod tests {
             .outcome;
         assert_eq!(delivered(&p), ["t1"]);
         assert!(!p.lease_id.is_empty(), "a fresh lease id per attempt");
-        assert_eq!(b.waiters.parked(), 0);
+        assert_eq!(b.wakeups.parked(), 0);
     }
 
     #[tokio::test]

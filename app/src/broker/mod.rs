@@ -22,13 +22,14 @@ mod sealing;
 mod sink_log;
 #[cfg(test)]
 pub(crate) mod twins;
+mod wakeups;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_domain::command::{
     AckItem, AckOutcome, AckStatus, Command, Outcome, PushItem, PushOutcome, PushStatus, Response,
-    TxnOp, TxnOutcome, TxnResult,
+    TxnOp, TxnOutcome,
 };
 use queen_domain::ids::LeaseId;
 use queen_domain::kv::{KvOp, KvOutcome, LockOp, LockResult};
@@ -42,7 +43,6 @@ use queen_ports::{
 use queen_telemetry::Telemetry;
 
 use crate::message_size;
-use crate::waiters::Waiters;
 use propose::Proposer;
 
 /// The highest log format this build reads (entries are versioned by their command set):
@@ -61,7 +61,8 @@ pub struct Broker {
     state: Arc<dyn StateReader>,
     clock: Arc<dyn Clock>,
     telemetry: Telemetry,
-    waiters: Waiters,
+    /// Waiting pops, woken by what this node applies (`wakeups.rs`).
+    wakeups: Arc<wakeups::Wakeups>,
     fsyncs: Arc<dyn Fn() -> u64 + Send + Sync>,
     started: Instant,
     /// The raft group's membership, for the admin routes.
@@ -146,7 +147,7 @@ impl Broker {
             state,
             clock,
             telemetry,
-            waiters: Waiters::default(),
+            wakeups: Arc::default(),
             fsyncs,
             started: Instant::now(),
             membership: None,
@@ -319,23 +320,10 @@ impl Broker {
         self.proposer.propose(command).await
     }
 
-    /// Wake parked pops when this node applied entries it did not propose itself (writes that
-    /// reached the leader through another node): polls the applied index every 25 ms.
-    pub async fn watch_applied(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut last = self.log.progress().applied;
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(25)) => {}
-                _ = stop.changed() => return,
-            }
-            let now = self.log.progress().applied;
-            if now != last {
-                last = now;
-                if self.waiters.parked() > 0 {
-                    self.waiters.wake_all();
-                }
-            }
-        }
+    /// What the store tells of every batch it applies, on this node whether it leads or not:
+    /// the waiting pops' wake-ups (`wakeups.rs`).
+    pub fn apply_observer(&self) -> Arc<dyn queen_ports::ApplyObserver> {
+        self.wakeups.clone()
     }
 
     /// Propose a tick (the leader's clock moves broker time; housekeeping runs).
@@ -348,8 +336,8 @@ impl Broker {
         // answered, and the next tick must not wait behind it. Dropping it is harmless: ticks
         // are housekeeping, and one that still commits applies like any other.
         match tokio::time::timeout(TICK_DEADLINE, self.propose(Command::Tick)).await {
-            // A tick may deliver due timers: let parked pops look again.
-            Ok(Ok(_)) => self.waiters.wake_all(),
+            // What it delivered or released wakes parked pops from the apply.
+            Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(target: "queen-app", error = %e, "tick not committed"),
             Err(_) => tracing::debug!(target: "queen-app", "tick not answered in time"),
         }
@@ -424,13 +412,6 @@ impl ClientApi for Broker {
             .count() as u64;
         self.telemetry.metrics().messages_pushed(queued);
         self.telemetry.metrics().messages_duplicate(dup);
-        let mut woken: Vec<&str> = Vec::new();
-        for o in &out {
-            if o.status == PushStatus::Queued && !woken.contains(&o.queue.as_str()) {
-                woken.push(&o.queue);
-                self.waiters.wake(&o.queue);
-            }
-        }
         Ok(out)
     }
 
@@ -494,9 +475,6 @@ impl ClientApi for Broker {
                 1,
             );
         }
-        if out.iter().any(|o| o.verdict.lease_released) {
-            self.waiters.wake_all();
-        }
         Ok(out)
     }
 
@@ -547,16 +525,6 @@ impl ClientApi for Broker {
             .proposer
             .propose_for(as_producer(producer, command), Outcome::into_transaction)
             .await?;
-        if t.success {
-            for res in &t.results {
-                if let TxnResult::Push(p) = res
-                    && p.status == PushStatus::Queued
-                {
-                    self.waiters.wake(&p.queue);
-                }
-            }
-            self.waiters.wake_all();
-        }
         Ok(t)
     }
 
@@ -588,7 +556,8 @@ impl ClientApi for Broker {
                 Outcome::into_configured,
             )
             .await?;
-        self.waiters.wake(&name);
+        // New options (a shorter delay, a lease time) are no change of a partition.
+        self.wakeups.wake_queue(&name);
         Ok(options)
     }
 
@@ -598,7 +567,7 @@ impl ClientApi for Broker {
             .proposer
             .propose_for(Command::DeleteQueue { queue }, Outcome::into_deleted)
             .await?;
-        self.waiters.forget(&name);
+        self.wakeups.wake_queue(&name);
         self.reclaim_near_gate();
         Ok(existed)
     }
@@ -638,10 +607,11 @@ impl ClientApi for Broker {
             _ => None,
         };
         let out = self.propose(command).await?.outcome;
-        // A retried dead letter, like any change but a seek, may wake any waiting pop.
+        // A seek, a resubscription or a deleted group moves cursors without a partition
+        // changing: the apply does not tell it, so the waiters look again.
         match queue {
-            Some(q) => self.waiters.wake(&q),
-            None => self.waiters.wake_all(),
+            Some(q) => self.wakeups.wake_queue(&q),
+            None => self.wakeups.wake_all(),
         }
         Ok(out)
     }

@@ -93,7 +93,7 @@ impl Broker {
                     .collect(),
             },
             pops: PopsStatus {
-                waiting: self.waiters.parked(),
+                waiting: self.wakeups.parked(),
             },
             s3: self.s3_status.get().map(|f| f()),
         })
@@ -111,7 +111,7 @@ impl Broker {
         );
         m.set_log_fsyncs(self.group, (self.fsyncs)());
         m.set_store_disk_bytes(self.group, self.state.figures().disk_bytes);
-        m.set_waiting_pops(self.waiters.parked());
+        m.set_waiting_pops(self.wakeups.parked());
     }
 }
 

@@ -75,6 +75,8 @@ pub(crate) struct FakeLog {
     failures: Mutex<(u32, Option<ProposeError>)>,
     /// A follower's milliseconds since a leader's last append (`u64::MAX`: never).
     contact_ms: AtomicU64,
+    /// Told of every apply, as the store tells the broker's wake-ups.
+    observer: std::sync::OnceLock<Arc<dyn queen_ports::ApplyObserver>>,
 }
 
 impl FakeLog {
@@ -97,6 +99,7 @@ impl FakeLog {
             attempts: AtomicU64::new(0),
             failures: Mutex::new((0, None)),
             contact_ms: AtomicU64::new(0),
+            observer: std::sync::OnceLock::new(),
         })
     }
 
@@ -148,7 +151,11 @@ impl FakeLog {
         let response =
             apply_entry(&mut txn, &entry, index).map_err(|e| ProposeError::Fatal(e.to_string()))?;
         let writes = txn.into_writes();
+        let changes = queen_store::changes_of(&writes);
         store.commit(writes);
+        if let Some(o) = self.observer.get().filter(|o| o.wants()) {
+            o.applied(&changes, &*store);
+        }
         Ok(response.encode())
     }
 }
@@ -197,12 +204,14 @@ pub(crate) fn broker(
     clock: Arc<ManualClock>,
     timeout: Duration,
 ) -> super::Broker {
-    super::Broker::new(
+    let b = super::Broker::new(
         log.clone(),
         log.state(),
         clock,
         queen_telemetry::Telemetry::metrics_only(1),
         timeout,
         Arc::new(|| 0),
-    )
+    );
+    let _ = log.observer.set(b.apply_observer());
+    b
 }

@@ -199,6 +199,8 @@ pub(super) async fn start(
         .with_push_lane()
         .with_group(index, cfg.placement.groups()),
     );
+    // Waiting pops are woken by what this node applies, leader or follower.
+    store.observe(broker.apply_observer());
     Ok(Group {
         index,
         dir,

@@ -139,6 +139,7 @@ impl FjallStore {
             rows_written: Arc::new(AtomicU64::new(0)),
             queue_epoch: Arc::new(AtomicU64::new(0)),
             log,
+            observer: Arc::default(),
         };
         if format < FORMAT_DEDUP_FILES {
             store.migrate(&store.slot()).map_err(|e| StoreOpenError::Format {
