@@ -448,6 +448,8 @@ mod tests {
             },
             wait: false,
             timeout: Duration::ZERO,
+            autopilot: None,
+            conflation: false,
         };
         // Both groups hold the partition's lease: their waiters have nothing to take.
         let got = b.pop(pop("g1")).await.unwrap();
@@ -455,7 +457,7 @@ mod tests {
         let g1 = arm(&b.wakeups, 5, "g1", None);
         let g2 = arm(&b.wakeups, 5, "g2", None);
         let (a1, a2) = (armed(&g1), armed(&g2));
-        let claim = &got.claims[0];
+        let claim = &got.outcome.claims[0];
         b.ack(
             GroupName::new("g1".to_owned()).unwrap(),
             vec![AckItem {
@@ -466,7 +468,7 @@ mod tests {
                 partition_id: PartitionRef::Id(claim.pid),
                 status: AckStatus::Completed,
                 error: None,
-                lease_id: Some(LeaseId::new(got.lease_id.clone()).unwrap()),
+                lease_id: Some(LeaseId::new(got.outcome.lease_id.clone()).unwrap()),
             }],
         )
         .await
