@@ -432,6 +432,13 @@ mod tests {
         use queen_domain::ids::{LeaseId, PartitionRef};
         use queen_domain::names::GroupName;
         let (_log, b) = twin();
+        // Acks put partitions back in the ready index once every member reads its format.
+        b.propose(queen_domain::command::Command::ClusterSettings {
+            version: queen_domain::command::Command::READY_INDEX_FORMAT,
+            max_clock_skew_ms: 500,
+        })
+        .await
+        .unwrap();
         b.push(vec![item("a", "t1"), item("a", "t2")], None)
             .await
             .unwrap();
