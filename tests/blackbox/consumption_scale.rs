@@ -151,10 +151,19 @@ fn drain(
                         .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": lease, "status": "completed"}))
                         .collect();
                     let body = json!({"acknowledgments": acks}).to_string();
-                    let url = format!("http://127.0.0.1:{port}/api/v1/ack/batch");
-                    if let Ok((200, text)) =
-                        queen_tests::post_url_within(&url, &body, Duration::from_secs(20))
-                    {
+                    // An ack whose answer is lost (its node killed) may have been committed:
+                    // it is sent again through the other nodes, as a client would; a repeat
+                    // of a committed ack answers success, one under an expired lease is
+                    // refused and the message comes again.
+                    let answered = (0..ports.len()).find_map(|k| {
+                        let port = ports[(at + k) % ports.len()];
+                        let url = format!("http://127.0.0.1:{port}/api/v1/ack/batch");
+                        match queen_tests::post_url_within(&url, &body, Duration::from_secs(20)) {
+                            Ok((200, text)) => Some(text),
+                            _ => None,
+                        }
+                    });
+                    if let Some(text) = answered {
                         let verdicts: Value = serde_json::from_str(&text).unwrap_or_default();
                         let mut l = ledger.lock().unwrap();
                         for v in verdicts.as_array().cloned().unwrap_or_default() {
