@@ -277,3 +277,41 @@ fn a_wide_queue_drains_completely_in_partition_order() {
     }
     assert!(sim.pop("wide", None, 10).is_empty());
 }
+
+/// A group that popped before the cluster read the index's format, on a queue whose first
+/// partitions it drained: once the format switches, its pops fill past the drained ones instead
+/// of answering nothing while later partitions still hold messages.
+#[test]
+fn a_group_drained_before_the_switch_finds_the_partitions_past_its_fill() {
+    let mut sim = Sim::before_ready_index();
+    let parts = 1_000;
+    for p in 0..parts {
+        sim.push("late", &format!("p{p}"), &format!("t{p}"));
+    }
+    let mut got = 0;
+    for _ in 0..40 {
+        let pop = sim.pop_with("late", None, None, 16, 16, Subscription::Default);
+        got += pop.claims.len();
+        sim.apply(Command::Ack {
+            group: GroupName::queue_mode(),
+            items: acks(&pop, "completed"),
+        });
+    }
+    assert_eq!(got, 640, "drained the first partitions by scanning");
+    sim.apply(Command::ClusterSettings {
+        version: Command::READY_INDEX_FORMAT,
+        max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
+    });
+    for _ in 0..(parts / 16 + 5) {
+        let pop = sim.pop_with("late", None, None, 16, 16, Subscription::Default);
+        if pop.is_empty() {
+            break;
+        }
+        got += pop.claims.len();
+        sim.apply(Command::Ack {
+            group: GroupName::queue_mode(),
+            items: acks(&pop, "completed"),
+        });
+    }
+    assert_eq!(got, parts, "every partition delivered once");
+}

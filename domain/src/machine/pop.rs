@@ -96,8 +96,18 @@ pub(crate) fn pop(
             // Leases that ran out are released first (a few a pop; ticks do the rest), so
             // their partitions are back in the index this pop reads.
             super::ready::release_expired(txn, stamp, lease_now, RELEASE_PER_POP, true)?;
-            super::ready::fill(txn, &q, group, stamp, lease_now)?;
-            claimer.sweep(txn, q.qid, &mut out)?;
+            // While the group's index does not cover the queue yet, an empty sweep proves
+            // nothing: it fills on until the pop is full or the index covers every partition
+            // (once per group; a pop then reads only the index).
+            loop {
+                super::ready::fill(txn, &q, group, stamp, lease_now)?;
+                claimer.sweep(txn, q.qid, &mut out)?;
+                if claimer.full(&out)
+                    || super::ready::meta(txn, q.qid, group)?.fill == super::ready::FILLED
+                {
+                    break;
+                }
+            }
         }
         None => {
             // Before the cluster reads the index: every partition, starting after the one
