@@ -3,7 +3,7 @@
 
 use crate::keys;
 use crate::machine::scan_recs;
-use crate::model::{CursorRec, MessageRec, PartitionRec, QueueRec};
+use crate::model::{CursorRec, LeaseRec, MessageRec, PartitionRec, QueueRec};
 use crate::store::StateRead;
 
 /// The first invariant found broken, described (or the state read that failed).
@@ -35,6 +35,9 @@ pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
     .map_err(err)?;
     let live: std::collections::BTreeSet<u64> = queues.iter().map(|(_, q)| q.qid).collect();
     let mut per_queue: std::collections::BTreeMap<u64, u64> = Default::default();
+    // From the ready index's format on, an expired lease releases its cursors.
+    let releases = crate::machine::cluster::cluster_version(s).map_err(err)?
+        >= crate::command::Command::READY_INDEX_FORMAT;
     for (_, p) in parts.iter().filter(|(_, p)| live.contains(&p.qid)) {
         let msgs: Vec<(Vec<u8>, MessageRec)> = scan_recs(
             s,
@@ -68,12 +71,16 @@ pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
         let prefix = keys::pid_prefix(keys::table::CURSOR, p.pid);
         let cursors: Vec<(Vec<u8>, CursorRec)> =
             scan_recs(s, &prefix, &keys::prefix_end(&prefix), usize::MAX).map_err(err)?;
-        for (_, c) in cursors {
+        for (k, c) in cursors {
             if c.next > p.next_offset || c.lease.as_ref().is_some_and(|l| l.end > p.next_offset) {
                 return Err(Violation(format!(
                     "a cursor of partition {} points past its end",
                     p.pid
                 )));
+            }
+            if releases {
+                let group = String::from_utf8_lossy(&k[prefix.len()..]);
+                check_lease_kept(s, p.pid, &group, &c)?;
             }
         }
         *per_queue.entry(p.qid).or_default() += p.next_offset - p.log_start;
@@ -91,6 +98,41 @@ pub fn check(s: &dyn StateRead) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// "A cursor's lease is one the broker will release": its lease record names the cursor's
+/// partition and group and expires when the cursor's lease does, and its expiry row is there
+/// (else the partition stays out of the group's ready index for good once the lease runs out).
+fn check_lease_kept(
+    s: &dyn StateRead,
+    pid: u64,
+    group: &str,
+    c: &CursorRec,
+) -> Result<(), Violation> {
+    let err = |e: crate::store::StoreError| Violation(e.to_string());
+    let Some(cl) = &c.lease else {
+        return Ok(());
+    };
+    let id = cl.id.as_str();
+    let l: Option<LeaseRec> = crate::machine::get_rec(s, &keys::lease(id)).map_err(err)?;
+    let kept = match &l {
+        Some(l) => {
+            l.group == group
+                && l.parts.contains(&pid)
+                && l.expires == cl.expires
+                && crate::machine::get_rec::<()>(s, &keys::lease_expiry(l.expires.0, id))
+                    .map_err(err)?
+                    .is_some()
+        }
+        None => false,
+    };
+    if kept {
+        return Ok(());
+    }
+    Err(Violation(format!(
+        "partition {pid}'s cursor of group {group} holds lease {id} (expires {:?}), whose record {l:?} will not release it",
+        cl.expires
+    )))
 }
 
 /// "Every partition a group could claim from is in that group's ready index (where the index

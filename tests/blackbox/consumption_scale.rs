@@ -261,7 +261,6 @@ fn wait_format(nodes: &[Node]) {
 }
 
 #[test]
-#[ignore = "open defect (issue 60): in 2 of 3 runs one 100-partition claim made through the killed leader was not delivered again within 600 s; run with --ignored"]
 fn a_queue_of_100000_partitions_drains_through_every_node_once_and_in_order_with_the_leader_killed()
 {
     let dir = tempfile::tempdir().unwrap();
@@ -295,10 +294,38 @@ fn a_queue_of_100000_partitions_drains_through_every_node_once_and_in_order_with
             );
         })
     };
-    let ledger = drain(&ports, 2, queue, Duration::from_secs(600), &progress);
+    // A drain takes 15-30 s here; five minutes leave room for a loaded machine and for
+    // leases that run out after the kill.
+    let ledger = drain(&ports, 2, queue, Duration::from_secs(300), &progress);
     killer.join().unwrap();
     nodes[leader].kill9();
+    let survivors: Vec<u16> = (0..nodes.len())
+        .filter(|i| *i != leader)
+        .map(|i| nodes[i].port)
+        .collect();
+    explain_missing(&ledger, &survivors, queue);
     check(&ledger);
+}
+
+/// For a few messages never completed, what the consumers saw of them and what a pop that names
+/// their partition gets from each surviving node now (a claim it answers means the partition
+/// was claimable but never offered to a pop that names no partition).
+fn explain_missing(l: &Ledger, ports: &[u16], queue: &str) {
+    let missing = (0..PARTITIONS)
+        .map(|p| (p, message_id(p, 0)))
+        .chain((0..TWICE).map(|p| (p, message_id(p, 1))))
+        .filter(|(_, id)| !l.completed.contains_key(id))
+        .take(3);
+    for (p, id) in missing {
+        eprintln!("missing {id}: deliveries {:?}", l.deliveries.get(&id));
+        for port in ports {
+            let url = format!(
+                "http://127.0.0.1:{port}/api/v1/pop/queue/{queue}/partition/p{p}?batch=1&wait=false"
+            );
+            let got = queen_tests::try_get_url(&url, Duration::from_secs(10));
+            eprintln!("  a pop of partition p{p} through port {port}: {got:?}");
+        }
+    }
 }
 
 /// Snapshots every 200 entries, so a follower stopped during the fill comes back by snapshot.

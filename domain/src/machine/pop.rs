@@ -43,6 +43,13 @@ pub(crate) fn pop(
     let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(cmd.queue.as_str()))? else {
         return Ok(out);
     };
+    // Lease ids are minted fresh for every proposal: one already on record means this entry
+    // is a second copy of a pop already applied (a proposal sent again after its first copy
+    // was committed). It claims nothing: writing its claim would replace the first claim's
+    // lease record, and the partitions under the first claim would never be released.
+    if !cmd.auto_ack && get_rec::<LeaseRec>(txn, &keys::lease(cmd.lease_id.as_str()))?.is_some() {
+        return Ok(out);
+    }
     let group = cmd.group.as_str();
     let group_key = keys::group(q.qid, group);
     let stored = get_rec::<GroupRec>(txn, &group_key)?;
