@@ -332,9 +332,15 @@ fn group_tasks(
             g.marker,
         );
         tokio::spawn(async move {
+            // The first step at once: a fresh cluster reads its newest format before its
+            // first queues are made (a queue made earlier fills its ready index as it is read).
             loop {
                 tokio::select! {
-                    () = async { tokio::time::sleep(TICK_EVERY).await; gate.step(&broker).await } => {}
+                    () = gate.step(&broker) => {}
+                    _ = stop.changed() => break,
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(TICK_EVERY) => {}
                     _ = stop.changed() => break,
                 }
             }

@@ -132,6 +132,17 @@ impl Command {
     /// The log format that first reads [`Command::PopConflating`].
     pub const CONFLATION_FORMAT: u32 = 5;
 
+    /// The log format whose wildcard pops read the partitions their group's ready index does
+    /// not cover yet only when its rows run dry, and at most [`crate::machine::MAX_FILL_STEPS`]
+    /// steps of them a pop (the format before filled on until the pop was full, a walk of the
+    /// whole queue when little of it held messages); and whose pops claim nothing under a
+    /// lease id already on record (a second copy of a committed pop replaced the first
+    /// claim's lease record, and its partitions were never released).
+    pub const BOUNDED_FILL_FORMAT: u32 = 6;
+
+    /// The newest log format this build reads.
+    pub const LATEST_FORMAT: u32 = 6;
+
     /// The log format every member must read before this command may be proposed.
     #[must_use]
     pub fn format(&self) -> u32 {

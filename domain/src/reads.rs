@@ -1,7 +1,7 @@
 //! Read-only queries of the applied state: what status pages, dead-letter listings and the
 //! long-poll pre-check need. Nothing here writes.
 
-use crate::command::{PopCommand, PopOutcome};
+use crate::command::{Command, PopCommand, PopOutcome};
 use crate::keys;
 use crate::machine::{get_rec, pop, scan_recs, try_scan};
 use crate::model::{CursorRec, DlqRec, PartitionRec, QueueRec};
@@ -237,6 +237,23 @@ pub fn would_pop_declaring(
     let mut scratch = Txn::new(s);
     let now = now.max(Stamp(safe_time(s)?.0 + 1));
     pop(&mut scratch, now, cmd, conflation, false)
+}
+
+/// Whether a pop of `queue` by `group` that names no partition reads every partition it could
+/// claim from: false while the group's ready index does not cover the queue yet (from
+/// [`Command::BOUNDED_FILL_FORMAT`] on, such a pop covers a bounded share more of it, so an
+/// empty answer proves nothing and the pop is worth proposing again).
+///
+/// # Errors
+/// Store failures.
+pub fn index_covers(s: &dyn StateRead, queue: &str, group: &str) -> Result<bool, StoreError> {
+    if crate::machine::cluster::cluster_version(s)? < Command::BOUNDED_FILL_FORMAT {
+        return Ok(true);
+    }
+    let Some(q) = get_rec::<QueueRec>(s, &keys::queue(queue))? else {
+        return Ok(true);
+    };
+    Ok(crate::machine::ready::meta(s, q.qid, group)?.fill == crate::machine::ready::FILLED)
 }
 
 /// Whether `group`'s stored delivery policy on queue `qid` conflates (contract 2.0.8).

@@ -78,7 +78,7 @@ fn build_entries(ops: &[Op]) -> (Vec<Entry>, MemStore) {
     let settings = Entry {
         proposed_at: now,
         command: Command::ClusterSettings {
-            version: Command::READY_INDEX_FORMAT,
+            version: Command::LATEST_FORMAT,
             max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
         },
     };

@@ -347,7 +347,7 @@ fn a_group_drained_before_the_switch_finds_the_partitions_past_its_fill() {
     }
     assert_eq!(got, 640, "drained the first partitions by scanning");
     sim.apply(Command::ClusterSettings {
-        version: Command::READY_INDEX_FORMAT,
+        version: Command::LATEST_FORMAT,
         max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
     });
     for _ in 0..(parts / 16 + 5) {
@@ -362,4 +362,59 @@ fn a_group_drained_before_the_switch_finds_the_partitions_past_its_fill() {
         });
     }
     assert_eq!(got, parts, "every partition delivered once");
+}
+
+/// A group that starts on a wide queue where almost nothing is left for it: each pop adds at
+/// most `MAX_FILL_STEPS` steps of partitions to its index (its apply stays bounded, however
+/// wide the queue), `reads::index_covers` says so until the index covers the queue, and pops
+/// proposed on that word find the one message past the first steps.
+#[test]
+fn a_pop_fills_a_late_groups_index_a_bounded_share_at_a_time() {
+    let mut sim = Sim::new();
+    let parts: usize = 10_000;
+    for chunk in 0..parts / 500 {
+        sim.seq += 1;
+        let items = (chunk * 500..(chunk + 1) * 500)
+            .map(|p| PushItem {
+                queue: QueueName::new("wide").unwrap(),
+                partition: PartitionName::new(format!("p{p}")).unwrap(),
+                transaction_id: tid(&format!("old-{p}")),
+                message_id: [1; 16],
+                payload: b"{}".to_vec(),
+                trace_id: None,
+            })
+            .collect();
+        sim.apply(Command::Push(items));
+    }
+    sim.advance_secs(1);
+    // Group "late" subscribes from its first pop on: every message so far is behind it.
+    let first = sim.pop_with("wide", None, Some("late"), 10, 10, Subscription::New);
+    assert!(first.is_empty(), "{first:?}");
+    assert!(
+        !reads::index_covers(&sim.store, "wide", "late").unwrap(),
+        "one pop covered at most {} partitions of {parts}",
+        queen_domain::machine::MAX_FILL_STEPS * 256
+    );
+    sim.advance_secs(1);
+    sim.push("wide", &format!("p{}", parts - 1), "new");
+    let mut pops = 1;
+    let got = loop {
+        assert!(pops < 100, "the new message was never found");
+        let pop = sim.pop_with("wide", None, Some("late"), 10, 10, Subscription::New);
+        pops += 1;
+        if !pop.is_empty() {
+            break pop;
+        }
+        assert!(
+            !reads::index_covers(&sim.store, "wide", "late").unwrap(),
+            "an empty pop with the index covering the queue means nothing is left"
+        );
+    };
+    assert_eq!(got.claims[0].partition, format!("p{}", parts - 1));
+    assert_eq!(got.claims[0].messages[0].transaction_id, "new");
+    assert!(
+        pops >= parts.div_ceil(queen_domain::machine::MAX_FILL_STEPS * 256),
+        "each pop covered a bounded share: found after {pops} pops"
+    );
+    assert!(reads::index_covers(&sim.store, "wide", "late").unwrap());
 }

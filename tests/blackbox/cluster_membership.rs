@@ -240,52 +240,52 @@ fn raft_field(n: &Node, field: &str) -> u64 {
 
 #[test]
 fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data() {
-    // Nodes 1 and 2 pretend a newer build that reads format 6 (test-only switch); node 3 reads
-    // this build's 5.
+    // Nodes 1 and 2 pretend a newer build that reads format 7 (test-only switch); node 3 reads
+    // this build's 6.
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), |i| {
         let mut env = vec![("QUEEN_TEST_FAULTS", "1")];
         if i < 2 {
-            env.push(("QUEEN_TEST_LOG_KINDS", "6"));
+            env.push(("QUEEN_TEST_LOG_KINDS", "7"));
         }
         env
     });
     let kinds: Vec<u64> = nodes.iter().map(|n| raft_field(n, "kinds")).collect();
-    assert_eq!(kinds, [6, 6, 5], "each node reports the format it reads");
+    assert_eq!(kinds, [7, 7, 6], "each node reports the format it reads");
     assert!(
         eventually(Duration::from_secs(30), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 5)),
+            .all(|n| raft_field(n, "clusterVersion") == 6)),
         "the leader raised the cluster version to what every member reads"
     );
     // For several gate rounds it does not go past what node 3 reads.
     assert!(
         queen_tests::holds_for(Duration::from_secs(3), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 5)),
+            .all(|n| raft_field(n, "clusterVersion") == 6)),
         "{:?}",
         nodes.iter().map(health).collect::<Vec<_>>()
     );
-    // Upgrade node 3: now every member reads 6, and the version follows.
+    // Upgrade node 3: now every member reads 7, and the version follows.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
-    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "6");
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "7");
     nodes[2].restart();
     assert!(
         eventually(Duration::from_secs(30), || nodes
             .iter()
-            .all(|n| raft_field(n, "clusterVersion") == 6)),
+            .all(|n| raft_field(n, "clusterVersion") == 7)),
         "the version rises once the last member reads it: {:?}",
         nodes.iter().map(health).collect::<Vec<_>>()
     );
     let marker = nodes[2].dir.join("cluster-version");
     assert!(
         eventually(Duration::from_secs(10), || std::fs::read_to_string(&marker)
-            .is_ok_and(|t| t.trim() == "6")),
+            .is_ok_and(|t| t.trim() == "7")),
         "each node records the version in its data directory"
     );
     // A downgrade past the format change stops at the first node: it refuses to start.
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
-    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "5");
+    nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "6");
     nodes[2].launch();
     let status = nodes[2]
         .wait_exit(Duration::from_secs(30))
@@ -294,7 +294,7 @@ fn the_cluster_version_rises_only_when_every_member_reads_it_and_guards_the_data
     assert!(
         nodes[2]
             .log_text()
-            .contains("holds cluster format version 6, newer than this build reads (5)"),
+            .contains("holds cluster format version 7, newer than this build reads (6)"),
         "{}",
         nodes[2].log_text()
     );
@@ -331,9 +331,9 @@ fn acks_apply_alike_before_and_after_every_member_reads_acks_with_offsets() {
         }
         env
     });
-    // Format 5 pops read the ready index instead of every partition: pops and acks settle
-    // alike on both sides of that change too.
-    for version in [3, 4, 5] {
+    // Format 5 pops read the ready index instead of every partition, format 6 fills it in
+    // bounded steps: pops and acks settle alike on both sides of those changes too.
+    for version in [3, 4, 5, 6] {
         assert!(
             eventually(Duration::from_secs(30), || nodes
                 .iter()
@@ -372,7 +372,7 @@ fn acks_apply_alike_before_and_after_every_member_reads_acks_with_offsets() {
             "format {version}: every message was settled: {}",
             rest.text
         );
-        if version < 5 {
+        if version < 6 {
             assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
             let next = (version + 1).to_string();
             nodes[2].set_env("QUEEN_TEST_LOG_KINDS", &next);
@@ -400,7 +400,7 @@ fn a_node_refuses_a_data_directory_marked_newer_than_it_reads() {
     assert_eq!(status.code(), Some(2), "{}", node.log_text());
     let log = node.log_text();
     assert!(
-        log.contains("holds cluster format version 7, newer than this build reads (5)"),
+        log.contains("holds cluster format version 7, newer than this build reads (6)"),
         "{log}"
     );
     assert!(

@@ -64,7 +64,10 @@ impl Broker {
                     would = self.look(&cmd, conflation)?;
                 }
             }
-            if !would.is_empty() {
+            // While the group's ready index does not cover the queue, an empty look proves
+            // nothing: the pop is proposed anyway, and each one covers a share more.
+            let filling = would.is_empty() && !self.index_covers(&cmd)?;
+            if !would.is_empty() || filling {
                 cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
                 let r = self.propose(pop_command(&cmd, conflation)).await?;
                 if let Outcome::Pop(p) = r.outcome
@@ -79,6 +82,10 @@ impl Broker {
                 // Another consumer won the race: wait like an empty look.
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
+            if filling && !remaining.is_zero() {
+                // Not covered yet: the next pop goes on filling, without waiting.
+                continue;
+            }
             let Some(reg) = reg.as_ref().filter(|_| !remaining.is_zero()) else {
                 // Nothing delivered; the echo is the one the last look found.
                 break Ok(empty(would.conflation));
@@ -122,7 +129,7 @@ impl Broker {
                     continue;
                 };
                 cmd.queue = name;
-                if self.look(&cmd, conflation)?.is_empty() {
+                if self.look(&cmd, conflation)?.is_empty() && self.index_covers(&cmd)? {
                     continue;
                 }
                 cmd.lease_id = LeaseId::minted(uuid::Uuid::now_v7().to_string());
@@ -156,15 +163,33 @@ impl Broker {
 }
 
 impl Broker {
-    /// What `cmd` would claim now (declaring conflation or not), without writing anything.
+    /// Whether `cmd` would claim something now (declaring conflation or not), without writing
+    /// anything: the answer is empty exactly when `cmd`'s would be. It probes for one message
+    /// of one partition, since a pop claims something exactly when one partition has one
+    /// message for it (a look the size of the pop doubled the node's work per pop).
     fn look(&self, cmd: &PopCommand, conflation: bool) -> Result<PopOutcome, BrokerError> {
+        let probe = PopCommand {
+            batch: 1,
+            max_partitions: 1,
+            ..cmd.clone()
+        };
         reads::would_pop_declaring(
             &*self.state.view(),
             Stamp(self.clock.now_micros()),
-            cmd,
+            &probe,
             conflation,
         )
         .map_err(|e| Self::read_error(&e))
+    }
+
+    /// Whether `cmd`'s group reads every partition of its queue through its ready index (an
+    /// empty look then means nothing is claimable); a pop that names a partition reads it.
+    fn index_covers(&self, cmd: &PopCommand) -> Result<bool, BrokerError> {
+        if cmd.partition.is_some() {
+            return Ok(true);
+        }
+        reads::index_covers(&*self.state.view(), cmd.queue.as_str(), cmd.group.as_str())
+            .map_err(|e| Self::read_error(&e))
     }
 
     /// Whether the pop declares conflation; such a pop is refused (503) until every member of

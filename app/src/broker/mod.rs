@@ -48,8 +48,9 @@ use propose::Proposer;
 /// The highest log format this build reads (entries are versioned by their command set):
 /// 2 adds `Command::AsProducer`, 3 `Command::DeleteMessage` and `Command::RetryDeadLetter`,
 /// 4 `Command::AckAt`, 5 `Command::PopConflating` and pops that read the ready index
-/// (`Command::READY_INDEX_FORMAT`).
-pub(crate) const LOG_KINDS: u32 = 5;
+/// (`Command::READY_INDEX_FORMAT`), 6 pops that fill it in bounded steps and refuse a lease id
+/// on record (`Command::BOUNDED_FILL_FORMAT`).
+pub(crate) const LOG_KINDS: u32 = queen_domain::command::Command::LATEST_FORMAT;
 
 /// How long a tick may wait for its outcome.
 const TICK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);

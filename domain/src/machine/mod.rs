@@ -30,6 +30,7 @@ use crate::time::Stamp;
 
 pub use ack::{DeliveredOffsets, resolve_offsets as resolve_ack_offsets};
 pub use housekeeping::HousekeepingBudget;
+pub use pop::MAX_FILL_STEPS;
 pub(crate) use pop::pop;
 
 /// Apply one entry on top of `txn`. The entry's effects are staged in `txn`; the caller commits

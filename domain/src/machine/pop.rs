@@ -43,11 +43,15 @@ pub(crate) fn pop(
     let Some(q) = get_rec::<QueueRec>(txn, &keys::queue(cmd.queue.as_str()))? else {
         return Ok(out);
     };
+    let version = super::cluster::cluster_version(txn)?;
     // Lease ids are minted fresh for every proposal: one already on record means this entry
     // is a second copy of a pop already applied (a proposal sent again after its first copy
     // was committed). It claims nothing: writing its claim would replace the first claim's
     // lease record, and the partitions under the first claim would never be released.
-    if !cmd.auto_ack && get_rec::<LeaseRec>(txn, &keys::lease(cmd.lease_id.as_str()))?.is_some() {
+    if version >= Command::BOUNDED_FILL_FORMAT
+        && !cmd.auto_ack
+        && get_rec::<LeaseRec>(txn, &keys::lease(cmd.lease_id.as_str()))?.is_some()
+    {
         return Ok(out);
     }
     let group = cmd.group.as_str();
@@ -80,7 +84,7 @@ pub(crate) fn pop(
     // Leases are judged live against this (behind `stamp` while a leader change holds them).
     let lease_now = super::cluster::lease_now(txn, stamp)?;
     let mut claimer = Claimer {
-        indexed: super::cluster::cluster_version(txn)? >= Command::READY_INDEX_FORMAT,
+        indexed: version >= Command::READY_INDEX_FORMAT,
         cmd,
         stamp,
         answered,
@@ -92,6 +96,7 @@ pub(crate) fn pop(
         budget: cmd.batch.max(1) as usize,
         max_parts: cmd.max_partitions.max(1) as usize,
         conflating: out.conflation.conflating,
+        row_since: None,
     };
     match &cmd.partition {
         Some(name) => {
@@ -103,16 +108,31 @@ pub(crate) fn pop(
             // Leases that ran out are released first (a few a pop; ticks do the rest), so
             // their partitions are back in the index this pop reads.
             super::ready::release_expired(txn, stamp, lease_now, RELEASE_PER_POP, true)?;
-            // While the group's index does not cover the queue yet, an empty sweep proves
-            // nothing: it fills on until the pop is full or the index covers every partition
-            // (once per group; a pop then reads only the index).
-            loop {
-                super::ready::fill(txn, &q, group, stamp, lease_now)?;
+            if version >= Command::BOUNDED_FILL_FORMAT {
+                // The index's rows first. While it does not cover the queue yet, an empty
+                // sweep proves nothing: the partitions past its fill mark are read only when
+                // its rows run dry, a step at a time, at most `MAX_FILL_STEPS` steps a pop
+                // (the next pop goes on where this one stopped: see `reads::index_covers`).
                 claimer.sweep(txn, q.qid, &mut out)?;
-                if claimer.full(&out)
-                    || super::ready::meta(txn, q.qid, group)?.fill == super::ready::FILLED
+                let mut steps = 0;
+                while !claimer.full(&out)
+                    && steps < MAX_FILL_STEPS
+                    && super::ready::meta(txn, q.qid, group)?.fill != super::ready::FILLED
                 {
-                    break;
+                    super::ready::fill(txn, &q, group, stamp, lease_now)?;
+                    claimer.sweep(txn, q.qid, &mut out)?;
+                    steps += 1;
+                }
+            } else {
+                // Format 5: fill on until the pop is full or the index covers every partition.
+                loop {
+                    super::ready::fill(txn, &q, group, stamp, lease_now)?;
+                    claimer.sweep(txn, q.qid, &mut out)?;
+                    if claimer.full(&out)
+                        || super::ready::meta(txn, q.qid, group)?.fill == super::ready::FILLED
+                    {
+                        break;
+                    }
                 }
             }
         }
@@ -157,6 +177,10 @@ pub(crate) fn pop(
     Ok(out)
 }
 
+/// Most steps of [`super::ready::FILL_STEP`] partitions one wildcard pop adds to its group's
+/// ready index (4,096 partitions): the bound on a pop's apply while the index is filled.
+pub const MAX_FILL_STEPS: usize = 16;
+
 /// Expired leases one wildcard pop releases before it reads the ready index.
 const RELEASE_PER_POP: usize = 16;
 
@@ -183,6 +207,9 @@ struct Claimer<'c> {
     max_parts: usize,
     /// The group conflates: each claim is its partition's newest visible message.
     conflating: bool,
+    /// While the sweep claims from an entry of the ready index: the entry's `since` (its row
+    /// key says it, so the claim takes it out without reading `READY_OF` back).
+    row_since: Option<u64>,
 }
 
 impl Claimer<'_> {
@@ -225,7 +252,10 @@ impl Claimer<'_> {
                     txn.delete(k);
                     continue;
                 };
-                if !self.claim(txn, pid, out)? {
+                self.row_since = keys::u64_at(&k, k.len() - 16);
+                let claimed = self.claim(txn, pid, out);
+                self.row_since = None;
+                if !claimed? {
                     idle += 1;
                 }
             }
@@ -405,9 +435,18 @@ impl Claimer<'_> {
             });
         }
         put_rec(txn, keys::cursor(p.pid, group), &c);
-        // Out of the index, and back at its end when something is left to claim now.
-        super::ready::remove(txn, p.qid, group, p.pid)?;
-        super::ready::sync(txn, group, p, Some(&c), self.stamp)?;
+        // Out of the index (the sweep knows where its entry is), and back at its end when
+        // something is left to claim now (never under a lease).
+        match self.row_since {
+            Some(since) => {
+                txn.delete(keys::ready(p.qid, group, since, p.pid));
+                txn.delete(keys::ready_of(p.pid, group));
+            }
+            None => super::ready::remove(txn, p.qid, group, p.pid)?,
+        }
+        if c.lease.is_none() {
+            super::ready::sync(txn, group, p, Some(&c), self.stamp)?;
+        }
         out.claims.push(Claim {
             pid: p.pid,
             partition: p.name.clone(),

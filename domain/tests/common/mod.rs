@@ -27,7 +27,7 @@ impl Sim {
     pub fn new() -> Self {
         let mut sim = Self::before_ready_index();
         sim.apply(Command::ClusterSettings {
-            version: Command::READY_INDEX_FORMAT,
+            version: Command::LATEST_FORMAT,
             max_clock_skew_ms: queen_domain::machine::cluster::DEFAULT_MAX_CLOCK_SKEW_MS,
         });
         sim
