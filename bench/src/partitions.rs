@@ -205,6 +205,7 @@ async fn start(
     if nodes == 1 {
         let (procs, port) = start_single(bin, dir).await?;
         let t = Target::new(http_client(), &[port]);
+        settled(&t).await?;
         return Ok((procs, Arc::new(t), vec![dir.to_path_buf()]));
     }
     let q = start_queen(bin, dir).await?;
@@ -213,7 +214,30 @@ async fn start(
         To::Leader => vec![q.ports[q.leader]],
     };
     let data = (1..=3).map(|i| dir.join(format!("queen-{i}"))).collect();
-    Ok((q.procs, Arc::new(Target::new(http_client(), &ports)), data))
+    let t = Target::new(http_client(), &ports);
+    settled(&t).await?;
+    Ok((q.procs, Arc::new(t), data))
+}
+
+/// Wait (30 s at most) until the cluster runs the newest log format its members read
+/// (`raft.clusterVersion` = `raft.kinds`). A fresh cluster raises it a second or two after its
+/// members answer: a queue made before fills its groups' ready indexes while it is drained
+/// (the path of a store an older build wrote), which is not the shape this bench measures.
+async fn settled(t: &Target) -> Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = t.json("/health").await;
+        let (version, kinds) = (&h["raft"]["clusterVersion"], &h["raft"]["kinds"]);
+        if version.is_u64() && version == kinds {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the cluster version did not reach the members' format within 30 s: {h}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -130,17 +130,17 @@ fn a_cluster_serves_conflation_once_every_member_reads_format_5() {
         env
     });
     let version = |nodes: &[Node], v: u64| {
-        eventually(Duration::from_secs(30), || {
-            nodes
-                .iter()
-                .all(|n| health(n)["raft"]["clusterVersion"].as_u64() == Some(v))
-        })
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                nodes
+                    .iter()
+                    .all(|n| health(n)["raft"]["clusterVersion"].as_u64() == Some(v))
+            }),
+            "the cluster version did not reach {v}: {:?}",
+            nodes.iter().map(health).collect::<Vec<_>>()
+        );
     };
-    assert!(
-        version(&nodes, 4),
-        "{:?}",
-        nodes.iter().map(health).collect::<Vec<_>>()
-    );
+    version(&nodes, 4);
     let leader = leader_index(&nodes, None).expect("a leader");
     let follower = (leader + 1) % 3;
     push(&nodes[leader], "cc", "p", &["t1", "t2", "t3"]);
@@ -158,11 +158,7 @@ fn a_cluster_serves_conflation_once_every_member_reads_format_5() {
     assert!(nodes[2].sigterm(Duration::from_secs(40)).success());
     nodes[2].set_env("QUEEN_TEST_LOG_KINDS", "5");
     nodes[2].restart();
-    assert!(
-        version(&nodes, 5),
-        "{:?}",
-        nodes.iter().map(health).collect::<Vec<_>>()
-    );
+    version(&nodes, 5);
     let leader = leader_index(&nodes, None).expect("a leader");
     let follower = (leader + 1) % 3;
     let got = pop(&nodes[follower], "latest");
