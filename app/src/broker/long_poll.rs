@@ -51,6 +51,7 @@ impl Broker {
         let idle = tokio::sync::Notify::new();
         let mut caught_up = false;
         let mut woken = false;
+        let mut fills = 0;
         let result = loop {
             let notify = reg.as_ref().map_or(&idle, |r| r.notify());
             let mut notified = pin!(notify.notified());
@@ -82,8 +83,10 @@ impl Broker {
                 // Another consumer won the race: wait like an empty look.
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if filling && !remaining.is_zero() {
-                // Not covered yet: the next pop goes on filling, without waiting.
+            if filling && fills < MAX_FILL_ROUNDS {
+                // Not covered yet: the next pop goes on filling, without waiting (a pop that
+                // does not wait too: it answers "nothing" only when nothing is claimable).
+                fills += 1;
                 continue;
             }
             let Some(reg) = reg.as_ref().filter(|_| !remaining.is_zero()) else {
@@ -161,6 +164,11 @@ impl Broker {
         }
     }
 }
+
+/// Most pops one request proposes in a row while its group's ready index does not cover the
+/// queue yet (each covers up to `queen_domain::machine::MAX_FILL_STEPS` x 256 partitions: 256
+/// rounds reach a million partitions).
+const MAX_FILL_ROUNDS: usize = 256;
 
 impl Broker {
     /// Whether `cmd` would claim something now (declaring conflation or not), without writing
