@@ -161,6 +161,15 @@ enum Mode {
 const MODES: [Mode; 4] = [Mode::Single, Mode::Batch, Mode::Qpb1, Mode::Pop];
 
 impl Mode {
+    /// (requests in flight, messages per request) of this mode.
+    fn shape(self, c: &ClusterArgs) -> (usize, usize) {
+        match self {
+            Mode::Single => (c.inflight, 1),
+            Mode::Pop => (c.consumers, 100),
+            Mode::Batch | Mode::Qpb1 => (c.batch_inflight, 100),
+        }
+    }
+
     fn name(self, c: &ClusterArgs) -> String {
         match self {
             Mode::Single => format!("push 1/request, {} in flight", c.inflight),

@@ -24,9 +24,7 @@ pub use options::{Declared, Limits, Options, Policy, Window};
 
 use serde::{Deserialize, Serialize};
 
-/// The KV namespace (of the tenant) that holds the declared queues' options, one row per
-/// queue keyed by the queue's name: configuration is replicated, contents are not.
-pub const CONFIG_NS: &str = "queen-ephemeral";
+pub use crate::kv::EPHEMERAL_NS as CONFIG_NS;
 
 /// The most bytes an ephemeral queue, partition or group name may have.
 pub const MAX_NAME_BYTES: usize = 255;

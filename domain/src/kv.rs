@@ -7,6 +7,16 @@ use crate::time::Stamp;
 
 /// The namespace lock permits live in.
 pub const LOCKS_NS: &str = "queen-locks";
+/// The KV namespace of traces (under each tenant's scope); `traces::NS`.
+pub const TRACES_NS: &str = "queen-traces";
+/// The KV namespace of streams (under each tenant's scope); `streams::NS`.
+pub const STREAMS_NS: &str = "queen-streams";
+/// The KV namespace (of the tenant) that holds the declared ephemeral queues' options, one row
+/// per queue keyed by the queue's name: configuration is replicated, contents are not;
+/// `ephemeral::CONFIG_NS`.
+pub const EPHEMERAL_NS: &str = "queen-ephemeral";
+/// The KV namespace of every sink document; `sink::documents::NS`.
+pub const SINK_NS: &str = "queen-s3";
 /// Most rows one `getPrefix` page returns.
 pub const MAX_PREFIX_LIMIT: u32 = 1000;
 
@@ -43,14 +53,9 @@ pub fn check_ns(ns: &str) -> Result<(), KvNameError> {
 /// The namespaces the node keeps its own records in (lock permits, traces, stream state,
 /// ephemeral settings, the sink's documents): the generic KV routes refuse writes to them, so
 /// a client cannot forge a lock or a stream's state through plain KV (reads and a lock
-/// guard's `check` stay allowed).
-pub const RESERVED_NAMESPACES: [&str; 5] = [
-    LOCKS_NS,
-    crate::traces::NS,
-    crate::streams::NS,
-    crate::ephemeral::CONFIG_NS,
-    crate::sink::documents::NS,
-];
+/// guard's `check` stay allowed). Named here, not by their owners, so this rule needs none of
+/// the features that keep records in them.
+pub const RESERVED_NAMESPACES: [&str; 5] = [LOCKS_NS, TRACES_NS, STREAMS_NS, EPHEMERAL_NS, SINK_NS];
 
 /// Whether a namespace is one of [`RESERVED_NAMESPACES`].
 #[must_use]

@@ -30,6 +30,7 @@ pub mod pages;
 pub mod proxy;
 pub mod pushed;
 pub mod reads;
+mod scope;
 pub mod sink;
 pub mod store;
 pub mod streams;

@@ -44,9 +44,9 @@ fn check(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
-/// A stored name: a client's, or one under a tenant's scope (`crate::tenant`).
+/// A stored name: a client's, or one under a tenant's scope (`crate::scope`).
 fn check_stored(name: &str) -> Result<(), NameError> {
-    match crate::tenant::scoped_parts(name) {
+    match crate::scope::scoped_parts(name) {
         Some((_, local)) => check(local),
         None => check(name),
     }

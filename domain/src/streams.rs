@@ -25,8 +25,7 @@ use crate::store::{StateRead, StoreError};
 use crate::tenant::Tenant;
 use crate::time::Stamp;
 
-/// The KV namespace of streams (under each tenant's scope).
-pub const NS: &str = "queen-streams";
+pub use crate::kv::STREAMS_NS as NS;
 
 /// Most state rows one read answers (a shard holding more is refused, not cut short: a window
 /// runtime that saw part of its state would emit wrong figures).

@@ -12,6 +12,8 @@
 use std::borrow::Cow;
 
 use crate::names::{GroupName, NameError, QueueName};
+pub use crate::scope::SCOPE_MARK;
+use crate::scope::{is_uuid, scoped_parts};
 
 pub mod purge;
 
@@ -20,12 +22,6 @@ pub const DEFAULT_TENANT: &str = "00000000-0000-0000-0000-000000000001";
 
 /// The tenant the embedded proxy keeps its own tables under; never a client's.
 pub const PROXY_TENANT: &str = "00000000-0000-0000-0000-00000000fffe";
-
-/// The byte that opens and closes a scope.
-pub const SCOPE_MARK: char = '\u{1}';
-
-/// The bytes of a scope: the two marks and the 36 characters of the id.
-const SCOPE_LEN: usize = 38;
 
 /// Why a tenant id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,16 +50,6 @@ impl Default for Tenant {
             scope: String::new(),
         }
     }
-}
-
-/// Whether `text` is a UUID in its hyphenated form.
-fn is_uuid(text: &str) -> bool {
-    let b = text.as_bytes();
-    b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_hexdigit(),
-        })
 }
 
 impl Tenant {
@@ -200,14 +186,6 @@ pub fn display(stored: &str) -> Cow<'_, str> {
         Some((id, local)) => Cow::Owned(format!("{id}/{local}")),
         None => Cow::Borrowed(stored),
     }
-}
-
-/// `(id, rest)` of a well-formed scoped name.
-pub(crate) fn scoped_parts(stored: &str) -> Option<(&str, &str)> {
-    let rest = stored.strip_prefix(SCOPE_MARK)?;
-    let id = rest.get(..36)?;
-    let local = rest.get(36..)?.strip_prefix(SCOPE_MARK)?;
-    (is_uuid(id) && stored.len() >= SCOPE_LEN).then_some((id, local))
 }
 
 #[cfg(test)]

@@ -24,8 +24,7 @@ use crate::store::{StateRead, StoreError};
 use crate::tenant::Tenant;
 use crate::time::Stamp;
 
-/// The KV namespace of traces (under each tenant's scope).
-pub const NS: &str = "queen-traces";
+pub use crate::kv::TRACES_NS as NS;
 
 /// How long a trace is kept: seven days.
 pub const RETENTION_SECONDS: u64 = 7 * 24 * 3600;

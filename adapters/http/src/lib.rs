@@ -40,6 +40,7 @@ mod tenancy;
 mod timers_json;
 mod tls;
 mod traces_json;
+mod writes;
 
 pub use api::ApiError;
 pub use auth::{Auth, AuthConfigError, Principal};

@@ -144,7 +144,7 @@ pub(crate) fn pop_request(
         batch: set_batch.unwrap_or(1),
         max_partitions: set_partitions.unwrap_or(1),
         // Minted again by the broker for every attempt.
-        lease_id: LeaseId::minted(crate::json::uuid_v7().to_string()),
+        lease_id: LeaseId::minted(crate::fields::uuid_v7().to_string()),
         auto_ack,
         subscription,
     };

@@ -5,10 +5,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Response};
-use queen_domain::command::{Outcome, TxnOp, TxnOutcome};
+use queen_domain::command::Outcome;
 use queen_domain::ids::LeaseId;
-use queen_domain::kv::KvOp;
-use queen_domain::timers::TimerOp;
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
@@ -16,20 +14,9 @@ use crate::error::{
     error_response, json_answer, json_answer_sized, json_response, no_content, text_response,
 };
 use crate::tenancy::Scope;
+use crate::writes::{BodyKind, push, push_body, transaction};
 use crate::{json, kv_json, pop_frames, pop_query, push_binary, reads, render};
 use queen_ports::{ClientApi, Member, NotReady};
-
-/// How a request body is written, from its `content-type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyKind {
-    /// JSON (any content type but the binary one; the default).
-    Json,
-    /// `application/x-queen-push`: QPB1 on push, QTB1 on transaction.
-    Binary {
-        /// Most bytes the body may decompress to in all (the body limit).
-        max_decoded: usize,
-    },
-}
 
 /// Decode every path segment; empty segments (doubled slashes) are dropped. A segment whose
 /// percent-escapes do not decode to UTF-8 (`%ff`) is a 400, never a replacement character.
@@ -691,82 +678,6 @@ pub(crate) fn health<A: ClientApi>(apis: &[&A]) -> Response<Full<Bytes>> {
             .collect();
     }
     json_response(if not_ready.is_none() { 200 } else { 503 }, &v)
-}
-
-/// A push body, read and checked: its items as the client named them, in wire order.
-pub(crate) struct PushBody {
-    pub(crate) items: Vec<queen_domain::command::PushItem>,
-    /// Answer `{"count", "queued", "duplicate", "error"}` instead of one object per item (QPB1).
-    counts: bool,
-}
-
-/// Read a push body of either kind: a body that is not valid is refused here, before anything
-/// is proposed. The embedded proxy reads it with this too and checks the plan on the items, so
-/// a body is parsed once whoever looks at it.
-pub(crate) fn push_body(body: &[u8], kind: BodyKind) -> Result<PushBody, ApiError> {
-    Ok(match kind {
-        BodyKind::Json => PushBody {
-            items: json::push_items(body)?,
-            counts: false,
-        },
-        BodyKind::Binary { max_decoded } => {
-            let b = push_binary::push(body, max_decoded)?;
-            PushBody {
-                items: b.items,
-                counts: b.counts,
-            }
-        }
-    })
-}
-
-/// Push the items of a body under the request's tenant and answer as the body asked.
-pub(crate) async fn push<A: ClientApi>(
-    api: &Arc<A>,
-    scope: &Scope,
-    mut b: PushBody,
-) -> Result<Response<Full<Bytes>>, ApiError> {
-    let out = if b.items.is_empty() {
-        Vec::new()
-    } else {
-        scope.push(&mut b.items);
-        let mut out = api.push(b.items, scope.producer.clone()).await?;
-        scope.push_answers(&mut out);
-        out
-    };
-    Ok(if b.counts {
-        json_response(200, &render::push_counts(&out))
-    } else {
-        text_response(200, "application/json", render::push(&out))
-    })
-}
-
-/// A transaction under the request's tenant; its answer names things as the client did.
-pub(crate) async fn transaction<A: ClientApi>(
-    api: &Arc<A>,
-    scope: &Scope,
-    mut ops: Vec<TxnOp>,
-    leases: Vec<LeaseId>,
-    kv: &[KvOp],
-    mut timers: Vec<TimerOp>,
-) -> Result<TxnOutcome, ApiError> {
-    let mut kv = kv.to_vec();
-    if scope.guarded() {
-        let state = api.state();
-        // Another tenant's lease is answered as an unknown one.
-        for l in &leases {
-            if !scope.lease_ours(&*state, l.as_str())? {
-                return Ok(TxnOutcome::lease_not_live(l));
-            }
-        }
-        scope.transaction(Some(&*state), &mut ops, &mut kv, &mut timers)?;
-    } else {
-        scope.transaction(None, &mut ops, &mut kv, &mut timers)?;
-    }
-    let mut out = api
-        .transaction(ops, leases, kv, timers, scope.producer.clone())
-        .await?;
-    scope.transaction_answer(&mut out);
-    Ok(out)
 }
 
 /// Turn a handler result into a response.

@@ -23,8 +23,9 @@ use crate::body::{self, BodyBudget, BodyLimits};
 use crate::error::{closing, closing_if_body, error_response};
 use crate::groups::Groups;
 use crate::proxy::{Gate, Proxy};
-use crate::router::{self, BodyKind, finish, handle, route_label, segments};
+use crate::router::{self, finish, handle, route_label, segments};
 use crate::tenancy::{self, Scope, TENANT_HEADER, Tenancy};
+use crate::writes::{self, BodyKind};
 use queen_ports::ClientApi;
 
 /// Listener settings.
@@ -296,12 +297,12 @@ async fn answer<A: ClientApi>(
                 (Some(proxy), Some(t))
                     if *method == hyper::Method::POST && segs == ["api", "v1", "push"] =>
                 {
-                    match router::push_body(&body.bytes, kind) {
+                    match writes::push_body(&body.bytes, kind) {
                         Ok(b) => {
                             if let Err(e) = proxy.limits.check_push(&**api, t, &b.items) {
                                 return error_response(&e);
                             }
-                            router::push(api, &scope, b).await
+                            writes::push(api, &scope, b).await
                         }
                         Err(e) => Err(e),
                     }

@@ -345,7 +345,7 @@ async fn cycle<A: ClientApi>(
                 "is too long (a state key is at most about 900 bytes) or holds a NUL",
             )
         })?;
-    let out = crate::router::transaction(api, scope, txn, leases, &kv, Vec::new()).await?;
+    let out = crate::writes::transaction(api, scope, txn, leases, &kv, Vec::new()).await?;
     Ok(json_answer(
         200,
         &json!({

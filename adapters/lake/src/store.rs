@@ -6,6 +6,7 @@
 
 mod guarded;
 mod s3;
+mod timeouts;
 
 use std::fmt;
 use std::path::PathBuf;

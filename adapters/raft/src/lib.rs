@@ -10,6 +10,8 @@
 //! everything else crosses through the port types.
 //! Must never depend on: the HTTP adapter, the state store engine, or the app.
 
+mod append_budget;
+mod body_limits;
 mod config;
 mod error;
 mod log_store;

@@ -22,15 +22,14 @@ use hyper_util::rt::TokioIo;
 use openraft::ReadPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::sync::Semaphore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::body_limits::BodyLimits;
 use crate::error::map_read_error;
 use crate::error::map_write_error;
 use crate::membership::change_here;
 use crate::network::Transport;
-use crate::snapshot_spool::SnapshotSpool;
 use crate::state_machine::Raft;
 use crate::state_machine::Snapshot;
 use crate::state_machine::SnapshotData;
@@ -42,19 +41,6 @@ use queen_ports::MembershipChange;
 
 /// How long the receiver waits for the next piece of a streamed snapshot.
 const SNAPSHOT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The bounds of request bodies on the raft port.
-pub(crate) struct BodyLimits {
-    /// Largest body (413 above).
-    pub(crate) max_bytes: usize,
-    /// How long a whole body may take to arrive (408 after); a snapshot stream's frames one by
-    /// one instead.
-    pub(crate) timeout: Duration,
-    /// Bytes of bodies held at once, one permit per byte (503 when out: the sender retries).
-    pub(crate) budget: Arc<Semaphore>,
-    /// Where a snapshot stream goes instead of memory: its bound is the disk.
-    pub(crate) snapshot_spool: SnapshotSpool,
-}
 
 /// What the handlers need.
 struct Ctx {

@@ -42,10 +42,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::append_budget::entries_within;
+use crate::append_budget::rpc_timeout;
+use crate::body_limits::BodyLimits;
 use crate::config::MAX_APPEND_BYTES;
-use crate::network::entries_within;
-use crate::network::rpc_timeout;
-use crate::server::BodyLimits;
 use crate::state_machine::Raft;
 use crate::type_config::TypeConfig;
 use crate::wire;

@@ -3,16 +3,13 @@
 //! writes, so every node (leader or follower) learns it when it applies the entry, at the cost
 //! of two range reads of a map the batch holds anyway, and nothing when nobody waits.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use queen_domain::keys;
 use queen_domain::store::WriteSet;
 use queen_ports::{AppliedChanges, ApplyObserver};
 
 use crate::store::FjallStore;
-
-/// The observer a store reports to, set once (shared by every clone of the store).
-pub(crate) type ObserverCell = Arc<OnceLock<Arc<dyn ApplyObserver>>>;
 
 impl FjallStore {
     /// Report every applied batch to `observer` from now on (a second call is ignored).

@@ -6,7 +6,7 @@ mod read;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use fjall::{Database, Keyspace};
 
@@ -15,6 +15,7 @@ use crate::filter::DedupFilter;
 use crate::segments::{LogLink, SegmentError, Segments};
 pub(crate) use hot::{ApplyRead, HotRows, is_hot};
 pub(crate) use open::open_dedup;
+use queen_ports::ApplyObserver;
 
 /// Engine settings that bound memory.
 #[derive(Debug, Clone)]
@@ -190,6 +191,10 @@ pub(crate) struct Slot {
     pub(crate) hot: Arc<HotRows>,
 }
 
+/// The observer a store reports to, set once (shared by every clone of the store); its
+/// methods live in `observe.rs`.
+pub(crate) type ObserverCell = Arc<OnceLock<Arc<dyn ApplyObserver>>>;
+
 /// The node's state store.
 #[derive(Clone)]
 pub struct FjallStore {
@@ -215,7 +220,7 @@ pub struct FjallStore {
     /// The raft log's files, where records of push entries stay (every slot's segments share it).
     pub(crate) log: Arc<LogLink>,
     /// Told of every applied batch (`observe.rs`).
-    pub(crate) observer: crate::observe::ObserverCell,
+    pub(crate) observer: ObserverCell,
 }
 
 impl FjallStore {

@@ -10,7 +10,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use queen_bench::load::{self, Proc, Procs, drain, drive};
 
-use super::rounds::shape;
 use super::{CONSUMER, ClusterArgs, Meter, Mode, Nats, Row, SUBJECT};
 use crate::{Args, free_port, target_dir};
 
@@ -23,7 +22,7 @@ pub(super) async fn nats_phase(
     seconds: u64,
 ) -> Row {
     let m = Meter::start(&n.procs);
-    let (inflight, count) = shape(c, mode);
+    let (inflight, count) = mode.shape(c);
     let st = match mode {
         Mode::Pop => {
             let consumer = n.consumer.clone();

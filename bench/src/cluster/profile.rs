@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use queen_bench::load::{Proc, Procs};
 
-use super::rounds::shape;
 use super::{ClusterArgs, Meter, Mode, QueenSide};
 use crate::{Args, Format, Pushes, push_phase};
 
@@ -55,7 +54,7 @@ pub(super) async fn profile(
             return;
         }
     };
-    let (inflight, count) = shape(c, Mode::Batch);
+    let (inflight, count) = Mode::Batch.shape(c);
     let m = Meter::start(&q.queen.procs);
     let (st, _) = push_phase(
         &q.clients,

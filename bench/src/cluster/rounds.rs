@@ -1,5 +1,5 @@
-//! The scored rounds: for each mode, one queen phase and one NATS phase in alternating order,
-//! and the shape (requests in flight, messages per request) of each mode.
+//! The scored rounds: for each mode, one queen phase and one NATS phase in alternating order
+//! (each mode's shape, requests in flight and messages per request, is `Mode::shape`).
 
 use std::path::Path;
 
@@ -115,7 +115,7 @@ pub(super) async fn rounds(
                     }
                     (System::Floor, _, Some(f)) if matches!(mode, Mode::Single | Mode::Batch) => {
                         let m = Meter::start(&f.procs);
-                        let (inflight, count) = shape(c, mode);
+                        let (inflight, count) = mode.shape(c);
                         let (st, _) = push_phase(
                             &f.target,
                             None,
@@ -201,15 +201,6 @@ pub(super) async fn rounds(
     Ok((rows, qpb1, rss))
 }
 
-/// (requests in flight, messages per request) of a push mode.
-pub(super) fn shape(c: &ClusterArgs, mode: Mode) -> (usize, usize) {
-    match mode {
-        Mode::Single => (c.inflight, 1),
-        Mode::Pop => (c.consumers, 100),
-        Mode::Batch | Mode::Qpb1 => (c.batch_inflight, 100),
-    }
-}
-
 /// One queen phase of `mode`, `seconds` long (a pop phase ends early once drained).
 pub(super) async fn queen_phase(
     q: &QueenSide,
@@ -220,7 +211,7 @@ pub(super) async fn queen_phase(
     seconds: u64,
 ) -> Row {
     let m = Meter::start(&q.queen.procs);
-    let (inflight, count) = shape(c, mode);
+    let (inflight, count) = mode.shape(c);
     let (st, fsyncs) = match mode {
         Mode::Pop => {
             let f0 = q.all.fsyncs().await;

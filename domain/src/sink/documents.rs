@@ -11,8 +11,7 @@ use super::keys::encode;
 use crate::store::{StateRead, StoreError};
 use crate::time::Stamp;
 
-/// The KV namespace of every sink document.
-pub const NS: &str = "queen-s3";
+pub use crate::kv::SINK_NS as NS;
 /// How far below the commit pointer's tEnd the retention hold lets retention delete.
 pub const HOLD_MARGIN_SECONDS: u64 = 60;
 

@@ -665,7 +665,7 @@ impl<A: ClientApi> Cp<'_, A> {
             path,
             query,
             body,
-            crate::router::BodyKind::Json,
+            crate::writes::BodyKind::Json,
         )
         .await
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use object_store::ClientOptions;
 use object_store::client::{HttpClient, HttpConnector};
 
-use super::s3::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use super::timeouts::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use crate::endpoint::refused_class;
 
 /// What the resolver answers for a name that resolves to a refused address: found by its type

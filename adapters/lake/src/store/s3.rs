@@ -10,15 +10,10 @@ use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use super::guarded::{PublicOnlyConnector, is_refused_address};
+use super::timeouts::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use super::{S3Target, Sse};
 use crate::endpoint::{AddressPolicy, check_endpoint};
 use crate::error::{Failure, FailureReason, LakeError};
-
-/// How long one HTTP request may take, including sending an 8 MiB part on a slow link.
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long to wait for a connection.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) fn retry_config() -> RetryConfig {
     RetryConfig {

@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use super::inner::segment_name;
+use super::segment_name;
 use super::{ARCHIVE_DIR, ARCHIVE_HANDLES, LogInner, LogStore, Shared};
 
 /// The log's files as the state machine reads them (`queen_ports::LogFiles`): where each entry's

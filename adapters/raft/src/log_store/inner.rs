@@ -17,21 +17,13 @@ use super::flusher::FlushStats;
 use super::record::FORMAT_VERSION;
 use super::record::Record;
 use super::record::SegmentHeader;
-use super::{EntryLoc, LogInner, SEGMENT_SUFFIX, Segment, Shared, record};
+use super::{EntryLoc, LogInner, Segment, Shared, record, segment_name};
 use crate::type_config::Entry;
 use crate::type_config::LogId;
 
 impl LogInner {
     pub(super) fn last_log_id(&self) -> Option<LogId> {
         self.entries.back().map(|l| l.log_id).or(self.last_purged)
-    }
-
-    pub(super) fn active_seq(&self) -> io::Result<u64> {
-        self.segments
-            .keys()
-            .next_back()
-            .copied()
-            .ok_or_else(|| io::Error::other("raft log has no active segment"))
     }
 
     pub(super) fn header(&self) -> SegmentHeader {
@@ -308,8 +300,4 @@ pub(super) fn cached_size(e: &Entry) -> usize {
         _ => 0,
     };
     payload + 64
-}
-
-pub(super) fn segment_name(seq: u64) -> String {
-    format!("{seq:020}{SEGMENT_SUFFIX}")
 }

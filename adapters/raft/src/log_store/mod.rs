@@ -71,6 +71,11 @@ use crate::type_config::Vote;
 
 /// File name suffix of segment files.
 const SEGMENT_SUFFIX: &str = ".seg";
+
+/// The file name of segment `seq`: zero-padded, so names sort in log order.
+fn segment_name(seq: u64) -> String {
+    format!("{seq:020}{SEGMENT_SUFFIX}")
+}
 /// Name of the lock file that keeps a second process off the log directory.
 const LOCK_FILE: &str = "LOCK";
 /// Subdirectory of segments purged from the log that the state machine still keeps messages
@@ -203,6 +208,17 @@ struct LogInner {
     archived: BTreeMap<u64, Option<Arc<File>>>,
     /// Windows of dropped segments a reader asked the kernel to read ahead.
     read_ahead: advice::ReadAhead,
+}
+
+impl LogInner {
+    /// The sequence number of the active segment, the last one.
+    fn active_seq(&self) -> io::Result<u64> {
+        self.segments
+            .keys()
+            .next_back()
+            .copied()
+            .ok_or_else(|| io::Error::other("raft log has no active segment"))
+    }
 }
 
 /// State shared by the store and its readers.

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::flusher::FlushStats;
-use super::inner::segment_name;
 use super::record::FORMAT_VERSION;
 use super::record::Record;
 use super::record::ScanItem;
+use super::segment_name;
 use super::{ARCHIVE_DIR, LogInner, SEGMENT_SUFFIX, Segment, record};
 
 /// Scan every segment in order and rebuild the state; cut a torn tail off the last segment.

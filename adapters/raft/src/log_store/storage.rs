@@ -6,8 +6,8 @@ use openraft::OptionalSend;
 use openraft::storage::RaftLogStorage;
 
 use super::flusher::Completion;
-use super::inner::segment_name;
 use super::record::Record;
+use super::segment_name;
 use super::{ARCHIVE_DIR, LogReader, LogStore};
 use crate::type_config::Entry;
 use crate::type_config::IOFlushed;

@@ -26,6 +26,7 @@ use queen_ports::ReplicatedLog;
 use queen_ports::StateMachineBackend;
 use tokio::sync::Semaphore;
 
+use crate::body_limits::BodyLimits;
 use crate::config::Peer;
 use crate::config::RaftNodeConfig;
 use crate::error::RaftShutdownError;
@@ -39,7 +40,6 @@ use crate::network::CallError;
 use crate::network::NetworkFactory;
 use crate::network::Transport;
 use crate::network::full;
-use crate::server::BodyLimits;
 use crate::server::RaftServer;
 use crate::snapshot_spool::SnapshotSpool;
 use crate::state_machine::Raft;

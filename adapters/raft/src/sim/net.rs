@@ -352,7 +352,7 @@ impl RaftNetworkV2<TypeConfig> for Client {
                 self.me,
                 self.target,
                 &rpc,
-                crate::network::rpc_timeout(&option, 0),
+                crate::append_budget::rpc_timeout(&option, 0),
                 |r, q| async move { r.append_entries(q).await },
             )
             .await
@@ -368,7 +368,7 @@ impl RaftNetworkV2<TypeConfig> for Client {
                 self.me,
                 self.target,
                 &rpc,
-                crate::network::rpc_timeout(&option, 0),
+                crate::append_budget::rpc_timeout(&option, 0),
                 |r, q| async move { r.vote(q).await },
             )
             .await
@@ -384,7 +384,7 @@ impl RaftNetworkV2<TypeConfig> for Client {
                 self.me,
                 self.target,
                 &rpc,
-                crate::network::rpc_timeout(&option, 0),
+                crate::append_budget::rpc_timeout(&option, 0),
                 |r, q| async move { r.pre_vote(q).await },
             )
             .await
@@ -400,7 +400,7 @@ impl RaftNetworkV2<TypeConfig> for Client {
                 self.me,
                 self.target,
                 &req,
-                crate::network::rpc_timeout(&option, 0),
+                crate::append_budget::rpc_timeout(&option, 0),
                 |r, q| async move { r.handle_transfer_leader(q).await },
             )
             .await
@@ -419,7 +419,7 @@ impl RaftNetworkV2<TypeConfig> for Client {
                 self.target,
                 vote,
                 snapshot,
-                crate::network::rpc_timeout(&option, 0),
+                crate::append_budget::rpc_timeout(&option, 0),
             )
             .await
     }
