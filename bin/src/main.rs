@@ -18,7 +18,10 @@ pub static malloc_conf: Option<&'static std::ffi::c_char> =
     // as the program, which is what jemalloc reads at start.
     Some(unsafe { &*c"background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:0".as_ptr() });
 
+mod env;
+
 use clap::{Parser, Subcommand};
+use env::env_var;
 use queen_app::RawConfig;
 use queen_telemetry::{LogFormat, Telemetry, TelemetryConfig};
 
@@ -199,17 +202,6 @@ async fn serve_fronts(
         queen_http::serve_groups(s.listener, groups(), front, stopped(rx.clone())),
         queen_http::serve_groups(listener, groups(), proxied, stopped(rx)),
     );
-}
-
-/// The one place the process reads its environment (clippy.toml forbids `std::env::var`
-/// everywhere else; clap reads the flags' own variables): every setting and every test hook
-/// (`QUEEN_TEST_*`) comes through here, and is handed to the app and the adapters as values.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the binary's configuration reading is the home of environment reads"
-)]
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
 }
 
 fn main() -> ExitCode {
