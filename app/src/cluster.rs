@@ -6,9 +6,6 @@
 //! read. Each node writes the version it has applied to `QUEEN_RAFT_DIR/cluster-version`, and a
 //! build that reads less refuses to start on that directory. The leader also writes its
 //! `QUEEN_RAFT_MAX_CLOCK_SKEW_MS` into the log, so every replica holds leases alike.
-//!
-//! Test-only knobs (`QUEEN_TEST_FAULTS=1`) live here too, so they are read in one place and
-//! are inert unless that variable is set.
 
 use std::path::{Path, PathBuf};
 
@@ -22,44 +19,6 @@ use crate::error::AppError;
 
 /// The marker file in the data directory: the cluster version this node has applied.
 pub(crate) const FORMAT_FILE: &str = "cluster-version";
-
-/// Test-only switches, all off unless `QUEEN_TEST_FAULTS=1`.
-#[derive(Debug, Default)]
-pub(crate) struct TestKnobs {
-    /// The fault layer's file (`QUEEN_RAFT_DIR/test-faults`): node ids to drop raft traffic to.
-    pub(crate) faults_file: Option<PathBuf>,
-    /// `QUEEN_TEST_LOG_KINDS`: pretend this build reads up to this format.
-    pub(crate) log_kinds: Option<u32>,
-    /// `QUEEN_TEST_SNAPSHOT_EVERY`: build a snapshot (and let the log be purged) every this many
-    /// entries instead of the default, so a test can strand a follower behind a purge quickly.
-    pub(crate) snapshot_every: Option<u64>,
-    /// `QUEEN_TEST_LOG_SEGMENT_BYTES`: roll the raft log's files at this size, so that purges
-    /// delete and archive files in tests that write a few MiB.
-    pub(crate) log_segment_bytes: Option<u64>,
-}
-
-impl TestKnobs {
-    /// Read the test switches; everything stays off unless `QUEEN_TEST_FAULTS=1`.
-    pub(crate) fn from_env(dir: &Path) -> Self {
-        if std::env::var("QUEEN_TEST_FAULTS").map(|v| v.trim() == "1") != Ok(true) {
-            return Self::default();
-        }
-        let knobs = Self {
-            faults_file: Some(dir.join("test-faults")),
-            log_kinds: std::env::var("QUEEN_TEST_LOG_KINDS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
-            snapshot_every: std::env::var("QUEEN_TEST_SNAPSHOT_EVERY")
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
-            log_segment_bytes: std::env::var("QUEEN_TEST_LOG_SEGMENT_BYTES")
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
-        };
-        tracing::warn!(target: "queen-app", ?knobs, "QUEEN_TEST_FAULTS=1: test-only switches are on; never use this in production");
-        knobs
-    }
-}
 
 /// The version recorded in the data directory's marker (0 when there is none).
 ///

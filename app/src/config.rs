@@ -74,6 +74,8 @@ pub struct RawConfig {
     pub raft_groups: Option<String>,
     /// `QUEEN_TENANT_GROUPS`
     pub tenant_groups: Option<String>,
+    /// `QUEEN_TEST_*`: the test hooks.
+    pub test_hooks: RawTestHooks,
 }
 
 /// A secret setting as given: cloned and passed on, never printed.
@@ -161,6 +163,8 @@ pub struct Config {
     /// The raft groups this process runs (`QUEEN_RAFT_GROUPS`) and where each tenant lives
     /// (`QUEEN_TENANT_GROUPS`).
     pub placement: queen_domain::groups::Placement,
+    /// The test hooks (`QUEEN_TEST_*`), off unless a test sets them.
+    pub test_hooks: TestHooks,
 }
 
 /// The analytics sampler's settings.
@@ -238,6 +242,7 @@ impl std::fmt::Debug for Config {
             .field("disk_reserve_bytes", &self.disk_reserve_bytes)
             .field("join", &self.join)
             .field("encryption", &self.encryption.as_ref().map(|_| "<key set>"))
+            .field("test_hooks", &self.test_hooks)
             .finish()
     }
 }
@@ -676,6 +681,7 @@ impl RawConfig {
             ));
         }
         Ok(Config {
+            test_hooks: self.test_hooks.resolve(),
             placement,
             ephemeral,
             analytics,
@@ -707,7 +713,10 @@ impl RawConfig {
     }
 }
 
+mod test_hooks;
 mod timings;
+
+pub use test_hooks::{RawTestHooks, S3CrashPoint, TestHooks};
 
 #[cfg(test)]
 mod tests;

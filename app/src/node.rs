@@ -62,8 +62,11 @@ where
         dir: cfg.raft_dir.display().to_string(),
         source,
     })?;
-    let knobs = crate::cluster::TestKnobs::from_env(&cfg.raft_dir);
-    let kinds = knobs.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
+    let hooks = cfg.test_hooks;
+    if hooks.faults {
+        tracing::warn!(target: "queen-app", ?hooks, "QUEEN_TEST_FAULTS=1: test-only switches are on; never use this in production");
+    }
+    let kinds = hooks.log_kinds.unwrap_or(crate::broker::LOG_KINDS);
     let count = cfg.placement.groups();
     let record = group::check_count(&cfg.raft_dir, count)?;
     group::check_peers(&cfg, count).await?;
@@ -76,7 +79,6 @@ where
         .map_err(|source| AppError::Bind { addr, source })?;
     let common = group::Common {
         cfg: &cfg,
-        knobs: &knobs,
         kinds,
         telemetry: &telemetry,
     };
@@ -136,6 +138,7 @@ where
             (*settings).clone(),
             g.broker.clone(),
             telemetry.clone(),
+            hooks.s3_crash_at,
         )?);
         own_status.push(Some(handle.status_source()));
         sinks.push(handle);
@@ -148,6 +151,7 @@ where
             cfg.placement.clone(),
             Arc::new(settings),
             telemetry.clone(),
+            hooks.s3_crash_at,
         );
         tokio::spawn(tenants.clone().run(tenant_stop_rx));
         tenants

@@ -18,7 +18,10 @@ pub static malloc_conf: Option<&'static std::ffi::c_char> =
     // as the program, which is what jemalloc reads at start.
     Some(unsafe { &*c"background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:0".as_ptr() });
 
+mod env;
+
 use clap::{Parser, Subcommand};
+use env::env_var;
 use queen_app::RawConfig;
 use queen_telemetry::{LogFormat, Telemetry, TelemetryConfig};
 
@@ -250,7 +253,7 @@ fn main() -> ExitCode {
         election_max_ms: args.election_max_ms,
         raft_groups: args.raft_groups,
         tenant_groups: args.tenant_groups,
-        hostname: std::env::var("HOSTNAME").ok(),
+        hostname: env_var("HOSTNAME"),
         ephemeral: [
             "QUEEN_EPHEMERAL_MAX_BYTES",
             "QUEEN_EPHEMERAL_QUEUE_MAX_BYTES",
@@ -261,17 +264,16 @@ fn main() -> ExitCode {
             "QUEEN_EPHEMERAL_MAX_QUEUES",
             "QUEEN_EPHEMERAL_MAX_QUEUES_PER_TENANT",
         ]
-        .map(|v| std::env::var(v).ok()),
+        .map(env_var),
         analytics: [
             "QUEEN_ANALYTICS_INTERVAL_MS",
             "QUEEN_ANALYTICS_RETENTION_S",
             "QUEEN_ANALYTICS_MAX_BYTES",
         ]
-        .map(|v| std::env::var(v).ok()),
+        .map(env_var),
         // A secret: read from the environment only (a flag would show in `ps`).
-        encryption_key: std::env::var("QUEEN_ENCRYPTION_KEY")
-            .ok()
-            .map(queen_app::SecretText),
+        encryption_key: env_var("QUEEN_ENCRYPTION_KEY").map(queen_app::SecretText),
+        test_hooks: queen_app::RawTestHooks::read(&env_var),
     };
     let log_format = match args
         .log_format
@@ -298,7 +300,7 @@ fn main() -> ExitCode {
     };
     // The embedded proxy (QUEEN_PROXY_EMBEDDED), and its own listener when QUEEN_PROXY_PORT
     // names another port than PORT: bound now, so a taken port stops the boot with one line.
-    let proxy = match queen_http::ProxySettings::from_env(&|k| std::env::var(k).ok(), config.port) {
+    let proxy = match queen_http::ProxySettings::from_env(&env_var, config.port) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("ERROR boot: FATAL: {e}");
@@ -320,7 +322,7 @@ fn main() -> ExitCode {
             }
         },
     };
-    let tls = match queen_http::Tls::from_env(&|k| std::env::var(k).ok()) {
+    let tls = match queen_http::Tls::from_env(&env_var) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("ERROR boot: FATAL: {e}");
@@ -334,7 +336,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let proxy = proxy.map(queen_http::Proxy::new);
-    let sink = match queen_app::sink_from_env(&|k| std::env::var(k).ok(), config.node_id) {
+    let sink = match queen_app::sink_from_env(&env_var, config.node_id) {
         Ok(boot) => boot,
         Err(e) => {
             eprintln!("ERROR boot: FATAL: {e}");
@@ -343,15 +345,12 @@ fn main() -> ExitCode {
     };
     let telemetry = match Telemetry::init(TelemetryConfig {
         log_format,
-        log_filter: std::env::var("RUST_LOG")
-            .ok()
+        log_filter: env_var("RUST_LOG")
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| queen_telemetry::DEFAULT_LOG_FILTER.to_owned()),
         service_name: "queen".to_owned(),
         node_id: config.node_id,
-        otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .ok()
-            .filter(|s| !s.trim().is_empty()),
+        otlp_endpoint: env_var("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|s| !s.trim().is_empty()),
     }) {
         Ok(t) => t,
         Err(e) => {
@@ -360,7 +359,7 @@ fn main() -> ExitCode {
         }
     };
     // Broker JWT on the client port (after the log is up: a short secret is warned about).
-    let auth = match queen_http::Auth::from_env(&|k| std::env::var(k).ok()) {
+    let auth = match queen_http::Auth::from_env(&env_var) {
         Ok(a) => a.map(std::sync::Arc::new),
         Err(e) => {
             tracing::error!(target: "queen", error = %e, "broker JWT settings refused");
@@ -370,7 +369,7 @@ fn main() -> ExitCode {
         }
     };
     // The client port's browser rules and scrape token (`QUEEN_ALLOWED_*`, `QUEEN_METRICS_TOKEN`).
-    let front = match queen_http::FrontRules::from_env(&|k| std::env::var(k).ok()) {
+    let front = match queen_http::FrontRules::from_env(&env_var) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("ERROR boot: FATAL: {e}");
@@ -437,7 +436,7 @@ fn lake_verify(flags: [(&'static str, Option<String>); 5]) -> ExitCode {
                 .iter()
                 .find(|(n, _)| *n == k)
                 .and_then(|(_, v)| v.clone())
-                .or_else(|| std::env::var(k).ok()),
+                .or_else(|| env_var(k)),
         }
     };
     let settings = match queen_app::sink_from_env(&get, 0) {

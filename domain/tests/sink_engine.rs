@@ -272,6 +272,7 @@ fn a_crash_after_any_single_action_changes_nothing_in_the_lake() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods, reason = "a test: the seed to replay")]
 fn crashes_after_random_actions_over_many_seeds() {
     let seeds: Vec<u64> = match std::env::var("QUEEN_SINK_ENGINE_SEED") {
         Ok(s) => vec![s.parse().expect("QUEEN_SINK_ENGINE_SEED is a number")],
@@ -453,6 +454,7 @@ fn compete(rng: &mut Rng, owners: usize) -> (Stored, Tally) {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods, reason = "a test: the seed to replay")]
 fn competing_owners_with_pauses_lost_answers_and_takeovers_over_many_seeds() {
     let seeds: Vec<u64> = match std::env::var("QUEEN_SINK_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("QUEEN_SINK_SIM_SEED is a number")],

@@ -244,6 +244,10 @@ fn three_nodes_serve_the_same_page_and_a_survivor_without_quorum_says_so() {
 }
 
 /// Whether Debian's chromium and chromium-driver are installed.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test: where the browser is installed"
+)]
 fn chromium() -> Option<(String, String)> {
     let find = |names: &[&str]| {
         names.iter().find_map(|n| {
@@ -264,6 +268,10 @@ fn chromium() -> Option<(String, String)> {
 /// Where the browser saves its screenshots: `docs/dashboard/` with
 /// `QUEEN_DASHBOARD_SCREENSHOTS=1` (to refresh the ones the docs show), else a folder under the
 /// system's temporary directory, so a test run leaves the work tree as it was.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test: where the screenshots go"
+)]
 fn shots_dir() -> String {
     let dir = if std::env::var("QUEEN_DASHBOARD_SCREENSHOTS").is_ok_and(|v| v == "1") {
         repo().join("docs/dashboard")

@@ -733,6 +733,10 @@ struct Knobs {
     only: Option<Vec<String>>,
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test: its seed, rounds and scenarios"
+)]
 fn knobs() -> Knobs {
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     Knobs {
@@ -1143,6 +1147,10 @@ fn partitions_and_pauses_lose_double_and_reorder_nothing() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("temp dir");
     // `QUEEN_FAULTS_KEEP=1` keeps the nodes' directories and logs for a post-mortem.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test: whether to keep the nodes' files"
+    )]
     let root = if std::env::var("QUEEN_FAULTS_KEEP").is_ok_and(|v| v == "1") {
         let kept = dir.keep();
         println!("keeping the nodes' directories in {}", kept.display());

@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 
 /// The binary under test. `QUEEN_WAITERS_BIN` (read by this test only) points it at another
 /// build, for a before/after figure.
+#[allow(clippy::disallowed_methods, reason = "a test: the build to measure")]
 fn bin() -> PathBuf {
     std::env::var_os("QUEEN_WAITERS_BIN")
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_queen")), PathBuf::from)

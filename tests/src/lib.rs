@@ -196,6 +196,10 @@ impl Node {
         self.wait_healthy(Duration::from_secs(30));
     }
 
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "test harness: the PATH and log filter handed to the node under test"
+    )]
     fn spawn_process(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)

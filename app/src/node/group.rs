@@ -17,7 +17,6 @@ use queen_store::{FjallStore, StoreConfig};
 use queen_telemetry::Telemetry;
 
 use crate::broker::Broker;
-use crate::cluster::TestKnobs;
 use crate::config::{Config, group_raft_addr};
 use crate::error::AppError;
 
@@ -104,7 +103,6 @@ pub(super) fn record_count(root: &Path, count: u16) -> Result<(), AppError> {
 /// What every group of a node is started with.
 pub(super) struct Common<'a> {
     pub(super) cfg: &'a Config,
-    pub(super) knobs: &'a TestKnobs,
     pub(super) kinds: u32,
     pub(super) telemetry: &'a Telemetry,
 }
@@ -138,11 +136,11 @@ pub(super) async fn start(
     raft_cfg.join = cfg.join;
     raft_cfg.log_kinds = c.kinds;
     raft_cfg.groups = cfg.placement.groups();
-    raft_cfg.faults_file = c.knobs.faults_file.clone();
-    if let Some(every) = c.knobs.snapshot_every {
+    raft_cfg.faults_file = cfg.test_hooks.faults_file(&cfg.raft_dir);
+    if let Some(every) = cfg.test_hooks.snapshot_every {
         raft_cfg.snapshot_every_entries = every;
     }
-    if let Some(bytes) = c.knobs.log_segment_bytes {
+    if let Some(bytes) = cfg.test_hooks.log_segment_bytes {
         raft_cfg.log_segment_bytes = bytes;
     }
     // The raft port carries one client body per forwarded command, and appends split at

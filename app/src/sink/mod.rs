@@ -22,6 +22,7 @@ use queen_ports::SinkLog;
 use queen_telemetry::{S3QueueGauges, Telemetry};
 use serde_json::{Value, json};
 
+use crate::config::S3CrashPoint;
 use config::{SinkSettings, Target};
 use supervise::supervise;
 
@@ -95,6 +96,8 @@ pub(crate) struct Shared {
     claim_turn: tokio::sync::Mutex<()>,
     /// One window encoded at a time on this node (the "one window being built" of the budget).
     encode: tokio::sync::Semaphore,
+    /// The test hook `QUEEN_TEST_S3_CRASH_AT`: abort the process at this commit point.
+    crash_at: Option<S3CrashPoint>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -264,7 +267,8 @@ pub async fn verify_lake(settings: &SinkSettings) -> Result<(String, bool), Sink
 }
 
 impl SinkHandle {
-    /// Start the sink on threads of its own.
+    /// Start the sink on threads of its own. `crash_at` is the test hook
+    /// `QUEEN_TEST_S3_CRASH_AT` (`None` outside the crash tests).
     ///
     /// # Errors
     /// When its threads or its object store client cannot be made.
@@ -272,6 +276,7 @@ impl SinkHandle {
         settings: SinkSettings,
         log: Arc<dyn SinkLog>,
         telemetry: Telemetry,
+        crash_at: Option<S3CrashPoint>,
     ) -> Result<SinkHandle, SinkError> {
         let lake = open_lake(&settings, &telemetry)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -301,6 +306,7 @@ impl SinkHandle {
             give_back: Mutex::new(None),
             claim_turn: tokio::sync::Mutex::new(()),
             encode: tokio::sync::Semaphore::new(1),
+            crash_at,
             fetch: tokio::sync::Semaphore::new(
                 usize::try_from(settings.fetch_concurrency).unwrap_or(1),
             ),

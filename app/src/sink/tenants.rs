@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use super::SinkHandle;
 use super::config::{SinkSettings, tenant_settings};
 use crate::Broker;
+use crate::config::S3CrashPoint;
 
 /// How often the rows are read again.
 const REREAD_EVERY: Duration = Duration::from_secs(5);
@@ -53,6 +54,8 @@ pub(crate) struct TenantSinks {
     cp_error: Mutex<Option<String>>,
     /// The node is stopping: no sink starts any more.
     stopping: std::sync::atomic::AtomicBool,
+    /// The test hook `QUEEN_TEST_S3_CRASH_AT`, handed to every tenant sink.
+    crash_at: Option<S3CrashPoint>,
 }
 
 impl TenantSinks {
@@ -61,6 +64,7 @@ impl TenantSinks {
         placement: queen_domain::groups::Placement,
         node: Arc<SinkSettings>,
         telemetry: Telemetry,
+        crash_at: Option<S3CrashPoint>,
     ) -> Arc<Self> {
         let home = usize::from(placement.group_of_id(queen_domain::tenant::PROXY_TENANT));
         Arc::new(Self {
@@ -72,6 +76,7 @@ impl TenantSinks {
             sinks: Mutex::default(),
             cp_error: Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            crash_at,
         })
     }
 
@@ -210,8 +215,13 @@ impl TenantSinks {
         let group = queen_domain::tenant::Tenant::any(&row.tenant)
             .map_or(0, |t| usize::from(self.placement.group_of(&t)));
         let broker = self.groups.get(group).unwrap_or(&self.broker).clone();
-        SinkHandle::start(settings, broker as Arc<dyn SinkLog>, self.telemetry.clone())
-            .map_err(|e| e.to_string())
+        SinkHandle::start(
+            settings,
+            broker as Arc<dyn SinkLog>,
+            self.telemetry.clone(),
+            self.crash_at,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The `sinks` rows of `/status` for the control plane's sinks, and the last error reading

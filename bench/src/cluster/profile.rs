@@ -158,7 +158,12 @@ pub(super) async fn profile(
     }
     // QUEEN_BENCH_KEEP_PERF=<path> keeps the recording for `perf report` with call graphs
     // (`<path>.json` and `<path>.qpb1`).
-    match std::env::var_os("QUEEN_BENCH_KEEP_PERF") {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the bench tool's own switch, read where it is used"
+    )]
+    let keep_perf = std::env::var_os("QUEEN_BENCH_KEEP_PERF");
+    match keep_perf {
         Some(keep) => {
             let mut keep = keep;
             keep.push(if format == Format::Json {

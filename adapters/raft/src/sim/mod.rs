@@ -78,7 +78,7 @@ struct Report {
     term: u64,
     /// Entries in the final applied sequence.
     applied: usize,
-    /// Every message's fate (only with QUEEN_RAFT_SIM_DUMP set).
+    /// Every message's fate (only when the run was asked to keep it: QUEEN_RAFT_SIM_DUMP).
     detail: Vec<String>,
     /// What the checks found; empty for a clean run.
     anomalies: Vec<String>,
@@ -368,12 +368,14 @@ fn leader(net: &Net) -> Option<u64> {
 
 /// Run one seed for `seconds` of faults (virtual), then heal, catch up and check.
 fn run(seed: u64, seconds: u64) -> Report {
-    run_with(seed, seconds, false)
+    run_with(seed, seconds, false, false)
 }
 
 /// `run`; with `sabotage`, a crashed node's backend forgets everything, even what it had made
-/// durable (a storage engine that lies about fsync): the checks must catch it.
-fn run_with(seed: u64, seconds: u64, sabotage: bool) -> Report {
+/// durable (a storage engine that lies about fsync): the checks must catch it. With `detail`,
+/// the report keeps every message's fate (the tests ask for it when `QUEEN_RAFT_SIM_DUMP` is
+/// set).
+fn run_with(seed: u64, seconds: u64, sabotage: bool, detail: bool) -> Report {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -382,7 +384,7 @@ fn run_with(seed: u64, seconds: u64, sabotage: bool) -> Report {
     let dir = sim_dir();
     rt.block_on(crate::runtime::seeded(
         seed,
-        simulate(seed, seconds, dir.path(), sabotage),
+        simulate(seed, seconds, dir.path(), sabotage, detail),
     ))
 }
 
@@ -397,12 +399,18 @@ fn sim_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
-async fn simulate(seed: u64, seconds: u64, dir: &std::path::Path, sabotage: bool) -> Report {
+async fn simulate(
+    seed: u64,
+    seconds: u64,
+    dir: &std::path::Path,
+    sabotage: bool,
+    detail: bool,
+) -> Report {
     let mut report = Report {
         seed,
         ..Report::default()
     };
-    let net = Net::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let net = Net::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), detail);
     let log = Log::new();
     let mut rng = SmallRng::seed_from_u64(seed);
     let nodes: Nodes = Arc::new(Mutex::new(

@@ -94,8 +94,9 @@ enum Fate {
 }
 
 impl Net {
-    /// A network with no faults and no node up, its draws seeded.
-    pub(super) fn new(seed: u64) -> Self {
+    /// A network with no faults and no node up, its draws seeded; with `detail` it records
+    /// every message's fate.
+    pub(super) fn new(seed: u64, detail: bool) -> Self {
         Self {
             state: Arc::new(Mutex::new(State {
                 up: BTreeMap::new(),
@@ -109,7 +110,7 @@ impl Net {
                 lost: 0,
                 cut: 0,
                 snapshots: 0,
-                detail: std::env::var_os("QUEEN_RAFT_SIM_DUMP").map(|_| Vec::new()),
+                detail: detail.then(Vec::new),
             })),
             released: Arc::new(tokio::sync::Notify::new()),
         }

@@ -8,6 +8,7 @@ use super::run_with;
 /// Virtual seconds of faults per seed.
 const SECONDS: u64 = 40;
 
+#[allow(clippy::disallowed_methods, reason = "a test: the simulation's seeds")]
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
@@ -72,14 +73,19 @@ fn every_seed_keeps_every_acknowledged_write_once_and_in_order() {
 
 /// The same seed gives the same run: every event at the same virtual instant, for three seeds.
 #[test]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test: where a diverging replay writes its traces"
+)]
 fn one_seed_replays_event_for_event() {
     let seeds = match env_u64("QUEEN_RAFT_SIM_SEED") {
         Some(s) => vec![s],
         None => vec![7, 8, 9],
     };
+    let dump = std::env::var("QUEEN_RAFT_SIM_DUMP").ok();
     for seed in seeds {
-        let a = run(seed, 20);
-        let b = run(seed, 20);
+        let a = run_with(seed, 20, false, dump.is_some());
+        let b = run_with(seed, 20, false, dump.is_some());
         assert!(
             a.trace.len() > 50,
             "too short a run to compare: {}",
@@ -88,7 +94,7 @@ fn one_seed_replays_event_for_event() {
         if let Some(i) =
             (0..a.trace.len().max(b.trace.len())).find(|&i| a.trace.get(i) != b.trace.get(i))
         {
-            if let Ok(d) = std::env::var("QUEEN_RAFT_SIM_DUMP") {
+            if let Some(d) = &dump {
                 let _ = std::fs::write(format!("{d}.a"), a.trace.join("\n"));
                 let _ = std::fs::write(format!("{d}.b"), b.trace.join("\n"));
                 let _ = std::fs::write(format!("{d}.net.a"), a.detail.join("\n"));
@@ -115,7 +121,7 @@ fn one_seed_replays_event_for_event() {
 #[test]
 fn a_backend_that_forgets_durable_state_is_caught() {
     let caught = (1..=10).find_map(|seed| {
-        let r = run_with(seed, SECONDS, true);
+        let r = run_with(seed, SECONDS, true, false);
         println!("sabotaged {}", r.summary());
         (!r.anomalies.is_empty()).then_some(r)
     });

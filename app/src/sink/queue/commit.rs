@@ -2,6 +2,7 @@
 //! (`queen_domain::sink::engine`), the objects, the manifest and the checkpoints.
 
 use super::*;
+use crate::config::S3CrashPoint;
 
 impl QueueTask {
     /// Move the pending window one stage on (each stage retried by the caller on failure).
@@ -39,7 +40,7 @@ impl QueueTask {
                         serde_json::to_vec(&i).unwrap_or_default(),
                     )
                     .await?;
-                    crash_point("intent");
+                    self.crash_point(S3CrashPoint::Intent);
                     Event::IntentWritten
                 }
                 Action::CloseAt(end) => {
@@ -70,7 +71,7 @@ impl QueueTask {
                     if let Some(c) = p.closed.as_mut() {
                         c.records = summary_records(&c.records);
                     }
-                    crash_point("objects");
+                    self.crash_point(S3CrashPoint::Objects);
                     Event::Uploaded(objects)
                 }
                 Action::PutManifest => {
@@ -92,7 +93,7 @@ impl QueueTask {
                         PutOutcome::Different { .. } => Put::Different,
                     };
                     if put != Put::Different {
-                        crash_point("manifest");
+                        self.crash_point(S3CrashPoint::Manifest);
                     }
                     Event::ManifestPut(put)
                 }
@@ -107,7 +108,7 @@ impl QueueTask {
                         .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
                         .is_some_and(|f| f.names(&intent) && f.objects == p.engine.objects());
                     if same {
-                        crash_point("manifest");
+                        self.crash_point(S3CrashPoint::Manifest);
                     }
                     Event::ManifestFound(same)
                 }
@@ -119,7 +120,7 @@ impl QueueTask {
                     )
                     .await?;
                     self.pointer = ptr;
-                    crash_point("pointer");
+                    self.crash_point(S3CrashPoint::Pointer);
                     Event::PointerMoved
                 }
                 Action::Nothing => {
@@ -336,7 +337,7 @@ impl QueueTask {
             Ok(_) => {
                 self.since_checkpoint = 0;
                 self.succeeded(Failure::Checkpoint);
-                crash_point("checkpoint");
+                self.crash_point(S3CrashPoint::Checkpoint);
             }
             // The window is committed either way; the queue shows the failure until the next
             // checkpoint or window lands, since a lake that refuses a checkpoint will likely
@@ -389,21 +390,16 @@ impl QueueTask {
             queen_lake::encode::ENCODING
         )
     }
-}
 
-/// Test-only: `QUEEN_TEST_S3_CRASH_AT=<point>` aborts the process (as `kill -9` would) right
-/// after that point of the commit sequence of the first window it reaches: `intent`, `objects`,
-/// `manifest`, `pointer` or `checkpoint`. Unset (always, outside the crash tests) it does
-/// nothing.
-pub(super) fn crash_point(point: &str) {
-    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
-        .get_or_init(|| std::env::var("QUEEN_TEST_S3_CRASH_AT").ok())
-        .as_deref()
-        == Some(point)
-    {
-        tracing::error!(target: "queen-s3", point, "test crash point reached: aborting");
-        std::process::abort();
+    /// Test-only: with the hook `QUEEN_TEST_S3_CRASH_AT=<point>` (handed in at the sink's
+    /// start) the process aborts, as `kill -9` would, right after that point of the commit
+    /// sequence of the first window that reaches it. Without the hook (always, outside the
+    /// crash tests) it does nothing.
+    fn crash_point(&self, point: S3CrashPoint) {
+        if self.shared.crash_at == Some(point) {
+            tracing::error!(target: "queen-s3", point = point.as_str(), "test crash point reached: aborting");
+            std::process::abort();
+        }
     }
 }
 
