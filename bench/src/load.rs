@@ -335,6 +335,10 @@ pub struct Rng(u64);
 
 impl Rng {
     /// Seeded from the clock, the process id and `salt`.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a random seed, not a time any rule reads"
+    )]
     pub fn seeded(salt: u64) -> Rng {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

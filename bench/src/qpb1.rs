@@ -70,6 +70,10 @@ pub fn frames(messages: &[(String, String)], ms: u64, rng: &mut Rng) -> Result<V
 }
 
 /// A whole QPB1 body with FRAMES, one zstd frame (level 1) per group.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the frame header's time, as a client would write it"
+)]
 pub fn encode(groups: &[Group<'_>], rng: &mut Rng) -> Result<Vec<u8>, String> {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -27,6 +27,10 @@ fn on_disk(dir: &Path) -> (u64, Option<u64>) {
     (bytes, oldest)
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the test compares the broker's stamps with this machine's wall clock"
+)]
 fn now_ms() -> u64 {
     u64::try_from(
         std::time::SystemTime::now()

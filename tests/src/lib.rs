@@ -62,6 +62,10 @@ pub fn free_port() -> u16 {
 /// # Panics
 /// When the range holds no such run.
 #[must_use]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a seed for port choice, not a time any rule reads"
+)]
 pub fn free_ports(span: u16) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 12_000;

@@ -159,11 +159,10 @@ fn rules(s: &super::config::SinkSettings) -> WindowRules {
     }
 }
 
+/// The wall clock's time now, as the sink's documents write it.
 pub(super) fn wall_iso() -> String {
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
-    Stamp(u64::try_from(micros).unwrap_or(u64::MAX)).iso_micros()
+    use queen_ports::Clock as _;
+    Stamp(queen_ports::SystemClock.now_micros()).iso_micros()
 }
 
 /// The metrics' key of a stored queue name.
