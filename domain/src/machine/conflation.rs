@@ -63,7 +63,7 @@ pub(crate) fn first_delayed(
         let mid = lo + (hi - lo) / 2;
         match get_rec::<MessageRec>(s, &keys::message(p.pid, mid))? {
             Some(m) if m.stamp.plus_seconds(delay) > stamp => hi = mid,
-            // Visible, or a hole (only below log_start, see `pop::start_offset`).
+            // Visible, or a hole (only below log_start, see `claim_read::start_offset`).
             _ => lo = mid + 1,
         }
     }

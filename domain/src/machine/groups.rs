@@ -6,7 +6,7 @@ use crate::names::{GroupName, QueueName};
 use crate::store::{StoreError, Txn};
 use crate::time::Stamp;
 
-use super::pop::start_offset;
+use super::claim_read::start_offset;
 use super::queue::partition_ids;
 use super::{get_rec, put_rec, scan_recs};
 

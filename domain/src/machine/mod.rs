@@ -4,6 +4,7 @@
 //! time compares stamps, never a clock, so every replica computes the same state.
 
 mod ack;
+mod claim_read;
 pub mod cluster;
 pub(crate) mod conflation;
 pub(crate) mod dedup;
@@ -307,7 +308,7 @@ pub fn start_offset_pub(
     p: &crate::model::PartitionRec,
     start: crate::model::SubscriptionStart,
 ) -> Result<u64, StoreError> {
-    pop::start_offset(s, p, start)
+    claim_read::start_offset(s, p, start)
 }
 
 /// The due entries of a time index (`[table] ‖ stamp ‖ name ‖ NUL ‖ key`) at or before `now`, at
